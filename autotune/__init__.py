@@ -1,0 +1,47 @@
+"""autotune: the largest micro-batch that fits, an exact accumulation plan, and proof.
+
+    import autotune
+    workload = autotune.load_workload("gpt")
+    device = autotune.get_device("auto")
+    result = autotune.probe(workload, device, max_batch=1024)
+    plan = autotune.make_plan(1024, result.max_micro_batch, probe=result)
+
+Importing this package does nothing but define names; each submodule loads on
+first use (the planner, for one, never imports torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # errors
+    "AutotuneError": "errors", "BadInput": "errors", "DeviceError": "errors", "DoesNotFit": "errors",
+    "PlanError": "errors", "ProbeFileError": "errors", "ResultFileError": "errors",
+    "VerificationFailed": "errors", "WorkloadError": "errors",
+    # memory
+    "parse_size": "units", "format_bytes": "units", "is_oom": "oom", "LiveStorageTracker": "tracker",
+    "get_device": "devices", "list_devices": "devices",
+    # stages
+    "Workload": "workload", "load_workload": "workload",
+    "probe": "probe", "ProbeResult": "results",
+    "make_plan": "planner", "Plan": "planner",
+    "item_weight": "accumulate",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,111 @@
+"""Devices: ``cpu``, ``cuda:N`` and ``estimate``, behind one interface (see base.Device)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import torch
+
+from ..errors import DeviceError
+from .base import Device, Measurement, Session
+from .cpu import CpuDevice, ram_bytes
+from .cuda import CudaDevice
+from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
+from .nvml import load_nvml
+
+__all__ = ["Device", "Measurement", "Session", "CpuDevice", "CudaDevice", "EstimateDevice",
+           "CUDA_CONTEXT_ALLOWANCE", "get_device", "list_devices"]
+
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate"
+
+
+def _cuda_names(cuda) -> list[str]:
+    try:
+        count = cuda.device_count() if cuda.is_available() else 0
+    except Exception:
+        count = 0
+    return [f"cuda:{i}" for i in range(count)]
+
+
+def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=None, nvml=True) -> Device:
+    """The device called ``name``: auto | cpu | cuda | cuda:N | estimate.
+
+    ``auto`` is ``cuda:0`` when a CUDA GPU is usable, else ``cpu``. ``estimate``
+    needs ``memory_budget``: the memory of the GPU you are planning for.
+    """
+    cuda = cuda if cuda is not None else torch.cuda
+    text = str(name).strip().lower()
+    if text == "auto":
+        text = "cuda:0" if _cuda_names(cuda) else "cpu"
+    if text == "cpu":
+        return CpuDevice(memory_budget=memory_budget)
+    if text == "estimate":
+        if memory_budget is None:
+            raise DeviceError(
+                "--device estimate needs --memory-budget: the memory of the GPU you are planning for, e.g. 80GiB"
+            )
+        if memory_budget <= CUDA_CONTEXT_ALLOWANCE:
+            raise DeviceError(
+                f"--memory-budget {memory_budget} bytes is smaller than the "
+                f"{CUDA_CONTEXT_ALLOWANCE // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
+            )
+        return EstimateDevice.for_gpu(memory_budget)
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if match is None:
+        raise DeviceError(f"unknown device {name!r}: use one of {DEVICE_FORMS}")
+    index = int(match.group(1) or 0)
+    present = _cuda_names(cuda)
+    if not present:
+        raise DeviceError(
+            f"{text if ':' in text else 'cuda:0'} is not available: no CUDA GPU here "
+            f"(torch.cuda.is_available() is False; no NVIDIA driver, or a CPU-only torch build). "
+            f"Devices here: cpu, estimate"
+        )
+    if index >= len(present):
+        raise DeviceError(f"cuda:{index} does not exist: devices here are cpu, {', '.join(present)}, estimate")
+    return CudaDevice(index, memory_budget=memory_budget, cuda=cuda, nvml=nvml)
+
+
+def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
+    """What ``autotune devices`` shows: the CPU's RAM and every GPU's memory."""
+    cuda = cuda if cuda is not None else torch.cuda
+    total, available = ram_bytes()
+    out: dict[str, Any] = {
+        "cpu": {"name": "cpu", "cpu_count": os.cpu_count(), "ram_total_bytes": total, "ram_available_bytes": available},
+        "gpus": [],
+        "notes": [],
+        "torch": torch.__version__,
+    }
+    if nvml is True:
+        nvml, why = load_nvml()
+    else:
+        why = "" if nvml else "NVML not used"
+    if nvml is not None:
+        out["driver"] = nvml.driver_version()
+        for i in range(nvml.device_count()):
+            info = nvml.info(i, own_pid=os.getpid())
+            out["gpus"].append({
+                "index": i, "name": info.name, "total_bytes": info.total_bytes, "free_bytes": info.free_bytes,
+                "used_bytes": info.used_bytes, "other_processes_bytes": info.other_process_bytes,
+                "other_processes": [list(p) for p in info.other_processes],
+            })
+        if not out["gpus"]:
+            out["notes"].append("NVML loaded but reports no GPU")
+    else:
+        gpus = _cuda_names(cuda)
+        if gpus:
+            out["notes"].append(f"{why}; GPU memory from torch.cuda.mem_get_info instead")
+            for i, _ in enumerate(gpus):
+                free, total_g = cuda.mem_get_info(i)
+                out["gpus"].append({
+                    "index": i, "name": cuda.get_device_name(i), "total_bytes": int(total_g),
+                    "free_bytes": int(free), "used_bytes": int(total_g - free),
+                    "other_processes_bytes": None, "other_processes": None,
+                })
+        else:
+            out["notes"].append(f"no NVIDIA driver or GPU found ({why}); CUDA is not available to torch")
+    if not _cuda_names(cuda) and out["gpus"]:
+        out["notes"].append("torch cannot use these GPUs (CPU-only torch build?)")
+    return out

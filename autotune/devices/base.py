@@ -1,0 +1,157 @@
+"""What every device offers: a capacity, a measured session, cleanup, a description.
+
+A device runs a piece of work inside a :class:`Session` and returns what the
+work returned together with a :class:`Measurement` of its peak memory. The
+session is where the device-specific parts live: how a model and a batch get
+onto the device, and which tracker counts them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..tracker import LiveStorageTracker
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """Peak device memory of one piece of work, and where it went at the peak."""
+
+    peak_bytes: int
+    tracked_peak_bytes: int
+    breakdown: dict[str, int]
+    seconds: float
+    timeline: tuple[int, ...] = field(repr=False, default=())
+
+    def __post_init__(self) -> None:
+        if self.peak_bytes < 0 or self.tracked_peak_bytes < 0 or self.seconds < 0:
+            raise ValueError(f"measurement figures must be >= 0: {self}")
+
+
+class Device(Protocol):
+    """The interface every device backend implements (cpu, cuda:N, estimate)."""
+
+    name: str
+    estimated: bool
+
+    def capacity_bytes(self) -> int: ...
+
+    def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]: ...
+
+    def cleanup(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def estimator(self) -> Device: ...
+
+
+class Session:
+    """One measured piece of work on a device: puts models and batches there.
+
+    ``move`` turns a host tensor into a device tensor (identity on the CPU,
+    ``.to(cuda)`` on a GPU, a fake tensor for estimates); ``build`` wraps the
+    host-side code that makes models and batches.
+    """
+
+    def __init__(self, tracker: LiveStorageTracker, *, move: Callable[[torch.Tensor], torch.Tensor],
+                 build_batch: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
+                 torch_device: torch.device = torch.device("cpu")):
+        self.tracker = tracker
+        self._move = move
+        self._build_batch = build_batch
+        self.cuda_like = cuda_like
+        self.torch_device = torch_device
+
+    def move(self, tree: Any) -> Any:
+        """Move every tensor of a pytree to the device and count it."""
+        moved = tree_map(lambda t: self._move(t) if isinstance(t, torch.Tensor) else t, tree)
+        self.tracker.register(leaf for leaf in tree_flatten(moved)[0] if isinstance(leaf, torch.Tensor))
+        return moved
+
+    def model(self, factory: Callable[[], nn.Module]) -> nn.Module:
+        """Build a model on the host (not counted), move it, count its parameters and buffers."""
+        with self.tracker.paused():
+            model = factory()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
+        model = model.to(self.torch_device) if self.torch_device.type != "cpu" else _move_module(model, self._move)
+        self.tracker.register(_tensors(model), "parameters")
+        return model
+
+    def optimizer(self, factory: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+                  model: nn.Module) -> torch.optim.Optimizer:
+        opt = factory(model.parameters())
+        if self.cuda_like:
+            # Stand in for a CUDA device faithfully: there, optimizers left at
+            # foreach=None take the multi-tensor path, whose temporaries differ.
+            for group in opt.param_groups:
+                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                    group["foreach"] = True
+        return opt
+
+    def batch(self, fn: Callable[[int, torch.Generator], Any], size: int, generator: torch.Generator) -> Any:
+        """Build a micro-batch on the host (not counted), then move it to the device (counted)."""
+        if self._build_batch is not None:
+            host = self._build_batch(lambda: fn(size, generator))
+        else:
+            with self.tracker.paused():
+                host = fn(size, generator)
+        return self.move(host)
+
+    def tag_gradients(self, model: nn.Module) -> None:
+        self.tracker.tag((p.grad for p in model.parameters()), "gradients")
+
+    def tag_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        self.tracker.tag(_state_tensors(opt), "optimizer_state")
+
+
+def _tensors(model: nn.Module) -> Iterable[torch.Tensor]:
+    yield from model.parameters()
+    yield from model.buffers()
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+def _move_module(model: nn.Module, move: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """Apply ``move`` to every parameter and buffer in place (the CPU and fake paths)."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                moved = move(param.data)
+                if moved is not param.data:
+                    module._parameters[name] = nn.Parameter(moved, requires_grad=param.requires_grad)
+        for name, buf in list(module._buffers.items()):
+            if buf is not None:
+                module._buffers[name] = move(buf)
+    return model
+
+
+def timed_measure(tracker: LiveStorageTracker, session: Session, work: Callable[[Session], T],
+                  *, peak: Callable[[], int] | None = None) -> tuple[T, Measurement]:
+    """Run ``work`` under ``tracker`` and package what it saw."""
+    start = time.perf_counter()
+    with tracker:
+        result = work(session)
+    seconds = time.perf_counter() - start
+    snap = tracker.snapshot()
+    return result, Measurement(
+        peak_bytes=peak() if peak is not None else snap.peak_bytes,
+        tracked_peak_bytes=snap.peak_bytes,
+        breakdown=snap.breakdown,
+        seconds=seconds,
+        timeline=snap.timeline,
+    )

@@ -1,0 +1,82 @@
+"""The CPU as a device: memory counted by the live-storage tracker, exactly."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..tracker import LiveStorageTracker
+from ..units import format_bytes
+from .base import Measurement, Session, T, timed_measure
+
+
+def ram_bytes() -> tuple[int, int]:
+    """(total, available) RAM of this machine in bytes."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
+        return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
+    except (OSError, KeyError, ValueError):
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return pages, pages
+
+
+class CpuDevice:
+    """``cpu``: capacity is ``memory_budget`` when given, else the RAM available now.
+
+    Peak memory is the peak of live tensor-storage bytes (parameters, buffers,
+    gradients, optimizer state, the batch, every temporary), not process RSS.
+    With the capacity enforced, an allocation past it raises an emulated
+    ``torch.OutOfMemoryError``.
+    """
+
+    estimated = False
+
+    def __init__(self, *, memory_budget: int | None = None):
+        self.name = "cpu"
+        self.memory_budget = memory_budget
+        total, available = ram_bytes()
+        self._total = total
+        self._capacity = memory_budget if memory_budget is not None else available
+
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]:
+        tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else None)
+        session = Session(tracker, move=lambda t: t)
+        try:
+            return timed_measure(tracker, session, work)
+        except BaseException:
+            del tracker, session
+            self.cleanup()
+            raise
+
+    def cleanup(self) -> None:
+        gc.collect()
+
+    def estimator(self):
+        from .estimate import EstimateDevice
+
+        return EstimateDevice(capacity=self._capacity, round_to=1, cuda_like=False, name="estimate (cpu)")
+
+    def describe(self) -> dict[str, Any]:
+        source = "--memory-budget" if self.memory_budget is not None else "available RAM"
+        return {
+            "name": self.name,
+            "kind": "cpu",
+            "estimated": False,
+            "model": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "ram_total_bytes": self._total,
+            "capacity_bytes": self._capacity,
+            "capacity_source": source,
+            "measured_by": "live tensor-storage bytes (autotune tracker)",
+            "summary": f"cpu, capacity {format_bytes(self._capacity)} ({source})",
+            "torch": torch.__version__,
+        }

@@ -1,0 +1,129 @@
+"""A CUDA GPU: the caching allocator's reserved peak decides; NVML says what is free."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..tracker import LiveStorageTracker
+from ..units import format_bytes
+from .base import Measurement, Session, T, timed_measure
+from .estimate import CUDA_ROUNDING
+from .nvml import Nvml, load_nvml
+
+
+class CudaDevice:
+    """``cuda:N``.
+
+    Capacity = free memory on the GPU before probing (NVML) + what this process
+    already holds reserved (which NVML counts as used), capped by ``memory_budget``.
+    Peak = ``torch.cuda.max_memory_reserved`` over the work, after emptying the
+    cache and resetting the peak. Without NVML (no driver library),
+    ``torch.cuda.mem_get_info`` stands in, and the description says so.
+
+    ``cuda`` and ``nvml`` are injectable so the logic is tested without a GPU.
+    """
+
+    estimated = False
+
+    def __init__(self, index: int = 0, *, memory_budget: int | None = None, cuda=None,
+                 nvml: Nvml | None | bool = True):
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.index = index
+        self.name = f"cuda:{index}"
+        self.memory_budget = memory_budget
+        if nvml is True:
+            nvml, self.nvml_note = load_nvml()
+        else:
+            self.nvml_note = "" if nvml else "NVML not used"
+        self.nvml = nvml or None
+        self._info = None
+        self._capacity, self._free, self._total = self._read_capacity()
+
+    def _nvml_index(self) -> int:
+        try:
+            return int(torch.cuda._get_nvml_device_index(self.index)) if self.cuda is torch.cuda else self.index
+        except Exception:
+            return self.index
+
+    def _read_capacity(self) -> tuple[int, int, int]:
+        reserved = int(self.cuda.memory_reserved(self.index))
+        if self.nvml is not None:
+            self._info = self.nvml.info(self._nvml_index(), own_pid=os.getpid())
+            free, total = self._info.free_bytes, self._info.total_bytes
+        else:
+            free, total = (int(x) for x in self.cuda.mem_get_info(self.index))
+        capacity = free + reserved
+        if self.memory_budget is not None:
+            capacity = min(capacity, self.memory_budget)
+        return capacity, free, total
+
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]:
+        self.cleanup()
+        self.cuda.synchronize(self.index)
+        self.cuda.reset_peak_memory_stats(self.index)
+        tracker = LiveStorageTracker(round_to=CUDA_ROUNDING)
+        device = torch.device("cuda", self.index)
+        session = Session(tracker, move=lambda t: t.to(device, non_blocking=True), cuda_like=True,
+                          torch_device=device)
+
+        def peak() -> int:
+            self.cuda.synchronize(self.index)
+            return int(self.cuda.max_memory_reserved(self.index))
+
+        try:
+            return timed_measure(tracker, session, work, peak=peak)
+        except BaseException:
+            del tracker, session
+            self.cleanup()
+            raise
+
+    def cleanup(self) -> None:
+        """Give memory back after a trial or an OOM: drop garbage, empty the cache."""
+        gc.collect()
+        self.cuda.empty_cache()
+
+    def estimator(self):
+        from .estimate import EstimateDevice
+
+        return EstimateDevice(capacity=self._capacity, round_to=CUDA_ROUNDING, cuda_like=True,
+                              name=f"estimate ({self.name})")
+
+    def describe(self) -> dict[str, Any]:
+        props = None
+        try:
+            props = self.cuda.get_device_properties(self.index)
+        except Exception:
+            pass
+        name = self._info.name if self._info else (getattr(props, "name", None) or self.name)
+        source = "NVML free memory + this process's reserved memory"
+        if self.nvml is None:
+            source = f"torch.cuda.mem_get_info ({self.nvml_note})"
+        if self.memory_budget is not None and self.memory_budget <= self._capacity:
+            source = "--memory-budget"
+        desc = {
+            "name": self.name,
+            "kind": "cuda",
+            "estimated": False,
+            "model": name,
+            "total_bytes": self._total,
+            "free_bytes": self._free,
+            "capacity_bytes": self._capacity,
+            "capacity_source": source,
+            "measured_by": "torch.cuda.max_memory_reserved",
+            "other_processes": [list(p) for p in self._info.other_processes] if self._info else None,
+            "driver": self.nvml.driver_version() if self.nvml is not None else None,
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "summary": f"{self.name} ({name}), capacity {format_bytes(self._capacity)} ({source})",
+            "torch": torch.__version__,
+        }
+        if self.nvml is None:
+            desc["note"] = self.nvml_note + "; free memory read from torch.cuda.mem_get_info instead"
+        return desc

@@ -1,0 +1,52 @@
+"""The error hierarchy: every message says what failed, the numbers, and the fix.
+
+``exit_code`` is what the CLI returns for the error: 2 for bad input (the user
+can fix the command line or the probe file), 1 for a failure of the work itself.
+"""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base class of every error autotune raises on purpose."""
+
+    exit_code = 1
+
+
+class BadInput(AutotuneError, ValueError):
+    """A flag, a size, a file or an argument that cannot be used as given."""
+
+    exit_code = 2
+
+
+class ProbeFileError(BadInput):
+    """A probe file that cannot be loaded or does not build a Workload."""
+
+
+class DeviceError(BadInput):
+    """A device that does not exist here or cannot be used as asked."""
+
+
+class PlanError(BadInput):
+    """A target effective batch that cannot be planned under the constraints given."""
+
+
+class ResultFileError(BadInput):
+    """A JSON file that is not an autotune result this version can read."""
+
+
+class DoesNotFit(AutotuneError):
+    """Even a micro-batch of one does not fit the usable memory."""
+
+
+class WorkloadError(AutotuneError):
+    """The workload's own code raised an error that is not out-of-memory."""
+
+    def __init__(self, message: str, *, batch: int | None = None, workload: str | None = None):
+        super().__init__(message)
+        self.batch = batch
+        self.workload = workload
+
+
+class VerificationFailed(AutotuneError):
+    """A verification check of a plan or run did not hold."""

@@ -1,0 +1,98 @@
+"""The search for the largest micro-batch that fits, as plain functions of ``fits(b)``.
+
+No torch here. Two pieces:
+
+- :class:`PeakCurve`: from the fit rule's live-bytes timeline at two batch sizes,
+  every point of the timeline is an affine function of the batch size (each
+  storage's size is), so the peak at any size is the maximum of those lines:
+  piecewise linear, set by the optimizer step at small sizes and by
+  activations at large ones. It predicts the largest size that fits.
+- :func:`search_max`: the bracketed search, guided by a guess and safeguarded by
+  bisection, so a good guess costs two trials (the guess fits, one more does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+class PeakCurve:
+    """Peak bytes as a function of batch size: ``max_t(a_t + c_t * b)``."""
+
+    def __init__(self, b1: int, timeline1: Sequence[int], b2: int, timeline2: Sequence[int]):
+        if b1 == b2 or len(timeline1) != len(timeline2) or not len(timeline1):
+            raise ValueError("two timelines of equal, non-zero length at different batch sizes are needed")
+        t1 = np.asarray(timeline1, dtype=np.float64)
+        t2 = np.asarray(timeline2, dtype=np.float64)
+        self.c = (t2 - t1) / (b2 - b1)
+        self.a = t1 - self.c * b1
+        # Only the upper envelope matters; drop dominated points to keep evaluation cheap.
+        order = np.lexsort((-self.a, self.c))
+        keep = np.ones(len(order), dtype=bool)
+        best_a = -np.inf
+        for i in range(len(order) - 1, -1, -1):  # by slope, highest first
+            if self.a[order[i]] <= best_a:
+                keep[i] = False
+            else:
+                best_a = self.a[order[i]]
+        self.a, self.c = self.a[order[keep]], self.c[order[keep]]
+
+    @classmethod
+    def try_fit(cls, b1: int, timeline1: Sequence[int], b2: int, timeline2: Sequence[int]) -> PeakCurve | None:
+        """The curve, or None when the two runs did not take the same steps."""
+        try:
+            return cls(b1, timeline1, b2, timeline2)
+        except ValueError:
+            return None
+
+    def peak(self, batch: int) -> int:
+        return int(round(float(np.max(self.a + self.c * batch))))
+
+    def max_fitting(self, usable: int, *, limit: int) -> int:
+        """Largest batch in [0, limit] whose predicted peak is at most ``usable``."""
+        if self.peak(1) > usable:
+            return 0
+        rising = self.c > 0
+        if not rising.any():
+            return limit
+        bound = np.floor((usable - self.a[rising]) / self.c[rising] + 1e-9).min()
+        return int(max(0, min(limit, bound)))
+
+    def points(self, upto: int, count: int = 48) -> list[tuple[int, int]]:
+        """(batch, predicted peak) at ``count`` sizes from 1 to ``upto``."""
+        sizes = sorted({max(1, int(round(x))) for x in np.linspace(1, max(1, upto), count)})
+        return [(b, self.peak(b)) for b in sizes]
+
+
+def search_max(fits: Callable[[int], bool], *, low: int, high: int,
+               guess: Callable[[int, int], int] | None = None) -> int:
+    """Largest ``b`` in ``[low, high]`` with ``fits(b)``, assuming fits is monotone.
+
+    ``low`` is known to fit (0 when nothing is known, then the answer may be 0).
+    ``guess(lo, hi)`` proposes the next size to try inside the open bracket
+    ``(lo, hi)``, where ``lo`` is the largest size known to fit and ``hi`` the
+    smallest known not to (``high + 1`` stands for "past the limit"). Guesses are
+    clamped into the bracket; after two guesses in a row that do not close it,
+    one safeguard step follows (bisection, or doubling while no size is known not
+    to fit), so a bad guess costs at most about three times the trials of plain
+    bisection, and a right one costs two.
+    """
+    if low < 0 or high < low:
+        raise ValueError(f"need 0 <= low <= high, got low={low}, high={high}")
+    lo, hi = low, high + 1
+    streak = 0
+    while hi - lo > 1:
+        if guess is not None and streak < 2:
+            b = min(max(int(guess(lo, hi)), lo + 1), hi - 1)
+            streak += 1
+        else:
+            b = min(2 * lo, hi - 1) if hi == high + 1 and lo > 0 else (lo + hi) // 2
+            b = max(b, lo + 1)
+            streak = 0
+        if fits(b):
+            lo = b
+        else:
+            hi = b
+    return lo

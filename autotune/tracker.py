@@ -1,0 +1,217 @@
+"""The live-storage tracker: exact, repeatable device memory for the fit rule.
+
+A ``TorchDispatchMode`` that sees every aten op, counts the bytes of every
+tensor storage an op creates and subtracts them when the storage dies. Storages
+are keyed by the identity of their (preserved) Python storage object and watched
+through weak references, so the count works under ``FakeTensorMode`` too, where
+``data_ptr()`` is 0. Outputs that alias an input (views, in-place ops) share the
+input's storage and are not counted again.
+
+It keeps the peak, a timeline of live bytes (one entry per allocation or free),
+and at the peak a breakdown into parameters, gradients, optimizer state and the
+rest (activations and temporaries, the input batch included).
+
+With ``capacity`` set it emulates a device of that size: an allocation that would
+take live bytes past it raises ``torch.OutOfMemoryError`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .units import format_bytes
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+_PRECEDENCE = {name: rank for rank, name in enumerate(CATEGORIES)}
+
+_SCALAR = torch.ops.aten._local_scalar_dense.default
+_IGNORED = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """What the tracker saw: peak and current live bytes, the breakdown at the peak."""
+
+    peak_bytes: int
+    current_bytes: int
+    breakdown: dict[str, int]
+    timeline: tuple[int, ...]
+
+
+class _Entry:
+    __slots__ = ("serial", "nbytes", "ref")
+
+    def __init__(self, serial: int, nbytes: int, ref: weakref.ref):
+        self.serial = serial
+        self.nbytes = nbytes
+        self.ref = ref
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Counts live tensor-storage bytes while active (``with tracker:``).
+
+    ``capacity``: emulated device size in bytes, or None for no limit.
+    ``round_to``: round every allocation up to this many bytes (512 stands in for
+    CUDA's caching allocator); 1 counts bytes exactly.
+    ``fake_scalars``: answer ``.item()`` on a fake tensor whose value is unknown
+    (0/False for booleans, 1 otherwise) instead of raising; used by estimates,
+    where optimizers read step counters. Shapes never depend on these answers
+    inside a training step of the workloads autotune plans for.
+    """
+
+    def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False):
+        super().__init__()
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        if round_to < 1:
+            raise ValueError(f"round_to must be at least 1, got {round_to}")
+        self.capacity = capacity
+        self.round_to = round_to
+        self.fake_scalars = fake_scalars
+        self._live: dict[int, _Entry] = {}
+        self._category: dict[int, str] = {}
+        self._serial = 0
+        self._paused = 0
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self.timeline: list[int] = []
+        self._peak_live: list[tuple[int, int]] | None = []
+        self._peak_pending = False
+
+    # -- counting -------------------------------------------------------------------
+
+    def _size(self, storage: torch.UntypedStorage) -> int:
+        n = storage.nbytes()
+        if self.round_to > 1 and n:
+            n = -(-n // self.round_to) * self.round_to
+        return n
+
+    def _on_death(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is None:
+            return
+        if self._peak_pending and self.current_bytes == self.peak_bytes:
+            self._take_peak_snapshot()
+        self.current_bytes -= entry.nbytes
+        self.timeline.append(self.current_bytes)
+
+    def _add(self, storage: torch.UntypedStorage, category: str | None = None) -> None:
+        key = id(storage)
+        entry = self._live.get(key)
+        if entry is not None and entry.ref() is storage:
+            n = self._size(storage)
+            if n != entry.nbytes:  # resized in place
+                self._grow(n - entry.nbytes)
+                entry.nbytes = n
+            if category is not None:
+                self._set_category(entry.serial, category)
+            return
+        if entry is not None:  # a dead storage whose callback has not run yet
+            self._on_death(key)
+        n = self._size(storage)
+        self._grow(n)
+        self._serial += 1
+        tracker_ref = weakref.ref(self)
+
+        def died(_ref: weakref.ref, key: int = key) -> None:
+            tracker = tracker_ref()
+            if tracker is not None:
+                tracker._on_death(key)
+
+        self._live[key] = _Entry(self._serial, n, weakref.ref(storage, died))
+        if category is not None:
+            self._set_category(self._serial, category)
+
+    def _grow(self, n: int) -> None:
+        if n < 0 and self._peak_pending and self.current_bytes == self.peak_bytes:
+            self._take_peak_snapshot()
+        if n > 0 and self.capacity is not None and self.current_bytes + n > self.capacity:
+            raise torch.OutOfMemoryError(
+                f"emulated capacity exceeded: allocating {format_bytes(n)} ({n} bytes) would make "
+                f"{format_bytes(self.current_bytes + n)} ({self.current_bytes + n} bytes) live, "
+                f"capacity is {format_bytes(self.capacity)} ({self.capacity} bytes)"
+            )
+        self.current_bytes += n
+        self.timeline.append(self.current_bytes)
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._peak_pending = True
+
+    def _take_peak_snapshot(self) -> None:
+        self._peak_live = [(e.serial, e.nbytes) for e in self._live.values()]
+        self._peak_pending = False
+
+    def _set_category(self, serial: int, category: str) -> None:
+        old = self._category.get(serial)
+        if old is None or _PRECEDENCE[category] < _PRECEDENCE[old]:
+            self._category[serial] = category
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _IGNORED:
+            return func(*args, **(kwargs or {}))
+        if func is _SCALAR and self.fake_scalars:
+            try:
+                return func(*args, **(kwargs or {}))
+            except torch._subclasses.fake_tensor.DataDependentOutputException:
+                dtype = args[0].dtype
+                return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+        out = func(*args, **(kwargs or {}))
+        if not self._paused:
+            if isinstance(out, torch.Tensor):
+                self._add(out.untyped_storage())
+            else:
+                for leaf in tree_flatten(out)[0]:
+                    if isinstance(leaf, torch.Tensor):
+                        self._add(leaf.untyped_storage())
+        return out
+
+    # -- public ---------------------------------------------------------------------
+
+    def register(self, tensors: Iterable[torch.Tensor], category: str | None = None) -> None:
+        """Count storages that already exist (parameters, a batch moved to the device)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t.untyped_storage(), category)
+
+    def tag(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
+        """Name what live storages are (gradients, optimizer state) for the breakdown."""
+        if category not in _PRECEDENCE:
+            raise ValueError(f"unknown category {category!r}; one of {CATEGORIES}")
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                entry = self._live.get(id(t.untyped_storage()))
+                if entry is not None:
+                    self._set_category(entry.serial, category)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Ops run but what they create is not counted (host-side work such as building a batch)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def breakdown(self) -> dict[str, int]:
+        """Bytes per category at the peak; the values sum to ``peak_bytes``."""
+        if self._peak_pending:
+            self._take_peak_snapshot()
+        out = dict.fromkeys(CATEGORIES, 0)
+        for serial, nbytes in self._peak_live or ():
+            out[self._category.get(serial, "activations")] += nbytes
+        return out
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            peak_bytes=self.peak_bytes,
+            current_bytes=self.current_bytes,
+            breakdown=self.breakdown(),
+            timeline=tuple(self.timeline),
+        )

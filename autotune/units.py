@@ -1,0 +1,53 @@
+"""Memory sizes: parse what people type, print what people read."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import BadInput
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int, *, what: str = "memory size") -> int:
+    """Parse ``"12GiB"``, ``"512MB"``, ``"1.5G"`` or a plain byte count into bytes.
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB,
+    GB, TB, or K/M/G/T) powers of 1000. Raises BadInput for anything else.
+    """
+    if isinstance(text, bool):
+        raise BadInput(f"{what} {text!r} is not a size: give bytes or a number with a unit such as 512MiB or 12GiB")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            if str(text).strip().startswith("-"):
+                raise BadInput(f"{what} {text!r} is negative: give a positive size such as 512MiB or 12GiB")
+            raise BadInput(
+                f"{what} {text!r} is not a size: use a number with one of the units "
+                "B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), e.g. 512MiB or 12GiB"
+            )
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise BadInput(f"{what} {text!r} must be more than 0 bytes: give a size such as 512MiB or 12GiB")
+    return value
+
+
+def format_bytes(n: float | int | None) -> str:
+    """``1536 -> '1.5 KiB'``; sizes a person reads, in binary units."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.2f} TiB"

@@ -1,0 +1,163 @@
+"""What autotune plans for: a Workload, and how probe files provide one.
+
+A probe file is a Python file (or ``package.module``, or ``module:function``)
+whose ``build()`` returns a :class:`Workload`. The factories build fresh
+objects on the host every time; autotune moves them to the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import itertools
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from .errors import ProbeFileError
+
+DEFAULT_PROBE = "gpt"
+BUILTIN_PROBES = ("mlp", "gpt", "convnet")
+
+
+def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW(params, lr=1e-3)``."""
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A training step to plan for, as factories.
+
+    ``model()`` builds a fresh model on the CPU. ``batch(size, generator)`` makes
+    a micro-batch of ``size`` items as a pytree of CPU tensors at the worst-case
+    shape. ``loss(model, batch)`` is the scalar **mean** over the batch's items.
+    ``items(batch)`` counts the items that mean is over (e.g. real target tokens);
+    by default the batch size. ``options`` names knobs ``--tune`` may try, e.g.
+    ``{"checkpointing": [False, True]}``; a chosen value is passed as a keyword
+    to every factory that takes it.
+    """
+
+    name: str
+    model: Callable[..., nn.Module]
+    batch: Callable[..., Any]
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    optimizer: Callable[..., torch.optim.Optimizer] = default_optimizer
+    items: Callable[[Any], int] | None = None
+    options: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    chosen: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("Workload.name must be a non-empty string")
+        for attr in ("model", "batch", "loss", "optimizer"):
+            if not callable(getattr(self, attr)):
+                raise ValueError(f"Workload.{attr} must be callable, got {type(getattr(self, attr)).__name__}")
+        if self.items is not None and not callable(self.items):
+            raise ValueError("Workload.items must be callable or None")
+        for key, values in self.options.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+                raise ValueError(f"Workload.options[{key!r}] must be a non-empty list of values")
+
+    def count_items(self, batch: Any) -> int:
+        """Items the loss averages over in ``batch``: ``items(batch)``, else its size."""
+        if self.items is not None:
+            return int(self.items(batch))
+        for leaf in tree_flatten(batch)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+                return int(leaf.shape[0])
+        raise ValueError(f"workload {self.name!r}: cannot tell the batch size of a batch with no tensor")
+
+    def choices(self) -> list[dict[str, Any]]:
+        """Every combination of ``options`` (one empty dict when there are none)."""
+        keys = list(self.options)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.options[k] for k in keys))]
+
+    def configure(self, **choice: Any) -> Workload:
+        """This workload with option values bound into the factories that take them."""
+        unknown = set(choice) - set(self.options)
+        if unknown:
+            raise ValueError(f"workload {self.name!r} has no option(s) {sorted(unknown)}; it offers {sorted(self.options)}")
+        bound = {attr: _bind(getattr(self, attr), choice) for attr in ("model", "batch", "loss", "optimizer")}
+        return replace(self, **bound, chosen={**self.chosen, **choice})
+
+
+def _bind(fn: Callable, choice: Mapping[str, Any]) -> Callable:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in choice.items() if takes_all or k in params}
+    return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def load_workload(spec: str | None = None) -> Workload:
+    """The Workload that ``spec`` builds.
+
+    ``spec``: a built-in probe name (mlp, gpt, convnet), a path to a ``.py``
+    file, or an importable ``package.module``; any of them optionally followed
+    by ``:function`` to call instead of ``build``. None means the default probe.
+    """
+    spec = DEFAULT_PROBE if spec is None else str(spec).strip()
+    target, func_name = spec, "build"
+    if ":" in spec and not Path(spec).exists():
+        target, func_name = spec.rsplit(":", 1)
+        if not func_name.isidentifier():
+            raise ProbeFileError(f"probe {spec!r}: {func_name!r} after ':' is not a function name")
+    module = _import(target)
+    build = getattr(module, func_name, None)
+    if build is None:
+        raise ProbeFileError(f"probe {target!r} has no {func_name}() function: define {func_name}() -> autotune.Workload")
+    if not callable(build):
+        raise ProbeFileError(f"probe {target!r}: {func_name} is a {type(build).__name__}, not a function")
+    try:
+        workload = build()
+    except Exception as exc:
+        raise ProbeFileError(f"probe {target!r}: {func_name}() failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(workload, Workload):
+        raise ProbeFileError(
+            f"probe {target!r}: {func_name}() returned {type(workload).__name__}, not an autotune.Workload"
+        )
+    return workload
+
+
+def _import(target: str):
+    if target in BUILTIN_PROBES:
+        target = f"probes.{target}"
+    path = Path(target)
+    if target.endswith(".py") or path.exists() or "/" in target or "\\" in target:
+        if not path.is_file():
+            raise ProbeFileError(f"probe file {target!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
+        name = f"autotune_probe_{abs(hash(str(path.resolve())))}"
+        try:
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        except OSError as exc:
+            sys.modules.pop(name, None)
+            raise ProbeFileError(f"probe file {target!r} cannot be read: {exc.strerror or exc}") from exc
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise ProbeFileError(f"probe file {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name and target.startswith(exc.name):
+            raise ProbeFileError(
+                f"probe {target!r} is neither a file nor an importable module "
+                f"(built-in probes: {', '.join(BUILTIN_PROBES)})"
+            ) from exc
+        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc

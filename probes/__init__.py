@@ -1,0 +1,1 @@
+"""Built-in probe workloads: each module exposes ``build() -> autotune.Workload``."""

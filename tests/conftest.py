@@ -1,0 +1,36 @@
+"""Shared fixtures. Tests run on the CPU; real-GPU tests carry the ``gpu`` marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _has_gpu() -> bool:
+    try:
+        return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def mlp():
+    from autotune.workload import load_workload
+
+    return load_workload("mlp")
+
+
+@pytest.fixture
+def gpt():
+    from autotune.workload import load_workload
+
+    return load_workload("gpt")
