@@ -28,7 +28,9 @@ class ProbeResult:
     estimate``). ``peak_bytes`` is the measured peak at ``max_micro_batch``
     (the estimate's, when estimated); ``predicted_peak_bytes`` the estimate's.
     ``limited_by`` is "memory", or "max_batch" when the largest size allowed fits.
-    ``curve`` holds (batch, estimated peak bytes) pairs; ``trials`` one row per run.
+    ``curve`` holds (batch, estimated peak bytes) pairs, ``curve_lines`` the
+    (intercept, slope) lines whose maximum is the estimated peak at any size;
+    ``trials`` one row per run.
     """
 
     workload: str
@@ -46,6 +48,7 @@ class ProbeResult:
     estimate_error: float | None = None
     notes: tuple[str, ...] = ()
     curve: tuple[tuple[int, int], ...] = ()
+    curve_lines: tuple[tuple[float, float], ...] = ()
     trials: pd.DataFrame = field(default_factory=trials_frame, compare=False, repr=False)
     seconds: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +66,7 @@ class ProbeResult:
             raise ValueError(f"trials must be a DataFrame with columns {TRIAL_COLUMNS}")
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "curve", tuple((int(b), int(p)) for b, p in self.curve))
+        object.__setattr__(self, "curve_lines", tuple((float(a), float(c)) for a, c in self.curve_lines))
 
     @property
     def headroom_bytes(self) -> int:
@@ -78,11 +82,15 @@ class ProbeResult:
         return int(((self.trials["source"] == "real") & self.trials["oom"]).sum())
 
     def predicted_peak_at(self, batch: int) -> int | None:
-        """The estimated peak at ``batch`` from the curve (None when the curve does not cover it)."""
-        for b, p in self.curve:
-            if b == batch:
-                return p
-        return None
+        """The estimated peak at ``batch``: exact from the curve's lines, else interpolated
+        between the curve's points (None outside them)."""
+        if self.curve_lines:
+            return int(round(max(a + c * batch for a, c in self.curve_lines)))
+        points = sorted(self.curve)
+        for (b0, p0), (b1, p1) in zip(points, points[1:]):
+            if b0 <= batch <= b1:
+                return int(round(p0 + (p1 - p0) * (batch - b0) / (b1 - b0)))
+        return next((p for b, p in points if b == batch), None)
 
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
@@ -112,6 +120,7 @@ class ProbeResult:
             "estimate_error": self.estimate_error,
             "notes": list(self.notes),
             "curve": [list(p) for p in self.curve],
+            "curve_lines": [list(p) for p in self.curve_lines],
             "trials": trials.to_dict(orient="records"),
             "real_runs": self.real_runs,
             "real_ooms": self.real_ooms,
@@ -127,6 +136,7 @@ class ProbeResult:
         body["trials"] = trials_frame(body.get("trials") or [])
         body["notes"] = tuple(body.get("notes") or ())
         body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
+        body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
         try:
             return cls(**body)
         except TypeError as exc:

@@ -60,6 +60,10 @@ class PeakCurve:
         bound = np.floor((usable - self.a[rising]) / self.c[rising] + 1e-9).min()
         return int(max(0, min(limit, bound)))
 
+    def lines(self) -> list[tuple[float, float]]:
+        """(intercept, slope) of every line that can be the maximum."""
+        return [(float(a), float(c)) for a, c in zip(self.a, self.c)]
+
     def points(self, upto: int, count: int = 48) -> list[tuple[int, int]]:
         """(batch, predicted peak) at ``count`` sizes from 1 to ``upto``."""
         sizes = sorted({max(1, int(round(x))) for x in np.linspace(1, max(1, upto), count)})
