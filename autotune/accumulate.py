@@ -1,6 +1,32 @@
-"""Exact gradient accumulation: how each micro-step's loss is weighted."""
+"""Exact gradient accumulation for your own training loop.
+
+    plan = autotune.Plan.from_dict(json.load(open("plan.json")))
+    step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, items=count_tokens)
+    for batch in loader:                 # batches of plan.per_rank_batch[rank] samples
+        loss = step(batch)               # k micro-steps, one optimizer step
+
+Each micro-step's mean loss is weighted ``n_i / N`` (``n_i`` items in the
+micro-batch, ``N`` in the whole effective batch over all ranks), so the
+accumulated gradient is the gradient of the mean over all ``N`` items, exactly,
+whatever the micro-batch sizes and however many tokens each one holds. Under
+DDP, micro-steps 1..k-1 run in ``no_sync()``, ``N`` is summed over ranks before
+the first backward, and the weight carries the world size to undo DDP's
+averaging. Clipping and GradScaler's unscale happen once, after the last
+micro-step.
+"""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
@@ -15,3 +41,204 @@ def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
     if n_items < 0:
         raise ValueError(f"a micro-batch cannot hold {n_items} items")
     return n_items * world_size / total_items
+
+
+def batch_size(batch: Any) -> int:
+    """The leading dimension shared by every tensor of a pytree batch."""
+    sizes = {int(t.shape[0]) for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if len(sizes) != 1:
+        raise ValueError(f"every tensor of a batch must share its first dimension; found sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:
+    """Split a pytree batch along dim 0 into consecutive micro-batches of ``sizes``."""
+    total = batch_size(batch)
+    if sum(sizes) != total:
+        raise ValueError(f"the schedule {list(sizes)} sums to {sum(sizes)} but the batch holds {total} samples")
+    out, start = [], 0
+    for n in sizes:
+        out.append(tree_map(lambda t, s=start, n=n: t[s:s + n] if isinstance(t, torch.Tensor) and t.dim() else t,
+                            batch))
+        start += n
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepOutcome:
+    """One accumulated optimizer step: its loss and what it consumed."""
+
+    loss: float            # mean over all N items of the effective batch (all ranks)
+    samples: int           # samples this rank fed to the loss
+    items: int             # items this rank fed to the loss
+    total_items: int       # N: items over all ranks
+    micro_steps: int
+    skipped: bool = False  # fp16: GradScaler found inf/nan and skipped the optimizer step
+    grad_norm: float | None = None
+
+
+class Accumulator:
+    """Performs one accumulated optimizer step per effective batch, by a plan's schedule.
+
+    ``schedule``: a Plan (its schedule for ``rank``) or the micro-batch sizes of
+    this rank. ``loss(model, micro_batch)`` returns the mean loss over the
+    micro-batch's items; ``items(micro_batch)`` counts them (default: samples).
+    ``move`` puts a micro-batch on the device (default: ``.to(device)`` of the
+    model's first parameter). ``max_norm`` clips the accumulated gradient once.
+    ``precision``: fp32, bf16 (autocast) or fp16 (autocast + one GradScaler).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, *,
+                 loss: Callable[[nn.Module, Any], torch.Tensor], items: Callable[[Any], int] | None = None,
+                 move: Callable[[Any], Any] | None = None, max_norm: float | None = None,
+                 precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
+                 process_group: Any = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r} must be one of {', '.join(PRECISIONS)}")
+        self.model, self.optimizer = model, optimizer
+        self.loss_fn, self.items_fn = loss, items
+        self.max_norm, self.precision = max_norm, precision
+        self.process_group = process_group
+        self.rank, self.world_size = _rank_and_world(rank, world_size, process_group)
+        self.sizes = _sizes_for(schedule, self.rank)
+        self.device_type = _device_type(model)
+        self.move = move if move is not None else _default_move(model)
+        self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
+        self.skipped_steps = 0
+
+    # -- the pieces a step is made of --------------------------------------------------
+
+    def split(self, batch: Any) -> list[Any]:
+        return split_batch(batch, self.sizes)
+
+    def count_items(self, micro: Any) -> int:
+        return int(self.items_fn(micro)) if self.items_fn is not None else batch_size(micro)
+
+    def weight(self, n_items: int, total_items: int) -> float:
+        return item_weight(n_items, total_items, self.world_size)
+
+    def total_items(self, local: int) -> int:
+        """N: items of the whole effective batch, summed over ranks before the first backward."""
+        if self.world_size == 1:
+            return local
+        import torch.distributed as dist
+
+        t = torch.tensor([local], dtype=torch.int64, device=_collective_device(self.process_group))
+        dist.all_reduce(t, group=self.process_group)
+        return int(t.item())
+
+    def clip(self) -> float | None:
+        if self.max_norm is None:
+            return None
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm))
+
+    def autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device_type, dtype=dtype)
+
+    # -- a whole step ------------------------------------------------------------------
+
+    def backward(self, batch: Any) -> StepOutcome:
+        """All micro-steps of one effective batch: gradients accumulated (and clipped), no optimizer step."""
+        micros = self.split(batch)
+        counts = [self.count_items(m) for m in micros]
+        total = self.total_items(sum(counts))
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        samples = items = 0
+        last = len(micros) - 1
+        for i, (micro, n) in enumerate(zip(micros, counts)):
+            with self._sync(i == last):
+                micro = self.move(micro)
+                with self.autocast():
+                    loss = self.loss_fn(self.model, micro)
+                weighted = loss.float() * self.weight(n, total)
+                (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+            loss_sum += weighted.detach().double().cpu() / self.world_size
+            samples += batch_size(micro)
+            items += n
+            del micro, loss, weighted
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = self.clip()
+        return StepOutcome(loss=self._global_loss(loss_sum), samples=samples, items=items, total_items=total,
+                           micro_steps=len(micros), grad_norm=norm)
+
+    def step(self, batch: Any) -> StepOutcome:
+        """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
+        out = self.backward(batch)
+        skipped = False
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+            self.skipped_steps += int(skipped)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(**{**out.__dict__, "skipped": skipped})
+
+    def __call__(self, batch: Any) -> float:
+        """One accumulated optimizer step; returns the effective batch's loss."""
+        return self.step(batch).loss
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _sync(self, last: bool):
+        if not last and hasattr(self.model, "no_sync"):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def _global_loss(self, loss_sum: torch.Tensor) -> float:
+        # Each rank's sum is its share of the mean (weights carry W; divided back above).
+        if self.world_size == 1:
+            return float(loss_sum)
+        import torch.distributed as dist
+
+        t = loss_sum.to(_collective_device(self.process_group))
+        dist.all_reduce(t, group=self.process_group)
+        return float(t)
+
+
+def _sizes_for(schedule: Any, rank: int) -> list[int]:
+    if hasattr(schedule, "schedule"):
+        rows = schedule.schedule
+        if rank >= len(rows):
+            raise ValueError(f"rank {rank} is outside the plan's {len(rows)} ranks")
+        return [int(n) for n in rows[rank]]
+    sizes = [int(n) for n in schedule]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"a schedule needs at least one micro-batch of at least 1 sample, got {sizes}")
+    return sizes
+
+
+def _rank_and_world(rank: int | None, world: int | None, group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return (dist.get_rank(group) if rank is None else rank,
+                dist.get_world_size(group) if world is None else world)
+    return (0 if rank is None else rank, 1 if world is None else world)
+
+
+def _device_type(model: nn.Module) -> str:
+    p = next(iter(model.parameters()), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def _default_move(model: nn.Module) -> Callable[[Any], Any]:
+    p = next(iter(model.parameters()), None)
+    device = p.device if p is not None else torch.device("cpu")
+    return lambda batch: tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
+                                  batch)
+
+
+def _collective_device(group: Any) -> torch.device:
+    import torch.distributed as dist
+
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

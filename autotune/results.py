@@ -52,6 +52,7 @@ class ProbeResult:
     trials: pd.DataFrame = field(default_factory=trials_frame, compare=False, repr=False)
     seconds: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # how to load the workload again (probe file or module), when known
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -126,6 +127,7 @@ class ProbeResult:
             "real_ooms": self.real_ooms,
             "seconds": self.seconds,
             "options": self.options,
+            "source": self.source,
         })
 
     @classmethod

@@ -71,30 +71,30 @@ class PeakCurve:
 
 
 def search_max(fits: Callable[[int], bool], *, low: int, high: int,
-               guess: Callable[[int, int], int] | None = None) -> int:
+               guess: Callable[[int, int], int] | None = None, guesses: int = 4) -> int:
     """Largest ``b`` in ``[low, high]`` with ``fits(b)``, assuming fits is monotone.
 
     ``low`` is known to fit (0 when nothing is known, then the answer may be 0).
-    ``guess(lo, hi)`` proposes the next size to try inside the open bracket
-    ``(lo, hi)``, where ``lo`` is the largest size known to fit and ``hi`` the
-    smallest known not to (``high + 1`` stands for "past the limit"). Guesses are
-    clamped into the bracket; after two guesses in a row that do not close it,
-    one safeguard step follows (bisection, or doubling while no size is known not
-    to fit), so a bad guess costs at most about three times the trials of plain
-    bisection, and a right one costs two.
+    ``guess(lo, hi)`` proposes the answer inside the open bracket ``(lo, hi)``,
+    where ``lo`` is the largest size known to fit and ``hi`` the smallest known
+    not to (``high + 1`` stands for "past the limit"); it is asked again after
+    every trial, so it can learn from them. A right guess costs two trials (it
+    fits, one more does not). After ``guesses`` guessed trials the search doubles
+    while no size is known not to fit and bisects otherwise, so a useless guess
+    costs at most ``guesses`` trials more than plain search.
     """
     if low < 0 or high < low:
         raise ValueError(f"need 0 <= low <= high, got low={low}, high={high}")
     lo, hi = low, high + 1
-    streak = 0
+    left = guesses if guess is not None else 0
     while hi - lo > 1:
-        if guess is not None and streak < 2:
+        if left:
+            left -= 1
             b = min(max(int(guess(lo, hi)), lo + 1), hi - 1)
-            streak += 1
+        elif hi == high + 1 and lo > 0:
+            b = max(lo + 1, min(2 * lo, hi - 1))
         else:
-            b = min(2 * lo, hi - 1) if hi == high + 1 and lo > 0 else (lo + hi) // 2
-            b = max(b, lo + 1)
-            streak = 0
+            b = (lo + hi) // 2
         if fits(b):
             lo = b
         else:

@@ -131,8 +131,8 @@ def _move_module(model: nn.Module, move: Callable[[torch.Tensor], torch.Tensor])
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None:
-                moved = move(param.data)
-                if moved is not param.data:
+                moved = move(param)  # not param.data: that would dispatch a detach under fake mode
+                if moved is not param:
                     module._parameters[name] = nn.Parameter(moved, requires_grad=param.requires_grad)
         for name, buf in list(module._buffers.items()):
             if buf is not None:

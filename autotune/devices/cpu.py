@@ -32,7 +32,9 @@ class CpuDevice:
     Peak memory is the peak of live tensor-storage bytes (parameters, buffers,
     gradients, optimizer state, the batch, every temporary), not process RSS.
     With the capacity enforced, an allocation past it raises an emulated
-    ``torch.OutOfMemoryError``.
+    ``torch.OutOfMemoryError``; without, the work is measured whole (the probe
+    does this, to learn how far past the budget a size is), bounded only by
+    the RAM available.
     """
 
     estimated = False
@@ -48,7 +50,8 @@ class CpuDevice:
         return self._capacity
 
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]:
-        tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else None)
+        # Not enforcing the emulated capacity still never lets the work take more RAM than is free.
+        tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else ram_bytes()[1])
         session = Session(tracker, move=lambda t: t)
         try:
             return timed_measure(tracker, session, work)

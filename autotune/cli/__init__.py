@@ -1,0 +1,67 @@
+"""The ``autotune`` command: devices, probe, plan, run, report."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from ..errors import AutotuneError
+from . import devices_cmd, plan_cmd, probe_cmd
+from .common import Formatter, Parser
+
+DESCRIPTION = """\
+Find the largest micro-batch that fits your device, plan gradient accumulation
+that keeps the effective batch exact, run the plan and prove it correct.
+
+examples:
+  autotune devices
+  autotune plan --target-batch 1024
+  autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --probe gpt:build_1b
+  autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
+"""
+
+COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}
+
+
+def _optional_commands() -> None:
+    for name, module in (("run", "run_cmd"), ("report", "report_cmd")):
+        try:
+            COMMANDS[name] = __import__(f"{__name__}.{module}", fromlist=[module])
+        except ImportError:
+            pass
+
+
+def build_parser() -> Parser:
+    _optional_commands()
+    parser = Parser(prog="autotune", description=DESCRIPTION, formatter_class=Formatter)
+    parser.add_argument("--version", action="version", version=f"autotune {__import__('autotune').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, module in COMMANDS.items():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    debug = getattr(args, "debug", False)
+    try:
+        return int(args.handler(args) or 0)
+    except AutotuneError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug of ours: say so plainly
+        if debug:
+            traceback.print_exc()
+        else:
+            print(f"autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
+                  f"(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1

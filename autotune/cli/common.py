@@ -1,0 +1,86 @@
+"""What every subcommand shares: flags, errors as one line, progress on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ..errors import BadInput
+from ..units import parse_size
+
+DEFAULT_MARGIN = 0.10  # the probe's default, repeated here so --help needs no torch
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text, what="--memory-budget")
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def margin_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--margin {text!r} is not a number: give a fraction such as 0.1") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"--margin {text} must be in [0, 1): the fraction of memory kept free, e.g. 0.1")
+    return value
+
+
+def positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} {value} must be at least 1")
+        return value
+
+    return parse
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress stays on stderr)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+
+
+def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
+    if probe_flags:
+        p.add_argument("--probe", metavar="FILE", default=None,
+                       help="probe workload: built-in mlp|gpt|convnet, a .py file, or package.module[:function] "
+                            "exposing build() -> autotune.Workload (default: gpt)")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
+                        "estimate (fake tensors only; needs --memory-budget: the GPU you plan for)")
+    p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
+                   help="device memory to plan for, e.g. 512MiB or 80GiB (cpu: default the available RAM; "
+                        "cuda: caps the free memory; estimate: required)")
+    p.add_argument("--margin", type=margin_arg, default=DEFAULT_MARGIN,
+                   help="fraction of capacity kept free: usable = capacity x (1 - margin)")
+
+
+class Progress:
+    """Progress lines on stderr, unless quiet."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"  {message}", file=sys.stderr, flush=True)

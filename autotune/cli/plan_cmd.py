@@ -1,0 +1,82 @@
+"""``autotune plan``: probe, then plan micro-batch x accumulation x ranks = exactly the target."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import BadInput
+from .common import Formatter, Progress, add_common, add_device, positive_int
+
+FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
+
+EXAMPLES = """\
+Probes the largest micro-batch that fits (estimate first, one real run to
+confirm), then plans the fewest accumulation steps that give exactly the
+target effective batch over all data-parallel ranks.
+
+examples:
+  autotune plan --target-batch 1024
+  autotune plan --target-batch 1024 --device cpu --memory-budget 256MiB
+  autotune plan --target-batch 1021 --probe mlp --memory-budget 8MiB      # uneven, exact
+  autotune plan --target-batch 4096 --world-size 8 --format deepspeed > ds_batch.json
+  autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --probe gpt:build_1b
+  autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="plan micro-batch x accumulation steps x ranks = exactly the target batch",
+                       description=EXAMPLES, formatter_class=Formatter)
+    add_plan_flags(p)
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table: a summary for people; json: the Plan; hf|lightning|deepspeed|accelerate: "
+                        "that framework's batch settings as a JSON object")
+    p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
+    add_common(p)
+    p.set_defaults(handler=run)
+
+
+def add_plan_flags(p) -> None:
+    """Flags shared by ``plan`` and ``run``."""
+    p.add_argument("--target-batch", type=positive_int("--target-batch"), required=True, metavar="N",
+                   help="effective batch per optimizer step, over all ranks")
+    add_device(p)
+    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
+                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
+    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
+                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
+    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches (fails if the target cannot split evenly)")
+
+
+def check_output(path: str | None) -> None:
+    if path and not Path(path).parent.resolve().is_dir():
+        raise BadInput(f"--output {path}: folder {Path(path).parent} does not exist; create it or choose another path")
+
+
+def run(args) -> int:
+    from .. import pipeline
+    from ..serial import dumps, write_atomic
+
+    check_output(args.output)
+    fmt = "json" if args.json else args.format
+    plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
+                         memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
+                         multiple_of=args.multiple_of, uniform=True if args.uniform else None,
+                         progress=Progress(args.quiet or fmt != "table"))
+    text = dumps(plan.to_dict())
+    if args.output:
+        write_atomic(args.output, text)
+    if fmt == "json":
+        print(text, end="")
+    elif fmt == "table":
+        print(plan.summary())
+    else:
+        from ..exports import export
+
+        data, warnings = export(plan, fmt)
+        for warning in warnings:
+            print(f"autotune plan: warning: {warning}", file=sys.stderr)
+        print(json.dumps(data, indent=2))
+    return 0

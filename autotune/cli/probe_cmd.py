@@ -1,0 +1,61 @@
+"""``autotune probe``: the largest micro-batch that fits."""
+
+from __future__ import annotations
+
+from .common import Formatter, Progress, add_common, add_device, positive_int
+
+EXAMPLES = """\
+Estimates with fake tensors first (no device memory used), then confirms with
+one real run of the fit rule: two optimizer steps of two micro-steps each.
+
+examples:
+  autotune probe
+  autotune probe --probe mlp --device cpu --memory-budget 64MiB
+  autotune probe --probe gpt:build_1b --device estimate --memory-budget 80GiB
+  autotune probe --probe my_model.py --max-batch 512 --json > probe.json
+"""
+
+DEFAULT_MAX_BATCH = 65536  # repeated from autotune.probe so --help needs no torch
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("probe", help="find the largest micro-batch that fits the device", description=EXAMPLES,
+                       formatter_class=Formatter)
+    add_device(p)
+    p.add_argument("--max-batch", type=positive_int("--max-batch"), default=DEFAULT_MAX_BATCH,
+                   help="never search past this micro-batch size")
+    p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
+    add_common(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from .. import pipeline
+    from ..serial import dumps, write_atomic
+
+    result = pipeline.run_probe(args.probe, device=args.device, memory_budget=args.memory_budget,
+                                margin=args.margin, max_batch=args.max_batch, progress=Progress(args.quiet or args.json))
+    text = dumps(result.to_dict())
+    if args.output:
+        write_atomic(args.output, text)
+    if args.json:
+        print(text, end="")
+    else:
+        print(describe(result))
+    return 0
+
+
+def describe(result) -> str:
+    from ..units import format_bytes
+
+    lines = [result.summary(), f"device: {result.device.get('summary')}"]
+    if result.breakdown:
+        parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in result.breakdown.items())
+        lines.append(f"at the peak: {parts}")
+    lines.append(f"trials: {len(result.trials)} ({result.real_runs} real, {result.real_ooms} out of memory), "
+                 f"{result.seconds:.1f} s")
+    table = result.trials.assign(peak=result.trials["peak_bytes"].map(
+        lambda v: "OOM" if v is None or v != v else format_bytes(v)))
+    lines.append(table[["batch", "source", "peak", "fits", "seconds"]].to_string(index=False, float_format="%.2f"))
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)

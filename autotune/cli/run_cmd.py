@@ -1,0 +1,66 @@
+"""``autotune run``: train the probe workload by a plan and verify it."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import BadInput
+from .common import Formatter, Progress, add_common, add_device, positive_int
+from .plan_cmd import check_output
+
+EXAMPLES = """\
+Trains the probe workload by the plan for N optimizer steps and verifies it:
+the accumulated gradient equals the full-batch gradient (relative error,
+limit 1e-5 in fp32), peak memory stays under the usable budget, and every step
+consumes exactly the target batch. Exit code 1 when a check fails.
+
+examples:
+  autotune run --target-batch 1024 --device cpu --memory-budget 256MiB
+  autotune plan --target-batch 1021 --probe mlp --memory-budget 8MiB --output plan.json
+  autotune run --plan plan.json --steps 5 --json
+  autotune run --target-batch 256 --probe convnet --memory-budget 64MiB    # BatchNorm is flagged
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="train by a plan for N steps and verify it", description=EXAMPLES,
+                       formatter_class=Formatter)
+    p.add_argument("--plan", metavar="FILE", help="a Plan JSON from autotune plan --output (else plan now)")
+    p.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
+                   help="plan for this effective batch first (when no --plan)")
+    add_device(p)
+    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
+                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
+    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q")
+    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches")
+    p.add_argument("--steps", type=positive_int("--steps"), default=20, help="optimizer steps to train")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="check gradient equivalence, memory and sample counts")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="fp32, or autocast to bf16/fp16 (fp16 with one GradScaler scale per step)")
+    p.add_argument("--max-norm", type=float, default=None, metavar="X",
+                   help="clip the accumulated gradient to this norm, once per optimizer step")
+    p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
+    add_common(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from .. import pipeline
+    from ..serial import dumps, write_atomic
+
+    if (args.plan is None) == (args.target_batch is None):
+        raise BadInput("give either --plan FILE or --target-batch N (one of them)")
+    if args.max_norm is not None and not args.max_norm > 0:
+        raise BadInput(f"--max-norm {args.max_norm} must be a positive number")
+    check_output(args.output)
+    progress = Progress(args.quiet or args.json)
+    result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
+                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
+                          multiple_of=args.multiple_of, uniform=True if args.uniform else None, steps=args.steps,
+                          verify=args.verify, precision=args.precision, max_norm=args.max_norm, progress=progress)
+    text = dumps(result.to_dict())
+    if args.output:
+        write_atomic(args.output, text)
+    print(text, end="") if args.json else print(result.summary())
+    return 0 if result.passed else 1

@@ -1,0 +1,101 @@
+"""The stages joined up: probe a workload on a device, plan, (tune), for the CLI and the API."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from .devices import Device, get_device
+from .probe import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
+from .results import ProbeResult
+from .workload import DEFAULT_PROBE, Workload, load_workload
+
+
+def resolve(workload: Workload | str | None, device: Device | str, memory_budget: int | None) -> tuple[Workload, Device]:
+    """Turn names into objects; device errors come before the workload is built."""
+    dev = device if not isinstance(device, str) else get_device(device, memory_budget=memory_budget)
+    wl = workload if isinstance(workload, Workload) else load_workload(workload)
+    return wl, dev
+
+
+def run_probe(workload: Workload | str | None = None, *, device: Device | str = "auto",
+              memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
+              max_batch: int = DEFAULT_MAX_BATCH, progress: Callable[[str], None] | None = None) -> ProbeResult:
+    wl, dev = resolve(workload, device, memory_budget)
+    if progress:
+        progress(f"probing {wl.name} on {dev.describe()['summary']}")
+    result = probe(wl, dev, margin=margin, max_batch=max_batch, progress=progress)
+    if not isinstance(workload, Workload):
+        result = replace(result, source=_portable(workload or DEFAULT_PROBE))
+    return result
+
+
+def _portable(spec: str) -> str:
+    """A probe spec that still loads from another folder: files become absolute paths."""
+    path, _, func = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+    if Path(path).is_file():
+        return str(Path(path).resolve()) + (f":{func}" if func else "")
+    return spec
+
+
+def plan(target_batch: int, *, workload: Workload | str | None = None, device: Device | str = "auto",
+         memory_budget: int | None = None, margin: float = DEFAULT_MARGIN, world_size: int | None = None,
+         multiple_of: int = 1, uniform: bool | None = None, progress: Callable[[str], None] | None = None,
+         env: dict[str, str] | None = None):
+    """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
+
+    The probe never searches past the per-rank target, since a plan never needs more.
+    """
+    from .planner import make_plan, world_size_from
+
+    world, source = world_size_from(world_size, os.environ if env is None else env)
+    # Reject a target that can never be planned before spending time on a probe.
+    make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
+    per_rank = math.ceil(target_batch / world)
+    result = run_probe(workload, device=device, memory_budget=memory_budget, margin=margin,
+                       max_batch=per_rank, progress=progress)
+    return make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
+                     uniform=uniform, probe=result, world_size_source=source)
+
+
+_probe_and_plan = plan  # ``run`` takes a parameter called plan
+
+
+def load_plan(path: str):
+    """A Plan from a JSON file written by ``autotune plan --output``."""
+    from .planner import Plan
+    from .serial import read_json
+
+    return Plan.from_dict(read_json(path), source=str(path))
+
+
+def run(*, plan=None, target_batch: int | None = None, workload: Workload | str | None = None,
+        device: Device | str = "auto", memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
+        world_size: int | None = None, multiple_of: int = 1, uniform: bool | None = None, steps: int = 20,
+        verify: bool = True, precision: str = "fp32", max_norm: float | None = None,
+        progress: Callable[[str], None] | None = None):
+    """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
+    from .errors import BadInput
+    from .runner import run_plan
+
+    if isinstance(plan, (str, os.PathLike)):
+        plan = load_plan(plan)
+    if plan is not None:
+        probed = plan.probe
+        if workload is None and probed is not None:
+            workload = probed.source or probed.workload
+        if memory_budget is None and probed is not None and probed.device.get("capacity_source") == "--memory-budget":
+            memory_budget = probed.capacity_bytes  # run under the budget the plan was made for
+    wl, dev = resolve(workload, device, memory_budget)
+    if dev.estimated:
+        raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
+    if plan is None:
+        if target_batch is None:
+            raise BadInput("give a plan or a target batch")
+        plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
+                                 multiple_of=multiple_of, uniform=uniform, progress=progress)
+    return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
+                    progress=progress)

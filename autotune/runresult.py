@@ -1,0 +1,114 @@
+"""RunResult: what a planned run did, measured, and verified. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .serial import envelope, open_envelope
+from .units import format_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """A run of a Plan: per-step losses, throughput, peak memory, and the verification.
+
+    ``verification`` is None when the run was not verified, else
+    ``{"passed": bool, "gradient_relative_error": float | None, "checks": [Check.to_dict(), ...]}``.
+    """
+
+    plan: Any  # autotune.planner.Plan
+    workload: str
+    device: dict[str, Any]
+    precision: str
+    losses: tuple[float, ...]
+    step_seconds: tuple[float, ...]
+    samples_per_s: float
+    items_per_s: float
+    peak_bytes: int
+    usable_bytes: int
+    predicted_peak_bytes: int | None
+    skipped_steps: int = 0
+    verification: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.losses) != len(self.step_seconds) or not self.losses:
+            raise ValueError("a run has at least one step, with one loss and one duration per step")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"unknown precision {self.precision!r}")
+        if self.peak_bytes < 0 or self.usable_bytes <= 0:
+            raise ValueError("memory figures must be positive")
+        object.__setattr__(self, "losses", tuple(float(x) for x in self.losses))
+        object.__setattr__(self, "step_seconds", tuple(float(x) for x in self.step_seconds))
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    @property
+    def passed(self) -> bool:
+        return self.verification is None or bool(self.verification["passed"])
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    @property
+    def memory_ratio(self) -> float | None:
+        return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
+
+    def summary(self) -> str:
+        lines = [f"ran {self.plan.arithmetic} for {self.steps} steps on {self.device.get('name')} ({self.precision}): "
+                 f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
+        mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"
+        if self.memory_ratio is not None:
+            mem += f", {self.memory_ratio:.3f} x predicted ({format_bytes(self.predicted_peak_bytes)})"
+        lines.append(mem)
+        if self.skipped_steps:
+            lines.append(f"fp16: {self.skipped_steps} optimizer step(s) skipped by GradScaler (inf/nan gradients)")
+        if self.verification is not None:
+            verdict = "PASSED" if self.passed else "FAILED"
+            lines.append(f"verification {verdict}:")
+            for check in self.verification["checks"]:
+                lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['name']}: {check['message']}")
+                if check.get("details", {}).get("dropout"):
+                    lines.append(f"       ({check['details']['dropout']})")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return envelope("RunResult", {
+            "workload": self.workload,
+            "device": self.device,
+            "precision": self.precision,
+            "steps": self.steps,
+            "losses": list(self.losses),
+            "step_seconds": list(self.step_seconds),
+            "samples_per_s": self.samples_per_s,
+            "items_per_s": self.items_per_s,
+            "peak_bytes": self.peak_bytes,
+            "usable_bytes": self.usable_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "memory_ratio": self.memory_ratio,
+            "skipped_steps": self.skipped_steps,
+            "verification": self.verification,
+            "passed": self.passed,
+            "notes": list(self.notes),
+            "plan": self.plan.to_dict(),
+        })
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> RunResult:
+        from .planner import Plan
+
+        _, body = open_envelope(data, "RunResult", source=source)
+        for derived in ("steps", "memory_ratio", "passed"):
+            body.pop(derived, None)
+        body["plan"] = Plan.from_dict(body["plan"], source=source)
+        body["losses"] = tuple(body.get("losses") or ())
+        body["step_seconds"] = tuple(body.get("step_seconds") or ())
+        body["notes"] = tuple(body.get("notes") or ())
+        try:
+            return cls(**body)
+        except (TypeError, ValueError) as exc:
+            from .errors import ResultFileError
+
+            raise ResultFileError(f"{source}: not a valid RunResult ({exc})") from None

@@ -1,0 +1,185 @@
+"""Verification: the plan's accumulated step is the full-batch step, and it fits.
+
+Every check returns a :class:`Check` with its verdict, the measured value, the
+limit it was held to and a one-line message. Tests plant the faults each check
+exists to catch (1/k weighting, per-micro-batch token means, clipping every
+micro-step, a sample dropped or counted twice) and see them caught.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from .accumulate import Accumulator
+from .units import format_bytes
+
+#: Largest relative gradient error that passes, by precision (fp32 against fp64).
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}
+#: Above this many parameter bytes in float64, the reference runs on the device instead.
+FP64_REFERENCE_LIMIT = 2 * 1024**3
+
+RUNNING_STAT_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+BN_FIXES = ("replace BatchNorm with GroupNorm or LayerNorm, freeze BatchNorm (eval mode, or requires_grad off "
+            "and fixed statistics), or accumulate fewer micro-batches (SyncBatchNorm only joins ranks, "
+            "not micro-steps)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    name: str
+    passed: bool
+    value: float | int | None
+    limit: float | int | None
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "value": self.value, "limit": self.limit,
+                "message": self.message, "details": self.details}
+
+
+def running_stat_layers(model: nn.Module) -> list[str]:
+    """Names (and types) of layers that normalise with per-batch statistics in training."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, RUNNING_STAT_LAYERS) and (
+                isinstance(module, nn.modules.batchnorm._BatchNorm) or module.track_running_stats):
+            found.append(f"{name or '<model>'} ({type(module).__name__})")
+    return found
+
+
+def dropout_off(model: nn.Module) -> list[str]:
+    """Put every dropout module in eval mode (identity); returns their names."""
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.eval()
+            names.append(name)
+    return names
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu().flatten()
+             for p in model.parameters() if p.requires_grad]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    scale = float(want.norm())
+    diff = float((got - want).norm())
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, items, max_norm, precision,
+                 move, accumulator_cls=Accumulator, world_size: int | None = None, process_group=None) -> torch.Tensor:
+    acc_model = copy.deepcopy(model)
+    dropout_off(acc_model)
+    acc_model.zero_grad(set_to_none=True)
+    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped
+    acc = accumulator_cls(acc_model, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
+                          precision=precision, world_size=world_size, process_group=process_group)
+    acc.backward(batch)
+    return flat_grad(acc_model)
+
+
+def _reference_fp64(model: nn.Module, batch: Any, *, loss, max_norm) -> tuple[torch.Tensor, bool]:
+    """Gradient of the mean loss over the whole batch in one float64 pass on the CPU."""
+    ref = copy.deepcopy(model).cpu().double()
+    dropout_off(ref)
+    host = tree_map(lambda t: (t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu())
+                    if isinstance(t, torch.Tensor) else t, batch)
+    deterministic = True
+    with torch.no_grad():
+        state = torch.random.get_rng_state()
+        first = loss(ref, host)
+        torch.random.set_rng_state(state)
+        second = loss(ref, host)
+        deterministic = bool(torch.equal(first, second))
+    ref.zero_grad(set_to_none=True)
+    loss(ref, host).backward()
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+    return flat_grad(ref), deterministic
+
+
+def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: Callable, items: Callable | None,
+                   max_norm: float | None = None, precision: str = "fp32", move: Callable | None = None,
+                   accumulator_cls=Accumulator) -> Check:
+    """The accumulated gradient of one effective batch against a one-pass reference over the same samples.
+
+    ``accumulator_cls`` is the accumulation under test (the runner's own by default).
+    """
+    param_bytes = sum(p.numel() for p in model.parameters()) * 8
+    common = dict(loss=loss, items=items, max_norm=max_norm, precision=precision, move=move)
+    got = _accumulated(model, sizes, batch, accumulator_cls=accumulator_cls, **common)
+    if param_bytes <= FP64_REFERENCE_LIMIT:
+        want, deterministic = _reference_fp64(model, batch, loss=loss, max_norm=max_norm)
+        how = "one float64 pass on the CPU over the same samples"
+    else:
+        # Too big for float64 on the host: the same samples, partitioned differently, on the device.
+        want = _accumulated(model, _other_partition(sizes), batch, **common)
+        deterministic, how = True, "the same samples in a different partition on the device"
+    error = relative_error(got, want)
+    limit = TOLERANCE[precision]
+    details: dict[str, Any] = {"reference": how, "micro_steps": len(sizes), "sizes": list(sizes)}
+    dropouts = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if dropouts:
+        details["dropout"] = f"dropout disabled for this check only ({len(dropouts)} layers)"
+    passed = error <= limit
+    message = f"accumulated vs full-batch gradient: relative error {error:.2e} (limit {limit:.0e}, {precision})"
+    bn = running_stat_layers(model)
+    if bn and len(sizes) > 1:
+        details["running_statistics"] = bn
+        message += (f"; {len(bn)} layer(s) normalise each micro-batch with its own statistics "
+                    f"({', '.join(bn[:4])}{', ...' if len(bn) > 4 else ''}), so accumulation cannot equal "
+                    f"the full batch: {BN_FIXES}")
+    if not deterministic:
+        details["nondeterministic"] = True
+        message += "; the model's training-mode forward is not deterministic (dropout outside nn.Dropout modules?)"
+    if not passed and not bn and deterministic:
+        message += "; the micro-steps do not add up to the full-batch gradient"
+    return Check(name="gradient_equivalence", passed=passed, value=error, limit=limit, message=message,
+                 details=details)
+
+
+def _other_partition(sizes: Sequence[int]) -> list[int]:
+    total, largest = sum(sizes), max(sizes)
+    first = max(1, largest // 2)
+    out = [min(first, total)]
+    while sum(out) < total:
+        out.append(min(largest, total - sum(out)))
+    return out
+
+
+def memory_check(peak: int, usable: int, predicted: int | None) -> Check:
+    ratio = peak / predicted if predicted else None
+    text = f"peak {format_bytes(peak)} of {format_bytes(usable)} usable"
+    if ratio is not None:
+        text += f"; measured/predicted {ratio:.3f} (predicted {format_bytes(predicted)})"
+    return Check(name="memory", passed=peak <= usable, value=peak, limit=usable,
+                 message=text if peak <= usable else f"over budget: {text}",
+                 details={"predicted_bytes": predicted, "ratio": ratio})
+
+
+def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int,
+                expected_items: Sequence[int]) -> Check:
+    """Every step fed exactly the plan's samples, and exactly the items its effective batch holds."""
+    bad = [(i, s, n, want) for i, ((s, n), want) in enumerate(zip(consumed, expected_items))
+           if s != expected_samples or n != want]
+    steps = len(consumed)
+    if not bad:
+        return Check(name="count", passed=True, value=steps, limit=steps,
+                     message=f"all {steps} steps consumed exactly {expected_samples} samples and their items")
+    i, s, n, want = bad[0]
+    return Check(name="count", passed=False, value=steps - len(bad), limit=steps,
+                 message=f"step {i + 1} consumed {s} samples / {n} items, expected {expected_samples} samples / "
+                         f"{want} items: a sample was dropped or counted twice ({len(bad)} of {steps} steps wrong)")
+

@@ -1,0 +1,156 @@
+"""The probe: exact max on the CPU, few real runs, honest when the estimate is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.devices import get_device
+from autotune.errors import DoesNotFit, WorkloadError
+from autotune.probe import probe, usable_bytes
+from autotune.results import ProbeResult
+from autotune.workload import Workload
+
+from .helpers import true_max
+
+
+@pytest.mark.parametrize("budget", [2_400_000, 4_000_000, 9_000_000])
+def test_mlp_max_equals_exhaustive_real_bisection(mlp, budget):
+    device = get_device("cpu", memory_budget=budget)
+    result = probe(mlp, device, max_batch=4096)
+    expected, _ = true_max(mlp, device, result.usable_bytes, 4096)
+    assert result.max_micro_batch == expected
+    # The estimate is exact on the CPU: at most 2 real runs, no real OOM.
+    assert result.real_runs <= 2 and result.real_ooms == 0
+    assert result.estimate_error == 0.0
+    assert result.peak_bytes <= result.usable_bytes
+    assert result.limited_by == "memory" and not result.estimated
+
+
+def test_gpt_max_equals_exhaustive_real_bisection(gpt):
+    device = get_device("cpu", memory_budget=40 * 2**20)
+    result = probe(gpt, device, max_batch=64)
+    expected, _ = true_max(gpt, device, result.usable_bytes, 64)
+    assert result.max_micro_batch == expected
+    assert result.real_runs <= 2 and result.real_ooms == 0
+
+
+def test_trials_table_shows_the_runs(mlp):
+    result = probe(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=4096)
+    t = result.trials
+    assert list(t.columns) == ["batch", "source", "peak_bytes", "fits", "seconds", "oom"]
+    assert set(t["source"]) == {"estimate", "real"}
+    assert (t["seconds"] > 0).all()
+    real = t[t["source"] == "real"]
+    assert list(real["batch"]) == [result.max_micro_batch]
+
+
+def test_whole_batch_fits_is_limited_by_max_batch(mlp):
+    result = probe(mlp, get_device("cpu", memory_budget=2**30), max_batch=64)
+    assert result.max_micro_batch == 64 and result.limited_by == "max_batch"
+
+
+def test_micro_batch_one_too_big_says_what_it_needs(mlp):
+    with pytest.raises(DoesNotFit, match=r"micro-batch 1 needs .* usable memory is .*bf16.*checkpointing"):
+        probe(mlp, get_device("cpu", memory_budget=1_000_000))
+
+
+def test_non_oom_error_stops_the_probe_with_the_batch_size():
+    def loss(model, batch):
+        if batch.shape[0] > 8:
+            raise ValueError("index out of range in my loss")
+        return model(batch).mean()
+
+    w = Workload(name="flaky", model=lambda: nn.Linear(4, 4), batch=lambda n, g: torch.randn(n, 4, generator=g),
+                 loss=loss)
+    with pytest.raises(WorkloadError, match=r"workload 'flaky' failed at micro-batch (9|\d\d+).*ValueError: "
+                                            r"index out of range in my loss") as info:
+        probe(w, get_device("cpu", memory_budget=2**30), max_batch=1000)
+    assert info.value.batch > 8 and "does not fit" not in str(info.value)
+
+
+def test_users_model_and_optimizer_untouched():
+    torch.manual_seed(3)
+    user_model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    user_opt = torch.optim.AdamW(user_model.parameters())
+    user_model(torch.randn(4, 8)).sum().backward()
+    user_opt.step()
+    before = {k: v.clone() for k, v in user_model.state_dict().items()}
+    grads = [p.grad.clone() for p in user_model.parameters()]
+    opt_before = [v.clone() for s in user_opt.state.values() for v in s.values()]
+    rng = torch.get_rng_state()
+    w = Workload(name="shared", model=lambda: user_model, batch=lambda n, g: torch.randn(n, 8, generator=g),
+                 loss=lambda m, b: m(b).pow(2).mean())
+    probe(w, get_device("cpu", memory_budget=300_000), max_batch=256)
+    for k, v in user_model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(torch.equal(p.grad, g) for p, g in zip(user_model.parameters(), grads))
+    opt_after = [v for s in user_opt.state.values() for v in s.values()]
+    assert len(opt_after) == len(opt_before) and all(map(torch.equal, opt_after, opt_before))
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_estimate_device_marks_the_result(gpt):
+    result = probe(gpt, get_device("estimate", memory_budget=2 * 2**30), max_batch=4096)
+    assert result.estimated and result.real_runs == 0
+    assert any("not confirmed" in n for n in result.notes)
+    assert "not confirmed" in result.device["summary"] and "CUDA context" in result.device["summary"]
+    assert result.peak_bytes <= result.usable_bytes
+
+
+def test_json_round_trip(mlp):
+    result = probe(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=512)
+    data = json.loads(json.dumps(result.to_dict()))
+    again = ProbeResult.from_dict(data)
+    assert again == result
+    assert again.to_dict() == result.to_dict()
+    assert again.trials.equals(result.trials)
+
+
+# -- an estimate that misses memory ------------------------------------------------------
+
+EXTRA = 512  # floats per sample the real kernel keeps that the fake kernel does not declare
+
+
+@torch.library.custom_op("autotune_test::hungry", mutates_args=())
+def hungry(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    workspace = torch.zeros(x.shape[0], EXTRA)  # a fused kernel's buffer, kept for backward
+    return x.clone(), workspace
+
+
+@hungry.register_fake
+def _(x):
+    return torch.empty_like(x), x.new_empty(0)  # the fake kernel forgets the buffer
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+hungry.register_autograd(lambda ctx, grad, _grad_ws: grad, setup_context=_setup)
+
+
+class Hungry(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.b(hungry(torch.relu(self.a(x)))[0])
+
+
+def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
+    w = Workload(name="hungry", model=Hungry, batch=lambda n, g: torch.randn(n, 32, generator=g),
+                 loss=lambda m, b: m(b).pow(2).mean())
+    device = get_device("cpu", memory_budget=6_000_000)
+    result = probe(w, device, max_batch=8192)
+    expected, _ = true_max(w, device, usable_bytes(device.capacity_bytes(), 0.1), 8192)
+    assert result.max_micro_batch == expected
+    assert result.real_runs <= 6
+    assert result.estimate_error > 0.05  # real peak above the estimate, reported
+    assert any("under-counted" in n and "searched on the real device" in n for n in result.notes)
+    est_max = result.trials[result.trials["source"] == "estimate"]
+    assert est_max[est_max["fits"]]["batch"].max() > expected  # the estimate alone would have been wrong

@@ -1,0 +1,91 @@
+"""Workloads and probe files: loading, errors that name the file, options."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from autotune.errors import ProbeFileError
+from autotune.workload import Workload, load_workload
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "convnet", "probes.mlp", "gpt:build_100m"])
+def test_builtin_probes_load(name):
+    w = load_workload(name)
+    assert isinstance(w, Workload) and w.name
+
+
+def test_default_is_gpt():
+    assert load_workload(None).name == "gpt"
+
+
+def _file(tmp_path, body: str):
+    path = tmp_path / "probe_file.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_probe_file_with_function(tmp_path):
+    path = _file(tmp_path, """
+        import torch
+        from autotune import Workload
+        def small():
+            return Workload(name="tiny", model=lambda: torch.nn.Linear(2, 2), batch=lambda n, g: torch.randn(n, 2),
+                            loss=lambda m, b: m(b).pow(2).mean())
+        build = small
+    """)
+    assert load_workload(path).name == "tiny"
+    assert load_workload(f"{path}:small").name == "tiny"
+
+
+@pytest.mark.parametrize("body,match", [
+    ("x = 1\n", r"has no build\(\) function"),
+    ("build = 3\n", "not a function"),
+    ("def build():\n    return 42\n", r"returned int, not an autotune.Workload"),
+    ("def build():\n    raise RuntimeError('no data here')\n", r"build\(\) failed: RuntimeError: no data here"),
+    ("def build(:\n", "could not be imported: SyntaxError"),
+])
+def test_probe_file_errors_name_the_file(tmp_path, body, match):
+    path = _file(tmp_path, body)
+    with pytest.raises(ProbeFileError, match=match) as info:
+        load_workload(path)
+    assert "probe_file.py" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("missing_probe.py", "does not exist"),
+    ("no.such.module", "neither a file nor an importable module"),
+    ("mlp:nope", r"has no nope\(\) function"),
+])
+def test_missing_probes(spec, match):
+    with pytest.raises(ProbeFileError, match=match):
+        load_workload(spec)
+
+
+def test_items_default_to_the_batch_size(mlp):
+    batch = mlp.batch(7, torch.Generator().manual_seed(0))
+    assert mlp.count_items(batch) == 7
+
+
+def test_gpt_counts_real_target_tokens(gpt):
+    batch = gpt.batch(16, torch.Generator().manual_seed(0))
+    n = gpt.count_items(batch)
+    assert 0 < n < batch["targets"].numel()  # padding is not counted
+    assert n == int((batch["targets"] != -100).sum())
+
+
+def test_options_are_bound_into_the_factories(gpt):
+    assert gpt.choices() == [{"checkpointing": False}, {"checkpointing": True}]
+    on = gpt.configure(checkpointing=True)
+    assert on.model().checkpointing is True and on.chosen == {"checkpointing": True}
+    with pytest.raises(ValueError, match="no option"):
+        gpt.configure(flash=True)
+
+
+def test_workload_validates_itself():
+    with pytest.raises(ValueError, match="name"):
+        Workload(name="", model=lambda: None, batch=lambda n, g: None, loss=lambda m, b: None)
+    with pytest.raises(ValueError, match="callable"):
+        Workload(name="x", model=3, batch=lambda n, g: None, loss=lambda m, b: None)
