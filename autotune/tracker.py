@@ -94,11 +94,12 @@ class LiveStorageTracker(TorchDispatchMode):
         return n
 
     def _on_death(self, key: int) -> None:
-        entry = self._live.pop(key, None)
+        entry = self._live.get(key)
         if entry is None:
             return
         if self._peak_pending and self.current_bytes == self.peak_bytes:
-            self._take_peak_snapshot()
+            self._take_peak_snapshot()  # before the entry leaves: it is part of the peak
+        del self._live[key]
         self.current_bytes -= entry.nbytes
         self.timeline.append(self.current_bytes)
 

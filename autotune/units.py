@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import BadInput
 
@@ -34,7 +35,8 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
                 f"{what} {text!r} is not a size: use a number with one of the units "
                 "B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), e.g. 512MiB or 12GiB"
             )
-        value = int(float(match.group(1)) * _UNITS[unit])
+        # Exact decimal arithmetic: float("1.001") * 1000 would give 1000.
+        value = int(Fraction(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise BadInput(f"{what} {text!r} must be more than 0 bytes: give a size such as 512MiB or 12GiB")
     return value

@@ -1,0 +1,159 @@
+"""Estimates: the fit rule under FakeTensorMode agrees with the real CPU run, using no real memory."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from autotune.devices import CUDA_CONTEXT_ALLOWANCE, CpuDevice, EstimateDevice, get_device
+from autotune.devices.estimate import CUDA_ROUNDING
+from autotune.errors import DeviceError
+from autotune.fitrule import fit_rule_work
+from autotune.workload import load_workload
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def real_and_estimated(workload, batch):
+    cpu = CpuDevice(memory_budget=8 * GiB)
+    _, real = cpu.measure(fit_rule_work(workload, batch))
+    _, est = cpu.estimator().measure(fit_rule_work(workload, batch))
+    return real, est
+
+
+@pytest.mark.parametrize("batch", [1, 64, 512])
+def test_mlp_estimate_is_exactly_the_real_cpu_peak(batch):
+    real, est = real_and_estimated(load_workload("mlp"), batch)
+    assert est.peak_bytes == real.peak_bytes
+    assert est.breakdown == real.breakdown
+    assert est.timeline == real.timeline  # the same allocations in the same order
+
+
+def _probe_available(name: str) -> bool:
+    return importlib.util.find_spec(f"probes.{name}") is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "batch"),
+    [
+        ("gpt", 2),
+        pytest.param("convnet", 4, marks=pytest.mark.skipif(not _probe_available("convnet"),
+                                                            reason="probes/convnet.py does not exist yet")),
+    ],
+)
+def test_builtin_probe_estimates_within_one_percent(name, batch):
+    real, est = real_and_estimated(load_workload(name), batch)
+    assert abs(est.peak_bytes - real.peak_bytes) <= 0.01 * real.peak_bytes, (est.peak_bytes, real.peak_bytes)
+    for category, value in real.breakdown.items():
+        assert abs(est.breakdown[category] - value) <= 0.01 * real.peak_bytes, category
+
+
+def test_estimate_of_many_gib_of_activations_allocates_nothing_real():
+    workload = load_workload("mlp")
+    est = CpuDevice(memory_budget=GiB).estimator()
+    est.measure(fit_rule_work(workload, 4))  # warm up: imports, caches
+    before = rss_bytes()
+    start = time.perf_counter()
+    # 4M samples: the batch alone is 1 GiB, each hidden activation 4 GiB.
+    _, m = est.measure(fit_rule_work(workload, 4_000_000))
+    seconds = time.perf_counter() - start
+    grown = rss_bytes() - before
+    assert m.peak_bytes > 16 * GiB
+    assert m.breakdown["activations"] > 16 * GiB
+    assert grown < 64 * MiB, f"RSS grew by {grown / MiB:.1f} MiB"
+    assert seconds < 10, f"the estimate took {seconds:.1f} s"
+
+    # The RSS probe itself can see a real allocation of that order.
+    before = rss_bytes()
+    real = torch.ones(64 * MiB)  # 256 MiB, touched
+    assert rss_bytes() - before > 200 * MiB
+    del real
+
+
+def test_mlp_estimate_is_fast():
+    workload = load_workload("mlp")
+    est = CpuDevice(memory_budget=GiB).estimator()
+    start = time.perf_counter()
+    est.measure(fit_rule_work(workload, 64))
+    assert time.perf_counter() - start < 10  # typically a quarter of a second; only pathology fails
+
+
+def test_estimates_never_emulate_an_oom():
+    _, m = EstimateDevice(capacity=1024, round_to=1, cuda_like=False).measure(
+        fit_rule_work(load_workload("mlp"), 64), enforce_capacity=True)
+    assert m.peak_bytes > 1024
+
+
+def test_gpu_estimate_rounds_like_the_caching_allocator():
+    workload = load_workload("mlp")
+    _, exact = CpuDevice(memory_budget=GiB).estimator().measure(fit_rule_work(workload, 3))
+    _, gpu = get_device("estimate", memory_budget=24 * GiB).measure(fit_rule_work(workload, 3))
+    steps = [b - a for a, b in zip((0,) + gpu.timeline, gpu.timeline)]
+    assert all(step % CUDA_ROUNDING == 0 for step in steps)
+    rounded = sum(-(-p.numel() * 4 // CUDA_ROUNDING) * CUDA_ROUNDING for p in workload.model().parameters())
+    assert rounded == 340_480 != 340_008  # the 10-float bias takes a whole 512-byte block
+    assert gpu.breakdown["parameters"] == gpu.breakdown["gradients"] == rounded
+    assert gpu.breakdown["optimizer_state"] == 2 * rounded + 6 * CUDA_ROUNDING  # + six 4-byte steps
+    # Standing in for CUDA, AdamW takes the foreach path, whose peak temporary
+    # is ``_foreach_sqrt(exp_avg_sqs)``: one copy of every parameter at once. The
+    # CPU's per-tensor loop instead peaks at two copies of the largest one.
+    assert gpu.breakdown["activations"] == rounded
+    assert exact.breakdown["activations"] == 2 * 256 * 256 * 4 + 256 * 4
+    assert sum(gpu.breakdown.values()) == gpu.peak_bytes
+
+
+def test_batches_whose_shape_depends_on_values_are_built_for_real_then_faked():
+    def make(size, generator):
+        x = torch.randn(size, 4, generator=generator)
+        return x[x[:, 0] > 0]  # data-dependent shape: fake tensors cannot build it
+
+    def work(session):
+        return session.batch(make, 1000, torch.Generator().manual_seed(0))
+
+    batch, m = CpuDevice(memory_budget=GiB).estimator().measure(work)
+    expected = make(1000, torch.Generator().manual_seed(0))
+    assert isinstance(batch, FakeTensor) and batch.shape == expected.shape
+    assert m.peak_bytes == expected.numel() * 4
+
+
+@pytest.mark.parametrize(
+    ("budget", "capacity"), [(24 * GiB, 24 * GiB - CUDA_CONTEXT_ALLOWANCE), (80 * GiB, 80 * GiB - 640 * MiB)]
+)
+def test_estimate_device_for_a_gpu(budget, capacity):
+    dev = get_device("estimate", memory_budget=budget)
+    assert isinstance(dev, EstimateDevice) and dev.estimated
+    assert dev.capacity_bytes() == capacity
+    assert (dev.round_to, dev.cuda_like, dev.allowance) == (CUDA_ROUNDING, True, 640 * MiB)
+    assert dev.estimator() is dev
+    desc = dev.describe()
+    assert desc["summary"] == (
+        f"estimate for a CUDA GPU with {budget // GiB}.0 GiB; 640.0 MiB allowed for the CUDA context and "
+        "library workspaces; allocations rounded up to 512 bytes; not confirmed on a real device")
+
+
+def test_budget_that_leaves_nothing_after_the_allowance():
+    with pytest.raises(ValueError, match="leaves nothing after the 640.0 MiB allowance"):
+        EstimateDevice.for_gpu(CUDA_CONTEXT_ALLOWANCE)
+    with pytest.raises(DeviceError, match="smaller than the 640 MiB"):
+        get_device("estimate", memory_budget=CUDA_CONTEXT_ALLOWANCE)
+
+
+def test_other_errors_propagate_from_an_estimate():
+    def work(session):
+        raise KeyError("the user's bug")
+
+    with pytest.raises(KeyError, match="the user's bug"):
+        CpuDevice(memory_budget=GiB).estimator().measure(work)

@@ -1,0 +1,105 @@
+"""Exact accumulation: weights, splitting, and the loss trajectory of full-batch training."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.accumulate import Accumulator, batch_size, item_weight, split_batch
+
+
+@pytest.mark.parametrize("n,total,world,want", [(3, 12, 1, 0.25), (255, 1021, 1, 255 / 1021), (16, 64, 4, 1.0),
+                                                (0, 5, 1, 0.0)])
+def test_item_weight(n, total, world, want):
+    assert item_weight(n, total, world) == pytest.approx(want)
+
+
+def test_item_weight_rejects_empty_batches():
+    with pytest.raises(ValueError, match="at least 1"):
+        item_weight(1, 0)
+
+
+def test_split_batch_pytree():
+    batch = {"x": torch.arange(10).view(10, 1), "y": (torch.arange(10), 3)}
+    parts = split_batch(batch, [3, 3, 4])
+    assert [batch_size(p) for p in parts] == [3, 3, 4]
+    assert torch.equal(torch.cat([p["x"] for p in parts]), batch["x"])
+    assert parts[2]["y"][1] == 3
+    with pytest.raises(ValueError, match="sums to 9 but the batch holds 10"):
+        split_batch(batch, [3, 3, 3])
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def _data(step: int, n: int = 64):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _loss(model, batch):
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize("sizes", [[16, 16, 16, 16], [21, 21, 22], [64]])
+def test_loss_trajectory_equals_full_batch_training(sizes):
+    plain, planned = _mlp(), _mlp()
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    opt_planned = torch.optim.AdamW(planned.parameters(), lr=1e-2)
+    acc = Accumulator(planned, opt_planned, sizes, loss=_loss)
+    for step in range(5):
+        batch = _data(step)
+        loss = _loss(plain, batch)
+        loss.backward()
+        opt_plain.step()
+        opt_plain.zero_grad(set_to_none=True)
+        got = acc(batch)
+        assert got == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), step
+    for a, b in zip(plain.parameters(), planned.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_clipping_happens_once_on_the_accumulated_gradient():
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), [20, 20, 24], loss=_loss, max_norm=0.05)
+    out = acc.backward(_data(0))
+    _loss(ref, _data(0)).backward()
+    full_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05))
+    assert out.grad_norm == pytest.approx(full_norm, rel=1e-5)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_step_outcome_counts_samples_and_items():
+    model = _mlp()
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [30, 34], loss=_loss)
+    out = acc.step(_data(0))
+    assert (out.samples, out.items, out.total_items, out.micro_steps) == (64, 64, 64, 2)
+    assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True) after the step
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_keeps_fp32_gradients(precision):
+    model = _mlp()
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss, precision=precision,
+                      max_norm=1.0)
+    out = acc.backward(_data(0))
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+    assert out.loss == pytest.approx(float(_loss(_mlp(), _data(0))), rel=3e-2)
+    trained = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss,
+                          precision=precision)
+    assert not trained.step(_data(1)).skipped and trained.skipped_steps == 0
+
+
+def test_accumulator_rejects_bad_input():
+    model = _mlp()
+    with pytest.raises(ValueError, match="precision"):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, precision="fp8")
+    with pytest.raises(ValueError, match="at least one micro-batch"):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [], loss=_loss)
