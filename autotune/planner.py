@@ -1,0 +1,353 @@
+"""The planner: micro-batch x accumulation steps x ranks = exactly the target batch.
+
+Pure arithmetic, no torch. ``T`` is the target effective batch over all ranks,
+``m`` the largest micro-batch one rank holds, ``W`` the data-parallel world
+size and ``q`` the multiple every micro-batch must be. Sizes count in units of
+``q``: ``U = T / q`` units go into ``W x k`` slots (slot ``s = i x W + r`` is
+rank ``r`` at micro-step ``i``), ``k`` as small as ``m`` allows and the same on
+every rank. Slots get ``U // n`` units each and the last ``U % n`` slots one
+more, so sizes differ by at most ``q`` and are equal whenever they can be.
+The target is never changed: a target that cannot be planned is an error that
+names the nearest targets that can.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PlanError, ResultFileError
+from .results import ProbeResult
+from .serial import envelope, open_envelope
+from .units import format_bytes
+
+DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How to run one optimizer step of exactly ``target_batch`` samples.
+
+    ``schedule[r][i]`` is the micro-batch of rank ``r`` at micro-step ``i``;
+    every rank runs ``accumulation_steps`` micro-steps. ``micro_batch`` is the
+    largest size in the schedule, ``uniform`` True when all sizes are equal.
+    ``world_size_source`` says where ``world_size`` came from ("flag",
+    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` holds what
+    a throughput tuner measured, carried as given.
+    """
+
+    target_batch: int
+    world_size: int
+    micro_batch: int
+    accumulation_steps: int
+    schedule: tuple[tuple[int, ...], ...]
+    uniform: bool
+    multiple_of: int = 1
+    max_micro_batch: int
+    world_size_source: str = "default"
+    probe: ProbeResult | None = None
+    notes: tuple[str, ...] = ()
+    tuning: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        schedule = tuple(tuple(rank) for rank in self.schedule)
+        object.__setattr__(self, "schedule", schedule)
+        if any(isinstance(b, bool) or not isinstance(b, int) for rank in schedule for b in rank):
+            raise ValueError(f"schedule sizes must be integers, got {schedule!r}")
+        object.__setattr__(self, "notes", tuple(self.notes))
+        for name in ("target_batch", "world_size", "micro_batch", "accumulation_steps", "multiple_of",
+                     "max_micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
+        if len(schedule) != self.world_size:
+            raise ValueError(f"schedule has {len(schedule)} ranks, world_size is {self.world_size}")
+        if any(len(rank) != self.accumulation_steps for rank in schedule):
+            raise ValueError(f"every rank must run accumulation_steps={self.accumulation_steps} micro-steps, "
+                             f"got {[len(rank) for rank in schedule]}")
+        sizes = [b for rank in schedule for b in rank]
+        if any(not 1 <= b <= self.max_micro_batch or b % self.multiple_of for b in sizes):
+            raise ValueError(f"every micro-batch must be in [1, {self.max_micro_batch}] and a multiple of "
+                             f"{self.multiple_of}, got {sorted(set(sizes))}")
+        if sum(sizes) != self.target_batch:
+            raise ValueError(f"schedule sums to {sum(sizes)}, not the target {self.target_batch}")
+        if self.micro_batch != max(sizes):
+            raise ValueError(f"micro_batch {self.micro_batch} is not the largest size {max(sizes)}")
+        if self.uniform != (min(sizes) == max(sizes)):
+            raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(set(sizes))}")
+        if not isinstance(self.world_size_source, str):
+            raise ValueError(f"world_size_source must be a string, got {self.world_size_source!r}")
+
+    @property
+    def per_rank_batch(self) -> tuple[int, ...]:
+        """Samples each rank sees per optimizer step."""
+        return tuple(sum(rank) for rank in self.schedule)
+
+    @property
+    def arithmetic(self) -> str:
+        """One line a person checks by hand: ``1024 = 256 x 4 steps x 1 rank``, or for uneven
+        sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size)."""
+        steps, ranks = _plural(self.accumulation_steps, "step"), _plural(self.world_size, "rank")
+        if self.uniform:
+            return f"{self.target_batch} = {self.micro_batch} x {steps} x {ranks}"
+        counts = sorted(Counter(b for rank in self.schedule for b in rank).items())
+        terms = " + ".join(f"{count} x {size}" for size, count in counts)
+        return f"{self.target_batch} = {terms} over {steps} x {ranks}"
+
+    @property
+    def predicted_peak_bytes(self) -> int | None:
+        """Peak memory at ``micro_batch``: measured when the probe confirmed that very size,
+        else the probe's estimate; None without a probe."""
+        if self.probe is None:
+            return None
+        at_max = self.micro_batch == self.probe.max_micro_batch
+        if at_max and not self.probe.estimated:
+            return self.probe.peak_bytes
+        predicted = self.probe.predicted_peak_at(self.micro_batch)
+        return self.probe.peak_bytes if predicted is None and at_max else predicted
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        peak = self.predicted_peak_bytes
+        return None if peak is None else self.probe.usable_bytes - peak
+
+    def summary(self) -> str:
+        lines = [f"plan: {self.arithmetic}"]
+        if self.world_size_source != "default":
+            lines.append(f"world size {self.world_size} from {self.world_size_source}")
+        if self.accumulation_steps == 1:
+            lines.append("k = 1: the whole per-rank batch fits, no accumulation")
+        if self.probe is not None:
+            lines.extend(self._memory_lines())
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+    def _memory_lines(self) -> list[str]:
+        probe = self.probe
+        status = "estimated, not confirmed on a real device" if probe.estimated else "confirmed by a real run"
+        device = probe.device.get("summary") or probe.device.get("name", "unknown device")
+        return [
+            f"memory: peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
+            f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "
+            f"(margin {probe.margin:.0%})",
+            f"probed: {probe.workload} on {device}; max micro-batch {probe.max_micro_batch} ({status})",
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return envelope("Plan", {
+            "target_batch": self.target_batch,
+            "world_size": self.world_size,
+            "world_size_source": self.world_size_source,
+            "micro_batch": self.micro_batch,
+            "accumulation_steps": self.accumulation_steps,
+            "multiple_of": self.multiple_of,
+            "max_micro_batch": self.max_micro_batch,
+            "uniform": self.uniform,
+            "schedule": [list(rank) for rank in self.schedule],
+            "per_rank_batch": list(self.per_rank_batch),
+            "arithmetic": self.arithmetic,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "notes": list(self.notes),
+            "tuning": self.tuning,
+            "probe": None if self.probe is None else self.probe.to_dict(),
+        })
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> Plan:
+        _, body = open_envelope(data, "Plan", source=source)
+        for derived in DERIVED:
+            body.pop(derived, None)
+        try:
+            body["schedule"] = tuple(tuple(rank) for rank in body.get("schedule") or ())
+            body["notes"] = tuple(body.get("notes") or ())
+            if body.get("probe") is not None:
+                body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
+            return cls(**body)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ResultFileError):
+                raise
+            raise ResultFileError(f"{source}: not a valid Plan ({exc})") from None
+
+
+def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
+    """(world size, where it came from): ``--world-size``, else ``$WORLD_SIZE`` as torchrun sets it, else 1."""
+    if flag is not None:
+        if isinstance(flag, bool) or not isinstance(flag, int) or flag < 1:
+            raise PlanError(f"--world-size {flag!r} must be a whole number of at least 1: pass 1 for one process")
+        return flag, "flag"
+    text = env.get("WORLD_SIZE")
+    if text is None:
+        return 1, "default"
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise PlanError(f"WORLD_SIZE={text!r} is not a whole number of at least 1 (torchrun sets it to the "
+                        "number of processes): unset it, or pass --world-size")
+    return value, "WORLD_SIZE"
+
+
+# ---- the arithmetic, in units of q -------------------------------------------------------------
+
+
+def _min_steps(units: int, world: int, unit_max: int) -> int:
+    """Fewest micro-steps per rank that hold ``units`` with at most ``unit_max`` units a slot."""
+    return -(-units // (world * unit_max))
+
+
+def _feasible(units: int, world: int, unit_max: int) -> bool:
+    """Some plan exists: every one of the ``world x k`` slots gets at least one unit."""
+    return units >= world * _min_steps(units, world, unit_max)
+
+
+def _uniform_steps(units: int, world: int, unit_max: int) -> int | None:
+    """Fewest steps, at most double the minimum, that split ``units`` into equal slots."""
+    least = _min_steps(units, world, unit_max)
+    return next((k for k in range(least, 2 * least + 1) if units % (world * k) == 0 and units >= world * k), None)
+
+
+def _nearest(target: int, step: int, span: int, ok) -> tuple[int | None, int | None]:
+    """The nearest multiples of ``step`` below and above ``target`` for which ``ok(units)`` holds,
+    looking up to ``span`` units above (every ``span``-th unit count is known to be ok)."""
+    units = target // step
+    below = next((u * step for u in range(units if target % step else units - 1, 0, -1) if ok(u)), None)
+    above = next((u * step for u in range(units + 1, units + span + 1) if ok(u)), None)
+    return below, above
+
+
+def nearest_uniform_targets(target: int, max_micro_batch: int, *, world_size: int = 1,
+                            multiple_of: int = 1) -> tuple[int | None, int | None]:
+    """The nearest targets below and above ``target`` that split into equal micro-batches
+    (the same rules as ``make_plan(..., uniform=True)``); None where there is none below."""
+    unit_max = max_micro_batch // multiple_of
+    ok = lambda u: _uniform_steps(u, world_size, unit_max) is not None  # noqa: E731
+    return _nearest(target, multiple_of, world_size * unit_max, ok)
+
+
+def _split(units: int, world: int, steps: int, q: int) -> tuple[tuple[int, ...], ...]:
+    """Step-major slots; the last ``units % slots`` of them get one unit more."""
+    slots = world * steps
+    base, extra = divmod(units, slots)
+    size = [(base + (s >= slots - extra)) * q for s in range(slots)]
+    return tuple(tuple(size[i * world + r] for i in range(steps)) for r in range(world))
+
+
+def _build(target: int, m: int, world: int, q: int, steps: int, **fields) -> Plan:
+    schedule = _split(target // q, world, steps, q)
+    sizes = {b for rank in schedule for b in rank}
+    return Plan(target_batch=target, world_size=world, micro_batch=max(sizes), accumulation_steps=steps,
+                schedule=schedule, uniform=len(sizes) == 1, multiple_of=q, max_micro_batch=m, **fields)
+
+
+# ---- checks and errors ------------------------------------------------------------------------
+
+
+def _whole(value: Any, what: str, fix: str) -> int:
+    if isinstance(value, bool):
+        raise PlanError(f"{what} {value!r} is not a whole number: {fix}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise PlanError(f"{what} {value!r} is not a whole number: {fix}") from None
+    if number < 1:
+        raise PlanError(f"{what} {number} must be at least 1: {fix}")
+    return number
+
+
+def _targets(below: int | None, above: int | None) -> str:
+    return f"{below} or {above}" if below is not None else f"{above}"
+
+
+def _check(target: int, m: int, world: int, q: int) -> None:
+    """PlanError when no plan at all exists for these numbers."""
+    if target < world:
+        raise PlanError(f"target {target} is smaller than the world size {world}: every rank needs at least "
+                        f"one sample per step; use a target of at least {world} or fewer ranks")
+    if m < q:
+        raise PlanError(f"max micro-batch {m} is smaller than --multiple-of {q}: no micro-batch size is allowed; "
+                        f"use --multiple-of {m} or less, or give each rank more memory")
+    unit_max = m // q
+    ok = lambda u: _feasible(u, world, unit_max)  # noqa: E731
+    if target % q:
+        below, above = _nearest(target, q, world, ok)
+        raise PlanError(f"target {target} is not a multiple of --multiple-of {q}: use target "
+                        f"{_targets(below, above)}, or a --multiple-of that divides {target}")
+    if target // q < world:
+        raise PlanError(f"target {target} on {world} ranks with --multiple-of {q}: every rank needs at least {q} "
+                        f"samples per step ({world * q} in all); use a target of at least {world * q}, "
+                        "fewer ranks or a smaller --multiple-of")
+    if not ok(target // q):
+        below, above = _nearest(target, q, world, ok)
+        raise PlanError(f"target {target} cannot be split: max micro-batch {m} with --multiple-of {q} allows only "
+                        f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}; "
+                        f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
+
+
+def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
+    units, unit_max = target // q, m // q
+    least = _min_steps(units, world, unit_max)
+    below, above = nearest_uniform_targets(target, m, world_size=world, multiple_of=q)
+    options = [f"{t} ({make_plan(t, m, world_size=world, multiple_of=q, uniform=True).arithmetic})"
+               for t in (below, above) if t is not None]
+    uneven = _build(target, m, world, q, least).arithmetic
+    sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
+    return PlanError(
+        f"--uniform: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
+        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options)}; or drop --uniform "
+        f"for {uneven} (autotune's runner weights uneven micro-batches exactly)")
+
+
+# ---- the planner ------------------------------------------------------------------------------
+
+
+def make_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, multiple_of: int = 1,
+              uniform: bool | None = None, probe: ProbeResult | None = None,
+              world_size_source: str = "default") -> Plan:
+    """Plan exactly ``target_batch`` samples per optimizer step over ``world_size`` ranks.
+
+    Fewest accumulation steps with micro-batches of at most ``max_micro_batch``,
+    each a multiple of ``multiple_of``; equal sizes whenever those steps allow,
+    else sizes that differ by one ``multiple_of``. ``uniform=True`` demands
+    equal sizes, taking up to twice the fewest steps, and raises PlanError
+    otherwise; None or False take the fewest steps either way.
+    """
+    target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
+    m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
+    world = _whole(world_size, "world size", "pass 1 for a single process")
+    q = _whole(multiple_of, "--multiple-of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
+    if uniform not in (None, True, False):
+        raise PlanError(f"uniform {uniform!r} must be True, False or None")
+    _check(target, m, world, q)
+    units, unit_max = target // q, m // q
+    steps = least = _min_steps(units, world, unit_max)
+    if uniform:
+        steps = _uniform_steps(units, world, unit_max)
+        if steps is None:
+            raise _no_uniform(target, m, world, q)
+    notes = _notes(target, m, world, q, steps, least, probe)
+    return _build(target, m, world, q, steps, probe=probe, notes=notes, world_size_source=world_size_source)
+
+
+def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, probe: ProbeResult | None) -> tuple[str, ...]:
+    notes = []
+    units, unit_max = target // q, m // q
+    if steps > least:
+        notes.append(f"--uniform takes {steps} steps instead of the {least} that micro-batches of {m} allow")
+    if units % (world * steps):
+        notes.append("uneven micro-batches: autotune's runner weights each loss by n_i / N, so the gradient "
+                     "equals the full-batch one; frameworks that assume equal micro-batches would not")
+        even = _uniform_steps(units, world, unit_max)
+        if even is not None:
+            notes.append(f"--uniform would give {_build(target, m, world, q, even).arithmetic}")
+    if probe is not None and m > probe.max_micro_batch:
+        notes.append(f"max micro-batch {m} is above the probed {probe.max_micro_batch}: it may not fit")
+    return tuple(notes)
