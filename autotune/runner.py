@@ -104,8 +104,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
 def _gradient(host_model, sizes, batch: Any, workload: Workload, device: Device, max_norm, precision,
               accumulator_cls) -> Check:
     """The gradient check on a device copy of the initial model."""
-    target = getattr(device, "torch_device", None) or torch.device("cpu")
-    model = copy.deepcopy(host_model).to(target)
+    model = copy.deepcopy(host_model).to(device.torch_device)
     try:
         return gradient_check(model, sizes, batch, loss=workload.loss, items=workload.items, max_norm=max_norm,
                               precision=precision, accumulator_cls=accumulator_cls)

@@ -4,8 +4,9 @@ A ``TorchDispatchMode`` that sees every aten op, counts the bytes of every
 tensor storage an op creates and subtracts them when the storage dies. Storages
 are keyed by the identity of their (preserved) Python storage object and watched
 through weak references, so the count works under ``FakeTensorMode`` too, where
-``data_ptr()`` is 0. Outputs that alias an input (views, in-place ops) share the
-input's storage and are not counted again.
+``data_ptr()`` is 0. Outputs that alias an input (views, in-place and out= ops,
+as the op's schema says) share the input's storage: never counted again, and
+never counted at all when the input lives outside the device (a host batch).
 
 It keeps the peak, a timeline of live bytes (one entry per allocation or free),
 and at the peak a breakdown into parameters, gradients, optimizer state and the
@@ -33,6 +34,20 @@ _PRECEDENCE = {name: rank for rank, name in enumerate(CATEGORIES)}
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _IGNORED = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
+
+
+_ALIASED: dict = {}
+_CREATES = {torch.ops.aten.lift_fresh.default}  # torch.tensor(...) data enters through it
+
+
+def _aliased_returns(func) -> tuple[bool, ...]:
+    """Per return of ``func``: does its schema say it aliases an input?"""
+    flags = _ALIASED.get(func)
+    if flags is None:
+        returns = func._schema.returns
+        flags = tuple(r.alias_info is not None and func not in _CREATES for r in returns) or (False,)
+        _ALIASED[func] = flags
+    return flags
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,13 +180,27 @@ class LiveStorageTracker(TorchDispatchMode):
                 return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
         out = func(*args, **(kwargs or {}))
         if not self._paused:
+            aliased = _aliased_returns(func)
             if isinstance(out, torch.Tensor):
-                self._add(out.untyped_storage())
+                self._seen(out, aliased[0])
             else:
-                for leaf in tree_flatten(out)[0]:
+                leaves = tree_flatten(out)[0]
+                flags = aliased * len(leaves) if len(aliased) == 1 else aliased
+                for leaf, alias in zip(leaves, flags):
                     if isinstance(leaf, torch.Tensor):
-                        self._add(leaf.untyped_storage())
+                        self._seen(leaf, alias)
         return out
+
+    def _seen(self, t: torch.Tensor, alias: bool) -> None:
+        """An op's output: a new storage is counted; one that aliases an input (a view,
+        an in-place or out= op) was either counted already or lives outside the device."""
+        storage = t.untyped_storage()
+        if not alias:
+            self._add(storage)
+        else:
+            entry = self._live.get(id(storage))
+            if entry is not None and entry.ref() is storage:
+                self._add(storage)  # counted already: only a resize changes anything
 
     # -- public ---------------------------------------------------------------------
 

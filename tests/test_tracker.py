@@ -32,8 +32,8 @@ def storage_bytes(tensors) -> int:
 class CountsEveryOutput(LiveStorageTracker):
     """Fault: counts every op output as a new allocation (views and in-place ops too)."""
 
-    def _add(self, storage, category=None):
-        self._grow(self._size(storage))
+    def _seen(self, t, alias):
+        self._grow(self._size(t.untyped_storage()))
 
 
 class IgnoresResize(LiveStorageTracker):
@@ -248,6 +248,17 @@ def inplace_and_view_figures(tracker_cls):
             keep.append(op())  # views stay alive: they still must not count
             figures[label] = tracker.current_bytes - base
     return base, figures
+
+
+def test_views_and_inplace_ops_of_host_tensors_are_never_counted():
+    host = torch.zeros(1000)  # made before tracking: lives outside the device
+    tracker = LiveStorageTracker()
+    with tracker:
+        parts = [host[:10], host.view(10, 100), host.add_(1)]
+        assert tracker.current_bytes == 0
+        copy = host[:10].clone()  # a real allocation of 10 floats
+        assert tracker.current_bytes == 10 * FLOAT
+    del parts, copy
 
 
 def test_inplace_ops_and_views_are_not_counted():

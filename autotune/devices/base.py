@@ -63,10 +63,12 @@ class Session:
     """
 
     def __init__(self, tracker: LiveStorageTracker, *, move: Callable[[torch.Tensor], torch.Tensor],
+                 move_model: Callable[[nn.Module], nn.Module] | None = None,
                  build_batch: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
                  torch_device: torch.device = torch.device("cpu")):
         self.tracker = tracker
         self._move = move
+        self._move_model = move_model or (lambda m: _move_module(m, move))
         self._build_batch = build_batch
         self.cuda_like = cuda_like
         self.torch_device = torch_device
@@ -83,7 +85,7 @@ class Session:
             model = factory()
         if not isinstance(model, nn.Module):
             raise TypeError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
-        model = model.to(self.torch_device) if self.torch_device.type != "cpu" else _move_module(model, self._move)
+        model = self._move_model(model)
         self.tracker.register(_tensors(model), "parameters")
         return model
 

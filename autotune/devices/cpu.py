@@ -41,6 +41,7 @@ class CpuDevice:
 
     def __init__(self, *, memory_budget: int | None = None):
         self.name = "cpu"
+        self.torch_device = torch.device("cpu")
         self.memory_budget = memory_budget
         total, available = ram_bytes()
         self._total = total
@@ -52,7 +53,9 @@ class CpuDevice:
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]:
         # Not enforcing the emulated capacity still never lets the work take more RAM than is free.
         tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else ram_bytes()[1])
-        session = Session(tracker, move=lambda t: t)
+        # Moving to the CPU device copies, as moving to a GPU does: a micro-batch sliced
+        # from a host batch then counts as itself, not as the whole host batch.
+        session = Session(tracker, move=lambda t: t.clone(), move_model=lambda m: m)
         try:
             return timed_measure(tracker, session, work)
         except BaseException:

@@ -35,6 +35,7 @@ class CudaDevice:
         self.cuda = cuda if cuda is not None else torch.cuda
         self.index = index
         self.name = f"cuda:{index}"
+        self.torch_device = torch.device("cuda", index)
         self.memory_budget = memory_budget
         if nvml is True:
             nvml, self.nvml_note = load_nvml()
@@ -71,8 +72,8 @@ class CudaDevice:
         self.cuda.reset_peak_memory_stats(self.index)
         tracker = LiveStorageTracker(round_to=CUDA_ROUNDING)
         device = torch.device("cuda", self.index)
-        session = Session(tracker, move=lambda t: t.to(device, non_blocking=True), cuda_like=True,
-                          torch_device=device)
+        session = Session(tracker, move=lambda t: t.to(device, non_blocking=True), move_model=lambda m: m.to(device),
+                          cuda_like=True, torch_device=device)
 
         def peak() -> int:
             self.cuda.synchronize(self.index)
