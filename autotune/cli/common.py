@@ -16,6 +16,9 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
+        head, _, rest = message.partition(": ")
+        if head.startswith("argument ") and rest.startswith(head.removeprefix("argument ").split("/")[0]):
+            message = rest  # our own messages already name the flag
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 

@@ -1,0 +1,109 @@
+"""The command line as users meet it: outputs, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autotune.cli import main
+
+MLP = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB", "--quiet"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_devices_says_there_is_no_gpu(capsys):
+    code, out, _ = run(capsys, "devices")
+    assert code == 0 and "cpu" in out and "no NVIDIA driver or GPU found" in out
+    code, out, _ = run(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["gpus"] == [] and data["cpu"]["ram_total_bytes"] > 0
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["probe", "--memory-budget", "12XB"], "is not a size"),
+    (["probe", "--memory-budget=-1GiB"], "negative"),
+    (["probe", "--device", "tpu"], "unknown device 'tpu'"),
+    (["probe", "--device", "cuda"], "cuda:0 is not available"),
+    (["probe", "--device", "estimate"], "needs --memory-budget"),
+    (["probe", "--margin", "1.5"], "--margin"),
+    (["plan", "--target-batch", "0"], "--target-batch 0 must be at least 1"),
+    (["plan", "--target-batch", "-4"], "must be at least 1"),
+    (["plan", "--target-batch", "12.5"], "not a whole number"),
+    (["plan", "--target-batch", "4", "--world-size", "8", *MLP], "smaller than the world size"),
+    (["plan", "--target-batch", "1021", "--uniform", *MLP], "1020"),
+    (["plan", "--target-batch", "64", "--multiple-of", "0"], "--multiple-of 0 must be at least 1"),
+    (["plan", "--target-batch", "64", "--format", "keras"], "invalid choice: 'keras'"),
+    (["plan", "--target-batch", "64", "--probe", "no_such_probe.py"], "does not exist"),
+    (["plan", "--target-batch", "64", "--output", "/no/such/folder/plan.json"], "does not exist"),
+    (["run", "--target-batch", "64", "--plan", "x.json"], "either --plan FILE or --target-batch N"),
+    (["run", "--plan", "missing.json"], "missing.json does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in err
+
+
+def test_plan_table_and_json(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(path))
+    assert code == 0 and "1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank" in out and "headroom" in out
+    saved = json.loads(path.read_text())
+    assert saved["kind"] == "autotune.Plan" and saved["schema_version"] == 1
+    code, out, _ = run(capsys, "plan", "--target-batch", "1024", *MLP, "--json")
+    assert json.loads(out)["accumulation_steps"] == 4
+
+
+@pytest.mark.parametrize("fmt,keys", [
+    ("hf", {"per_device_train_batch_size", "gradient_accumulation_steps"}),
+    ("lightning", {"accumulate_grad_batches", "batch_size"}),
+    ("deepspeed", {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}),
+    ("accelerate", {"gradient_accumulation_steps"}),
+])
+def test_framework_exports_print_only_json(capsys, fmt, keys):
+    code, out, err = run(capsys, "plan", "--target-batch", "1024", *MLP, "--format", fmt)
+    assert code == 0 and set(json.loads(out)) == keys and err == ""
+    code, out, err = run(capsys, "plan", "--target-batch", "1021", *MLP, "--format", fmt)
+    assert code == 0 and set(json.loads(out)) == keys
+    assert "warning" in err and "1021" in err and "1024" in err  # uneven: the framework would change the batch
+
+
+def test_estimate_marks_output(capsys):
+    code, out, _ = run(capsys, "plan", "--target-batch", "64", "--probe", "mlp", "--device", "estimate",
+                       "--memory-budget", "1GiB", "--quiet")
+    assert code == 0 and "estimated" in out and "not confirmed" in out
+
+
+def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(plan))[0] == 0
+    code, out, _ = run(capsys, "run", "--plan", str(plan), "--steps", "2", "--quiet")
+    assert code == 0 and "verification PASSED" in out and "relative error" in out
+    code, out, _ = run(capsys, "run", "--target-batch", "32", "--probe", "convnet", "--device", "cpu",
+                       "--memory-budget", "6MB", "--steps", "1", "--json", "--quiet")
+    data = json.loads(out)
+    assert code == 1 and data["passed"] is False
+    grad = next(c for c in data["verification"]["checks"] if c["name"] == "gradient_equivalence")
+    assert "BatchNorm2d" in grad["message"]
+
+
+def test_debug_shows_the_traceback(capsys):
+    code, _, err = run(capsys, "probe", "--device", "tpu", "--debug")
+    assert code == 2 and "Traceback" in err
+
+
+def test_help_has_examples():
+    for command in ("plan", "probe", "run", "devices"):
+        out = subprocess.run([sys.executable, "-m", "autotune", command, "--help"], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        assert out.returncode == 0 and "examples:" in out.stdout, command

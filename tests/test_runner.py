@@ -1,0 +1,70 @@
+"""The runner: trains by the plan, measures it, and fails when a check fails."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from autotune.devices import get_device
+from autotune.pipeline import plan as make_full_plan
+from autotune.runner import run_plan
+from autotune.runresult import RunResult
+
+from .test_verify import DropsASample, NaiveOneOverK
+
+BUDGET = 3_000_000
+
+
+@pytest.fixture(scope="module")
+def uneven(request):
+    from autotune.workload import load_workload
+
+    mlp = load_workload("mlp")
+    device = get_device("cpu", memory_budget=BUDGET)
+    return mlp, device, make_full_plan(1021, workload=mlp, device=device)
+
+
+def test_run_passes_and_measures(uneven):
+    mlp, device, plan = uneven
+    result = run_plan(plan, mlp, device, steps=3)
+    assert result.passed and len(result.losses) == 3
+    v = result.verification
+    assert v["gradient_relative_error"] < 1e-6
+    assert {c["name"] for c in v["checks"]} == {"gradient_equivalence", "memory", "count"}
+    assert result.peak_bytes <= result.usable_bytes
+    assert result.memory_ratio == pytest.approx(1.0, abs=0.02)  # the fit rule predicts the run
+    assert result.samples_per_s > 0
+
+
+@pytest.mark.parametrize("fault,failing", [(NaiveOneOverK, {"gradient_equivalence"}),
+                                           (DropsASample, {"gradient_equivalence", "count"})])
+def test_planted_faults_fail_the_run(uneven, fault, failing):
+    mlp, device, plan = uneven
+    result = run_plan(plan, mlp, device, steps=2, accumulator_cls=fault)
+    assert not result.passed
+    assert {c["name"] for c in result.verification["checks"] if not c["passed"]} == failing
+
+
+def test_over_budget_run_fails_the_memory_check(uneven):
+    mlp, device, plan = uneven
+    tight = replace(plan, probe=replace(plan.probe, usable_bytes=plan.probe.peak_bytes // 2))
+    result = run_plan(tight, mlp, device, steps=1)
+    memory = next(c for c in result.verification["checks"] if c["name"] == "memory")
+    assert not memory["passed"] and not result.passed
+
+
+def test_no_verify_still_runs(uneven):
+    mlp, device, plan = uneven
+    result = run_plan(plan, mlp, device, steps=1, verify=False)
+    assert result.verification is None and result.passed
+
+
+def test_run_result_json_round_trip(uneven):
+    mlp, device, plan = uneven
+    result = run_plan(plan, mlp, device, steps=2)
+    data = json.loads(json.dumps(result.to_dict()))
+    again = RunResult.from_dict(data)
+    assert again.to_dict() == result.to_dict()
+    assert data["verification"]["gradient_relative_error"] == result.verification["gradient_relative_error"]

@@ -1,0 +1,128 @@
+"""Verification catches the faults it exists for, and passes the correct runner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+
+from autotune.accumulate import Accumulator, batch_size
+from autotune.planner import make_plan
+from autotune.verify import count_check, gradient_check, memory_check
+from autotune.workload import load_workload
+
+
+def check(workload, sizes, accumulator_cls=Accumulator, max_norm=None, seed=0):
+    torch.manual_seed(seed)
+    model = workload.model()
+    batch = workload.batch(sum(sizes), torch.Generator().manual_seed(seed))
+    return gradient_check(model, sizes, batch, loss=workload.loss, items=workload.items, max_norm=max_norm,
+                          accumulator_cls=accumulator_cls)
+
+
+# -- planted faults ------------------------------------------------------------------------
+
+class NaiveOneOverK(Accumulator):
+    """Fault: every micro-step weighted 1/k, whatever its size."""
+
+    def weight(self, n_items, total_items):
+        return 1.0 / len(self.sizes)
+
+
+class PerSequenceMeans(Accumulator):
+    """Fault: micro-batches weighted by sequences, not by the tokens their means are over."""
+
+    def count_items(self, micro):
+        return batch_size(micro)
+
+
+class ClipsEveryMicroStep(Accumulator):
+    """Fault: clips the gradient after every micro-step instead of once."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        move = self.move
+
+        def clip_then_move(micro):
+            self.clip()
+            return move(micro)
+
+        self.move = clip_then_move
+
+
+class DropsASample(Accumulator):
+    """Fault: the last micro-batch loses its last sample."""
+
+    def split(self, batch):
+        parts = super().split(batch)
+        parts[-1] = tree_map(lambda t: t[:-1] if isinstance(t, torch.Tensor) else t, parts[-1])
+        return parts
+
+
+class CountsASampleTwice(Accumulator):
+    """Fault: the first sample is fed again with the last micro-batch."""
+
+    def split(self, batch):
+        parts = super().split(batch)
+        parts[-1] = tree_map(lambda a, b: torch.cat([a, b[:1]]) if isinstance(a, torch.Tensor) else a,
+                             parts[-1], parts[0])
+        return parts
+
+
+def test_correct_accumulation_passes_uniform_uneven_and_token_weighted(mlp, gpt):
+    for workload, sizes in [(mlp, make_plan(1024, 300).schedule[0]), (mlp, make_plan(1021, 300).schedule[0]),
+                            (gpt, [5, 5, 6])]:
+        result = check(workload, sizes)
+        assert result.passed, result.message
+        assert result.value < 1e-6  # ~1e-7 in fp32 against fp64
+        assert "relative error" in result.message
+
+
+@pytest.mark.parametrize("fault,workload,sizes,words", [
+    (NaiveOneOverK, "mlp", (255, 255, 255, 256), "do not add up"),
+    (PerSequenceMeans, "gpt", (5, 5, 6), "do not add up"),
+    (DropsASample, "mlp", (30, 30, 34), "do not add up"),
+    (CountsASampleTwice, "mlp", (30, 30, 34), "do not add up"),
+])
+def test_planted_faults_are_caught(fault, workload, sizes, words):
+    result = check(load_workload(workload), list(sizes), accumulator_cls=fault)
+    assert not result.passed and result.value > result.limit
+    assert words in result.message
+
+
+def test_clipping_every_micro_step_is_caught(mlp):
+    sizes = [40, 40, 48]
+    assert check(mlp, sizes, max_norm=0.05).passed
+    result = check(mlp, sizes, accumulator_cls=ClipsEveryMicroStep, max_norm=0.05)
+    assert not result.passed and "do not add up" in result.message
+
+
+def test_naive_weighting_is_right_when_sizes_and_items_are_equal(mlp):
+    # 1/k equals n_i/N for equal micro-batches of samples: the check does not cry wolf.
+    assert check(mlp, [64, 64, 64, 64], accumulator_cls=NaiveOneOverK).passed
+
+
+def test_batchnorm_is_named_with_the_difference_and_fixes():
+    convnet = load_workload("convnet")
+    result = check(convnet, [8, 8])
+    assert not result.passed and result.value > 1e-3
+    assert "BatchNorm2d" in result.message and "GroupNorm" in result.message
+    assert result.details["running_statistics"]
+    assert check(convnet, [16]).passed  # one micro-batch: nothing to differ
+
+
+def test_dropout_is_disabled_for_the_check_and_said(gpt):
+    result = check(gpt, [4, 4])
+    assert result.passed and "dropout disabled for this check only" in result.details["dropout"]
+
+
+def test_memory_check():
+    assert memory_check(90, 100, 90).passed
+    over = memory_check(120, 100, 90)
+    assert not over.passed and "over budget" in over.message and "1.333" in over.message
+
+
+def test_count_check_names_the_step():
+    assert count_check([(64, 64), (64, 64)], 64, [64, 64]).passed
+    bad = count_check([(64, 64), (63, 63)], 64, [64, 64])
+    assert not bad.passed and "step 2 consumed 63 samples" in bad.message and "dropped or counted twice" in bad.message
