@@ -28,9 +28,12 @@ def run_probe(workload: Workload | str | None = None, *, device: Device | str = 
     if progress:
         progress(f"probing {wl.name} on {dev.describe()['summary']}")
     result = probe(wl, dev, margin=margin, max_batch=max_batch, progress=progress)
-    if not isinstance(workload, Workload):
-        result = replace(result, source=_portable(workload or DEFAULT_PROBE))
-    return result
+    return replace(result, source=_source(workload))
+
+
+def _source(workload: Workload | str | None) -> str | None:
+    """How to load the workload again, when it came from a probe spec."""
+    return None if isinstance(workload, Workload) else _portable(workload or DEFAULT_PROBE)
 
 
 def _portable(spec: str) -> str:
@@ -43,11 +46,15 @@ def _portable(spec: str) -> str:
 
 def plan(target_batch: int, *, workload: Workload | str | None = None, device: Device | str = "auto",
          memory_budget: int | None = None, margin: float = DEFAULT_MARGIN, world_size: int | None = None,
-         multiple_of: int = 1, uniform: bool | None = None, progress: Callable[[str], None] | None = None,
+         multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = 12,
+         storage: str | None = None, progress: Callable[[str], None] | None = None,
          env: dict[str, str] | None = None):
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
+    With ``tune``, an optuna study times real steps of the candidate plans (and of
+    the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
+    ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
     """
     from .planner import make_plan, world_size_from
 
@@ -55,6 +62,14 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
     # Reject a target that can never be planned before spending time on a probe.
     make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
+    if tune:
+        from .tune import tune as run_tune
+
+        wl, dev = resolve(workload, device, memory_budget)
+        result = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
+                          margin=margin, trials=trials, storage=storage, world_size_source=source,
+                          progress=progress)
+        return replace(result, probe=replace(result.probe, source=_source(workload)))
     result = run_probe(workload, device=device, memory_budget=memory_budget, margin=margin,
                        max_batch=per_rank, progress=progress)
     return make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,

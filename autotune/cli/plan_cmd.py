@@ -34,6 +34,11 @@ def add_parser(sub) -> None:
                    help="table: a summary for people; json: the Plan; hf|lightning|deepspeed|accelerate: "
                         "that framework's batch settings as a JSON object")
     p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
+    p.add_argument("--tune", action="store_true",
+                   help="time real steps of candidate plans (and the probe's options) with optuna; keep the fastest")
+    p.add_argument("--trials", type=positive_int("--trials"), default=12, metavar="N", help="optuna trials for --tune")
+    p.add_argument("--storage", metavar="URL", default=None,
+                   help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     add_common(p)
     p.set_defaults(handler=run)
 
@@ -64,6 +69,7 @@ def run(args) -> int:
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                          multiple_of=args.multiple_of, uniform=True if args.uniform else None,
+                         tune=args.tune, trials=args.trials, storage=args.storage,
                          progress=Progress(args.quiet or fmt != "table"))
     text = dumps(plan.to_dict())
     if args.output:
