@@ -40,13 +40,20 @@ class Trial:
     measurement: Measurement | None = None
 
 
-def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0) -> Callable[[Session], None]:
-    """The fit rule for ``batch`` as work a device can measure."""
+def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0,
+                  data_parallel: bool = False) -> Callable[[Session], None]:
+    """The fit rule for ``batch`` as work a device can measure.
+
+    ``data_parallel``: the plan runs under DDP, which holds one gradient-sized
+    communication buffer (its buckets) for as long as the model lives; the
+    fit rule then holds such a buffer too.
+    """
 
     def work(session: Session) -> None:
         generator = torch.Generator().manual_seed(seed)
         model = session.model(workload.model)
         model.train()
+        buckets = ddp_buckets(model, session.torch_device) if data_parallel else None
         opt = session.optimizer(workload.optimizer, model)
         for _ in range(OPTIMIZER_STEPS):
             for _ in range(MICRO_STEPS):
@@ -61,19 +68,27 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0) -> Callable[
             opt.step()
             session.tag_optimizer(opt)
             opt.zero_grad(set_to_none=True)
+        del buckets
 
     return work
 
 
+def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
+    """A buffer the size of DDP's gradient buckets: every trainable parameter's bytes."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
-              capacity_guard: bool = True) -> Trial:
+              capacity_guard: bool = True, data_parallel: bool = False) -> Trial:
     """Measure the fit rule at ``batch`` on ``device``; only an OOM means "does not fit".
 
     Any other exception from the workload's code stops everything as a
     WorkloadError naming the batch size and the workload.
     """
     try:
-        _, m = device.measure(fit_rule_work(workload, batch), enforce_capacity=capacity_guard)
+        _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel),
+                              enforce_capacity=capacity_guard)
     except Exception as exc:
         if is_oom(exc):
             del exc

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from . import distributed
 from .devices import Device, get_device
 from .probe import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
 from .results import ProbeResult
@@ -15,7 +16,12 @@ from .workload import DEFAULT_PROBE, Workload, load_workload
 
 
 def resolve(workload: Workload | str | None, device: Device | str, memory_budget: int | None) -> tuple[Workload, Device]:
-    """Turn names into objects; device errors come before the workload is built."""
+    """Turn names into objects; device errors come before the workload is built.
+
+    Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU.
+    """
+    if device == "auto" and distributed.active():
+        device = distributed.local_device_name()
     dev = device if not isinstance(device, str) else get_device(device, memory_budget=memory_budget)
     wl = workload if isinstance(workload, Workload) else load_workload(workload)
     return wl, dev
@@ -23,12 +29,30 @@ def resolve(workload: Workload | str | None, device: Device | str, memory_budget
 
 def run_probe(workload: Workload | str | None = None, *, device: Device | str = "auto",
               memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
-              max_batch: int = DEFAULT_MAX_BATCH, progress: Callable[[str], None] | None = None) -> ProbeResult:
+              max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool | None = None,
+              progress: Callable[[str], None] | None = None) -> ProbeResult:
     wl, dev = resolve(workload, device, memory_budget)
     if progress:
         progress(f"probing {wl.name} on {dev.describe()['summary']}")
-    result = probe(wl, dev, margin=margin, max_batch=max_batch, progress=progress)
+    data_parallel = distributed.active() if data_parallel is None else data_parallel
+    result = probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel, progress=progress)
+    if distributed.active():
+        result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
+
+
+def agree_across_ranks(result: ProbeResult) -> ProbeResult:
+    """Every rank's max micro-batch; the smallest holds for all (a busier GPU sets the limit)."""
+    ranks = distributed.gather_ints(result.max_micro_batch)
+    low = min(ranks)
+    result = replace(result, ranks=tuple(ranks))
+    if low == result.max_micro_batch:
+        return result
+    peak = result.predicted_peak_at(low) or result.peak_bytes
+    return replace(result, max_micro_batch=low, peak_bytes=peak, predicted_peak_bytes=peak, limited_by="memory",
+                   notes=result.notes + (f"rank {ranks.index(low)} fits only {low}: every rank uses {low} "
+                                         f"(this rank alone fits {max(ranks[distributed.rank()], low)}); "
+                                         f"the peak at {low} is estimated",))
 
 
 def _source(workload: Workload | str | None) -> str | None:
@@ -56,24 +80,53 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
     the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
     ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
     """
-    from .planner import make_plan, world_size_from
+    from .planner import make_plan
 
-    world, source = world_size_from(world_size, os.environ if env is None else env)
+    world, source = _world_size(world_size, env)
     # Reject a target that can never be planned before spending time on a probe.
     make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
     if tune:
+        from .errors import BadInput
         from .tune import tune as run_tune
 
+        if distributed.active():
+            raise BadInput("--tune times one process: run autotune plan --tune without torchrun, with "
+                           f"--world-size {world}")
         wl, dev = resolve(workload, device, memory_budget)
-        result = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
-                          margin=margin, trials=trials, storage=storage, world_size_source=source,
-                          progress=progress)
-        return replace(result, probe=replace(result.probe, source=_source(workload)))
+        tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
+                         margin=margin, trials=trials, storage=storage, world_size_source=source,
+                         progress=progress)
+        return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
+                       notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
     result = run_probe(workload, device=device, memory_budget=memory_budget, margin=margin,
-                       max_batch=per_rank, progress=progress)
-    return make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
+                       max_batch=per_rank, data_parallel=world > 1, progress=progress)
+    made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
+    return replace(made, notes=made.notes + _measured_or_assumed(result, world, source))
+
+
+def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
+    """The process group's world size when there is one; else --world-size, $WORLD_SIZE, 1."""
+    from .errors import BadInput
+    from .planner import world_size_from
+
+    if distributed.active():
+        world = distributed.world_size()
+        if flag is not None and flag != world:
+            raise BadInput(f"--world-size {flag} but the process group has {world} ranks: drop --world-size "
+                           f"or launch {flag} processes")
+        return world, "process group"
+    return world_size_from(flag, os.environ if env is None else env)
+
+
+def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[str, ...]:
+    if world == 1:
+        return ()
+    if source == "process group":
+        return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
+    return (f"assumed: {world} ranks ({source}), each with a device like this one; measured: the probe on "
+            f"{result.device.get('name')} here only",)
 
 
 _probe_and_plan = plan  # ``run`` takes a parameter called plan

@@ -53,8 +53,9 @@ class _Trials:
     """Runs and remembers fit-rule trials of one source (estimate or real)."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], progress: Progress | None):
+                 log: list[Trial], progress: Progress | None, data_parallel: bool):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
+        self.data_parallel = data_parallel
         self.log, self.progress = log, progress
         self.done: dict[int, Trial] = {}
 
@@ -65,7 +66,7 @@ class _Trials:
             # Real trials measure the whole fit rule where the device allows (the CPU does):
             # how far past the budget a size goes is what the search learns from.
             trial = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                              capacity_guard=False)
+                              capacity_guard=False, data_parallel=self.data_parallel)
             self.done[batch] = trial
             self.log.append(trial)
             if self.progress:
@@ -83,8 +84,13 @@ class _Trials:
 
 
 def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
-          max_batch: int = DEFAULT_MAX_BATCH, progress: Progress | None = None) -> ProbeResult:
-    """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule."""
+          max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool = False,
+          progress: Progress | None = None) -> ProbeResult:
+    """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
+
+    ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
+    then also holds DDP's gradient buckets.
+    """
     validate(margin, max_batch)
     start = time.perf_counter()
     capacity = device.capacity_bytes()
@@ -92,15 +98,17 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
     workload = isolate(workload)
     log: list[Trial] = []
     with _user_rng_untouched(device):
-        est = _Trials(device.estimator(), workload, usable, "estimate", log, progress)
+        est = _Trials(device.estimator(), workload, usable, "estimate", log, progress, data_parallel)
         est_max, curve = _estimate(est, usable, max_batch, capacity, margin)
         notes: list[str] = []
+        if data_parallel:
+            notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
         if device.estimated:
             best = est(est_max)
             final, measured, error = est_max, best, None
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = _Trials(device, workload, usable, "real", log, progress)
+            real = _Trials(device, workload, usable, "real", log, progress, data_parallel)
             final, error = _confirm(est, real, est_max, curve, usable, max_batch, notes)
             if final == 0:
                 raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
@@ -130,6 +138,7 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
                               "seconds": t.seconds, "oom": t.oom} for t in log]),
         seconds=time.perf_counter() - start,
         options=dict(workload.chosen),
+        data_parallel=data_parallel,
     )
 
 

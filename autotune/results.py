@@ -53,6 +53,8 @@ class ProbeResult:
     seconds: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # how to load the workload again (probe file or module), when known
+    ranks: tuple[int, ...] = ()  # under torchrun: every rank's own max micro-batch, in rank order
+    data_parallel: bool = False  # the fit rule held DDP's gradient buckets (plans for world size > 1)
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -66,6 +68,7 @@ class ProbeResult:
         if not isinstance(self.trials, pd.DataFrame) or list(self.trials.columns) != list(TRIAL_COLUMNS):
             raise ValueError(f"trials must be a DataFrame with columns {TRIAL_COLUMNS}")
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         object.__setattr__(self, "curve", tuple((int(b), int(p)) for b, p in self.curve))
         object.__setattr__(self, "curve_lines", tuple((float(a), float(c)) for a, c in self.curve_lines))
 
@@ -128,6 +131,8 @@ class ProbeResult:
             "seconds": self.seconds,
             "options": self.options,
             "source": self.source,
+            "ranks": list(self.ranks),
+            "data_parallel": self.data_parallel,
         })
 
     @classmethod
@@ -137,6 +142,7 @@ class ProbeResult:
             body.pop(derived, None)
         body["trials"] = trials_frame(body.get("trials") or [])
         body["notes"] = tuple(body.get("notes") or ())
+        body["ranks"] = tuple(body.get("ranks") or ())
         body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
         body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
         try:

@@ -1,7 +1,9 @@
 """The runner: train a workload by a plan, measure it, and verify it.
 
 Verification before training: one effective batch's accumulated gradient
-against a one-pass reference over the same samples. During training: peak
+against a one-pass reference over the same samples (under DDP: the
+synchronised gradient against the single-process gradient over the union of
+the ranks' samples). During training: peak
 memory over the whole run (the device's own measure) and, for every step, the
 samples and items fed to the loss. The run fails (exit code 1 in the CLI) when
 any check does not hold.
@@ -15,26 +17,41 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
+from . import distributed
 from .accumulate import Accumulator
 from .devices.base import Device, Session
 from .probe import usable_bytes
 from .runresult import RunResult
-from .verify import Check, count_check, gradient_check, memory_check
+from .errors import BadInput
+from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 from .workload import Workload
 
 Progress = Callable[[str], None]
 
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
-             precision: str = "fp32", max_norm: float | None = None, seed: int = 0, rank: int = 0,
+             precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
              progress: Progress | None = None, accumulator_cls=Accumulator) -> RunResult:
-    """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``."""
+    """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
+
+    Inside a process group (torchrun), this rank trains its share of every
+    effective batch in DistributedDataParallel; the checks then also count the
+    all-reduce rounds per step and compare parameters across ranks.
+    """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    ddp = distributed.active()
+    rank, world = distributed.rank(), distributed.world_size()
+    if world != plan.world_size:
+        raise BadInput(f"the plan is for {plan.world_size} rank(s) but {world} process(es) are running: launch with "
+                       f"torchrun --nproc-per-node {plan.world_size} (or plan for --world-size {world})")
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
+    start = distributed.rank_offsets(plan.per_rank_batch)[rank]
     usable = plan.probe.usable_bytes if plan.probe is not None else usable_bytes(device.capacity_bytes(), 0.1)
+    wrap = (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
     torch.manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -42,9 +59,10 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         data = torch.Generator().manual_seed(seed)
         if verify:
             if progress:
-                progress(f"verifying gradient equivalence on one effective batch of {per_rank} samples ...")
-            first = workload.batch(per_rank, torch.Generator().manual_seed(seed))
-            checks.append(_gradient(host_model, sizes, first, workload, device, max_norm, precision, accumulator_cls))
+                progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
+            first = workload.batch(plan.target_batch, torch.Generator().manual_seed(seed))
+            checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
+                                    accumulator_cls, wrap))
             if progress:
                 progress(checks[-1].message)
 
@@ -52,25 +70,33 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         expected_items: list[int] = []
         losses: list[float] = []
         seconds: list[float] = []
+        rounds: list[int] = []
+        in_sync: list[bool] = []
         skipped = [0]
 
         def work(session: Session) -> None:
             model = session.model(lambda: copy.deepcopy(host_model))
             model.train()
             opt = session.optimizer(workload.optimizer, model)
-            acc = accumulator_cls(model, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
+            trained = wrap(model) if wrap else model
+            counter = distributed.RoundCounter(trained) if ddp else None
+            acc = accumulator_cls(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
                                   max_norm=max_norm, precision=precision)
             for step in range(steps):
                 with session.tracker.paused():
-                    batch = workload.batch(per_rank, data)
+                    batch = share(workload.batch(plan.target_batch, data), start, per_rank)
                     expected_items.append(workload.count_items(batch))
-                start = time.perf_counter()
+                begin = time.perf_counter()
                 out = acc.step(batch)
-                seconds.append(time.perf_counter() - start)
+                seconds.append(time.perf_counter() - begin)
                 del batch
                 losses.append(out.loss)
                 consumed.append((out.samples, out.items))
                 skipped[0] += int(out.skipped)
+                if ddp:
+                    with session.tracker.paused():
+                        rounds.append(counter.take())
+                        in_sync.append(len(set(distributed.gather_ints(distributed.parameter_digest(model)))) == 1)
                 if progress:
                     progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
 
@@ -79,35 +105,48 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     predicted = plan.predicted_peak_bytes
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
     checks.append(count_check(consumed, per_rank, expected_items))
+    if ddp:
+        checks += [rounds_check(rounds), sync_check(in_sync)]
     timed = seconds[1:] if len(seconds) > 1 else seconds
     per_step = sum(timed) / len(timed)
-    world = plan.world_size
     verification = None
     if verify:
         grad = next((c for c in checks if c.name == "gradient_equivalence"), None)
-        verification = {"passed": all(c.passed for c in checks),
+        passed = all(c.passed for c in checks)
+        verification = {"passed": distributed.all_true(passed) if ddp else passed,
                         "gradient_relative_error": grad.value if grad else None,
                         "checks": [c.to_dict() for c in checks]}
+        if ddp and verification["passed"] != passed:
+            verification["checks"].append(Check(name="other_ranks", passed=False, value=None, limit=None,
+                                                message="a check failed on another rank").to_dict())
     notes = []
-    if measured.tracked_peak_bytes and device.describe().get("kind") == "cpu":
+    if device.describe().get("kind") == "cpu":
         notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
+    if ddp:
+        notes.append(f"rank {rank} of {world}: this rank's figures; checks agreed over all ranks")
     return RunResult(
         plan=plan, workload=workload.name, device=device.describe(), precision=precision,
         losses=tuple(losses), step_seconds=tuple(seconds),
-        samples_per_s=per_rank * world / per_step,
+        samples_per_s=plan.target_batch / per_step,
         items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
     )
 
 
-def _gradient(host_model, sizes, batch: Any, workload: Workload, device: Device, max_norm, precision,
-              accumulator_cls) -> Check:
-    """The gradient check on a device copy of the initial model."""
+def share(batch: Any, start: int, size: int) -> Any:
+    """This rank's samples of a global effective batch."""
+    return tree_map(lambda t: t[start:start + size] if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+
+
+def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,
+              precision, accumulator_cls, wrap) -> Check:
+    """The gradient check on a device copy of the initial model: this rank's share against all samples."""
     model = copy.deepcopy(host_model).to(device.torch_device)
     try:
-        return gradient_check(model, sizes, batch, loss=workload.loss, items=workload.items, max_norm=max_norm,
-                              precision=precision, accumulator_cls=accumulator_cls)
+        return gradient_check(model, sizes, share(global_batch, start, sum(sizes)), loss=workload.loss,
+                              items=workload.items, max_norm=max_norm, precision=precision,
+                              accumulator_cls=accumulator_cls, wrap=wrap, reference_batch=global_batch)
     finally:
         del model
         device.cleanup()

@@ -79,13 +79,15 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, items, max_norm, precision,
-                 move, accumulator_cls=Accumulator, world_size: int | None = None, process_group=None) -> torch.Tensor:
+                 move, accumulator_cls=Accumulator, wrap: Callable[[nn.Module], nn.Module] | None = None
+                 ) -> torch.Tensor:
     acc_model = copy.deepcopy(model)
     dropout_off(acc_model)
     acc_model.zero_grad(set_to_none=True)
     opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped
-    acc = accumulator_cls(acc_model, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
-                          precision=precision, world_size=world_size, process_group=process_group)
+    runner = wrap(acc_model) if wrap is not None else acc_model
+    acc = accumulator_cls(runner, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
+                          precision=precision)
     acc.backward(batch)
     return flat_grad(acc_model)
 
@@ -112,20 +114,25 @@ def _reference_fp64(model: nn.Module, batch: Any, *, loss, max_norm) -> tuple[to
 
 def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: Callable, items: Callable | None,
                    max_norm: float | None = None, precision: str = "fp32", move: Callable | None = None,
-                   accumulator_cls=Accumulator) -> Check:
+                   accumulator_cls=Accumulator, wrap: Callable[[nn.Module], nn.Module] | None = None,
+                   reference_batch: Any = None) -> Check:
     """The accumulated gradient of one effective batch against a one-pass reference over the same samples.
 
-    ``accumulator_cls`` is the accumulation under test (the runner's own by default).
+    ``accumulator_cls`` is the accumulation under test (the runner's own by
+    default). Across ranks, ``wrap`` puts the model copy in DDP, ``batch`` is
+    this rank's share and ``reference_batch`` the union of all ranks' shares:
+    the synchronised gradient must equal the single-process full-batch gradient.
     """
+    reference_batch = batch if reference_batch is None else reference_batch
     param_bytes = sum(p.numel() for p in model.parameters()) * 8
     common = dict(loss=loss, items=items, max_norm=max_norm, precision=precision, move=move)
-    got = _accumulated(model, sizes, batch, accumulator_cls=accumulator_cls, **common)
+    got = _accumulated(model, sizes, batch, accumulator_cls=accumulator_cls, wrap=wrap, **common)
     if param_bytes <= FP64_REFERENCE_LIMIT:
-        want, deterministic = _reference_fp64(model, batch, loss=loss, max_norm=max_norm)
+        want, deterministic = _reference_fp64(model, reference_batch, loss=loss, max_norm=max_norm)
         how = "one float64 pass on the CPU over the same samples"
     else:
         # Too big for float64 on the host: the same samples, partitioned differently, on the device.
-        want = _accumulated(model, _other_partition(sizes), batch, **common)
+        want = _accumulated(model, _other_partition(sizes), batch, wrap=wrap, **common)
         deterministic, how = True, "the same samples in a different partition on the device"
     error = relative_error(got, want)
     limit = TOLERANCE[precision]
@@ -157,6 +164,26 @@ def _other_partition(sizes: Sequence[int]) -> list[int]:
     while sum(out) < total:
         out.append(min(largest, total - sum(out)))
     return out
+
+
+def rounds_check(rounds: Sequence[int]) -> Check:
+    """DDP synchronised the gradients once per optimizer step, not once per micro-step."""
+    worst = max(rounds) if rounds else 0
+    ok = bool(rounds) and all(r == 1 for r in rounds)
+    text = (f"1 gradient all-reduce round per optimizer step over {len(rounds)} steps" if ok else
+            f"{worst} gradient all-reduce rounds in an optimizer step, expected 1: micro-steps before the last "
+            f"must run inside no_sync()")
+    return Check(name="allreduce_rounds", passed=ok, value=worst, limit=1, message=text,
+                 details={"rounds_per_step": list(rounds)})
+
+
+def sync_check(agree: Sequence[bool]) -> Check:
+    """Every rank holds the same parameters after every step."""
+    bad = [i + 1 for i, ok in enumerate(agree) if not ok]
+    text = (f"parameters identical on every rank after each of {len(agree)} steps" if not bad else
+            f"parameters differ between ranks after step {bad[0]} ({len(bad)} of {len(agree)} steps)")
+    return Check(name="parameters_in_sync", passed=not bad, value=len(agree) - len(bad), limit=len(agree),
+                 message=text)
 
 
 def memory_check(peak: int, usable: int, predicted: int | None) -> Check:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -51,20 +52,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     debug = getattr(args, "debug", False)
+    where = f"[rank {os.environ['RANK']}] " if _under_torchrun() else ""
     try:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
-        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{where}autotune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted", file=sys.stderr)
+        print(f"{where}autotune {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug of ours: say so plainly
         if debug:
             traceback.print_exc()
         else:
-            print(f"autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
+            print(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
                   f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1

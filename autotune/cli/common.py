@@ -57,6 +57,11 @@ def positive_int(name: str) -> Callable[[str], int]:
     return parse
 
 
+def add_distributed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dist-timeout", type=float, default=600, metavar="SECONDS",
+                   help="under torchrun: how long a rank waits for the others before giving up")
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress stays on stderr)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, positive_int
+from .common import Formatter, Progress, add_common, add_device, add_distributed, positive_int
 
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
@@ -39,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trials", type=positive_int("--trials"), default=12, metavar="N", help="optuna trials for --tune")
     p.add_argument("--storage", metavar="URL", default=None,
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
+    add_distributed(p)
     add_common(p)
     p.set_defaults(handler=run)
 
@@ -61,16 +62,25 @@ def check_output(path: str | None) -> None:
 
 
 def run(args) -> int:
+    from .. import distributed
+
+    check_output(args.output)
+    with distributed.process_group(args.dist_timeout):
+        return _plan(args, lead=distributed.rank() == 0)
+
+
+def _plan(args, *, lead: bool) -> int:
     from .. import pipeline
     from ..serial import dumps, write_atomic
 
-    check_output(args.output)
     fmt = "json" if args.json else args.format
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                          multiple_of=args.multiple_of, uniform=True if args.uniform else None,
                          tune=args.tune, trials=args.trials, storage=args.storage,
-                         progress=Progress(args.quiet or fmt != "table"))
+                         progress=Progress(args.quiet or fmt != "table" or not lead))
+    if not lead:
+        return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())
     if args.output:
         write_atomic(args.output, text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, positive_int
+from .common import Formatter, Progress, add_common, add_device, add_distributed, positive_int
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -19,6 +19,7 @@ examples:
   autotune plan --target-batch 1021 --probe mlp --memory-budget 8MiB --output plan.json
   autotune run --plan plan.json --steps 5 --json
   autotune run --target-batch 256 --probe convnet --memory-budget 64MiB    # BatchNorm is flagged
+  torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe mlp --device cpu --memory-budget 3MB
 """
 
 
@@ -41,24 +42,34 @@ def add_parser(sub) -> None:
     p.add_argument("--max-norm", type=float, default=None, metavar="X",
                    help="clip the accumulated gradient to this norm, once per optimizer step")
     p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
+    add_distributed(p)
     add_common(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    from .. import pipeline
-    from ..serial import dumps, write_atomic
+    from .. import distributed
 
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
     if args.max_norm is not None and not args.max_norm > 0:
         raise BadInput(f"--max-norm {args.max_norm} must be a positive number")
     check_output(args.output)
-    progress = Progress(args.quiet or args.json)
+    with distributed.process_group(args.dist_timeout):
+        return _run(args, lead=distributed.rank() == 0)
+
+
+def _run(args, *, lead: bool) -> int:
+    from .. import pipeline
+    from ..serial import dumps, write_atomic
+
+    progress = Progress(args.quiet or args.json or not lead)
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform=True if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm, progress=progress)
+    if not lead:
+        return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())
     if args.output:
         write_atomic(args.output, text)

@@ -1,0 +1,137 @@
+"""Many ranks with torch.distributed: PyTorch's own process group and DDP, nothing home-made.
+
+Under ``torchrun`` every rank probes its own device and the ranks agree on the
+smallest maximum (a slower or busier GPU sets the limit); the plan's schedule
+gives every rank the same number of micro-steps; the runner wraps the model in
+DistributedDataParallel and checks, after each step, that one all-reduce round
+synchronised the gradients and that every rank holds the same parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def active() -> bool:
+    """True inside an initialized process group of more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) and \
+        int(env.get("WORLD_SIZE", "1")) > 1
+
+
+@contextlib.contextmanager
+def process_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[bool]:
+    """Join the process group torchrun describes (gloo on CPUs, nccl on GPUs) for the block.
+
+    Yields True when a group was joined here. A rank waiting for another that
+    failed gives up after ``timeout_s`` seconds instead of hanging.
+    """
+    if not launched_by_torchrun() or (dist.is_available() and dist.is_initialized()):
+        yield False
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+
+
+def local_device_name() -> str:
+    """This rank's device when asked for ``auto``: its own GPU, else the CPU."""
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return "cpu"
+
+
+def _device_for_collectives() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather_ints(value: int) -> list[int]:
+    """Every rank's ``value``, in rank order."""
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_device_for_collectives())
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [int(x.item()) for x in out]
+
+
+def all_true(flag: bool) -> bool:
+    """True when ``flag`` holds on every rank."""
+    return min(gather_ints(int(bool(flag)))) == 1
+
+
+def parameter_digest(model: nn.Module) -> int:
+    """A 63-bit hash of every parameter's bytes, to compare ranks."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return int.from_bytes(h.digest()[:8], "little") >> 1
+
+
+def wrap(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model in DistributedDataParallel on ``device``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    # Gradients as views into the communication buckets: no second copy of every gradient.
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+class RoundCounter:
+    """Counts gradient all-reduce rounds of a DDP model through a communication hook.
+
+    A round is one synchronising backward: its first bucket (index 0) goes out once.
+    """
+
+    def __init__(self, ddp_model: nn.Module):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.rounds = 0
+
+        def hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
+            if bucket.index() == 0:
+                self.rounds += 1
+            return default_hooks.allreduce_hook(state, bucket)
+
+        ddp_model.register_comm_hook(None, hook)
+
+    def take(self) -> int:
+        """Rounds since the last call."""
+        n, self.rounds = self.rounds, 0
+        return n
+
+
+def rank_offsets(per_rank: tuple[int, ...]) -> list[int]:
+    """Where each rank's share starts in the global effective batch."""
+    out, start = [], 0
+    for n in per_rank:
+        out.append(start)
+        start += n
+    return out

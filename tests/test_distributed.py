@@ -1,0 +1,72 @@
+"""Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+BUDGET = "2.6MB"  # max micro-batch ~112 with DDP's buckets: 255 -> 2 micro-steps per rank
+
+
+def torchrun(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([*TORCHRUN, *argv], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=HERE.parent)
+
+
+@pytest.fixture(scope="module")
+def cli_run():
+    return torchrun("-m", "autotune", "run", "--target-batch", "255", "--probe", "mlp", "--device", "cpu",
+                    "--memory-budget", BUDGET, "--steps", "3", "--json", "--quiet")
+
+
+def test_two_ranks_match_the_single_process_gradient(cli_run):
+    assert cli_run.returncode == 0, cli_run.stderr[-2000:]
+    result = json.loads(cli_run.stdout)
+    plan = result["plan"]
+    assert plan["world_size"] == 2 and plan["world_size_source"] == "process group"
+    assert plan["per_rank_batch"] == [127, 128]  # a target not divisible by the world size, exactly
+    assert plan["accumulation_steps"] == 2
+    checks = {c["name"]: c for c in result["verification"]["checks"]}
+    assert checks["gradient_equivalence"]["value"] <= 1e-5
+    assert checks["parameters_in_sync"]["passed"] and checks["parameters_in_sync"]["value"] == 3
+    assert checks["allreduce_rounds"]["details"]["rounds_per_step"] == [1, 1, 1]
+    assert len(plan["probe"]["ranks"]) == 2 and plan["probe"]["data_parallel"]
+
+
+def test_planted_ddp_faults_are_reported():
+    done = torchrun(str(HERE / "ddp_worker.py"), "2600000", "255")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["correct"]["passed"]
+    nosync = out["no_sync_missing"]
+    assert nosync["gradient_equivalence"]["passed"]  # the right gradient ...
+    assert not nosync["allreduce_rounds"]["passed"] and nosync["allreduce_rounds"]["value"] == 2  # ... k rounds
+    assert "no_sync" in nosync["allreduce_rounds"]["message"]
+    factor = out["no_world_factor"]
+    assert not factor["gradient_equivalence"]["passed"] and factor["gradient_equivalence"]["value"] > 0.4
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    probe = tmp_path / "rank_probe.py"
+    probe.write_text(
+        "import os\n"
+        "from probes.mlp import build as mlp\n"
+        "def build():\n"
+        "    if os.environ.get('RANK') == '1':\n"
+        "        raise ValueError('no data shard for this rank')\n"
+        "    return mlp()\n")
+    start = time.monotonic()
+    done = torchrun("-m", "autotune", "run", "--target-batch", "64", "--probe", str(probe), "--device", "cpu",
+                    "--memory-budget", BUDGET, "--steps", "1", "--dist-timeout", "30", timeout=120)
+    assert done.returncode != 0
+    assert "[rank 1] autotune run: error: probe" in done.stderr and "no data shard for this rank" in done.stderr
+    assert time.monotonic() - start < 90
