@@ -125,7 +125,8 @@ def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[
         return ()
     if source == "process group":
         return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
-    return (f"assumed: {world} ranks ({source}), each with a device like this one; measured: the probe on "
+    where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
+    return (f"assumed: {world} ranks ({where}), each with a device like this one; measured: the probe on "
             f"{result.device.get('name')} here only",)
 
 

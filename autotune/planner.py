@@ -121,7 +121,9 @@ class Plan:
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
         if self.world_size_source != "default":
-            lines.append(f"world size {self.world_size} from {self.world_size_source}")
+            where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(self.world_size_source,
+                                                                            self.world_size_source)
+            lines.append(f"world size {self.world_size} from {where}")
         if self.accumulation_steps == 1:
             lines.append("k = 1: the whole per-rank batch fits, no accumulation")
         if self.probe is not None:
