@@ -1,10 +1,9 @@
 """autotune: the largest micro-batch that fits, an exact accumulation plan, and proof.
 
     import autotune
-    workload = autotune.load_workload("gpt")
-    device = autotune.get_device("auto")
-    result = autotune.probe(workload, device, max_batch=1024)
-    plan = autotune.make_plan(1024, result.max_micro_batch, probe=result)
+    plan = autotune.plan(1024, workload="gpt", device="auto")     # probe, then plan exactly
+    result = autotune.run(plan=plan, steps=20)                     # train by it and verify it
+    autotune.write_report(result)                                 # reports/gpt-<time>/report.html
 
 Importing this package does nothing but define names; each submodule loads on
 first use (the planner, for one, never imports torch).
@@ -28,7 +27,11 @@ _EXPORTS = {
     "Workload": "workload", "load_workload": "workload",
     "probe": "probe", "ProbeResult": "results",
     "make_plan": "planner", "Plan": "planner",
-    "item_weight": "accumulate",
+    "item_weight": "accumulate", "Accumulator": "accumulate", "split_batch": "accumulate",
+    "RunResult": "runresult", "run_plan": "runner",
+    "plan": "pipeline", "run": "pipeline", "run_probe": "pipeline", "load_plan": "pipeline",
+    "tune": "tune",
+    "write_report": "report", "load_result": "report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -34,3 +34,9 @@ def gpt():
     from autotune.workload import load_workload
 
     return load_workload("gpt")
+
+
+def pytest_configure(config):
+    # The suite runs many tiny training steps: one intra-op thread avoids OpenMP
+    # oversubscription (and its spin-waits) on small or shared machines.
+    torch.set_num_threads(1)

@@ -297,7 +297,7 @@ def test_summary_with_probe():
     text = plan.summary()
     assert text.splitlines()[0] == "plan: 1024 = 256 x 4 steps x 1 rank"
     for part in (format_bytes(800 * MiB), format_bytes(921 * MiB), format_bytes(121 * MiB), "mlp",
-                 "cpu, capacity 1.0 GiB (--memory-budget)", "confirmed by a real run", "world size 1 from flag"):
+                 "cpu, capacity 1.0 GiB (--memory-budget)", "confirmed by a real run", "world size 1 from --world-size"):
         assert part in text
     assert "estimated, not confirmed" in make_plan(1024, 256, probe=probe_result(estimated=True)).summary()
 

@@ -26,8 +26,8 @@ def test_candidates_are_exact_plans_from_the_largest_down(target, max_micro, wor
 def test_tune_times_candidates_and_keeps_the_target(mlp, tmp_path):
     device = get_device("cpu", memory_budget=3_000_000)
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    plan = tune(mlp, device, 512, trials=4, steps=1, storage=storage)
-    assert plan.target_batch == 512 and sum(map(sum, plan.schedule)) == 512
+    plan = tune(mlp, device, 256, trials=4, steps=1, storage=storage)
+    assert plan.target_batch == 256 and sum(map(sum, plan.schedule)) == 256
     t = plan.tuning
     assert t["storage"] == storage and t["trials"] == 4
     measured = [c for c in t["candidates"] if c["samples_per_s"] is not None]
@@ -35,7 +35,7 @@ def test_tune_times_candidates_and_keeps_the_target(mlp, tmp_path):
     assert t["chosen"]["micro_batch"] == plan.micro_batch
     assert t["chosen"]["samples_per_s"] == max(c["samples_per_s"] for c in measured)
     # The study lives in its storage: a second call resumes it.
-    again = tune(mlp, device, 512, trials=2, steps=1, storage=storage)
+    again = tune(mlp, device, 256, trials=2, steps=1, storage=storage)
     assert again.tuning["trials"] == 6
 
 

@@ -62,6 +62,32 @@ def add_distributed(p: argparse.ArgumentParser) -> None:
                    help="under torchrun: how long a rank waits for the others before giving up")
 
 
+def add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
+                   help="also write a memory report folder (HTML with plots, Markdown, CSV, JSON); "
+                        "default folder reports/<probe>-<YYYYmmdd-HHMMSS>/")
+    p.add_argument("--force", action="store_true", help="replace the --report folder if it exists")
+
+
+def check_report(args) -> None:
+    """Fail on an unusable --report folder before any long work."""
+    if getattr(args, "report", None):
+        from ..report import check_folder
+
+        check_folder(args.report, force=args.force)
+
+
+def write_report(args, result) -> None:
+    """Write the --report folder and say where it is (stderr when stdout carries JSON)."""
+    if getattr(args, "report", None) is None:
+        return
+    from ..report import write_report as write
+
+    folder = write(result, args.report or None, force=args.force)
+    print(f"report: {folder}", file=sys.stderr if args.json or getattr(args, "format", "table") != "table"
+          else sys.stdout)
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress stays on stderr)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")

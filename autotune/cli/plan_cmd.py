@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, positive_int
+from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
 
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
@@ -23,6 +23,7 @@ examples:
   autotune plan --target-batch 4096 --world-size 8 --format deepspeed > ds_batch.json
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
+  autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
 """
 
 
@@ -39,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trials", type=positive_int("--trials"), default=12, metavar="N", help="optuna trials for --tune")
     p.add_argument("--storage", metavar="URL", default=None,
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
+    add_report(p)
     add_distributed(p)
     add_common(p)
     p.set_defaults(handler=run)
@@ -65,6 +67,7 @@ def run(args) -> int:
     from .. import distributed
 
     check_output(args.output)
+    check_report(args)
     with distributed.process_group(args.dist_timeout):
         return _plan(args, lead=distributed.rank() == 0)
 
@@ -95,4 +98,5 @@ def _plan(args, *, lead: bool) -> int:
         for warning in warnings:
             print(f"autotune plan: warning: {warning}", file=sys.stderr)
         print(json.dumps(data, indent=2))
+    write_report(args, plan)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, positive_int
+from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -18,6 +18,7 @@ examples:
   autotune run --target-batch 1024 --device cpu --memory-budget 256MiB
   autotune plan --target-batch 1021 --probe mlp --memory-budget 8MiB --output plan.json
   autotune run --plan plan.json --steps 5 --json
+  autotune run --plan plan.json --report reports/my-run
   autotune run --target-batch 256 --probe convnet --memory-budget 64MiB    # BatchNorm is flagged
   torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe mlp --device cpu --memory-budget 3MB
 """
@@ -42,6 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-norm", type=float, default=None, metavar="X",
                    help="clip the accumulated gradient to this norm, once per optimizer step")
     p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
+    add_report(p)
     add_distributed(p)
     add_common(p)
     p.set_defaults(handler=run)
@@ -55,6 +57,7 @@ def run(args) -> int:
     if args.max_norm is not None and not args.max_norm > 0:
         raise BadInput(f"--max-norm {args.max_norm} must be a positive number")
     check_output(args.output)
+    check_report(args)
     with distributed.process_group(args.dist_timeout):
         return _run(args, lead=distributed.rank() == 0)
 
@@ -74,4 +77,5 @@ def _run(args, *, lead: bool) -> int:
     if args.output:
         write_atomic(args.output, text)
     print(text, end="") if args.json else print(result.summary())
+    write_report(args, result)
     return 0 if result.passed else 1

@@ -1,0 +1,81 @@
+"""The memory sections: peak vs micro-batch, where the memory goes, throughput when tuned."""
+
+from __future__ import annotations
+
+from . import plots, tables
+from .blocks import Image, Section, Table, Text
+from .subject import Subject
+
+PEAK_PLOT = "peak_vs_batch.png"
+BREAKDOWN_PLOT = "memory_breakdown.png"
+THROUGHPUT_PLOT = "throughput_vs_batch.png"
+
+
+def peak_section(s: Subject) -> Section:
+    p = s.probe
+    real = [(int(r.batch), None if r.peak_bytes is None or r.peak_bytes != r.peak_bytes else int(r.peak_bytes),
+             bool(r.fits)) for r in p.trials[p.trials["source"] == "real"].itertuples()]
+    png = plots.peak_vs_batch(curve=p.curve, real=real, capacity=p.capacity_bytes, usable=p.usable_bytes,
+                              margin=p.margin, chosen=s.chosen, max_micro_batch=p.max_micro_batch,
+                              run_peak=s.run.peak_bytes if s.run is not None else None,
+                              title=f"Peak memory vs micro-batch: {p.workload} on {p.device.get('name', '?')}"
+                                    + (" (estimated)" if p.estimated else ""))
+    text = ("The line is the peak the estimate predicts at each micro-batch (fake tensors, no device memory); "
+            "the markers are real runs on the device. A micro-batch fits while its peak stays at or below the "
+            "usable line.")
+    return Section("peak", "Peak memory vs micro-batch",
+                   (Text(text), Image(PEAK_PLOT, "Peak memory vs micro-batch", png)))
+
+
+def breakdown_bars(s: Subject) -> list[tuple[str, dict[str, int]]]:
+    """The breakdown measured at the max micro-batch and, when the plan's micro-batch is smaller, the
+    one derived for it: the same parameters, gradients and optimizer state; the rest of its predicted
+    peak is activations and temporaries."""
+    p = s.probe
+    parts = {k: int(v) for k, v in p.breakdown.items()}
+    if p.peak_bytes > sum(parts.values()):
+        parts["other"] = p.peak_bytes - sum(parts.values())
+    how = "estimated" if p.estimated else "measured"
+    bars = [(f"max: {p.max_micro_batch} ({how})", parts)]
+    peak = s.plan.predicted_peak_bytes if s.plan is not None else None
+    if s.chosen != p.max_micro_batch and peak is not None and parts:
+        fixed = {k: v for k, v in parts.items() if k not in ("activations", "other")}
+        derived = {**fixed, "activations": max(0, peak - sum(fixed.values()))}
+        bars.insert(0, (f"plan: {s.chosen} (predicted)", derived))
+    return bars
+
+
+def breakdown_section(s: Subject) -> Section:
+    p = s.probe
+    if not p.breakdown:
+        return Section("memory", "Where the memory goes", (Text("No breakdown was recorded.", "muted"),))
+    bars = breakdown_bars(s)
+    png = plots.memory_breakdown(bars, usable=p.usable_bytes, capacity=p.capacity_bytes)
+    text = ("Live memory at the peak of the fit rule, by what it holds. Parameters, gradients and optimizer "
+            "state do not depend on the micro-batch; activations and temporaries grow with it.")
+    if len(bars) > 1:
+        text += (f" The bar for micro-batch {s.chosen} keeps those and attributes the rest of its predicted peak "
+                 "to activations and temporaries.")
+    return Section("memory", "Where the memory goes", (
+        Text(text), Image(BREAKDOWN_PLOT, "Where the memory goes at the peak", png), Table(tables.breakdown(bars))))
+
+
+def throughput_section(s: Subject) -> Section:
+    tuning = s.plan.tuning
+    candidates = [c for c in tuning.get("candidates") or [] if isinstance(c, dict)]
+    chosen = tuning.get("chosen") if isinstance(tuning.get("chosen"), dict) else None
+    points = [(int(c["micro_batch"]), c.get("samples_per_s"), bool(c.get("fits")), tables.is_chosen(c, chosen),
+               str(c.get("options_label") or tables.options_text(c.get("options")) or "defaults"))
+              for c in candidates if isinstance(c.get("micro_batch"), int)]
+    png = plots.throughput(points)
+    extra = [f"{tuning.get('trials')} trials" if tuning.get("trials") is not None else "",
+             f"{tuning['steps_per_trial']} timed steps each" if tuning.get("steps_per_trial") else "",
+             f"study {tuning['study_name']}" if tuning.get("study_name") else "",
+             f"storage {tuning['storage']}" if tuning.get("storage") else ""]
+    text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch); "
+            "the fastest that fits is chosen.")
+    if any(extra):
+        text += " (" + ", ".join(e for e in extra if e) + ")"
+    return Section("throughput", "Throughput vs micro-batch", (
+        Text(text), Image(THROUGHPUT_PLOT, "Throughput vs micro-batch", png),
+        Table(tables.tuning(candidates, chosen))))

@@ -1,0 +1,115 @@
+"""The run, its verification, the environment and the folder's files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runresult import RunResult
+from ..units import format_bytes
+from . import tables
+from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
+from .blocks import Bullets, Code, Rows, Section, Table, Text
+from .subject import Subject, status
+
+BN_ADVICE = ("accumulated gradients cannot equal the full-batch gradient; replace BatchNorm with GroupNorm or "
+             "LayerNorm, freeze it (eval mode and fixed statistics), or accumulate fewer micro-batches")
+
+
+def run_section(run: RunResult) -> Section:
+    rows = [
+        ("Steps", f"{run.steps} optimizer steps of {run.plan.target_batch} samples ({run.precision})"),
+        ("Throughput", f"{run.samples_per_s:,.0f} samples/s, {run.items_per_s:,.0f} items/s"),
+        ("Peak memory", f"{format_bytes(run.peak_bytes)} of {format_bytes(run.usable_bytes)} usable"),
+        ("Predicted peak", format_bytes(run.predicted_peak_bytes)),
+    ]
+    if run.skipped_steps:
+        rows.append(("Skipped steps", f"{run.skipped_steps} (GradScaler found inf/nan gradients)"))
+    return Section("run", "Training run", (Rows(tuple(rows)), Table(tables.steps(run.losses, run.step_seconds))))
+
+
+def warnings(checks: list[dict[str, Any]]) -> list[str]:
+    """BatchNorm and dropout findings of the gradient check, as sentences."""
+    out = []
+    for check in checks:
+        details = check.get("details") or {}
+        layers = details.get("running_statistics")
+        if layers:
+            out.append(f"BatchNorm: {len(layers)} layer(s) normalise each micro-batch with its own statistics "
+                       f"({', '.join(map(str, layers))}): {BN_ADVICE}.")
+        if details.get("dropout"):
+            out.append(f"Dropout: {details['dropout']}.")
+    return out
+
+
+def verification_section(run: RunResult) -> Section:
+    v = run.verification
+    checks = [c for c in v.get("checks") or [] if isinstance(c, dict)]
+    failed = [c.get("name", "?") for c in checks if not c.get("passed")]
+    head = (Text(f"Verification PASSED: all {len(checks)} checks hold.", "ok") if v.get("passed")
+            else Text(f"Verification FAILED: {', '.join(failed) or 'see the checks'}.", "fail"))
+    rows = []
+    grad = next((c for c in checks if c.get("name") == "gradient_equivalence"), None)
+    if v.get("gradient_relative_error") is not None or grad is not None:
+        limit = "" if grad is None or grad.get("limit") is None else f" (limit {grad['limit']:g})"
+        rows.append(("Gradient relative error", tables.relative_error(v.get("gradient_relative_error")) + limit))
+        if grad is not None and (grad.get("details") or {}).get("reference"):
+            rows.append(("Compared with", str(grad["details"]["reference"])))
+    ratio = "" if run.memory_ratio is None else f" (ratio {run.memory_ratio:.3f})"
+    rows.append(("Measured vs predicted peak",
+                 f"{format_bytes(run.peak_bytes)} measured vs {format_bytes(run.predicted_peak_bytes)} predicted"
+                 f"{ratio}; usable {format_bytes(run.usable_bytes)}"))
+    blocks = [head, Rows(tuple(rows), id="verification-table")]
+    found = warnings(checks)
+    if found:
+        blocks.append(Bullets(tuple(found), tone="warn"))
+    blocks.append(Table(tables.checks(checks)))
+    return Section("verification", "Verification", tuple(blocks))
+
+
+_SHOWN = ("name", "model", "kind", "torch", "driver", "allocator_conf", "measured_by", "capacity_source",
+          "summary", "estimated", "capacity_bytes")
+
+
+def environment(s: Subject) -> Section:
+    from .. import __version__
+
+    d = s.device
+    if not d:
+        return Section("environment", "Environment", (Rows((
+            ("Device", "none recorded (a plan made without a probe)"),
+            ("Report made by", f"autotune {__version__}")), id="environment-table"),))
+    conf = d.get("allocator_conf")
+    rows = [
+        ("torch", str(d.get("torch", "unknown"))),
+        ("Device", f"{d.get('name', 'unknown')} ({d.get('kind', '?')})"),
+        ("Device model", str(d.get("model") or "unknown")),
+        ("Driver", str(d.get("driver") or ("n/a (not a CUDA device)" if d.get("kind") != "cuda" else "unknown"))),
+        ("PYTORCH_CUDA_ALLOC_CONF", "n/a (not a CUDA device)" if conf is None else (conf or "(not set)")),
+        ("Memory measured by", str(d.get("measured_by", "unknown"))),
+        ("Capacity from", str(d.get("capacity_source", "unknown"))),
+        ("Result", status(s.probe) if s.probe is not None else "no probe result"),
+    ]
+    for key, value in d.items():
+        if key in _SHOWN or value is None or value == "" or isinstance(value, (dict, list)) and not value:
+            continue
+        if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            key, value = key.removesuffix("_bytes"), format_bytes(value)
+        rows.append((key.replace("_", " "), str(value)))
+    rows.append(("Report made by", f"autotune {__version__}"))
+    return Section("environment", "Environment", (Rows(tuple(rows), id="environment-table"),))
+
+
+def files(s: Subject) -> Section:
+    names = [("report.html", "this report, self-contained (plots embedded)"),
+             ("report.md", "the same report in Markdown, plots as the PNG files beside it")]
+    if s.probe is not None:
+        names += [(PEAK_PLOT, "peak memory vs micro-batch"),
+                  (BREAKDOWN_PLOT, "where the memory goes"),
+                  ("trials.csv", "the probe's trials (sizes in bytes)")]
+    if s.plan is not None and (s.plan.tuning or {}).get("candidates"):
+        names.append((THROUGHPUT_PLOT, "throughput vs micro-batch"))
+    names.append((s.json_name, f"the full {s.kind} as JSON (schema in reports/README.md)"))
+    return Section("files", "Files", (
+        Bullets(tuple(f"{name}: {what}" for name, what in names)),
+        Text("Regenerate this report from its JSON:"),
+        Code(f"autotune report {s.json_name} --out NEW_FOLDER")))

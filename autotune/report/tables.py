@@ -1,0 +1,115 @@
+"""The report's tables as pandas DataFrames of display strings (sizes in KiB/MiB/GiB)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from ..units import format_bytes
+from .plots import LABELS
+
+
+def yes_no(value: Any) -> str:
+    return "yes" if bool(value) else "no"
+
+
+def number(value: Any, fmt: str = ",.0f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, fmt)
+
+
+def relative_error(value: float | None) -> str:
+    return number(value, ".2e")
+
+
+def trials(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per fit-rule run of the probe, in the order they ran."""
+    rows = [{
+        "#": str(i),
+        "micro-batch": str(int(row["batch"])),
+        "source": str(row["source"]),
+        "peak": format_bytes(None if pd.isna(row["peak_bytes"]) else int(row["peak_bytes"])),
+        "fits": yes_no(row["fits"]),
+        "OOM": yes_no(row["oom"]),
+        "seconds": number(float(row["seconds"]), ".2f"),
+    } for i, (_, row) in enumerate(frame.iterrows(), start=1)]
+    return pd.DataFrame(rows, columns=["#", "micro-batch", "source", "peak", "fits", "OOM", "seconds"])
+
+
+def breakdown(bars: Sequence[tuple[str, dict[str, int]]]) -> pd.DataFrame:
+    """One row per part of memory, one column per bar: bytes and share of that bar's total."""
+    keys = list(dict.fromkeys(k for _, parts in bars for k in parts))
+    rows = []
+    for key in keys + ["total"]:
+        row = {"part": LABELS.get(key, key)}
+        for label, parts in bars:
+            total = sum(parts.values())
+            value = total if key == "total" else parts.get(key, 0)
+            share = f" ({value / total:.0%})" if total and key != "total" else ""
+            row[label] = format_bytes(value) + share
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["part"] + [label for label, _ in bars])
+
+
+def options_text(options: Any) -> str:
+    if not options:
+        return ""
+    if isinstance(options, dict):
+        return ", ".join(f"{k}={v}" for k, v in options.items())
+    return str(options)
+
+
+def is_chosen(candidate: dict[str, Any], chosen: dict[str, Any] | None) -> bool:
+    if not chosen:
+        return False
+    keys = ("micro_batch", "accumulation_steps", "options")
+    return all(candidate.get(k) == chosen.get(k) for k in keys if k in chosen)
+
+
+def tuning(candidates: Sequence[dict[str, Any]], chosen: dict[str, Any] | None) -> pd.DataFrame:
+    """The throughput tuner's candidates: what each measured, which one was chosen, why one did not run."""
+    rows = [{
+        "micro-batch": number(c.get("micro_batch"), "d"),
+        "accumulation steps": number(c.get("accumulation_steps"), "d"),
+        "options": str(c.get("options_label") or options_text(c.get("options")) or "defaults"),
+        "predicted peak": format_bytes(c.get("predicted_peak_bytes")),
+        "samples/s": number(c.get("samples_per_s"), ",.1f"),
+        "s/step": number(c.get("seconds_per_step"), ".4f"),
+        "fits": yes_no(c.get("fits")),
+        "chosen": "yes" if is_chosen(c, chosen) else "",
+        "why not": str(c.get("why") or ""),
+    } for c in candidates]
+    return pd.DataFrame(rows, columns=["micro-batch", "accumulation steps", "options", "predicted peak", "samples/s",
+                                       "s/step", "fits", "chosen", "why not"])
+
+
+def steps(losses: Sequence[float], seconds: Sequence[float]) -> pd.DataFrame:
+    rows = [{"step": str(i), "loss": number(loss, ".4f"), "seconds": number(sec, ".3f")}
+            for i, (loss, sec) in enumerate(zip(losses, seconds), start=1)]
+    return pd.DataFrame(rows, columns=["step", "loss", "seconds"])
+
+
+def check_value(name: str, value: Any) -> str:
+    """A verification check's value or limit as a person reads it."""
+    if value is None:
+        return "n/a"
+    if "memory" in name and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_bytes(value)
+    if "gradient" in name and isinstance(value, float):
+        return relative_error(value)
+    return str(value)
+
+
+def checks(items: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    rows = [{
+        "check": str(c.get("name", "?")),
+        "verdict": "ok" if c.get("passed") else "FAIL",
+        "value": check_value(str(c.get("name", "")), c.get("value")),
+        "limit": check_value(str(c.get("name", "")), c.get("limit")),
+        "message": str(c.get("message", "")),
+    } for c in items]
+    return pd.DataFrame(rows, columns=["check", "verdict", "value", "limit", "message"])
