@@ -89,8 +89,8 @@ def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
     assert run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(plan))[0] == 0
     code, out, _ = run(capsys, "run", "--plan", str(plan), "--steps", "2", "--quiet")
     assert code == 0 and "verification PASSED" in out and "relative error" in out
-    code, out, _ = run(capsys, "run", "--target-batch", "32", "--probe", "convnet", "--device", "cpu",
-                       "--memory-budget", "6MB", "--steps", "1", "--json", "--quiet")
+    code, out, _ = run(capsys, "run", "--target-batch", "16", "--probe", "convnet", "--device", "cpu",
+                       "--memory-budget", "3MB", "--steps", "1", "--json", "--quiet")
     data = json.loads(out)
     assert code == 1 and data["passed"] is False
     grad = next(c for c in data["verification"]["checks"] if c["name"] == "gradient_equivalence")
