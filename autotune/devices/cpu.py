@@ -56,12 +56,7 @@ class CpuDevice:
         # Moving to the CPU device copies, as moving to a GPU does: a micro-batch sliced
         # from a host batch then counts as itself, not as the whole host batch.
         session = Session(tracker, move=lambda t: t.clone(), move_model=lambda m: m)
-        try:
-            return timed_measure(tracker, session, work)
-        except BaseException:
-            del tracker, session
-            self.cleanup()
-            raise
+        return timed_measure(tracker, session, work)
 
     def cleanup(self) -> None:
         gc.collect()

@@ -79,12 +79,7 @@ class CudaDevice:
             self.cuda.synchronize(self.index)
             return int(self.cuda.max_memory_reserved(self.index))
 
-        try:
-            return timed_measure(tracker, session, work, peak=peak)
-        except BaseException:
-            del tracker, session
-            self.cleanup()
-            raise
+        return timed_measure(tracker, session, work, peak=peak)
 
     def cleanup(self) -> None:
         """Give memory back after a trial or an OOM: drop garbage, empty the cache."""

@@ -78,13 +78,8 @@ class EstimateDevice:
                     tracker.fake_scalars = True
 
         session = Session(tracker, move=move, build_batch=build_batch, cuda_like=self.cuda_like)
-        try:
-            with fake_mode:
-                return timed_measure(tracker, session, work)
-        except BaseException:
-            del tracker, session
-            self.cleanup()
-            raise
+        with fake_mode:
+            return timed_measure(tracker, session, work)
 
     def cleanup(self) -> None:
         gc.collect()
