@@ -1,8 +1,9 @@
 """The probe: estimate with fake tensors first, confirm with one real run.
 
 1. Estimate: the fit rule under ``FakeTensorMode`` at batch sizes 2 and 3 gives
-   the peak-vs-batch curve; the search checks its prediction with fake runs
-   (usually two: the predicted max fits, one more does not).
+   the peak-vs-batch curve and its predicted max. Without a real device
+   (``estimate``), fake runs check the prediction (usually two: the predicted
+   max fits, one more does not).
 2. Confirm: one real run of the fit rule at the predicted max. When the real
    peak says the next size would not fit either, that is the answer. When it
    does not fit, or leaves room for more, the search continues on the real
@@ -99,7 +100,9 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
     log: list[Trial] = []
     with _user_rng_untouched(device):
         est = _Trials(device.estimator(), workload, usable, "estimate", log, progress, data_parallel)
-        est_max, curve = _estimate(est, usable, max_batch, capacity, margin)
+        # With a real device to confirm on, the curve's prediction is checked by the real run
+        # (fake runs cost more than real ones there); an estimate alone checks it with fake runs.
+        est_max, curve = _estimate(est, usable, max_batch, capacity, margin, check=device.estimated)
         notes: list[str] = []
         if data_parallel:
             notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
@@ -109,11 +112,11 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
             real = _Trials(device, workload, usable, "real", log, progress, data_parallel)
-            final, error = _confirm(est, real, est_max, curve, usable, max_batch, notes)
+            final, error = _confirm(real, est_max, _estimate_at(est, curve), usable, max_batch, notes)
             if final == 0:
                 raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
             measured = real(final)
-    predicted = est.done[final].peak_bytes if final in est.done else (curve.peak(final) if curve else None)
+    predicted = _estimate_at(est, curve)(final)
     upto = max(final + final // 2, max(est.done), 4)
     points = curve.points(min(upto, max_batch) if final < max_batch else upto) if curve else []
     points = sorted({**dict(points), **{b: t.peak_bytes for b, t in est.done.items() if t.peak_bytes is not None}}.items())
@@ -142,8 +145,24 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
     )
 
 
-def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float) -> tuple[int, PeakCurve | None]:
-    """Largest size the estimate says fits, and the estimated curve."""
+def _estimate_at(est: _Trials, curve: PeakCurve | None) -> Callable[[int], int | None]:
+    """The estimated peak at a size: from a fake run at that size, else from the curve."""
+
+    def at(b: int) -> int | None:
+        if b in est.done and est.done[b].peak_bytes is not None:
+            return est.done[b].peak_bytes
+        return curve.peak(b) if curve else None
+
+    return at
+
+
+def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
+              check: bool) -> tuple[int, PeakCurve | None]:
+    """Largest size the estimate says fits, and the estimated curve.
+
+    ``check``: confirm the curve's prediction with fake runs (the predicted max
+    fits, one more does not); otherwise the prediction stands as it is.
+    """
     first = est(min(2, max_batch))
     if not first.fits:
         if first.batch == 1 or not est(1).fits:
@@ -162,20 +181,22 @@ def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: 
         return curve.max_fitting(int(usable / max(scale, 1e-9)), limit=max_batch)
 
     low = 3 if second.fits else 2
+    if curve is not None and not check and curve.max_fitting(usable, limit=max_batch) >= low:
+        return curve.max_fitting(usable, limit=max_batch), curve
     return search_max(est.fits, low=low, high=max_batch, guess=guess if curve else None), curve
 
 
-def _confirm(est: _Trials, real: _Trials, m: int, curve: PeakCurve | None, usable: int, max_batch: int,
+def _confirm(real: _Trials, m: int, estimate_at: Callable[[int], int | None], usable: int, max_batch: int,
              notes: list[str]) -> tuple[int, float | None]:
     """The real maximum, starting from the estimate's ``m``; and the estimate's error at ``m``."""
     first = real(m)
-    predicted = est(m).peak_bytes
-    error = None if first.oom else (first.peak_bytes - predicted) / predicted
+    predicted = estimate_at(m)
+    error = None if first.oom or predicted is None else (first.peak_bytes - predicted) / predicted
     if first.fits:
         if m == max_batch:
             return m, error
         # Would one more fit for real? Scale the estimate for m + 1 by the real/estimate ratio.
-        next_estimate = est.done[m + 1].peak_bytes if m + 1 in est.done else (curve.peak(m + 1) if curve else None)
+        next_estimate = estimate_at(m + 1)
         if next_estimate is None or first.peak_bytes / predicted * next_estimate > usable:
             _note_mismatch(notes, error, m, first, predicted, searched=False)
             return m, error
@@ -184,11 +205,6 @@ def _confirm(est: _Trials, real: _Trials, m: int, curve: PeakCurve | None, usabl
     else:
         _note_mismatch(notes, error, m, first, predicted, searched=True, direction="does not fit")
         low, high = 0, m - 1
-
-    def estimate_at(b: int) -> float | None:
-        if b in est.done and est.done[b].peak_bytes is not None:
-            return est.done[b].peak_bytes
-        return curve.peak(b) if curve else None
 
     def guess(lo: int, hi: int) -> int:
         # Real peak ~ estimate + extra; the extra is affine in the batch size, fitted
