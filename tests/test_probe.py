@@ -31,7 +31,7 @@ def test_mlp_max_equals_exhaustive_real_bisection(mlp, budget):
 
 
 def test_gpt_max_equals_exhaustive_real_bisection(gpt):
-    device = get_device("cpu", memory_budget=20 * 2**20)
+    device = get_device("cpu", memory_budget=10 * 2**20)
     result = probe(gpt, device, max_batch=32)
     expected, _ = true_max(gpt, device, result.usable_bytes, 32)
     assert 1 < expected < 32  # memory, not the limit, decides
