@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import distributed
 from .devices import Device, get_device
-from .probe import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
+from .probing import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
 from .results import ProbeResult
 from .workload import DEFAULT_PROBE, Workload, load_workload
 

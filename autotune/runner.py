@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 from . import distributed
 from .accumulate import Accumulator
 from .devices.base import Device, Session
-from .probe import usable_bytes
+from .probing import usable_bytes
 from .runresult import RunResult
 from .errors import BadInput
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check

@@ -26,7 +26,7 @@ from .devices.base import Device
 from .errors import BadInput
 from .oom import is_oom
 from .planner import Plan, make_plan
-from .probe import probe
+from .probing import probe
 from .results import ProbeResult
 from .workload import Workload
 

@@ -91,7 +91,7 @@ def test_mixed_precision_keeps_fp32_gradients(precision):
                       max_norm=1.0)
     out = acc.backward(_data(0))
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
-    assert out.loss == pytest.approx(float(_loss(_mlp(), _data(0))), rel=3e-2)
+    assert out.loss == pytest.approx(_loss(_mlp(), _data(0)).item(), rel=3e-2)
     trained = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss,
                           precision=precision)
     assert not trained.step(_data(1)).skipped and trained.skipped_steps == 0

@@ -10,7 +10,7 @@ from torch import nn
 
 from autotune.devices import get_device
 from autotune.errors import DoesNotFit, WorkloadError
-from autotune.probe import probe, usable_bytes
+from autotune.probing import probe, usable_bytes
 from autotune.results import ProbeResult
 from autotune.workload import Workload
 

@@ -15,7 +15,7 @@ examples:
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
 """
 
-DEFAULT_MAX_BATCH = 65536  # repeated from autotune.probe so --help needs no torch
+DEFAULT_MAX_BATCH = 65536  # repeated from autotune.probing so --help needs no torch
 
 
 def add_parser(sub) -> None:
