@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -43,9 +43,20 @@ def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
     return n_items * world_size / total_items
 
 
+def _leaves(batch: Any) -> list:
+    # The common containers directly; any other pytree through torch's flattening.
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
+        return list(batch)
+    if isinstance(batch, dict) and all(isinstance(t, torch.Tensor) for t in batch.values()):
+        return list(batch.values())
+    return tree_flatten(batch)[0]
+
+
 def batch_size(batch: Any) -> int:
     """The leading dimension shared by every tensor of a pytree batch."""
-    sizes = {int(t.shape[0]) for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
+    sizes = {int(t.shape[0]) for t in _leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0}
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch must share its first dimension; found sizes {sorted(sizes)}")
     return sizes.pop()
@@ -104,6 +115,7 @@ class Accumulator:
         self.device_type = _device_type(model)
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
+        self._no_sync = getattr(model, "no_sync", None)  # DDP's; looked up once
         self.skipped_steps = 0
 
     # -- the pieces a step is made of --------------------------------------------------
@@ -111,8 +123,10 @@ class Accumulator:
     def split(self, batch: Any) -> list[Any]:
         return split_batch(batch, self.sizes)
 
-    def count_items(self, micro: Any) -> int:
-        return int(self.items_fn(micro)) if self.items_fn is not None else batch_size(micro)
+    def count_items(self, micro: Any, samples: int | None = None) -> int:
+        if self.items_fn is not None:
+            return int(self.items_fn(micro))
+        return batch_size(micro) if samples is None else samples
 
     def weight(self, n_items: int, total_items: int) -> float:
         return item_weight(n_items, total_items, self.world_size)
@@ -143,42 +157,41 @@ class Accumulator:
     def backward(self, batch: Any) -> StepOutcome:
         """All micro-steps of one effective batch: gradients accumulated (and clipped), no optimizer step."""
         micros = self.split(batch)
-        counts = [self.count_items(m) for m in micros]
+        sizes = [batch_size(m) for m in micros]  # what is fed to the loss, as split
+        counts = [self.count_items(m, n) for m, n in zip(micros, sizes)]
         total = self.total_items(sum(counts))
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        samples = items = 0
+        loss_sum = None  # summed on the device: one host sync per step, not per micro-step
         last = len(micros) - 1
         for i, (micro, n) in enumerate(zip(micros, counts)):
             with self._sync(i == last):
                 micro = self.move(micro)
                 with self.autocast():
                     loss = self.loss_fn(self.model, micro)
-                weighted = loss.float() * self.weight(n, total)
+                weighted = (loss if loss.dtype == torch.float32 else loss.float()) * self.weight(n, total)
                 (self.scaler.scale(weighted) if self.scaler else weighted).backward()
-            loss_sum += weighted.detach().double().cpu() / self.world_size
-            samples += batch_size(micro)
-            items += n
+            share = weighted.detach()
+            loss_sum = share if loss_sum is None else loss_sum + share
             del micro, loss, weighted
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = self.clip()
-        return StepOutcome(loss=self._global_loss(loss_sum), samples=samples, items=items, total_items=total,
-                           micro_steps=len(micros), grad_norm=norm)
+        return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
+                           total_items=total, micro_steps=len(micros), grad_norm=norm)
 
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
         out = self.backward(batch)
-        skipped = False
         if self.scaler is not None:
             scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            skipped = self.scaler.get_scale() < scale
-            self.skipped_steps += int(skipped)
+            if self.scaler.get_scale() < scale:  # inf/nan found: the step was skipped
+                self.skipped_steps += 1
+                out = replace(out, skipped=True)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(**{**out.__dict__, "skipped": skipped})
+        return out
 
     def __call__(self, batch: Any) -> float:
         """One accumulated optimizer step; returns the effective batch's loss."""
@@ -187,17 +200,17 @@ class Accumulator:
     # -- helpers -------------------------------------------------------------------------
 
     def _sync(self, last: bool):
-        if not last and hasattr(self.model, "no_sync"):
-            return self.model.no_sync()
+        if not last and self._no_sync is not None:
+            return self._no_sync()
         return contextlib.nullcontext()
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        # Each rank's sum is its share of the mean (weights carry W; divided back above).
+        # Weights carry W under DDP: each rank's sum / W is its share of the global mean.
         if self.world_size == 1:
             return float(loss_sum)
         import torch.distributed as dist
 
-        t = loss_sum.to(_collective_device(self.process_group))
+        t = loss_sum.double().to(_collective_device(self.process_group)) / self.world_size
         dist.all_reduce(t, group=self.process_group)
         return float(t)
 
@@ -231,6 +244,8 @@ def _device_type(model: nn.Module) -> str:
 def _default_move(model: nn.Module) -> Callable[[Any], Any]:
     p = next(iter(model.parameters()), None)
     device = p.device if p is not None else torch.device("cpu")
+    if device.type == "cpu":
+        return lambda batch: batch  # host batches are where a CPU model computes
     return lambda batch: tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
                                   batch)
 

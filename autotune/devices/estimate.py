@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 
 from ..tracker import LiveStorageTracker
 from ..units import format_bytes
-from .base import Measurement, Session, T, timed_measure
+from .base import Measurement, Session, T, _move_module, timed_measure
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles and workspaces. Typical of torch 2.x with lazy module loading.
@@ -62,7 +62,12 @@ class EstimateDevice:
         tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True)
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            return t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)
+            # A copy, as moving to a real device makes: a view of a host dataset
+            # then counts as its own elements, not as the whole dataset.
+            return (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone()
+
+        def move_model(model):
+            return _move_module(model, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
 
         def build_batch(make: Callable[[], Any]) -> Any:
             # Try building the batch as fake tensors (no memory); a batch whose
@@ -77,7 +82,8 @@ class EstimateDevice:
                 finally:
                     tracker.fake_scalars = True
 
-        session = Session(tracker, move=move, build_batch=build_batch, cuda_like=self.cuda_like)
+        session = Session(tracker, move=move, move_model=move_model, build_batch=build_batch,
+                          cuda_like=self.cuda_like)
         with fake_mode:
             return timed_measure(tracker, session, work)
 

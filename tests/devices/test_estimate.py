@@ -157,3 +157,19 @@ def test_other_errors_propagate_from_an_estimate():
 
     with pytest.raises(KeyError, match="the user's bug"):
         CpuDevice(memory_budget=GiB).estimator().measure(work)
+
+
+def test_a_batch_sliced_from_a_host_dataset_counts_as_its_own_elements():
+    from torch import nn
+
+    from autotune.fitrule import run_trial
+    from autotune.workload import Workload
+
+    data, labels = torch.randn(50_000, 64), torch.randint(0, 10, (50_000,))
+    sliced = Workload(name="sliced", model=lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
+                      batch=lambda n, g: (data[:n], labels[:n]),
+                      loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+    cpu = CpuDevice(memory_budget=64 * 2**20)
+    real = run_trial(cpu, sliced, 8, 2**40, source="real", capacity_guard=False).peak_bytes
+    fake = run_trial(cpu.estimator(), sliced, 8, 2**40, source="estimate").peak_bytes
+    assert fake == real < data.numel() * 4  # not the 12.8 MB dataset the slices are views of
