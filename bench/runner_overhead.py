@@ -1,0 +1,146 @@
+"""What autotune's Accumulator costs over a hand-written accumulation loop, and over one full batch.
+
+    python bench/runner_overhead.py             # about a minute on 2 cores
+    python bench/runner_overhead.py --reps 100
+
+Same model (three copies of one initialisation), same data, same schedule; the
+loss of micro-batch i weighted n_i / N in both loops; no tracker anywhere. The
+three steps run interleaved (A B C, then B C A, ...) so machine noise hits all
+of them alike; figures are medians. The Runner issue's target: throughput of the
+Accumulator >= 0.97 x the hand loop's, i.e. time(autotune) <= time(hand) / 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+from torch.utils._pytree import tree_map
+
+from autotune.accumulate import Accumulator, split_batch
+from autotune.workload import load_workload
+from common import machine
+
+TARGET = 0.97
+
+# (workload, effective batch, schedule): uniform and uneven (sizes differ by 1) schedules.
+CASES = [
+    ("mlp", [8, 8, 8, 8]),  # tiny micro-batches: the fixed cost per step shows
+    ("mlp", [256, 256, 256, 256]),
+    ("mlp", [256, 255, 255, 255]),
+    ("gpt", [16, 16, 16, 16]),
+    ("gpt", [16, 15, 15, 15]),
+]
+REPS = {"mlp": 150, "gpt": 30}
+
+
+def hand_step(model, opt, batch, sizes, loss_fn, count) -> float:
+    """The accumulation loop a careful person writes by hand."""
+    micros, start = [], 0
+    for n in sizes:
+        micros.append(tree_map(lambda t, s=start, n=n: t[s:s + n], batch))
+        start += n
+    counts = [count(m) for m in micros]
+    total = sum(counts)
+    running = torch.zeros(())
+    for micro, n in zip(micros, counts):
+        loss = loss_fn(model, micro) * (n / total)
+        loss.backward()
+        running += loss.detach()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(running)
+
+
+def full_step(model, opt, batch, loss_fn) -> float:
+    """One batch of all N samples: no accumulation."""
+    loss = loss_fn(model, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def measure(name: str, sizes: list[int], reps: int, warmup: int = 3) -> dict:
+    workload = load_workload(name)
+    torch.manual_seed(0)
+    base = workload.model()
+    models = {k: copy.deepcopy(base) for k in ("autotune", "hand", "full")}
+    opts = {k: workload.optimizer(m.parameters()) for k, m in models.items()}
+    acc = Accumulator(models["autotune"], opts["autotune"], sizes, loss=workload.loss, items=workload.items)
+    count = workload.count_items
+    n = sum(sizes)
+    generator = torch.Generator().manual_seed(1)
+    steps = {
+        "autotune": lambda b: acc(b),
+        "hand": lambda b: hand_step(models["hand"], opts["hand"], b, sizes, workload.loss, count),
+        "full": lambda b: full_step(models["full"], opts["full"], b, workload.loss),
+    }
+    order = list(steps)
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for rep in range(warmup + reps):
+        batch = workload.batch(n, generator)
+        for k in order:
+            start = time.perf_counter()
+            steps[k](batch)
+            elapsed = time.perf_counter() - start
+            if rep >= warmup:
+                times[k].append(elapsed)
+        order = order[1:] + order[:1]  # rotate: A B C, B C A, C A B, ...
+    med = {k: statistics.median(v) for k, v in times.items()}
+    # Paired: hand / autotune within each repetition (run back to back), then the median.
+    med["paired"] = statistics.median(h / a for h, a in zip(times["hand"], times["autotune"]))
+    # Sanity: the same schedule split the same way (the Accumulator's split vs the hand loop's).
+    assert [len(m[0]) if isinstance(m, tuple) else len(next(iter(m.values()))) for m in
+            split_batch(workload.batch(n, generator), sizes)] == sizes
+    return {"name": name, "sizes": sizes, "n": n, "reps": reps, **med,
+            "q": {k: statistics.quantiles(v, n=4) for k, v in times.items()}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions per case")
+    args = parser.parse_args(argv)
+    started = machine()
+    rows = [measure(name, sizes, args.reps or REPS[name]) for name, sizes in CASES]
+
+    print(started)
+    print(f"# runner overhead: torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads "
+          f"{torch.get_num_threads()}; medians of interleaved repetitions, no tracker")
+    print("# autotune = autotune.Accumulator (accumulate.py); hand = a hand-written loop with the same")
+    print("#   schedule and n_i/N weights; full = one forward/backward of all N samples (it fits here)")
+    print("# throughput ratio = time(hand) / time(autotune): target >= 0.97. 'thr. auto/hand' is the ratio of")
+    print("#   the medians; 'paired' the median of per-repetition ratios (the two steps ran back to back),")
+    print("#   the steadier figure on a shared machine; the verdict uses 'paired'")
+    header = (f"{'workload':<8} {'schedule':<16} {'reps':>4} {'autotune ms':>11} {'hand ms':>9} {'full ms':>9} "
+              f"{'extra ms':>8} {'thr. auto/hand':>14} {'paired':>6} {'time auto/full':>14} {'hand/full':>9}  target")
+    print(header)
+    print("-" * len(header))
+    verdicts = []
+    for r in rows:
+        ok = r["paired"] >= TARGET
+        verdicts.append(ok)
+        print(f"{r['name']:<8} {'+'.join(map(str, r['sizes'])):<16} {r['reps']:>4} {1e3 * r['autotune']:>11.2f} "
+              f"{1e3 * r['hand']:>9.2f} {1e3 * r['full']:>9.2f} {1e3 * (r['autotune'] - r['hand']):>8.2f} "
+              f"{r['hand'] / r['autotune']:>14.3f} {r['paired']:>6.3f} {r['autotune'] / r['full']:>14.3f} "
+              f"{r['hand'] / r['full']:>9.3f}  {'holds' if ok else 'MISSED'}")
+    print()
+    print("interquartile ranges (ms), autotune | hand | full:")
+    for r in rows:
+        q = r["q"]
+        print(f"  {r['name']:<4} {'+'.join(map(str, r['sizes'])):<16} "
+              + " | ".join(f"{1e3 * q[k][0]:.2f}-{1e3 * q[k][2]:.2f}" for k in ("autotune", "hand", "full")))
+    print()
+    print(f"target (throughput >= {TARGET} x the hand loop): "
+          f"{'holds in every case' if all(verdicts) else 'MISSED in ' + str(verdicts.count(False)) + ' case(s)'}")
+    print("time auto/full > 1 is the price of accumulating at all (k smaller kernels instead of one), "
+          "not of autotune: compare the hand loop's hand/full the same way")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
