@@ -145,6 +145,27 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
     )
 
 
+def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, *,
+                   peaks: dict[int, int | None] | None = None) -> int:
+    """The largest micro-batch that fits by real runs alone: doubling from 1, then bisection.
+
+    Every step is a real run of the fit rule, measured whole (no estimate
+    involved); the ground truth the probe's answer is checked against.
+    ``peaks`` (batch size -> real peak bytes, None for an OOM) is filled in and
+    reused, so one cache serves several budgets of the same workload and device.
+    """
+    peaks = {} if peaks is None else peaks
+
+    def fits(b: int) -> bool:
+        if b not in peaks:
+            peaks[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).peak_bytes
+        return peaks[b] is not None and peaks[b] <= usable
+
+    if not fits(1):
+        return 0
+    return search_max(fits, low=1, high=limit)
+
+
 def _estimate_at(est: _Trials, curve: PeakCurve | None) -> Callable[[int], int | None]:
     """The estimated peak at a size: from a fake run at that size, else from the curve."""
 

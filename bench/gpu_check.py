@@ -123,26 +123,11 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str]) -> 
 
 def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dict[int, bool]]:
     """Largest size that fits by doubling then bisection, every run real; (max, runs, verdicts)."""
-    from autotune.fitrule import run_trial
+    from autotune.probing import exhaustive_max
 
-    seen: dict[int, bool] = {}
-
-    def fits(b: int) -> bool:
-        if b not in seen:
-            seen[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).fits
-        return seen[b]
-
-    lo, b = 0, 1
-    while b <= limit and fits(b):
-        lo, b = b, 2 * b
-    hi = min(b, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, len(seen), seen
+    peaks: dict[int, int | None] = {}
+    found = exhaustive_max(workload, device, usable, limit, peaks=peaks)
+    return found, len(peaks), {b: p is not None and p <= usable for b, p in peaks.items()}
 
 
 def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str],

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from autotune.devices import get_device  # noqa: E402
 from autotune.fitrule import run_trial  # noqa: E402
 from autotune import probe  # noqa: E402
+from autotune.probing import DEFAULT_MAX_BATCH as LIMIT, exhaustive_max  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
 from autotune.workload import load_workload  # noqa: E402
 from common import machine  # noqa: E402
@@ -94,25 +95,11 @@ class TrueMax:
         self.seconds = 0.0
         self.device = get_device("cpu")
 
-    def peak(self, b: int) -> int:
-        if b not in self.peaks:
-            trial = run_trial(self.device, self.workload, b, 1, source="real", capacity_guard=False)
-            self.peaks[b] = trial.peak_bytes
-            self.seconds += trial.seconds
-        return self.peaks[b]
-
     def __call__(self, usable: int) -> int:
-        lo, b = 0, 1
-        while self.peak(b) <= usable:  # double until a size does not fit
-            lo, b = b, 2 * b
-        hi = b
-        while hi - lo > 1:  # then bisect
-            mid = (lo + hi) // 2
-            if self.peak(mid) <= usable:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        start = time.perf_counter()
+        found = exhaustive_max(self.workload, self.device, usable, LIMIT, peaks=self.peaks)
+        self.seconds += time.perf_counter() - start
+        return found
 
 
 def run_autotune(workload, budget: int) -> tuple[Row, object]:
