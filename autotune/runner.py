@@ -119,13 +119,14 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         if ddp and verification["passed"] != passed:
             verification["checks"].append(Check(name="other_ranks", passed=False, value=None, limit=None,
                                                 message="a check failed on another rank").to_dict())
+    described = device.describe()
     notes = []
-    if device.describe().get("kind") == "cpu":
+    if described.get("kind") == "cpu":
         notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
     if ddp:
         notes.append(f"rank {rank} of {world}: this rank's figures; checks agreed over all ranks")
     return RunResult(
-        plan=plan, workload=workload.name, device=device.describe(), precision=precision,
+        plan=plan, workload=workload.name, device=described, precision=precision,
         losses=tuple(losses), step_seconds=tuple(seconds),
         samples_per_s=plan.target_batch / per_step,
         items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,

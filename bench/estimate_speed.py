@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     cuda_est = get_device("estimate", memory_budget=BUDGET)
     # Warm-up, untimed: the first fake-tensor run in a process pays one-off costs (imports, caches).
     run_trial(cpu_est, gpt.build(), 2, 2**62, source="estimate")
-    rss0, hwm0 = status_kib("VmRSS"), status_kib("VmHWM")
+    rss0 = status_kib("VmRSS")
 
     rows = []
     for name, build in MODELS:

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     for r in rows:
         by_case.setdefault((r.workload, r.budget), {})[r.tool] = r
     all_ok = True
-    for line, ((wl, budget), tools) in zip(checks, by_case.items()):
+    for line, tools in zip(checks, by_case.values()):
         a = tools["autotune"]
         good = a.found == a.true_max and a.real_runs <= 2 and a.ooms == 0
         all_ok &= good

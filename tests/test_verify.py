@@ -126,3 +126,15 @@ def test_count_check_names_the_step():
     assert count_check([(64, 64), (64, 64)], 64, [64, 64]).passed
     bad = count_check([(64, 64), (63, 63)], 64, [64, 64])
     assert not bad.passed and "step 2 consumed 63 samples" in bad.message and "dropped or counted twice" in bad.message
+
+
+def test_the_on_device_reference_catches_the_same_faults(mlp, monkeypatch):
+    # Models too big for a float64 copy are checked against a different partition of the same samples.
+    import autotune.verify as verify
+
+    monkeypatch.setattr(verify, "FP64_REFERENCE_LIMIT", 0)
+    sizes = [255, 255, 255, 256]
+    good = check(mlp, sizes)
+    assert good.passed and "different partition" in good.details["reference"]
+    bad = check(mlp, sizes, accumulator_cls=NaiveOneOverK)
+    assert not bad.passed and "do not add up" in bad.message

@@ -37,7 +37,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="autotune", description=DESCRIPTION, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"autotune {__import__('autotune').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         module.add_parser(sub)
     return parser
 

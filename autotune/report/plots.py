@@ -94,7 +94,7 @@ def memory_breakdown(bars: Sequence[tuple[str, dict[str, int]]], *, usable: int,
     ax = fig.add_subplot()
     right = max(totals + [capacity]) / size * 1.02
     seen = set()
-    for row, (label, parts) in enumerate(reversed(bars)):
+    for row, (_, parts) in enumerate(reversed(bars)):
         left = 0.0
         for key, value in parts.items():
             if value <= 0:

@@ -9,7 +9,6 @@ fake-allocator measurements use work that only drives the fake's counters.
 
 from __future__ import annotations
 
-import gc
 import os
 from types import SimpleNamespace
 
