@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,6 +51,10 @@ def _aliased_returns(func) -> tuple[bool, ...]:
     return flags
 
 
+def _unknown_scalar(dtype: torch.dtype) -> bool | float | int:
+    return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """What the tracker saw: peak and current live bytes, the breakdown at the peak."""
@@ -75,13 +80,16 @@ class LiveStorageTracker(TorchDispatchMode):
     ``capacity``: emulated device size in bytes, or None for no limit.
     ``round_to``: round every allocation up to this many bytes (512 stands in for
     CUDA's caching allocator); 1 counts bytes exactly.
-    ``fake_scalars``: answer ``.item()`` on a fake tensor whose value is unknown
-    (0/False for booleans, 1 otherwise) instead of raising; used by estimates,
-    where optimizers read step counters. Shapes never depend on these answers
-    inside a training step of the workloads autotune plans for.
+    ``fake_scalars``: answer ``.item()`` on a fake or meta tensor whose value is
+    unknown (0/False for booleans, 1 otherwise) instead of raising; used by
+    estimates, where optimizers read step counters. Shapes never depend on these
+    answers inside a training step of the workloads autotune plans for.
+    ``kernel``: runs each op, ``kernel(func, args, kwargs)``; by default the op
+    itself (estimates on ``meta`` pass :class:`autotune.devices.meta.MetaKernels`).
     """
 
-    def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False):
+    def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
+                 kernel: Callable[[Any, tuple, dict], Any] | None = None):
         super().__init__()
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
@@ -90,6 +98,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.capacity = capacity
         self.round_to = round_to
         self.fake_scalars = fake_scalars
+        self.kernel = kernel
         self._live: dict[int, _Entry] = {}
         self._category: dict[int, str] = {}
         self._serial = 0
@@ -173,12 +182,16 @@ class LiveStorageTracker(TorchDispatchMode):
         if func in _IGNORED:
             return func(*args, **(kwargs or {}))
         if func is _SCALAR and self.fake_scalars:
+            if args[0].is_meta:
+                return _unknown_scalar(args[0].dtype)
             try:
                 return func(*args, **(kwargs or {}))
             except torch._subclasses.fake_tensor.DataDependentOutputException:
-                dtype = args[0].dtype
-                return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
-        out = func(*args, **(kwargs or {}))
+                return _unknown_scalar(args[0].dtype)
+        if self.kernel is not None:
+            out = self.kernel(func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         if not self._paused:
             aliased = _aliased_returns(func)
             if isinstance(out, torch.Tensor):

@@ -62,18 +62,21 @@ class Session:
     """One measured piece of work on a device: puts models and batches there.
 
     ``move`` turns a host tensor into a device tensor (identity on the CPU,
-    ``.to(cuda)`` on a GPU, a fake tensor for estimates); ``build`` wraps the
-    host-side code that makes models and batches.
+    ``.to(cuda)`` on a GPU, a fake or meta tensor for estimates);
+    ``build_model`` and ``build_batch`` wrap the host-side code that makes
+    models and batches (estimates build them without real memory).
     """
 
     def __init__(self, tracker: LiveStorageTracker, *, move: Callable[[torch.Tensor], torch.Tensor],
                  move_model: Callable[[nn.Module], nn.Module] | None = None,
-                 build_batch: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
+                 build_batch: Callable[[Callable[[], Any]], Any] | None = None,
+                 build_model: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
                  torch_device: torch.device = torch.device("cpu")):
         self.tracker = tracker
         self._move = move
         self._move_model = move_model or (lambda m: _move_module(m, move))
         self._build_batch = build_batch
+        self._build_model = build_model
         self.cuda_like = cuda_like
         self.torch_device = torch_device
 
@@ -86,7 +89,7 @@ class Session:
     def model(self, factory: Callable[[], nn.Module]) -> nn.Module:
         """Build a model on the host (not counted), move it, count its parameters and buffers."""
         with self.tracker.paused():
-            model = factory()
+            model = self._build_model(factory) if self._build_model is not None else factory()
         if not isinstance(model, nn.Module):
             raise TypeError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
         model = self._move_model(model)

@@ -1,9 +1,16 @@
-"""Estimates: the fit rule under ``FakeTensorMode``, no real compute, no real memory.
+"""Estimates: the fit rule on fake tensors, no real compute, no real memory.
 
-Every tensor is a fake tensor on the CPU device (its storage is on ``meta``), so
-a whole training step of a billion-parameter model runs here in a second or so
-and allocates nothing for weights or activations. The tracker counts what the
-real device would hold.
+Nothing real is allocated for weights or activations, so a whole training step
+of a billion-parameter model is estimated here in about a second; the tracker
+counts what the real device would hold. Two engines run the fit rule:
+
+- ``meta`` (the default): every tensor lives on the ``meta`` device, ops run
+  through memoised meta kernels (:mod:`autotune.devices.meta`), and composite
+  ops choose their kernels as on the CPU. Several times faster.
+- ``fake``: every tensor is a ``FakeTensorMode`` fake on the CPU device (its
+  storage on ``meta``), which behaves as a CPU tensor throughout. A workload the
+  meta engine cannot run (a recurrent layer, code that insists on a CPU
+  tensor) falls back to it, once, and stays there; the description says why.
 
 Standing in for a CUDA device (``cuda_like``), every allocation is rounded up
 to 512 bytes as CUDA's caching allocator does, optimizers left at
@@ -23,11 +30,17 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from ..tracker import LiveStorageTracker
 from ..units import format_bytes
 from .base import Measurement, Session, T, _move_module, timed_measure
+from .meta import CpuKernelChoices, MetaKernels
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles and workspaces. Typical of torch 2.x with lazy module loading.
 CUDA_CONTEXT_ALLOWANCE = 640 * 1024**2
 CUDA_ROUNDING = 512
+ENGINES = ("meta", "fake")
+_MEASURED_BY = {
+    "meta": "live tensor-storage bytes of meta tensors (no real compute)",
+    "fake": "live tensor-storage bytes under FakeTensorMode (no real compute)",
+}
 
 
 class EstimateDevice:
@@ -36,28 +49,62 @@ class EstimateDevice:
     estimated = True
 
     def __init__(self, *, capacity: int, round_to: int = CUDA_ROUNDING, cuda_like: bool = True,
-                 allowance: int = 0, name: str = "estimate"):
+                 allowance: int = 0, name: str = "estimate", engine: str = "meta"):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
                 f"{format_bytes(allowance)} allowance for the CUDA context"
             )
+        if engine not in ENGINES:
+            raise ValueError(f"unknown estimate engine {engine!r}; one of {ENGINES}")
         self.name = name
         self.budget = capacity
         self.allowance = allowance
         self.round_to = round_to
         self.cuda_like = cuda_like
+        self.engine = engine
+        self.fallback: str | None = None  # why the meta engine gave way to FakeTensorMode
+        self._kernels = MetaKernels()
 
     @classmethod
-    def for_gpu(cls, budget: int) -> EstimateDevice:
+    def for_gpu(cls, budget: int, engine: str = "meta") -> EstimateDevice:
         """The ``estimate`` device of the CLI: a CUDA GPU with ``budget`` bytes of memory."""
-        return cls(capacity=budget, round_to=CUDA_ROUNDING, cuda_like=True, allowance=CUDA_CONTEXT_ALLOWANCE)
+        return cls(capacity=budget, round_to=CUDA_ROUNDING, cuda_like=True, allowance=CUDA_CONTEXT_ALLOWANCE,
+                   engine=engine)
 
     def capacity_bytes(self) -> int:
         return self.budget - self.allowance
 
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare.
+        if self.engine == "meta":
+            try:
+                return self._measure_meta(work)
+            except Exception as exc:  # the meta engine cannot run this workload: FakeTensorMode can
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                del exc
+            result = self._measure_fake(work)  # the workload's own error, if it fails here too
+            self.engine, self.fallback = "fake", reason
+            return result
+        return self._measure_fake(work)
+
+    def _measure_meta(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
+        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, kernel=self._kernels)
+
+        def build_model(factory: Callable[[], Any]) -> Any:
+            with torch.device("meta"):
+                return factory()
+
+        def build_batch(make: Callable[[], Any]) -> Any:
+            with tracker.paused():
+                return _build_fake(FakeTensorMode(allow_non_fake_inputs=True), make)
+
+        session = Session(tracker, move=_meta_copy, move_model=lambda m: _move_module(m, _on_meta),
+                          build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
+        with CpuKernelChoices(tracker.paused):
+            return timed_measure(tracker, session, work)
+
+    def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True)
 
@@ -70,15 +117,10 @@ class EstimateDevice:
             return _move_module(model, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
 
         def build_batch(make: Callable[[], Any]) -> Any:
-            # Try building the batch as fake tensors (no memory); a batch whose
-            # shapes depend on its values is built for real and then faked.
             with tracker.paused():
                 tracker.fake_scalars = False
                 try:
-                    return make()
-                except Exception:
-                    with unset_fake_temporarily():
-                        return make()
+                    return _build_fake(None, make)
                 finally:
                     tracker.fake_scalars = True
 
@@ -109,7 +151,46 @@ class EstimateDevice:
             "capacity_bytes": self.capacity_bytes(),
             "round_to": self.round_to,
             "cuda_like": self.cuda_like,
-            "measured_by": "live tensor-storage bytes under FakeTensorMode (no real compute)",
+            "measured_by": _MEASURED_BY[self.engine],
+            "engine": self.engine,
+            "engine_fallback": self.fallback,
             "summary": "; ".join(lines),
             "torch": torch.__version__,
         }
+
+
+def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> Any:
+    """Build a batch as fake tensors (no memory) in ``fake_mode`` (None: the active one);
+    a batch whose shapes depend on its values is built for real instead."""
+    try:
+        if fake_mode is None:
+            return make()
+        with fake_mode:
+            return make()
+    except Exception:
+        with unset_fake_temporarily():
+            return make()
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_meta else _meta_copy(t)
+
+
+def _meta_copy(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor laid out as ``t.clone()`` would be: what a move to a device allocates."""
+    if _dense(t.shape, t.stride()):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+def _dense(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    """Do these strides cover exactly ``numel`` elements, none twice (in any dimension order)?"""
+    expected = 1
+    for size, step in sorted(zip(shape, stride), key=lambda p: p[1]):
+        if size == 0:
+            return True
+        if size != 1:
+            if step != expected:
+                return False
+            expected *= size
+    return True

@@ -1,8 +1,7 @@
-"""Estimates: the fit rule under FakeTensorMode agrees with the real CPU run, using no real memory."""
+"""Estimates: the fit rule on meta or fake tensors agrees with the real CPU run, using no real memory."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune.devices import CUDA_CONTEXT_ALLOWANCE, CpuDevice, EstimateDevice, get_device
-from autotune.devices.estimate import CUDA_ROUNDING
+from autotune.devices.estimate import CUDA_ROUNDING, ENGINES
 from autotune.errors import DeviceError
 from autotune.fitrule import fit_rule_work
 from autotune.workload import load_workload
@@ -27,35 +26,29 @@ def rss_bytes() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-def real_and_estimated(workload, batch):
+def real_and_estimated(workload, batch, engine="meta"):
     cpu = CpuDevice(memory_budget=8 * GiB)
     _, real = cpu.measure(fit_rule_work(workload, batch))
-    _, est = cpu.estimator().measure(fit_rule_work(workload, batch))
+    estimator = cpu.estimator()
+    estimator.engine = engine
+    _, est = estimator.measure(fit_rule_work(workload, batch))
+    assert estimator.engine == engine
     return real, est
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("batch", [1, 64, 512])
-def test_mlp_estimate_is_exactly_the_real_cpu_peak(batch):
-    real, est = real_and_estimated(load_workload("mlp"), batch)
+def test_mlp_estimate_is_exactly_the_real_cpu_peak(batch, engine):
+    real, est = real_and_estimated(load_workload("mlp"), batch, engine)
     assert est.peak_bytes == real.peak_bytes
     assert est.breakdown == real.breakdown
     assert est.timeline == real.timeline  # the same allocations in the same order
 
 
-def _probe_available(name: str) -> bool:
-    return importlib.util.find_spec(f"probes.{name}") is not None
-
-
-@pytest.mark.parametrize(
-    ("name", "batch"),
-    [
-        ("gpt", 2),
-        pytest.param("convnet", 4, marks=pytest.mark.skipif(not _probe_available("convnet"),
-                                                            reason="probes/convnet.py does not exist yet")),
-    ],
-)
-def test_builtin_probe_estimates_within_one_percent(name, batch):
-    real, est = real_and_estimated(load_workload(name), batch)
+@pytest.mark.parametrize(("name", "batch"), [("gpt", 2), ("convnet", 4)])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_builtin_probe_estimates_within_one_percent(name, batch, engine):
+    real, est = real_and_estimated(load_workload(name), batch, engine)
     assert abs(est.peak_bytes - real.peak_bytes) <= 0.01 * real.peak_bytes, (est.peak_bytes, real.peak_bytes)
     for category, value in real.breakdown.items():
         assert abs(est.breakdown[category] - value) <= 0.01 * real.peak_bytes, category
@@ -123,10 +116,12 @@ def test_batches_whose_shape_depends_on_values_are_built_for_real_then_faked():
     def work(session):
         return session.batch(make, 1000, torch.Generator().manual_seed(0))
 
-    batch, m = CpuDevice(memory_budget=GiB).estimator().measure(work)
-    expected = make(1000, torch.Generator().manual_seed(0))
-    assert isinstance(batch, FakeTensor) and batch.shape == expected.shape
-    assert m.peak_bytes == expected.numel() * 4
+    for engine in ENGINES:
+        batch, m = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine=engine).measure(work)
+        expected = make(1000, torch.Generator().manual_seed(0))
+        assert isinstance(batch, FakeTensor) or batch.is_meta  # no data either way
+        assert batch.shape == expected.shape
+        assert m.peak_bytes == expected.numel() * 4
 
 
 @pytest.mark.parametrize(

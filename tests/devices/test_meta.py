@@ -1,0 +1,264 @@
+"""The meta engine of estimates: memoised meta kernels, CPU kernel choices, the fallback."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.devices import CpuDevice, EstimateDevice
+from autotune.devices import estimate as estimate_mod
+from autotune.devices.meta import CpuKernelChoices, MetaKernels, NeedsFakeTensors
+from autotune.fitrule import fit_rule_work
+from autotune.tracker import LiveStorageTracker
+from autotune.workload import Workload, load_workload
+
+GiB = 1024**3
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+class Ops(TorchDispatchMode):
+    """The aten ops that reach the dispatcher, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+# -- MetaKernels --------------------------------------------------------------------
+
+
+def test_a_repeated_op_is_replayed_with_the_same_metadata_in_a_fresh_storage():
+    kernels = MetaKernels()
+    a, b = meta(8, 16), meta(16, 4)
+    with LiveStorageTracker(kernel=kernels) as tracker:
+        first = torch.mm(a, b)
+        second = torch.mm(a, b)
+    assert (kernels.replayed, len(kernels)) == (1, 1)
+    assert second.is_meta and (second.shape, second.stride(), second.dtype) == (first.shape, first.stride(), first.dtype)
+    assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
+    assert tracker.peak_bytes == 2 * 8 * 4 * 4  # both counted
+
+
+def test_the_key_holds_strides_a_transposed_input_is_not_a_contiguous_one():
+    kernels = MetaKernels()
+    with LiveStorageTracker(kernel=kernels):
+        a = torch.empty_strided((6, 4), (1, 6), device="meta").clone()  # clone keeps a's column-major layout
+        b = meta(6, 4).clone()
+        c = torch.empty_strided((6, 4), (1, 6), device="meta").clone()
+    assert a.stride() == c.stride() == (1, 6)
+    assert b.stride() == (4, 1)
+
+
+def test_views_always_run_and_share_their_input_storage():
+    kernels = MetaKernels()
+    x = meta(4, 6)
+    with LiveStorageTracker(kernel=kernels):
+        views = [x.view(6, 4), x.view(6, 4), x.t()]
+    assert kernels.replayed == 0 and len(kernels) == 0
+    assert all(v.untyped_storage()._cdata == x.untyped_storage()._cdata for v in views)
+
+
+def test_an_in_place_op_replays_as_its_own_argument():
+    kernels = MetaKernels()
+    x, y = meta(3, 5), meta(3, 5)
+    with LiveStorageTracker(kernel=kernels):
+        assert x.mul_(2) is x
+        assert y.mul_(2) is y
+    assert kernels.replayed == 1
+
+
+def test_an_op_that_changes_its_argument_is_never_replayed():
+    kernels = MetaKernels()
+    first, second = meta(4), meta(4)
+    with LiveStorageTracker(kernel=kernels):
+        torch.ops.aten.resize_.default(first, [10])
+        torch.ops.aten.resize_.default(second, [10])  # a replay would hand `second` back still of size 4
+    assert first.shape == second.shape == (10,)
+    assert kernels.replayed == 0
+
+
+def test_real_tensors_always_run():
+    kernels = MetaKernels()
+    step = torch.zeros(())
+    with LiveStorageTracker(kernel=kernels):
+        for _ in range(3):
+            step.add_(1)  # an optimizer's step counter: its value matters
+    assert step.item() == 3 and kernels.replayed == 0
+
+
+def test_meta_scalars_are_answered_as_unknown():
+    with LiveStorageTracker(fake_scalars=True):
+        assert meta(3).sum().item() == 1.0
+        assert bool(meta(3, dtype=torch.bool).any()) is False
+    with pytest.raises((RuntimeError, NotImplementedError)), LiveStorageTracker():
+        meta(3).sum().item()
+
+
+# -- CpuKernelChoices -------------------------------------------------------------
+
+
+def flash_model() -> nn.Module:
+    """Attention without dropout: the CPU runs its fused flash kernel, never the attention matrix."""
+    return nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2)
+
+
+def sequences(dim: int, length: int = 64) -> Workload:
+    return Workload(name="attention", model=flash_model,
+                    batch=lambda n, g: torch.randn(n, length, dim, generator=g),
+                    loss=lambda m, b: m(b).pow(2).mean())
+
+
+def test_attention_chooses_the_cpu_flash_kernel_on_meta_tensors():
+    q = meta(2, 4, 16, 8).requires_grad_()
+    ops = Ops()
+    with CpuKernelChoices(contextlib.nullcontext), ops:
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops.names
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops.names
+    assert "aten.bmm.default" not in ops.names
+
+
+def test_attention_keeps_the_math_path_where_the_cpu_takes_it():
+    q = meta(2, 4, 16, 8).requires_grad_()
+    ops = Ops()
+    with CpuKernelChoices(contextlib.nullcontext), ops:
+        F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)  # the CPU's flash kernel has no dropout
+    assert "aten.bmm.default" in ops.names
+    assert not any("flash" in name for name in ops.names)
+
+
+def test_kernel_choices_are_removed_on_exit_even_after_an_error():
+    q = meta(2, 4, 16, 8).requires_grad_()
+    with pytest.raises(KeyError), CpuKernelChoices(contextlib.nullcontext):
+        raise KeyError("inside")
+    ops = Ops()
+    with ops:
+        F.scaled_dot_product_attention(q, q, q)
+    assert not any("flash" in name for name in ops.names)  # stock meta behaviour: the math path
+
+
+def test_without_cpu_kernel_choices_the_estimate_would_count_the_attention_matrix(monkeypatch):
+    workload = sequences(32)
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 8))
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    _, est = estimator.measure(fit_rule_work(workload, 8))
+    assert estimator.engine == "meta"
+    assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
+
+    monkeypatch.setattr(estimate_mod, "CpuKernelChoices", lambda pause: contextlib.nullcontext())
+    _, planted = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False).measure(fit_rule_work(workload, 8))
+    assert planted.peak_bytes > real.peak_bytes  # the math path's b x heads x 64 x 64 scores
+
+
+def test_recurrent_layers_stop_the_meta_engine():
+    lstm = nn.LSTM(4, 8, device="meta")
+    with pytest.raises(NeedsFakeTensors, match="torch.lstm runs as a oneDNN kernel"), \
+            CpuKernelChoices(contextlib.nullcontext):
+        lstm(meta(5, 2, 4))
+
+
+# -- the engines against the real CPU --------------------------------------------------
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(16, 32, batch_first=True)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def layered(name: str, model, shape: tuple[int, ...]) -> Workload:
+    return Workload(name=name, model=model, batch=lambda n, g: torch.randn((n,) + shape, generator=g),
+                    loss=lambda m, b: m(b).pow(2).mean())
+
+
+LAYERS = [
+    layered("conv-norms", lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2),
+        nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1)), (3, 16, 16)),
+    layered("upsampling", lambda: nn.Sequential(
+        nn.ConvTranspose2d(3, 4, 3, stride=2), nn.InstanceNorm2d(4), nn.Upsample(scale_factor=2, mode="bilinear"),
+        nn.Dropout2d(0.1), nn.PixelShuffle(2)), (3, 8, 8)),
+    layered("norms", lambda: nn.Sequential(nn.LayerNorm(16), nn.RMSNorm(16), nn.Linear(16, 16), nn.SiLU(),
+                                           nn.Dropout(0.2)), (10, 16)),
+    layered("transformer", lambda: nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2), (10, 16)),
+    layered("transformer-flash", lambda: nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2), (10, 16)),
+]
+
+
+@pytest.mark.parametrize("workload", LAYERS, ids=lambda w: w.name)
+def test_meta_engine_counts_exactly_what_the_cpu_holds(workload):
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    _, est = estimator.measure(fit_rule_work(workload, 3))
+    assert estimator.engine == "meta"
+    assert est.peak_bytes == real.peak_bytes
+    assert est.timeline == real.timeline
+
+
+def checkpointed_gpt() -> Workload:
+    from probes import gpt
+
+    plain = load_workload("gpt")
+    return Workload(name="gpt-checkpointed", model=lambda: gpt.GPT(gpt.Config(), checkpointing=True),
+                    batch=plain.batch, loss=plain.loss, items=plain.items)
+
+
+@pytest.mark.parametrize("build", [lambda: load_workload("gpt"), lambda: load_workload("convnet"), checkpointed_gpt],
+                         ids=["gpt", "convnet", "gpt-checkpointed"])
+def test_meta_engine_on_the_builtin_probes(build):
+    workload = build()
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
+    _, est = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False).measure(fit_rule_work(workload, 3))
+    assert est.timeline == real.timeline
+
+
+def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
+    workload = layered("gru", Recurrent, (10, 16))
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    _, est = estimator.measure(fit_rule_work(workload, 3))
+    assert estimator.engine == "fake"
+    assert "torch.gru runs as a oneDNN kernel" in estimator.fallback
+    desc = estimator.describe()
+    assert desc["engine"] == "fake" and "torch.gru" in desc["engine_fallback"]
+    assert "FakeTensorMode" in desc["measured_by"]
+    _, fake = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine="fake").measure(
+        fit_rule_work(workload, 3))
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
+    assert est.timeline == fake.timeline
+    assert est.peak_bytes == real.peak_bytes
+    # It stays there: the next measurement goes straight to FakeTensorMode.
+    estimator.measure(fit_rule_work(workload, 4))
+    assert estimator.engine == "fake"
+
+
+def test_an_error_in_both_engines_is_the_workloads_and_changes_nothing():
+    def work(session):
+        raise KeyError("the user's bug")
+
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    with pytest.raises(KeyError, match="the user's bug"):
+        estimator.measure(work)
+    assert estimator.engine == "meta" and estimator.fallback is None
+
+
+def test_unknown_engine():
+    with pytest.raises(ValueError, match="unknown estimate engine 'jit'"):
+        EstimateDevice(capacity=GiB, engine="jit")
