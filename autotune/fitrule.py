@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .accumulate import item_weight
 from .devices.base import Device, Measurement, Session
@@ -108,12 +108,12 @@ def isolate(workload: Workload) -> Workload:
 
     A factory that returns the same module on every call (a model the user
     already holds) would be trained by the trials; such a factory is wrapped to
-    return a deep copy instead. The check calls the factory twice under
-    ``FakeTensorMode``, so a fresh-building factory costs no real memory.
+    return a deep copy instead. The check calls the factory twice on the
+    ``meta`` device, so a fresh-building factory costs no real memory.
     """
     with torch.random.fork_rng(devices=[]):
         try:
-            with FakeTensorMode():
+            with torch.device("meta"):
                 first = workload.model()
                 ref = weakref.ref(first)
                 del first

@@ -27,7 +27,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 _META = torch.device("meta")
-_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+_HASHABLE = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
 _DYNAMIC = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 # Replay recipes: how to rebuild an op's output from its inputs.
@@ -46,15 +46,16 @@ class _Unhashable(Exception):
 def _signature(x: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
     """``x`` as a hashable key; its tensors (all on ``meta``) collected in order."""
     if isinstance(x, torch.Tensor):
-        if not x.is_meta or x.layout != torch.strided:
+        if not x.is_meta:
             raise _Unhashable
-        sig = (x.shape, x.stride(), x.dtype, x.storage_offset())
+        sig = (x.shape, x.stride(), x.dtype, x.storage_offset())  # stride() raises for a sparse layout
         tensors.append(x)
         sigs.append(sig)
         return sig
-    if isinstance(x, (list, tuple)):
-        return tuple(_signature(v, tensors, sigs) for v in x)
-    if isinstance(x, _HASHABLE):
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return tuple([_signature(v, tensors, sigs) for v in x])
+    if kind in _HASHABLE:
         return x
     raise _Unhashable  # a Generator, a SymInt, an opaque object: always run
 
@@ -96,14 +97,17 @@ class MetaKernels:
         self.ran = 0
 
     def __call__(self, func, args: tuple, kwargs: dict) -> Any:
+        if torch.is_autocast_enabled("cpu"):
+            raise NeedsFakeTensors("autocast on the CPU does not apply to meta tensors")
         if _never_memo(func):
             self.ran += 1
             return func(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         sigs: list[tuple] = []
         try:
-            key = (func, _signature(args, tensors, sigs), _signature(tuple(kwargs.items()), tensors, sigs))
-        except _Unhashable:
+            key = (func, _signature(args, tensors, sigs),
+                   _signature(tuple(kwargs.items()), tensors, sigs) if kwargs else None)
+        except (_Unhashable, RuntimeError):
             self.ran += 1
             return func(*args, **kwargs)
         recipe = self._memo.get(key)

@@ -249,6 +249,20 @@ def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
     assert estimator.engine == "fake"
 
 
+def test_cpu_autocast_falls_back_to_fake_tensors_which_it_applies_to():
+    def loss(model, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(batch).float().pow(2).mean()
+
+    workload = Workload(name="bf16", model=lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)),
+                        batch=lambda n, g: torch.randn(n, 64, generator=g), loss=loss)
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    _, est = estimator.measure(fit_rule_work(workload, 16))
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 16))
+    assert estimator.engine == "fake" and "autocast" in estimator.fallback
+    assert est.peak_bytes == real.peak_bytes
+
+
 def test_an_error_in_both_engines_is_the_workloads_and_changes_nothing():
     def work(session):
         raise KeyError("the user's bug")
