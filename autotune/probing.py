@@ -104,6 +104,9 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
         # (fake runs cost more than real ones there); an estimate alone checks it with fake runs.
         est_max, curve = _estimate(est, usable, max_batch, capacity, margin, check=device.estimated)
         notes: list[str] = []
+        fallback = getattr(est.device, "fallback", None)
+        if fallback:
+            notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
         if data_parallel:
             notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
         if device.estimated:

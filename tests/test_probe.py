@@ -156,3 +156,24 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
     assert any("under-counted" in n and "searched on the real device" in n for n in result.notes)
     said = [n for n in result.notes if "the estimate said" in n]
     assert said and int(said[0].rsplit(" ", 1)[1]) > expected  # the estimate alone would have been wrong
+
+
+class _Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_and_says_so():
+    recurrent = Workload(name="gru", model=_Recurrent, batch=lambda n, g: torch.randn(n, 12, 8, generator=g),
+                         loss=lambda m, b: m(b).pow(2).mean())
+    device = get_device("cpu", memory_budget=3_000_000)
+    result = probe(recurrent, device, max_batch=4096)
+    expected, _ = true_max(recurrent, device, result.usable_bytes, 4096)
+    assert result.max_micro_batch == expected
+    assert result.real_runs <= 2 and result.real_ooms == 0
+    assert any("estimated under FakeTensorMode" in n and "torch.gru" in n for n in result.notes)
