@@ -9,13 +9,14 @@ into ``.grad``; then ``optimizer.step()`` and ``zero_grad(set_to_none=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from .accumulate import item_weight
 from .devices.base import Device, Measurement, Session
@@ -109,20 +110,21 @@ def isolate(workload: Workload) -> Workload:
     A factory that returns the same module on every call (a model the user
     already holds) would be trained by the trials; such a factory is wrapped to
     return a deep copy instead. The check calls the factory twice on the
-    ``meta`` device, so a fresh-building factory costs no real memory.
+    ``meta`` device (or under ``FakeTensorMode`` where the factory needs real
+    devices), so a fresh-building factory costs no real memory.
     """
     with torch.random.fork_rng(devices=[]):
-        try:
-            with torch.device("meta"):
-                first = workload.model()
-                ref = weakref.ref(first)
-                del first
-                second = workload.model()
-        except Exception:
-            first = workload.model()
-            ref = weakref.ref(first)
-            del first
-            second = workload.model()
+        for where in (lambda: torch.device("meta"), FakeTensorMode, contextlib.nullcontext):
+            try:
+                with where():
+                    first = workload.model()
+                    ref = weakref.ref(first)
+                    del first
+                    second = workload.model()
+                break
+            except Exception:
+                if where is contextlib.nullcontext:
+                    raise
     if ref() is not second:
         return workload
     shared = second

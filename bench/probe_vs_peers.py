@@ -230,8 +230,8 @@ def main(argv=None) -> int:
                           f" autotune {a.seconds:.1f} s = {a.fake_seconds:.1f} s of {a.fake_runs} fake-tensor runs"
                           f" + {a.real_seconds:.1f} s real run at {a.found} + setup")
         if behind:
-            print("  (a fake-tensor fit-rule run costs 0.1-2 s here, more than a real step of these small models")
-            print("  at small sizes on the CPU; autotune's one real run is at the max, the slowest size)")
+            print("  (in each, the peer stopped at a size below the true max, and autotune's one real run is at")
+            print("  the max, the slowest size)")
         else:
             print("  nowhere in wall time on these runs")
         print()

@@ -1,7 +1,7 @@
 """Estimates: the fit rule on fake tensors, no real compute, no real memory.
 
 Nothing real is allocated for weights or activations, so a whole training step
-of a billion-parameter model is estimated here in about a second; the tracker
+of a billion-parameter model is estimated here in under a second; the tracker
 counts what the real device would hold. Two engines run the fit rule:
 
 - ``meta`` (the default): every tensor lives on the ``meta`` device, ops run
@@ -9,8 +9,9 @@ counts what the real device would hold. Two engines run the fit rule:
   ops choose their kernels as on the CPU. Several times faster.
 - ``fake``: every tensor is a ``FakeTensorMode`` fake on the CPU device (its
   storage on ``meta``), which behaves as a CPU tensor throughout. A workload the
-  meta engine cannot run (a recurrent layer, code that insists on a CPU
-  tensor) falls back to it, once, and stays there; the description says why.
+  meta engine cannot run (a recurrent layer, CPU autocast, code that insists
+  on a CPU tensor) falls back to it, once, and stays there; the description
+  says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it the default.
 
 Standing in for a CUDA device (``cuda_like``), every allocation is rounded up
 to 512 bytes as CUDA's caching allocator does, optimizers left at
@@ -21,12 +22,14 @@ allowance for the CUDA context and library workspaces is taken off the budget.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from ..errors import BadInput
 from ..tracker import LiveStorageTracker
 from ..units import format_bytes
 from .base import Measurement, Session, T, _move_module, timed_measure
@@ -37,6 +40,7 @@ from .meta import CpuKernelChoices, MetaKernels
 CUDA_CONTEXT_ALLOWANCE = 640 * 1024**2
 CUDA_ROUNDING = 512
 ENGINES = ("meta", "fake")
+ENGINE_VARIABLE = "AUTOTUNE_ESTIMATE_ENGINE"
 _MEASURED_BY = {
     "meta": "live tensor-storage bytes of meta tensors (no real compute)",
     "fake": "live tensor-storage bytes under FakeTensorMode (no real compute)",
@@ -49,14 +53,15 @@ class EstimateDevice:
     estimated = True
 
     def __init__(self, *, capacity: int, round_to: int = CUDA_ROUNDING, cuda_like: bool = True,
-                 allowance: int = 0, name: str = "estimate", engine: str = "meta"):
+                 allowance: int = 0, name: str = "estimate", engine: str | None = None):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
                 f"{format_bytes(allowance)} allowance for the CUDA context"
             )
+        engine = default_engine() if engine is None else engine
         if engine not in ENGINES:
-            raise ValueError(f"unknown estimate engine {engine!r}; one of {ENGINES}")
+            raise BadInput(f"unknown estimate engine {engine!r}; use one of {', '.join(ENGINES)}")
         self.name = name
         self.budget = capacity
         self.allowance = allowance
@@ -67,7 +72,7 @@ class EstimateDevice:
         self._kernels = MetaKernels()
 
     @classmethod
-    def for_gpu(cls, budget: int, engine: str = "meta") -> EstimateDevice:
+    def for_gpu(cls, budget: int, engine: str | None = None) -> EstimateDevice:
         """The ``estimate`` device of the CLI: a CUDA GPU with ``budget`` bytes of memory."""
         return cls(capacity=budget, round_to=CUDA_ROUNDING, cuda_like=True, allowance=CUDA_CONTEXT_ALLOWANCE,
                    engine=engine)
@@ -157,6 +162,14 @@ class EstimateDevice:
             "summary": "; ".join(lines),
             "torch": torch.__version__,
         }
+
+
+def default_engine() -> str:
+    """``$AUTOTUNE_ESTIMATE_ENGINE`` (``meta`` or ``fake``), else ``meta``."""
+    engine = os.environ.get(ENGINE_VARIABLE, "").strip() or "meta"
+    if engine not in ENGINES:
+        raise BadInput(f"{ENGINE_VARIABLE}={engine!r} is not an estimate engine; use one of {', '.join(ENGINES)}")
+    return engine
 
 
 def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> Any:

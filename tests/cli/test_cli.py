@@ -54,6 +54,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err
 
 
+def test_a_bad_estimate_engine_in_the_environment_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "jit")
+    code, out, err = run(capsys, "probe", *MLP)
+    assert code == 2 and out == ""
+    assert err.strip() == ("autotune probe: error: AUTOTUNE_ESTIMATE_ENGINE='jit' is not an estimate engine; "
+                           "use one of meta, fake")
+
+
 def test_plan_table_and_json(capsys, tmp_path):
     path = tmp_path / "plan.json"
     code, out, _ = run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(path))

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.meta import CpuKernelChoices, MetaKernels, NeedsFakeTensors
+from autotune.errors import BadInput
 from autotune.fitrule import fit_rule_work
 from autotune.tracker import LiveStorageTracker
 from autotune.workload import Workload, load_workload
@@ -273,6 +274,18 @@ def test_an_error_in_both_engines_is_the_workloads_and_changes_nothing():
     assert estimator.engine == "meta" and estimator.fallback is None
 
 
-def test_unknown_engine():
-    with pytest.raises(ValueError, match="unknown estimate engine 'jit'"):
+def test_the_engine_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "fake")
+    assert EstimateDevice.for_gpu(GiB).engine == "fake"
+    assert CpuDevice(memory_budget=GiB).estimator().engine == "fake"
+    assert EstimateDevice.for_gpu(GiB, engine="meta").engine == "meta"  # an explicit choice wins
+    monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "")
+    assert EstimateDevice.for_gpu(GiB).engine == "meta"
+
+
+def test_unknown_engine(monkeypatch):
+    with pytest.raises(BadInput, match="unknown estimate engine 'jit'; use one of meta, fake"):
         EstimateDevice(capacity=GiB, engine="jit")
+    monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "jit")
+    with pytest.raises(BadInput, match="AUTOTUNE_ESTIMATE_ENGINE='jit' is not an estimate engine"):
+        EstimateDevice.for_gpu(GiB)
