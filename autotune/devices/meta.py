@@ -132,7 +132,7 @@ def _replay(recipe: tuple, tensors: list[torch.Tensor]) -> Any:
         return tensors[recipe[1]]
     if kind == _VALUE:
         return recipe[1]
-    return recipe[1](_replay(r, tensors) for r in recipe[2])
+    return recipe[1]([_replay(r, tensors) for r in recipe[2]])
 
 
 def _recipe(out: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
@@ -195,7 +195,6 @@ class CpuKernelChoices:
 
     def __init__(self, pause: Callable[[], Any]):
         self._pause = pause
-        self._choices: dict[Any, int] = {}
         self._library: torch.library.Library | None = None
 
     def __enter__(self) -> CpuKernelChoices:
@@ -221,15 +220,10 @@ class CpuKernelChoices:
     def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                    enable_gqa=False) -> torch.Tensor:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
-        signature = tuple((t.shape, t.stride(-1), t.dtype, t.requires_grad) if t is not None else None
-                          for t in (query, key, value, attn_mask)) + (dropout_p, is_causal, scale, enable_gqa)
-        choice = self._choices.get(signature)
-        if choice is None:
-            with self._pause():
-                q, k, v, m = (_stand_in(t) if t is not None else None for t in (query, key, value, attn_mask))
-                choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
-                                                     enable_gqa=enable_gqa))
-            self._choices[signature] = choice
+        with self._pause():  # asked at every call: it also follows sdpa_kernel(...) contexts
+            q, k, v, m = (_stand_in(t) if t is not None else None for t in args[:4])
+            choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
+                                                 enable_gqa=enable_gqa))
         if choice != int(SDPBackend.FLASH_ATTENTION):
             # The math path: the same composite on meta as on the CPU.
             return _SDPA.decompose(*args, scale=scale, enable_gqa=enable_gqa)

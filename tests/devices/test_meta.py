@@ -140,6 +140,21 @@ def test_attention_keeps_the_math_path_where_the_cpu_takes_it():
     assert not any("flash" in name for name in ops.names)
 
 
+def test_attention_follows_an_sdpa_kernel_context_as_the_cpu_does():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = meta(2, 4, 16, 8).requires_grad_()
+    with CpuKernelChoices(contextlib.nullcontext):
+        ops = Ops()
+        with ops, sdpa_kernel([SDPBackend.MATH]):
+            F.scaled_dot_product_attention(q, q, q)
+        assert not any("flash" in name for name in ops.names)
+        ops = Ops()
+        with ops:  # the same shapes again, outside the context
+            F.scaled_dot_product_attention(q, q, q)
+        assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops.names
+
+
 def test_kernel_choices_are_removed_on_exit_even_after_an_error():
     q = meta(2, 4, 16, 8).requires_grad_()
     with pytest.raises(KeyError), CpuKernelChoices(contextlib.nullcontext):
