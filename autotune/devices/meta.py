@@ -195,6 +195,7 @@ class CpuKernelChoices:
 
     def __init__(self, pause: Callable[[], Any]):
         self._pause = pause
+        self._choices: dict[tuple, int] = {}
         self._library: torch.library.Library | None = None
 
     def __enter__(self) -> CpuKernelChoices:
@@ -220,10 +221,19 @@ class CpuKernelChoices:
     def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                    enable_gqa=False) -> torch.Tensor:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
-        with self._pause():  # asked at every call: it also follows sdpa_kernel(...) contexts
-            q, k, v, m = (_stand_in(t) if t is not None else None for t in args[:4])
-            choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
-                                                 enable_gqa=enable_gqa))
+        # What the CPU's choice reads: sizes, last strides, dtypes, the arguments, and
+        # which kernels are enabled (sdpa_kernel(...) contexts change that).
+        signature = tuple((t.shape, t.stride(-1), t.dtype, t.requires_grad) if t is not None else None
+                          for t in args[:4]) + (dropout_p, is_causal, scale, enable_gqa,
+                                                torch.backends.cuda.flash_sdp_enabled(),
+                                                torch.backends.cuda.math_sdp_enabled())
+        choice = self._choices.get(signature)
+        if choice is None:
+            with self._pause():
+                q, k, v, m = (_stand_in(t) if t is not None else None for t in args[:4])
+                choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
+                                                     enable_gqa=enable_gqa))
+            self._choices[signature] = choice
         if choice != int(SDPBackend.FLASH_ATTENTION):
             # The math path: the same composite on meta as on the CPU.
             return _SDPA.decompose(*args, scale=scale, enable_gqa=enable_gqa)
