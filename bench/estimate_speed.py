@@ -11,7 +11,7 @@ CUDA stand-in (``--device estimate``, 80 GiB) on the meta engine (the default)
 and on FakeTensorMode, and their ratio measured in the same run; seconds for
 the estimate a probe on a real device makes (the fit rule at micro-batches 2
 and 3 on one fresh estimator) and for a whole ``--device estimate`` probe (only
-fake runs); how much the process's resident memory grew (VmRSS, and its
+fake runs), both medians too; how much the process's resident memory grew (VmRSS, and its
 high-water mark VmHWM): nothing real is allocated, so even the 1B model's
 4.4 GB of fp32 weights never exist.
 
@@ -150,10 +150,7 @@ def main(argv=None) -> int:
         if fake.peak_bytes != trial.peak_bytes:
             raise SystemExit(f"{name}: the engines disagree: meta {trial.peak_bytes} vs fake {fake.peak_bytes} bytes")
         t_two, _ = timed(lambda: probe_estimate(workload), args.repeat)
-        start = time.perf_counter()
-        result = probe(workload, estimator())
-        t_probe = time.perf_counter() - start
-        gc.collect()
+        t_probe, result = timed(lambda: probe(workload, estimator()), args.repeat)
         rows.append(dict(
             name=name, params=n_params, ops=ops, timeline=timeline, peak=trial.peak_bytes, t_meta=t_meta,
             t_fake=t_fake, t_two=t_two, t_probe=t_probe, fake_runs=len(result.trials),
@@ -169,7 +166,7 @@ def main(argv=None) -> int:
     print("#   meta = the default engine (meta tensors, memoised meta kernels); fake = FakeTensorMode; "
           "the same peak (checked)")
     print("# probe est. = micro-batches 2 and 3 on one fresh estimator: what a probe on a real device estimates with")
-    print("# whole est. = autotune.probe on the estimate device: fake runs only")
+    print("# whole est. = autotune.probe on the estimate device (fake runs only), median of the same repeats")
     print("# RSS growth: VmRSS now minus before the first model; HWM growth: rise of the high-water mark")
     print("#   while this model ran (0 = it never needed more resident memory than earlier models)")
     header = (f"{'model':<9} {'params':>8} {'aten ops':>8} {'allocs+frees':>12} {'est. peak @4':>12} "
