@@ -14,7 +14,7 @@ from autotune.probing import probe, usable_bytes
 from autotune.results import ProbeResult
 from autotune.workload import Workload
 
-from .helpers import true_max
+from .helpers import recurrent_workload, true_max
 
 
 @pytest.mark.parametrize("budget", [2_400_000, 3_200_000, 5_000_000])
@@ -158,19 +158,8 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
     assert said and int(said[0].rsplit(" ", 1)[1]) > expected  # the estimate alone would have been wrong
 
 
-class _Recurrent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.rnn = nn.GRU(8, 16, batch_first=True)
-        self.head = nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.head(self.rnn(x)[0])
-
-
 def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_and_says_so():
-    recurrent = Workload(name="gru", model=_Recurrent, batch=lambda n, g: torch.randn(n, 12, 8, generator=g),
-                         loss=lambda m, b: m(b).pow(2).mean())
+    recurrent = recurrent_workload(width=8, length=12)
     device = get_device("cpu", memory_budget=3_000_000)
     result = probe(recurrent, device, max_batch=4096)
     expected, _ = true_max(recurrent, device, result.usable_bytes, 4096)

@@ -18,6 +18,8 @@ from autotune.fitrule import fit_rule_work
 from autotune.tracker import LiveStorageTracker
 from autotune.workload import Workload, load_workload
 
+from ..helpers import recurrent_workload
+
 GiB = 1024**3
 
 
@@ -188,16 +190,6 @@ def test_recurrent_layers_stop_the_meta_engine():
 # -- the engines against the real CPU --------------------------------------------------
 
 
-class Recurrent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.rnn = nn.GRU(16, 32, batch_first=True)
-        self.head = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.head(self.rnn(x)[0])
-
-
 def layered(name: str, model, shape: tuple[int, ...]) -> Workload:
     return Workload(name=name, model=model, batch=lambda n, g: torch.randn((n,) + shape, generator=g),
                     loss=lambda m, b: m(b).pow(2).mean())
@@ -247,7 +239,7 @@ def test_meta_engine_on_the_builtin_probes(build):
 
 
 def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
-    workload = layered("gru", Recurrent, (10, 16))
+    workload = recurrent_workload()
     estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
     _, est = estimator.measure(fit_rule_work(workload, 3))
     assert estimator.engine == "fake"
