@@ -137,13 +137,20 @@ def _state_tensors(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
 
 
 def _move_module(model: nn.Module, move: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """Apply ``move`` to every parameter and buffer in place (the CPU and fake paths)."""
+    """Apply ``move`` to every parameter and buffer in place (the CPU and fake paths).
+
+    A parameter shared by several modules (tied weights) becomes one moved
+    parameter, shared as before.
+    """
+    done: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
-            if param is not None:
+            if param is None:
+                continue
+            if id(param) not in done:
                 moved = move(param)  # not param.data: that would dispatch a detach under fake mode
-                if moved is not param:
-                    module._parameters[name] = nn.Parameter(moved, requires_grad=param.requires_grad)
+                done[id(param)] = param if moved is param else nn.Parameter(moved, requires_grad=param.requires_grad)
+            module._parameters[name] = done[id(param)]
         for name, buf in list(module._buffers.items()):
             if buf is not None:
                 module._buffers[name] = move(buf)

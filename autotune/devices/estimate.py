@@ -104,7 +104,11 @@ class EstimateDevice:
             with tracker.paused():
                 return _build_fake(FakeTensorMode(allow_non_fake_inputs=True), make)
 
-        session = Session(tracker, move=_meta_copy, move_model=lambda m: _move_module(m, _on_meta),
+        def move_model(model: Any) -> Any:
+            with tracker.paused():  # counted by the session, parameters first, as on a real device
+                return _move_module(model, _on_meta)
+
+        session = Session(tracker, move=_meta_copy, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
         with CpuKernelChoices(tracker.paused):
             return timed_measure(tracker, session, work)
@@ -118,8 +122,29 @@ class EstimateDevice:
             # then counts as its own elements, not as the whole dataset.
             return (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone()
 
-        def move_model(model):
-            return _move_module(model, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
+        def build_model(factory: Callable[[], Any]) -> Any:
+            # On meta, outside FakeTensorMode (deep copies and dtype changes of fake
+            # parameters trip it); move_model then makes CPU fakes of them.
+            try:
+                with unset_fake_temporarily(), torch.device("meta"):
+                    return factory()
+            except Exception:
+                return factory()
+
+        def move_model(model: Any) -> Any:
+            faked: dict[int, torch.Tensor] = {}  # one fake per tensor: shared buffers stay shared
+
+            def fake(t: torch.Tensor) -> torch.Tensor:
+                if isinstance(t, FakeTensor):
+                    return t
+                if not t.is_meta:
+                    return fake_mode.from_tensor(t)
+                if id(t) not in faked:
+                    faked[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+                return faked[id(t)]
+
+            with tracker.paused():  # counted by the session, parameters first, as on a real device
+                return _move_module(model, fake)
 
         def build_batch(make: Callable[[], Any]) -> Any:
             with tracker.paused():
@@ -129,7 +154,7 @@ class EstimateDevice:
                 finally:
                     tracker.fake_scalars = True
 
-        session = Session(tracker, move=move, move_model=move_model, build_batch=build_batch,
+        session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
         with fake_mode:
             return timed_measure(tracker, session, work)

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
+from autotune.devices.estimate import ENGINES
 from autotune.devices.meta import CpuKernelChoices, MetaKernels, NeedsFakeTensors
 from autotune.errors import BadInput
 from autotune.fitrule import fit_rule_work
@@ -190,12 +191,24 @@ def test_recurrent_layers_stop_the_meta_engine():
 # -- the engines against the real CPU --------------------------------------------------
 
 
+class HalfPrecision(nn.Module):
+    """A model converted to bf16 after it is built (a dtype change of every parameter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.net(x.to(torch.bfloat16)).float()
+
+
 def layered(name: str, model, shape: tuple[int, ...]) -> Workload:
     return Workload(name=name, model=model, batch=lambda n, g: torch.randn((n,) + shape, generator=g),
                     loss=lambda m, b: m(b).pow(2).mean())
 
 
 LAYERS = [
+    layered("bf16", lambda: HalfPrecision(), (10, 16)),
     layered("conv-norms", lambda: nn.Sequential(
         nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2),
         nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1)), (3, 16, 16)),
@@ -211,14 +224,25 @@ LAYERS = [
 ]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("workload", LAYERS, ids=lambda w: w.name)
-def test_meta_engine_counts_exactly_what_the_cpu_holds(workload):
+def test_both_engines_count_exactly_what_the_cpu_holds(workload, engine):
     _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
-    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine=engine)
     _, est = estimator.measure(fit_rule_work(workload, 3))
-    assert estimator.engine == "meta"
+    assert estimator.engine == engine
     assert est.peak_bytes == real.peak_bytes
     assert est.timeline == real.timeline
+
+
+def test_moving_a_model_keeps_tied_weights_tied():
+    from autotune.devices.base import _move_module
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    moved = _move_module(model, lambda t: torch.empty_like(t, device="meta"))
+    assert moved[0].weight is moved[1].weight and moved[0].weight.is_meta
+    assert len(list(moved.parameters())) == 1
 
 
 def checkpointed_gpt() -> Workload:
