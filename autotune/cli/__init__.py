@@ -19,6 +19,11 @@ examples:
   autotune plan --target-batch 1024
   autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
+
+environment:
+  AUTOTUNE_ESTIMATE_ENGINE=meta|fake   how estimates run: on meta tensors (default;
+                                       falls back to fake where it must) or under
+                                       FakeTensorMode from the start
 """
 
 COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}

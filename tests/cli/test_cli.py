@@ -115,3 +115,4 @@ def test_help_has_examples():
         out = subprocess.run([sys.executable, "-m", "autotune", command, "--help"], capture_output=True, text=True,
                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
         assert out.returncode == 0 and "examples:" in out.stdout, command
+        assert "(default: None)" not in out.stdout and "(default: False)" not in out.stdout, command
