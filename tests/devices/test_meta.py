@@ -202,6 +202,24 @@ class HalfPrecision(nn.Module):
         return self.net(x.to(torch.bfloat16)).float()
 
 
+class MaskedAttention(nn.Module):
+    """Attention through F.scaled_dot_product_attention with a boolean, float or causal mask."""
+
+    def __init__(self, mask: str):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.mask = mask
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        n = x.shape[1]
+        if self.mask == "causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        mask = keep if self.mask == "bool" else torch.zeros(n, n, device=x.device).masked_fill(~keep, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def layered(name: str, model, shape: tuple[int, ...]) -> Workload:
     return Workload(name=name, model=model, batch=lambda n, g: torch.randn((n,) + shape, generator=g),
                     loss=lambda m, b: m(b).pow(2).mean())
@@ -209,6 +227,8 @@ def layered(name: str, model, shape: tuple[int, ...]) -> Workload:
 
 LAYERS = [
     layered("bf16", lambda: HalfPrecision(), (10, 16)),
+    *(layered(f"attention-{mask}", lambda mask=mask: MaskedAttention(mask), (10, 16))
+      for mask in ("causal", "bool", "float")),
     layered("conv-norms", lambda: nn.Sequential(
         nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2),
         nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1)), (3, 16, 16)),
