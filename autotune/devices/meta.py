@@ -94,13 +94,11 @@ class MetaKernels:
     def __init__(self) -> None:
         self._memo: dict[Any, Any] = {}
         self.replayed = 0
-        self.ran = 0
 
     def __call__(self, func, args: tuple, kwargs: dict) -> Any:
         if torch.is_autocast_enabled("cpu"):
             raise NeedsFakeTensors("autocast on the CPU does not apply to meta tensors")
         if _never_memo(func):
-            self.ran += 1
             return func(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         sigs: list[tuple] = []
@@ -108,13 +106,11 @@ class MetaKernels:
             key = (func, _signature(args, tensors, sigs),
                    _signature(tuple(kwargs.items()), tensors, sigs) if kwargs else None)
         except (_Unhashable, RuntimeError):
-            self.ran += 1
             return func(*args, **kwargs)
         recipe = self._memo.get(key)
         if recipe is not None and recipe is not _ALWAYS_RUN:
             self.replayed += 1
             return _replay(recipe, tensors)
-        self.ran += 1
         out = func(*args, **kwargs)
         if recipe is None:
             self._memo[key] = _recipe(out, tensors, sigs)
@@ -168,16 +164,6 @@ def _recipe(out: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
             return _ALWAYS_RUN
         return (_SEQ, type(out), tuple(parts))
     return leaf(out) or _ALWAYS_RUN
-
-
-def _sdpa_stand_in(x: torch.Tensor) -> torch.Tensor:
-    """A real CPU tensor with ``x``'s sizes, dtype and last stride, holding a handful of bytes."""
-    last = x.stride(-1) if x.dim() else 1
-    needed = (x.shape[-1] - 1) * last + 1 if x.dim() and x.shape[-1] > 0 else 1
-    base = torch.empty(needed, dtype=x.dtype)
-    strides = (0,) * (x.dim() - 1) + (last,) if x.dim() else ()
-    return base.as_strided(x.shape, strides).requires_grad_(x.requires_grad) if x.dtype.is_floating_point \
-        else base.as_strided(x.shape, strides)
 
 
 _RECURRENT = ("lstm", "gru", "rnn_tanh", "rnn_relu")

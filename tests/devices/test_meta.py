@@ -13,7 +13,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.estimate import ENGINES
-from autotune.devices.meta import CpuKernelChoices, MetaKernels, NeedsFakeTensors
+from autotune.devices.meta import (
+    _ALWAYS_RUN,
+    CpuKernelChoices,
+    MetaKernels,
+    NeedsFakeTensors,
+    _recipe,
+)
 from autotune.errors import BadInput
 from autotune.fitrule import fit_rule_work
 from autotune.tracker import LiveStorageTracker
@@ -91,6 +97,20 @@ def test_an_op_that_changes_its_argument_is_never_replayed():
         torch.ops.aten.resize_.default(second, [10])  # a replay would hand `second` back still of size 4
     assert first.shape == second.shape == (10,)
     assert kernels.replayed == 0
+
+
+@pytest.mark.parametrize("case", ["offset", "larger storage", "input storage", "shared between outputs"])
+def test_outputs_a_fresh_tensor_would_misstate_are_never_replayed(case):
+    x = meta(4, 6)
+    fresh = meta(10)
+    out = {
+        "offset": fresh[2:],                      # its storage holds 2 more elements than it shows
+        "larger storage": fresh[:4],              # offset 0, but 40 bytes of storage for 16
+        "input storage": x.view(24),              # the input's own storage, not a new one
+        "shared between outputs": (fresh, fresh.view(2, 5)),
+    }[case]
+    assert _recipe(out, [x], [(x.shape, x.stride(), x.dtype, x.storage_offset())]) is _ALWAYS_RUN
+    assert _recipe(meta(3, 2), [x], [(x.shape, x.stride(), x.dtype, x.storage_offset())]) is not _ALWAYS_RUN
 
 
 def test_real_tensors_always_run():
