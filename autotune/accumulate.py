@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
+
+from .workload import batch_size
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -41,25 +43,6 @@ def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
     if n_items < 0:
         raise ValueError(f"a micro-batch cannot hold {n_items} items")
     return n_items * world_size / total_items
-
-
-def _leaves(batch: Any) -> list:
-    # The common containers directly; any other pytree through torch's flattening.
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
-        return list(batch)
-    if isinstance(batch, dict) and all(isinstance(t, torch.Tensor) for t in batch.values()):
-        return list(batch.values())
-    return tree_flatten(batch)[0]
-
-
-def batch_size(batch: Any) -> int:
-    """The leading dimension shared by every tensor of a pytree batch."""
-    sizes = {int(t.shape[0]) for t in _leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0}
-    if len(sizes) != 1:
-        raise ValueError(f"every tensor of a batch must share its first dimension; found sizes {sorted(sizes)}")
-    return sizes.pop()
 
 
 def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:

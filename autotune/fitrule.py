@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,45 +21,61 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from .accumulate import item_weight
 from .devices.base import Device, Measurement, Session
-from .errors import WorkloadError
+from .errors import AutotuneError, WorkloadError
 from .oom import is_oom
+from .results import Trial
+from .units import format_bytes
 from .workload import Workload
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2
 
 
-@dataclass(frozen=True, kw_only=True)
-class Trial:
-    """One run of the fit rule at ``batch``: its peak, or the OOM that stopped it."""
+@dataclass(frozen=True)
+class Attempt:
+    """A trial of the fit rule and, when it ran to the end, what the device measured."""
 
-    batch: int
-    source: str  # "estimate" or "real"
-    peak_bytes: int | None  # None when it ran out of memory before finishing
-    fits: bool
-    seconds: float
-    oom: bool = False
+    trial: Trial
     measurement: Measurement | None = None
 
+    @property
+    def fits(self) -> bool:
+        return self.trial.fits
 
-def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0,
-                  data_parallel: bool = False) -> Callable[[Session], None]:
+    @property
+    def peak_bytes(self) -> int | None:
+        return self.trial.peak_bytes
+
+
+OnStep = Callable[[int, int], None]
+
+
+def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
+                  on_step: OnStep | None = None) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
     ``data_parallel``: the plan runs under DDP, which holds one gradient-sized
     communication buffer (its buckets) for as long as the model lives; the
-    fit rule then holds such a buffer too.
+    fit rule then holds such a buffer too. ``on_step(done, total)`` is called
+    after every micro-step (progress of a long real run).
     """
+    total = OPTIMIZER_STEPS * MICRO_STEPS
 
     def work(session: Session) -> None:
+        with torch.random.fork_rng(devices=[]):  # the same model, whatever ran before
+            torch.manual_seed(seed)
+            steps(session)
+
+    def steps(session: Session) -> None:
         generator = torch.Generator().manual_seed(seed)
-        model = session.model(workload.model)
+        model = session.model(workload.make_model)
         model.train()
         buckets = ddp_buckets(model, session.torch_device) if data_parallel else None
         opt = session.optimizer(workload.optimizer, model)
+        done = 0
         for _ in range(OPTIMIZER_STEPS):
             for _ in range(MICRO_STEPS):
-                micro = session.batch(workload.batch, batch, generator)
+                micro = session.batch(workload.make_batch, batch, generator)
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:
                 # the weight's value does not change what memory the step holds.
@@ -66,7 +83,11 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0,
                 loss.backward()
                 session.tag_gradients(model)
                 del micro, loss
-            opt.step()
+                done += 1
+                if on_step is not None:
+                    on_step(done, total)
+            with session.tracker.values_do_not_shape():  # step counters, learning rates
+                opt.step()
             session.tag_optimizer(opt)
             opt.zero_grad(set_to_none=True)
         del buckets
@@ -81,27 +102,40 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
-              capacity_guard: bool = True, data_parallel: bool = False) -> Trial:
-    """Measure the fit rule at ``batch`` on ``device``; only an OOM means "does not fit".
+              capacity_guard: bool = True, data_parallel: bool = False, on_step: OnStep | None = None) -> Attempt:
+    """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
-    Any other exception from the workload's code stops everything as a
-    WorkloadError naming the batch size and the workload.
+    ``capacity_guard``: the device raises its out-of-memory error at its
+    capacity (a GPU always does; the CPU emulates it), so a trial never takes
+    more than the budget. Any other exception from the workload's code stops
+    everything as a WorkloadError naming the batch size and the workload.
     """
+    start = time.perf_counter()
     try:
-        _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel),
+        _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel, on_step=on_step),
                               enforce_capacity=capacity_guard)
+    except AutotuneError:
+        raise
     except Exception as exc:
-        if is_oom(exc):
+        if is_oom(exc, device.torch_device.type):
+            why = _first_line(exc)
             del exc
             device.cleanup()
-            return Trial(batch=batch, source=source, peak_bytes=None, fits=False, seconds=0.0, oom=True)
+            return Attempt(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
+                                 seconds=time.perf_counter() - start, oom=True, why=why))
         raise WorkloadError(
-            f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): "
-            f"{type(exc).__name__}: {exc}",
+            f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {_first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
-    return Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=m.peak_bytes <= usable,
-                 seconds=m.seconds, measurement=m)
+    fits = m.peak_bytes <= usable
+    why = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
+    return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                         why=why), m)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def isolate(workload: Workload) -> Workload:
@@ -117,10 +151,10 @@ def isolate(workload: Workload) -> Workload:
         for where in (lambda: torch.device("meta"), FakeTensorMode, contextlib.nullcontext):
             try:
                 with where():
-                    first = workload.model()
+                    first = workload.make_model()
                     ref = weakref.ref(first)
                     del first
-                    second = workload.model()
+                    second = workload.make_model()
                 break
             except Exception:
                 if where is contextlib.nullcontext:

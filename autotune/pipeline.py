@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from . import distributed
+from . import distributed, log
 from .devices import Device, get_device
 from .probing import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
 from .results import ProbeResult
@@ -29,13 +29,11 @@ def resolve(workload: Workload | str | None, device: Device | str, memory_budget
 
 def run_probe(workload: Workload | str | None = None, *, device: Device | str = "auto",
               memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
-              max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool | None = None,
-              progress: Callable[[str], None] | None = None) -> ProbeResult:
+              max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool | None = None) -> ProbeResult:
     wl, dev = resolve(workload, device, memory_budget)
-    if progress:
-        progress(f"probing {wl.name} on {dev.describe()['summary']}")
+    log.progress(f"probing {wl.name} on {dev.describe()['summary']}")
     data_parallel = distributed.active() if data_parallel is None else data_parallel
-    result = probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel, progress=progress)
+    result = probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
@@ -71,8 +69,7 @@ def _portable(spec: str) -> str:
 def plan(target_batch: int, *, workload: Workload | str | None = None, device: Device | str = "auto",
          memory_budget: int | None = None, margin: float = DEFAULT_MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = 12,
-         storage: str | None = None, progress: Callable[[str], None] | None = None,
-         env: dict[str, str] | None = None):
+         storage: str | None = None, env: dict[str, str] | None = None):
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
@@ -96,11 +93,11 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
         wl, dev = resolve(workload, device, memory_budget)
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
                          margin=margin, trials=trials, storage=storage, world_size_source=source,
-                         progress=progress)
+                         progress=log.progress)
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
     result = run_probe(workload, device=device, memory_budget=memory_budget, margin=margin,
-                       max_batch=per_rank, data_parallel=world > 1, progress=progress)
+                       max_batch=per_rank, data_parallel=world > 1)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
     return replace(made, notes=made.notes + _measured_or_assumed(result, world, source))
@@ -144,8 +141,7 @@ def load_plan(path: str):
 def run(*, plan=None, target_batch: int | None = None, workload: Workload | str | None = None,
         device: Device | str = "auto", memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
         world_size: int | None = None, multiple_of: int = 1, uniform: bool | None = None, steps: int = 20,
-        verify: bool = True, precision: str = "fp32", max_norm: float | None = None,
-        progress: Callable[[str], None] | None = None):
+        verify: bool = True, precision: str = "fp32", max_norm: float | None = None):
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
     from .errors import BadInput
     from .runner import run_plan
@@ -165,6 +161,5 @@ def run(*, plan=None, target_batch: int | None = None, workload: Workload | str 
         if target_batch is None:
             raise BadInput("give a plan or a target batch")
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
-                                 multiple_of=multiple_of, uniform=uniform, progress=progress)
-    return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
-                    progress=progress)
+                                 multiple_of=multiple_of, uniform=uniform)
+    return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)

@@ -1,17 +1,23 @@
-"""The probe: estimate with fake tensors first, confirm with one real run.
+"""The probe: estimate with shape-only tensors first, confirm with one real run.
 
-1. Estimate: the fit rule under ``FakeTensorMode`` at batch sizes 2 and 3 gives
+1. Estimate: the fit rule on shape-only tensors (``meta``, or ``FakeTensorMode``
+   where the meta engine cannot run the workload) at batch sizes 2 and 3 gives
    the peak-vs-batch curve and its predicted max. Without a real device
-   (``estimate``), fake runs check the prediction (usually two: the predicted
-   max fits, one more does not).
+   (``estimate``), shape-only runs check the prediction (usually two: the
+   predicted max fits, one more does not).
 2. Confirm: one real run of the fit rule at the predicted max. When the real
    peak says the next size would not fit either, that is the answer. When it
    does not fit, or leaves room for more, the search continues on the real
-   device inside the estimate's bracket, guided by the estimate corrected by
-   what the real runs measured.
+   device, guided by the estimate corrected by what the real runs measured.
+3. When the estimate cannot run the workload (data-dependent shapes) or its
+   peak depends on values it cannot know (``.item()`` deciding a shape), it
+   says so and the search runs on the device from micro-batch 1. Real runs
+   raise the device's out-of-memory error at its capacity, and no real run is
+   more than twice the largest size that fitted while no larger one is known
+   not to fit.
 
-Only an out-of-memory error means "does not fit"; any other error from the
-workload stops the probe with that error and the batch size it hit.
+Only the device's own out-of-memory error means "does not fit"; any other
+error from the workload stops the probe with that error and the batch size.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from collections.abc import Callable
 
 import torch
 
+from . import log
 from .devices.base import Device
-from .errors import BadInput, DoesNotFit
-from .fitrule import Trial, isolate, run_trial
-from .results import ProbeResult, trials_frame
+from .errors import BadInput, DoesNotFit, EstimateUnavailable, WorkloadError
+from .fitrule import Attempt, isolate, run_trial
+from .results import ProbeResult, Trial
 from .search import PeakCurve, search_max
 from .units import format_bytes
 from .workload import Workload
@@ -34,8 +41,11 @@ DEFAULT_MARGIN = 0.10
 DEFAULT_MAX_BATCH = 65536
 #: Relative difference between estimated and real peak worth a note.
 MISMATCH_NOTE = 0.01
-
-Progress = Callable[[str], None]
+#: A real search never tries more than this many times the largest size that fitted for real
+#: while no larger size is known not to fit.
+GROWTH = 2
+#: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
+FAR_BELOW = 0.5
 
 
 def usable_bytes(capacity: int, margin: float) -> int:
@@ -54,75 +64,102 @@ class _Trials:
     """Runs and remembers fit-rule trials of one source (estimate or real)."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], progress: Progress | None, data_parallel: bool):
+                 log: list[Trial], data_parallel: bool):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
         self.data_parallel = data_parallel
-        self.log, self.progress = log, progress
-        self.done: dict[int, Trial] = {}
+        self.log = log
+        self.done: dict[int, Attempt] = {}
 
-    def __call__(self, batch: int) -> Trial:
+    def __call__(self, batch: int) -> Attempt:
         if batch not in self.done:
-            if self.progress and self.source == "real":
-                self.progress(f"real run at micro-batch {batch} ...")
-            # Real trials measure the whole fit rule where the device allows (the CPU does):
-            # how far past the budget a size goes is what the search learns from.
-            trial = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                              capacity_guard=False, data_parallel=self.data_parallel)
-            self.done[batch] = trial
-            self.log.append(trial)
-            if self.progress:
-                peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
-                verdict = "fits" if trial.fits else "does not fit"
-                self.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} "
-                              f"({trial.seconds:.2f} s)")
+            on_step = None
+            if self.source == "real":
+                log.progress(f"real run at micro-batch {batch} ...")
+                begin = time.perf_counter()
+
+                def on_step(done: int, total: int) -> None:
+                    log.progress(f"real run at micro-batch {batch}: micro-step {done}/{total} "
+                                 f"({time.perf_counter() - begin:.1f} s)", transient=True)
+
+            # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
+            # trial never takes more than the budget; estimates measure the whole step.
+            attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
+                                capacity_guard=self.source == "real", data_parallel=self.data_parallel,
+                                on_step=on_step)
+            self.done[batch] = attempt
+            self.log.append(attempt.trial)
+            trial = attempt.trial
+            peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
+            verdict = "fits" if trial.fits else "does not fit"
+            log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
         return self.done[batch]
 
     def fits(self, batch: int) -> bool:
         return self(batch).fits
 
-    def last(self) -> Trial:
-        return self.log[-1]
+    def last(self) -> Attempt:
+        return self.done[self.log[-1].batch]
 
 
 def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
-          max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool = False,
-          progress: Progress | None = None) -> ProbeResult:
+          max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool = False) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
-    then also holds DDP's gradient buckets.
+    then also holds DDP's gradient buckets. When the estimate cannot run the
+    workload, or its peak depends on values it cannot know (``.item()`` in the
+    forward), the search runs on the device alone: from micro-batch 1, never
+    more than doubling the largest size that fitted.
     """
     validate(margin, max_batch)
     start = time.perf_counter()
     capacity = device.capacity_bytes()
     usable = usable_bytes(capacity, margin)
     workload = isolate(workload)
-    log: list[Trial] = []
+    trials: list[Trial] = []
+    notes: list[str] = []
     with _user_rng_untouched(device):
-        est = _Trials(device.estimator(), workload, usable, "estimate", log, progress, data_parallel)
+        est = _Trials(device.estimator(), workload, usable, "estimate", trials, data_parallel)
         # With a real device to confirm on, the curve's prediction is checked by the real run
         # (fake runs cost more than real ones there); an estimate alone checks it with fake runs.
-        est_max, curve = _estimate(est, usable, max_batch, capacity, margin, check=device.estimated)
-        notes: list[str] = []
+        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, check=device.estimated)
         fallback = getattr(est.device, "fallback", None)
         if fallback:
             notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
         if data_parallel:
             notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
+        if isinstance(estimate, str):  # why the estimate cannot be used
+            if device.estimated:
+                raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate}; "
+                                          "probe it on a real device (cpu or cuda:N) instead")
+            notes.append(f"{estimate}; searched on the real device from micro-batch 1, at most doubling the "
+                         "largest size that fitted")
+            est_max, curve = 0, None
+        else:
+            est_max, curve = estimate
+        estimate_at = _estimate_at(est, curve)
         if device.estimated:
-            best = est(est_max)
-            final, measured, error = est_max, best, None
+            final = est_max
+            measured = est(est_max)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = _Trials(device, workload, usable, "real", log, progress, data_parallel)
-            final, error = _confirm(real, est_max, _estimate_at(est, curve), usable, max_batch, notes)
+            real = _Trials(device, workload, usable, "real", trials, data_parallel)
+            if isinstance(estimate, str):
+                final = search_max(real.fits, low=0, high=max_batch, guess=_from_real_runs(real, usable),
+                                   growth=GROWTH)
+            else:
+                final = _confirm(real, est_max, estimate_at, usable, max_batch, notes)
+            notes.extend(_surprising_ooms(trials, estimate_at, usable))
             if final == 0:
                 raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
             measured = real(final)
-    predicted = _estimate_at(est, curve)(final)
-    upto = max(final + final // 2, max(est.done), 4)
+    assert measured.peak_bytes is not None and measured.measurement is not None
+    predicted = estimate_at(final)
+    error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
+    upto = max(final + final // 2, max(est.done, default=1), 4)
     points = curve.points(min(upto, max_batch) if final < max_batch else upto) if curve else []
-    points = sorted({**dict(points), **{b: t.peak_bytes for b, t in est.done.items() if t.peak_bytes is not None}}.items())
+    points = sorted({**dict(points), **{b: a.peak_bytes for b, a in est.done.items()
+                                        if a.peak_bytes is not None}}.items()) if curve else []
     return ProbeResult(
         workload=workload.name,
         device=device.describe(),
@@ -140,8 +177,7 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
         notes=tuple(notes),
         curve=tuple(points),
         curve_lines=tuple(curve.lines()) if curve else (),
-        trials=trials_frame([{"batch": t.batch, "source": t.source, "peak_bytes": t.peak_bytes, "fits": t.fits,
-                              "seconds": t.seconds, "oom": t.oom} for t in log]),
+        trials=tuple(trials),
         seconds=time.perf_counter() - start,
         options=dict(workload.chosen),
         data_parallel=data_parallel,
@@ -170,14 +206,72 @@ def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, 
 
 
 def _estimate_at(est: _Trials, curve: PeakCurve | None) -> Callable[[int], int | None]:
-    """The estimated peak at a size: from a fake run at that size, else from the curve."""
+    """The estimated peak at a size: from a fake run at that size, else from the curve
+    (None when the estimate could not be used)."""
 
     def at(b: int) -> int | None:
+        if curve is None:
+            return None
         if b in est.done and est.done[b].peak_bytes is not None:
             return est.done[b].peak_bytes
-        return curve.peak(b) if curve else None
+        return curve.peak(b)
 
     return at
+
+
+def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
+                         check: bool) -> tuple[int, PeakCurve | None] | str:
+    """The estimate's max and curve, or why the estimate cannot be used for this workload."""
+    try:
+        first = est(min(2, max_batch))
+    except WorkloadError as exc:
+        return f"the estimate cannot run this workload ({_cause(exc)})"
+    assert first.measurement is not None
+    if first.measurement.unknown_reads:
+        other = run_trial(est.device.with_other_guesses(), est.workload, first.trial.batch, usable,
+                          source="estimate", capacity_guard=False, data_parallel=est.data_parallel)
+        if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
+            return (f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads of "
+                    ".item(), .tolist() or a truth value in the forward and backward) and the memory it holds "
+                    "depends on them, so it is not trusted")
+    try:
+        return _estimate(est, usable, max_batch, capacity, margin, check=check)
+    except WorkloadError as exc:
+        return f"the estimate cannot run this workload ({_cause(exc)})"
+
+
+def _from_real_runs(real: _Trials, usable: int) -> Callable[[int, int], int | None]:
+    """A guess from the real runs alone: the line through the measured peaks nearest the bracket."""
+
+    def guess(lo: int, hi: int) -> int | None:
+        peaks = sorted({t.batch: t.peak_bytes for t in real.log if t.peak_bytes is not None}.items())
+        below = [(b, p) for b, p in peaks if p <= usable]
+        above = [(b, p) for b, p in peaks if p > usable]
+        if not below or len(peaks) < 2:
+            return None
+        (b1, p1), (b2, p2) = (below[-1], above[0]) if above else (below[-2], below[-1]) if len(below) > 1 \
+            else (below[-1], peaks[-1])
+        slope = (p2 - p1) / (b2 - b1) if b2 != b1 else 0.0
+        return hi - 1 if slope <= 0 else b1 + int((usable - p1) // slope)
+
+    return guess
+
+
+def _cause(exc: WorkloadError) -> str:
+    """The workload's own error inside a WorkloadError's message."""
+    return str(exc).split("): ", 1)[-1]
+
+
+def _surprising_ooms(trials: list[Trial], estimate_at: Callable[[int], int | None], usable: int) -> list[str]:
+    """A note for the first real OOM at a size the estimate put far below the usable memory."""
+    for t in trials:
+        predicted = estimate_at(t.batch)
+        if t.source == "real" and t.oom and predicted is not None and predicted <= usable * FAR_BELOW:
+            return [f"micro-batch {t.batch} ran out of memory on the device far below the estimate: "
+                    f"estimated peak {format_bytes(predicted)}, {predicted / usable:.0%} of the usable "
+                    f"{format_bytes(usable)} ({t.why}); something outside the fit rule holds memory (another "
+                    "process, a cache), or the workload raises its own out-of-memory error"]
+    return []
 
 
 def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
@@ -189,19 +283,21 @@ def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: 
     """
     first = est(min(2, max_batch))
     if not first.fits:
-        if first.batch == 1 or not est(1).fits:
+        if first.trial.batch == 1 or not est(1).fits:
             raise DoesNotFit(_does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False))
         return 1, None
     if max_batch <= 2:
         return max_batch, None
     second = est(3)
+    assert first.measurement is not None and second.measurement is not None
     curve = PeakCurve.try_fit(2, first.measurement.timeline, 3, second.measurement.timeline)
 
     def guess(lo: int, hi: int) -> int:
         # The curve's prediction, scaled by how the last run compared with it
         # (exact on the CPU; rounding makes it slightly off for a CUDA stand-in).
+        assert curve is not None
         last = est.last()
-        scale = last.peak_bytes / max(1, curve.peak(last.batch)) if last.peak_bytes else 1.0
+        scale = last.peak_bytes / max(1, curve.peak(last.trial.batch)) if last.peak_bytes else 1.0
         return curve.max_fitting(int(usable / max(scale, 1e-9)), limit=max_batch)
 
     low = 3 if second.fits else 2
@@ -211,32 +307,32 @@ def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: 
 
 
 def _confirm(real: _Trials, m: int, estimate_at: Callable[[int], int | None], usable: int, max_batch: int,
-             notes: list[str]) -> tuple[int, float | None]:
-    """The real maximum, starting from the estimate's ``m``; and the estimate's error at ``m``."""
+             notes: list[str]) -> int:
+    """The real maximum, starting from the estimate's ``m``."""
     first = real(m)
     predicted = estimate_at(m)
-    error = None if first.oom or predicted is None else (first.peak_bytes - predicted) / predicted
+    error = None if first.peak_bytes is None or predicted is None else (first.peak_bytes - predicted) / predicted
     if first.fits:
         if m == max_batch:
-            return m, error
+            return m
         # Would one more fit for real? Scale the estimate for m + 1 by the real/estimate ratio.
         next_estimate = estimate_at(m + 1)
         if next_estimate is None or first.peak_bytes / predicted * next_estimate > usable:
             _note_mismatch(notes, error, m, first, predicted, searched=False)
-            return m, error
+            return m
         _note_mismatch(notes, error, m, first, predicted, searched=True, direction="room to spare")
         low, high = m, max_batch
     else:
         _note_mismatch(notes, error, m, first, predicted, searched=True, direction="does not fit")
         low, high = 0, m - 1
 
-    def guess(lo: int, hi: int) -> int:
+    def guess(lo: int, hi: int) -> int | None:
         # Real peak ~ estimate + extra; the extra is affine in the batch size, fitted
         # to the real runs (through the origin while there is only one).
-        points = [(t.batch, t.peak_bytes - estimate_at(t.batch)) for t in real.log if t.source == "real"
-                  and not t.oom and estimate_at(t.batch) is not None]
+        points = [(t.batch, t.peak_bytes - e) for t in real.log
+                  if t.source == "real" and t.peak_bytes is not None and (e := estimate_at(t.batch)) is not None]
         if not points:
-            return (lo + hi) // 2
+            return None
         (b1, d1), (b2, d2) = (points[-2], points[-1]) if len(points) > 1 and points[-2][0] != points[-1][0] \
             else ((0, 0.0), points[-1])
         slope = (d2 - d1) / (b2 - b1)
@@ -247,19 +343,20 @@ def _confirm(real: _Trials, m: int, estimate_at: Callable[[int], int | None], us
 
         return search_max(predicted_fits, low=lo, high=hi - 1)  # pure arithmetic, no trials
 
-    found = search_max(real.fits, low=low, high=high, guess=guess)
+    found = search_max(real.fits, low=low, high=high, guess=guess, growth=GROWTH, high_fails=not first.fits)
     if found != m:
         notes.append(f"searched on the real device: the max micro-batch is {found}, the estimate said {m}")
-    return found, error
+    return found
 
 
-def _note_mismatch(notes: list[str], error: float | None, m: int, trial: Trial, predicted: int, *,
+def _note_mismatch(notes: list[str], error: float | None, m: int, attempt: Attempt, predicted: int | None, *,
                    searched: bool, direction: str = "") -> None:
+    trial = attempt.trial
     if trial.oom:
         notes.append(f"the estimate under-counted: micro-batch {m} ran out of memory on the real device, "
                      f"estimated peak {format_bytes(predicted)}; searched on the real device")
         return
-    if error is None or abs(error) < MISMATCH_NOTE and not searched:
+    if error is None or predicted is None or trial.peak_bytes is None or abs(error) < MISMATCH_NOTE and not searched:
         return
     word = "under-counted" if error > 0 else "over-counted"
     text = (f"the estimate {word} by {abs(error):.1%}: real peak {format_bytes(trial.peak_bytes)} vs estimated "

@@ -1,23 +1,54 @@
-"""ProbeResult: what the probe found, how, and every trial it ran. No torch here."""
+"""ProbeResult: what the probe found, how, and every trial it ran. No torch, no pandas here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-import pandas as pd
 
 from .serial import envelope, open_envelope
 from .units import format_bytes
 
-TRIAL_COLUMNS = ("batch", "source", "peak_bytes", "fits", "seconds", "oom")
+SOURCES = ("estimate", "real")
 
 
-def trials_frame(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
-    """The trials table: one row per fit-rule run, in the order they ran."""
-    frame = pd.DataFrame(rows or [], columns=list(TRIAL_COLUMNS))
-    return frame.astype({"batch": "int64", "source": "object", "peak_bytes": "Int64", "fits": "bool",
-                         "seconds": "float64", "oom": "bool"})
+@dataclass(frozen=True, kw_only=True)
+class Trial:
+    """One run of the fit rule at ``batch``: its peak, or why it stopped.
+
+    ``peak_bytes`` is None when the run stopped before finishing (an
+    out-of-memory error, ``oom``); ``why`` says why a run that does not fit
+    did not, in words.
+    """
+
+    batch: int
+    source: str  # "estimate" or "real"
+    peak_bytes: int | None
+    fits: bool
+    seconds: float
+    oom: bool = False
+    why: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"trial batch must be a whole number of at least 1, got {self.batch!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"trial source must be one of {SOURCES}, got {self.source!r}")
+        if self.peak_bytes is None and not self.oom:
+            raise ValueError("a trial without a peak must be one that ran out of memory")
+        if self.oom and self.fits:
+            raise ValueError("a trial that ran out of memory does not fit")
+        object.__setattr__(self, "seconds", float(self.seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trial:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+TRIAL_COLUMNS = tuple(f.name for f in fields(Trial))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +80,7 @@ class ProbeResult:
     notes: tuple[str, ...] = ()
     curve: tuple[tuple[int, int], ...] = ()
     curve_lines: tuple[tuple[float, float], ...] = ()
-    trials: pd.DataFrame = field(default_factory=trials_frame, compare=False, repr=False)
+    trials: tuple[Trial, ...] = field(default=(), repr=False)
     seconds: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # how to load the workload again (probe file or module), when known
@@ -65,8 +96,9 @@ class ProbeResult:
             raise ValueError(f"usable {self.usable_bytes} must be in (0, capacity {self.capacity_bytes}]")
         if self.limited_by not in ("memory", "max_batch"):
             raise ValueError(f"limited_by must be 'memory' or 'max_batch', got {self.limited_by!r}")
-        if not isinstance(self.trials, pd.DataFrame) or list(self.trials.columns) != list(TRIAL_COLUMNS):
-            raise ValueError(f"trials must be a DataFrame with columns {TRIAL_COLUMNS}")
+        object.__setattr__(self, "trials", tuple(self.trials))
+        if not all(isinstance(t, Trial) for t in self.trials):
+            raise ValueError("trials must be Trial objects")
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         object.__setattr__(self, "curve", tuple((int(b), int(p)) for b, p in self.curve))
@@ -79,11 +111,11 @@ class ProbeResult:
 
     @property
     def real_runs(self) -> int:
-        return int((self.trials["source"] == "real").sum())
+        return sum(t.source == "real" for t in self.trials)
 
     @property
     def real_ooms(self) -> int:
-        return int(((self.trials["source"] == "real") & self.trials["oom"]).sum())
+        return sum(t.source == "real" and t.oom for t in self.trials)
 
     def predicted_peak_at(self, batch: int) -> int | None:
         """The estimated peak at ``batch``: exact from the curve's lines, else interpolated
@@ -106,7 +138,6 @@ class ProbeResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        trials = self.trials.astype(object).where(self.trials.notna(), None)
         return envelope("ProbeResult", {
             "workload": self.workload,
             "device": self.device,
@@ -125,7 +156,7 @@ class ProbeResult:
             "notes": list(self.notes),
             "curve": [list(p) for p in self.curve],
             "curve_lines": [list(p) for p in self.curve_lines],
-            "trials": trials.to_dict(orient="records"),
+            "trials": [t.to_dict() for t in self.trials],
             "real_runs": self.real_runs,
             "real_ooms": self.real_ooms,
             "seconds": self.seconds,
@@ -140,14 +171,14 @@ class ProbeResult:
         _, body = open_envelope(data, "ProbeResult", source=source)
         for derived in ("headroom_bytes", "real_runs", "real_ooms"):
             body.pop(derived, None)
-        body["trials"] = trials_frame(body.get("trials") or [])
-        body["notes"] = tuple(body.get("notes") or ())
-        body["ranks"] = tuple(body.get("ranks") or ())
-        body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
-        body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
         try:
+            body["trials"] = tuple(Trial.from_dict(t) for t in body.get("trials") or ())
+            body["notes"] = tuple(body.get("notes") or ())
+            body["ranks"] = tuple(body.get("ranks") or ())
+            body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
+            body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
             return cls(**body)
-        except TypeError as exc:
+        except (TypeError, ValueError, AttributeError) as exc:
             from .errors import ResultFileError
 
             raise ResultFileError(f"{source}: not a valid ProbeResult ({exc})") from None

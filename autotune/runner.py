@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from . import distributed
+from . import distributed, log
 from .accumulate import Accumulator
 from .devices.base import Device, Session
 from .probing import usable_bytes
@@ -28,12 +28,10 @@ from .errors import BadInput
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 from .workload import Workload
 
-Progress = Callable[[str], None]
-
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
              precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
-             progress: Progress | None = None, accumulator_cls=Accumulator) -> RunResult:
+             accumulator_cls=Accumulator) -> RunResult:
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
 
     Inside a process group (torchrun), this rank trains its share of every
@@ -58,13 +56,11 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         host_model = workload.model()
         data = torch.Generator().manual_seed(seed)
         if verify:
-            if progress:
-                progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
+            log.progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
             first = workload.batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
                                     accumulator_cls, wrap))
-            if progress:
-                progress(checks[-1].message)
+            log.progress(checks[-1].message)
 
         consumed: list[tuple[int, int]] = []
         expected_items: list[int] = []
@@ -97,8 +93,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                     with session.tracker.paused():
                         rounds.append(counter.take())
                         in_sync.append(len(set(distributed.gather_ints(distributed.parameter_digest(model)))) == 1)
-                if progress:
-                    progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
+                log.progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
 
         _, measured = device.measure(work)
 

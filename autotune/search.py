@@ -71,32 +71,46 @@ class PeakCurve:
 
 
 def search_max(fits: Callable[[int], bool], *, low: int, high: int,
-               guess: Callable[[int, int], int] | None = None, guesses: int = 4) -> int:
+               guess: Callable[[int, int], int | None] | None = None, guesses: int = 4, growth: int | None = None,
+               high_fails: bool = False) -> int:
     """Largest ``b`` in ``[low, high]`` with ``fits(b)``, assuming fits is monotone.
 
     ``low`` is known to fit (0 when nothing is known, then the answer may be 0).
     ``guess(lo, hi)`` proposes the answer inside the open bracket ``(lo, hi)``,
     where ``lo`` is the largest size known to fit and ``hi`` the smallest known
     not to (``high + 1`` stands for "past the limit"); it is asked again after
-    every trial, so it can learn from them. A right guess costs two trials (it
+    every trial, so it can learn from them, and may answer None (no guess yet:
+    the plain step is taken and no guess is spent). A right guess costs two trials (it
     fits, one more does not). After ``guesses`` guessed trials the search doubles
     while no size is known not to fit and bisects otherwise, so a useless guess
     costs at most ``guesses`` trials more than plain search.
+
+    ``high_fails``: ``high + 1`` is known not to fit (it was tried).
+
+    ``growth``: while no size is known not to fit, never try more than
+    ``growth`` times the largest size known to fit (1 when none is), whatever
+    the guess says: a search that cannot trust its guesses climbs 1, 2, 4, ...
+    A guess overruled that way does not count as one of the ``guesses``.
     """
     if low < 0 or high < low:
         raise ValueError(f"need 0 <= low <= high, got low={low}, high={high}")
     lo, hi = low, high + 1
+    known = high_fails  # hi is a size known not to fit, not just past the limit
     left = guesses if guess is not None else 0
     while hi - lo > 1:
-        if left:
+        guessed = guess(lo, hi) if left and guess is not None else None
+        if guessed is not None:
             left -= 1
-            b = min(max(int(guess(lo, hi)), lo + 1), hi - 1)
-        elif hi == high + 1 and lo > 0:
+            b = min(max(int(guessed), lo + 1), hi - 1)
+        elif not known and lo > 0:
             b = max(lo + 1, min(2 * lo, hi - 1))
         else:
             b = (lo + hi) // 2
+        if growth is not None and not known and b > max(lo + 1, growth * lo):
+            b = max(lo + 1, growth * lo)
+            left += guessed is not None  # the guess was overruled, not tried
         if fits(b):
             lo = b
         else:
-            hi = b
+            hi, known = b, True
     return lo

@@ -51,8 +51,12 @@ def _aliased_returns(func) -> tuple[bool, ...]:
     return flags
 
 
-def _unknown_scalar(dtype: torch.dtype) -> bool | float | int:
-    return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+def _unknown_scalar(dtype: torch.dtype, guess: int) -> bool | float | int:
+    """The answer to ``.item()`` of a tensor whose value is unknown: guess 0 is False/1/1.0,
+    guess 1 is True/2/2.0 (a second run with other answers shows whether they matter)."""
+    if dtype == torch.bool:
+        return bool(guess)
+    return float(1 + guess) if dtype.is_floating_point else 1 + guess
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +67,7 @@ class Snapshot:
     current_bytes: int
     breakdown: dict[str, int]
     timeline: tuple[int, ...]
+    unknown_reads: int = 0
 
 
 class _Entry:
@@ -82,14 +87,16 @@ class LiveStorageTracker(TorchDispatchMode):
     CUDA's caching allocator); 1 counts bytes exactly.
     ``fake_scalars``: answer ``.item()`` on a fake or meta tensor whose value is
     unknown (0/False for booleans, 1 otherwise) instead of raising; used by
-    estimates, where optimizers read step counters. Shapes never depend on these
-    answers inside a training step of the workloads autotune plans for.
+    estimates, where optimizers read step counters. ``unknown_reads`` counts the
+    answers given outside :meth:`values_do_not_shape` blocks (the forward and
+    backward, where a read value may decide a shape); ``guess`` picks the
+    answers (0 or 1), so that a second run shows whether they changed anything.
     ``kernel``: runs each op, ``kernel(func, args, kwargs)``; by default the op
     itself (estimates on ``meta`` pass :class:`autotune.devices.meta.MetaKernels`).
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
-                 kernel: Callable[[Any, tuple, dict], Any] | None = None):
+                 kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0):
         super().__init__()
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
@@ -99,6 +106,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self.round_to = round_to
         self.fake_scalars = fake_scalars
         self.kernel = kernel
+        self.guess = guess
+        self.unknown_reads = 0
+        self._reads_do_not_shape = 0
         self._live: dict[int, _Entry] = {}
         self._category: dict[int, str] = {}
         self._serial = 0
@@ -182,12 +192,14 @@ class LiveStorageTracker(TorchDispatchMode):
         if func in _IGNORED:
             return func(*args, **(kwargs or {}))
         if func is _SCALAR and self.fake_scalars:
-            if args[0].is_meta:
-                return _unknown_scalar(args[0].dtype)
-            try:
-                return func(*args, **(kwargs or {}))
-            except torch._subclasses.fake_tensor.DataDependentOutputException:
-                return _unknown_scalar(args[0].dtype)
+            if not args[0].is_meta:
+                try:
+                    return func(*args, **(kwargs or {}))
+                except torch._subclasses.fake_tensor.DataDependentOutputException:
+                    pass
+            if not self._reads_do_not_shape:
+                self.unknown_reads += 1
+            return _unknown_scalar(args[0].dtype, self.guess)
         if self.kernel is not None:
             out = self.kernel(func, args, kwargs or {})
         else:
@@ -242,6 +254,15 @@ class LiveStorageTracker(TorchDispatchMode):
         finally:
             self._paused -= 1
 
+    @contextlib.contextmanager
+    def values_do_not_shape(self) -> Iterator[None]:
+        """Unknown values read inside this block decide no shape (an optimizer's step counters)."""
+        self._reads_do_not_shape += 1
+        try:
+            yield
+        finally:
+            self._reads_do_not_shape -= 1
+
     def breakdown(self) -> dict[str, int]:
         """Bytes per category at the peak; the values sum to ``peak_bytes``."""
         if self._peak_pending:
@@ -257,4 +278,5 @@ class LiveStorageTracker(TorchDispatchMode):
             current_bytes=self.current_bytes,
             breakdown=self.breakdown(),
             timeline=tuple(self.timeline),
+            unknown_reads=self.unknown_reads,
         )

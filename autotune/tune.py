@@ -97,7 +97,7 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
             if progress:
                 progress(f"probing {workload.name} with {label}")
             probes[label] = probe(workload.configure(**choice), device, margin=margin, max_batch=per_rank,
-                                  data_parallel=world_size > 1, progress=progress)
+                                  data_parallel=world_size > 1)
         sizes[label] = candidate_sizes(target_batch, probes[label].max_micro_batch, world_size=world_size,
                                        multiple_of=multiple_of, uniform=uniform)
     measured: dict[tuple[str, int], dict[str, Any]] = {}

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .errors import ProbeFileError
+from .errors import ProbeFileError, WorkloadError
 
 DEFAULT_PROBE = "gpt"
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
@@ -67,6 +67,32 @@ class Workload:
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
                 raise ValueError(f"Workload.options[{key!r}] must be a non-empty list of values")
 
+    def make_model(self) -> nn.Module:
+        """``model()``, checked: a WorkloadError when it raises, a ProbeFileError when it is no Module."""
+        try:
+            model = self.model()
+        except Exception as exc:
+            raise WorkloadError(f"workload {self.name!r}: model() failed: {type(exc).__name__}: {exc}",
+                                workload=self.name) from exc
+        if not isinstance(model, nn.Module):
+            raise ProbeFileError(f"workload {self.name!r}: model() returned {type(model).__name__}, not a "
+                                 "torch.nn.Module: return the model, e.g. model=lambda: MyModel()")
+        return model
+
+    def make_batch(self, size: int, generator: torch.Generator) -> Any:
+        """``batch(size, generator)``, checked: every tensor's first dimension is ``size``."""
+        batch = self.batch(size, generator)
+        try:
+            got = batch_size(batch)
+        except ValueError as exc:
+            raise ProbeFileError(f"workload {self.name!r}: batch({size}, generator) returned no usable batch: "
+                                 f"{exc}") from None
+        if got != size:
+            raise ProbeFileError(
+                f"workload {self.name!r}: batch({size}, generator) returned {got} samples, not {size}: "
+                "batch(n, generator) must build exactly n samples (the first dimension of every tensor)")
+        return batch
+
     def count_items(self, batch: Any) -> int:
         """Items the loss averages over in ``batch``: ``items(batch)``, else its size."""
         if self.items is not None:
@@ -88,6 +114,25 @@ class Workload:
             raise ValueError(f"workload {self.name!r} has no option(s) {sorted(unknown)}; it offers {sorted(self.options)}")
         bound = {attr: _bind(getattr(self, attr), choice) for attr in ("model", "batch", "loss", "optimizer")}
         return replace(self, **bound, chosen={**self.chosen, **choice})
+
+
+def _leaves(batch: Any) -> list:
+    # The common containers directly; any other pytree through torch's flattening.
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
+        return list(batch)
+    if isinstance(batch, dict) and all(isinstance(t, torch.Tensor) for t in batch.values()):
+        return list(batch.values())
+    return tree_flatten(batch)[0]
+
+
+def batch_size(batch: Any) -> int:
+    """The leading dimension shared by every tensor of a pytree batch."""
+    sizes = {int(t.shape[0]) for t in _leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if len(sizes) != 1:
+        raise ValueError(f"every tensor of a batch must share its first dimension; found sizes {sorted(sizes)}")
+    return sizes.pop()
 
 
 def _bind(fn: Callable, choice: Mapping[str, Any]) -> Callable:

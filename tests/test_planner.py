@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from autotune.errors import PlanError, ResultFileError
 from autotune.planner import Plan, make_plan, nearest_uniform_targets, world_size_from
-from autotune.results import ProbeResult, trials_frame
+from autotune.results import ProbeResult, Trial
 from autotune.serial import dumps
 from autotune.units import format_bytes
 
@@ -246,11 +246,12 @@ def probe_result(**overrides) -> ProbeResult:
         breakdown={"parameters": 10 * MiB, "activations": 700 * MiB}, limited_by="memory",
         estimate_error=-0.0125, notes=("estimate within 1.3% of the real peak",),
         curve=((2, 30 * MiB), (3, 33 * MiB)), curve_lines=((24.0 * MiB, 3.0 * MiB),),
-        trials=trials_frame([
-            {"batch": 256, "source": "estimate", "peak_bytes": 792 * MiB, "fits": True, "seconds": 0.02, "oom": False},
-            {"batch": 512, "source": "real", "peak_bytes": None, "fits": False, "seconds": 0.5, "oom": True},
-            {"batch": 256, "source": "real", "peak_bytes": 800 * MiB, "fits": True, "seconds": 0.3, "oom": False},
-        ]),
+        trials=(
+            Trial(batch=256, source="estimate", peak_bytes=792 * MiB, fits=True, seconds=0.02),
+            Trial(batch=512, source="real", peak_bytes=None, fits=False, seconds=0.5, oom=True,
+                  why="CUDA out of memory. Tried to allocate 2.00 GiB"),
+            Trial(batch=256, source="real", peak_bytes=800 * MiB, fits=True, seconds=0.3),
+        ),
         seconds=1.25, options={"margin": 0.1, "max_batch": 1024},
     )
     return ProbeResult(**(fields | overrides))

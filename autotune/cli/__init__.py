@@ -9,6 +9,7 @@ import traceback
 from ..errors import AutotuneError
 from . import devices_cmd, plan_cmd, probe_cmd
 from .common import Formatter, Parser
+from .progress import progress_on_stderr
 
 DESCRIPTION = """\
 Find the largest micro-batch that fits your device, plan gradient accumulation
@@ -58,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = getattr(args, "debug", False)
     where = f"[rank {os.environ['RANK']}] " if _under_torchrun() else ""
+    quiet = (getattr(args, "quiet", False) or getattr(args, "json", False)
+             or getattr(args, "format", "table") != "table" or os.environ.get("RANK", "0") != "0")
     try:
-        return int(args.handler(args) or 0)
+        with progress_on_stderr(quiet=quiet, verbose=getattr(args, "verbose", False)):
+            return int(args.handler(args) or 0)
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()

@@ -95,7 +95,8 @@ def write_report(args, result) -> None:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress stays on stderr)")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr (warnings only)")
+    p.add_argument("--verbose", "-v", action="store_true", help="more detail on stderr")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
 
 
@@ -113,13 +114,3 @@ def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
     p.add_argument("--margin", type=margin_arg, default=DEFAULT_MARGIN,
                    help="fraction of capacity kept free: usable = capacity x (1 - margin)")
 
-
-class Progress:
-    """Progress lines on stderr, unless quiet."""
-
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-
-    def __call__(self, message: str) -> None:
-        if not self.quiet:
-            print(f"  {message}", file=sys.stderr, flush=True)

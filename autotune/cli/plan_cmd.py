@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from .common import Formatter, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
 
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
@@ -80,8 +80,7 @@ def _plan(args, *, lead: bool) -> int:
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                          multiple_of=args.multiple_of, uniform=True if args.uniform else None,
-                         tune=args.tune, trials=args.trials, storage=args.storage,
-                         progress=Progress(args.quiet or fmt != "table" or not lead))
+                         tune=args.tune, trials=args.trials, storage=args.storage)
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import Formatter, Progress, add_common, add_device, positive_int
+from .common import Formatter, add_common, add_device, positive_int
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -34,7 +34,7 @@ def run(args) -> int:
     from ..serial import dumps, write_atomic
 
     result = pipeline.run_probe(args.probe, device=args.device, memory_budget=args.memory_budget,
-                                margin=args.margin, max_batch=args.max_batch, progress=Progress(args.quiet or args.json))
+                                margin=args.margin, max_batch=args.max_batch)
     text = dumps(result.to_dict())
     if args.output:
         write_atomic(args.output, text)
@@ -54,8 +54,14 @@ def describe(result) -> str:
         lines.append(f"at the peak: {parts}")
     lines.append(f"trials: {len(result.trials)} ({result.real_runs} real, {result.real_ooms} out of memory), "
                  f"{result.seconds:.1f} s")
-    table = result.trials.assign(peak=result.trials["peak_bytes"].map(
-        lambda v: "OOM" if v is None or v != v else format_bytes(v)))
-    lines.append(table[["batch", "source", "peak", "fits", "seconds"]].to_string(index=False, float_format="%.2f"))
+    rows = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes), "yes" if t.fits else "no",
+             f"{t.seconds:.2f}") for t in result.trials]
+    lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), rows))
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Columns right-aligned to their widest cell, as a person reads a table in a terminal."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    return "\n".join(" ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in (headers, *rows))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from .common import Formatter, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -66,11 +66,10 @@ def _run(args, *, lead: bool) -> int:
     from .. import pipeline
     from ..serial import dumps, write_atomic
 
-    progress = Progress(args.quiet or args.json or not lead)
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform=True if args.uniform else None, steps=args.steps,
-                          verify=args.verify, precision=args.precision, max_norm=args.max_norm, progress=progress)
+                          verify=args.verify, precision=args.precision, max_norm=args.max_norm)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())

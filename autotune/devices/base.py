@@ -32,6 +32,7 @@ class Measurement:
     breakdown: dict[str, int]
     seconds: float
     timeline: tuple[int, ...] = field(repr=False, default=())
+    unknown_reads: int = 0  # values an estimate had to guess in the forward and backward
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.tracked_peak_bytes < 0 or self.seconds < 0:
@@ -172,6 +173,7 @@ def timed_measure(tracker: LiveStorageTracker, session: Session, work: Callable[
         breakdown=snap.breakdown,
         seconds=seconds,
         timeline=snap.timeline,
+        unknown_reads=snap.unknown_reads,
     )
 
 

@@ -52,8 +52,10 @@ class EstimateDevice:
 
     estimated = True
 
+    torch_device = torch.device("meta")  # where the work's tensors live; no allocator can run out
+
     def __init__(self, *, capacity: int, round_to: int = CUDA_ROUNDING, cuda_like: bool = True,
-                 allowance: int = 0, name: str = "estimate", engine: str | None = None):
+                 allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
@@ -69,7 +71,16 @@ class EstimateDevice:
         self.cuda_like = cuda_like
         self.engine = engine
         self.fallback: str | None = None  # why the meta engine gave way to FakeTensorMode
+        self.guess = guess  # which answers unknown values get (see LiveStorageTracker)
         self._kernels = MetaKernels()
+
+    def with_other_guesses(self) -> EstimateDevice:
+        """This estimate, answering every value it cannot know differently: when a run's peak
+        changes with the answers, the values decide shapes and the estimate cannot be trusted."""
+        other = EstimateDevice(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like,
+                               allowance=self.allowance, name=self.name, engine=self.engine, guess=1 - self.guess)
+        other.fallback = self.fallback
+        return other
 
     @classmethod
     def for_gpu(cls, budget: int, engine: str | None = None) -> EstimateDevice:
@@ -94,7 +105,8 @@ class EstimateDevice:
         return self._measure_fake(work)
 
     def _measure_meta(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
-        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, kernel=self._kernels)
+        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, kernel=self._kernels,
+                                     guess=self.guess)
 
         def build_model(factory: Callable[[], Any]) -> Any:
             with torch.device("meta"):
@@ -115,7 +127,7 @@ class EstimateDevice:
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True)
+        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, guess=self.guess)
 
         def move(t: torch.Tensor) -> torch.Tensor:
             # A copy, as moving to a real device makes: a view of a host dataset

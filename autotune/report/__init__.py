@@ -61,7 +61,7 @@ def write_report(result: Any, out_dir: str | os.PathLike | None = None, *, force
     a report is regenerated from); by default ``result.to_dict()``.
     Raises BadInput for a folder that cannot be written or exists already.
     """
-    from . import content, html, markdown
+    from . import content, html, markdown, tables
     from .subject import Subject
 
     subject = Subject.of(result)
@@ -76,7 +76,7 @@ def write_report(result: Any, out_dir: str | os.PathLike | None = None, *, force
         (tmp / "report.html").write_text(html.render(report), encoding="utf-8")
         (tmp / "report.md").write_text(markdown.render(report), encoding="utf-8")
         if subject.probe is not None:
-            subject.probe.trials.to_csv(tmp / "trials.csv", index=False)
+            tables.trials_frame(subject.probe.trials).to_csv(tmp / "trials.csv", index=False)
         (tmp / subject.json_name).write_text(text, encoding="utf-8")
 
     return write_folder(path, fill, force=force)

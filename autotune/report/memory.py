@@ -13,8 +13,7 @@ THROUGHPUT_PLOT = "throughput_vs_batch.png"
 
 def peak_section(s: Subject) -> Section:
     p = s.probe
-    real = [(int(r.batch), None if r.peak_bytes is None or r.peak_bytes != r.peak_bytes else int(r.peak_bytes),
-             bool(r.fits)) for r in p.trials[p.trials["source"] == "real"].itertuples()]
+    real = [(t.batch, t.peak_bytes, t.fits) for t in p.trials if t.source == "real"]
     png = plots.peak_vs_batch(curve=p.curve, real=real, capacity=p.capacity_bytes, usable=p.usable_bytes,
                               margin=p.margin, chosen=s.chosen, max_micro_batch=p.max_micro_batch,
                               run_peak=s.run.peak_bytes if s.run is not None else None,

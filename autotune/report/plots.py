@@ -65,6 +65,10 @@ def peak_vs_batch(*, curve: Sequence[tuple[int, int]], real: Sequence[tuple[int,
         if pts:
             ax.scatter([b for b, _ in pts], [p / size for _, p in pts], s=55, zorder=5, edgecolor="black",
                        linewidth=0.6, **style)
+    ooms = [b for b, p, _ in real if p is None]
+    if ooms:  # no peak to show: drawn on the capacity line, where the device stopped them
+        ax.scatter(ooms, [capacity / size] * len(ooms), marker="X", s=70, color="#8c0000", zorder=5,
+                   edgecolor="black", linewidth=0.6, label="real run: out of memory")
     if run_peak is not None:
         ax.scatter([chosen], [run_peak / size], marker="*", s=180, color="#ffbf00", edgecolor="black", zorder=6,
                    label=f"training run peak ({format_bytes(run_peak)})")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..results import TRIAL_COLUMNS, Trial
 from ..units import format_bytes
 from .plots import LABELS
 
@@ -26,18 +27,24 @@ def relative_error(value: float | None) -> str:
     return number(value, ".2e")
 
 
-def trials(frame: pd.DataFrame) -> pd.DataFrame:
+def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
+    """The probe's trials as data (trials.csv): one row per fit-rule run, sizes in bytes."""
+    return pd.DataFrame([t.to_dict() for t in trials], columns=list(TRIAL_COLUMNS))
+
+
+def trials(items: Sequence[Trial]) -> pd.DataFrame:
     """One row per fit-rule run of the probe, in the order they ran."""
     rows = [{
         "#": str(i),
-        "micro-batch": str(int(row["batch"])),
-        "source": str(row["source"]),
-        "peak": format_bytes(None if pd.isna(row["peak_bytes"]) else int(row["peak_bytes"])),
-        "fits": yes_no(row["fits"]),
-        "OOM": yes_no(row["oom"]),
-        "seconds": number(float(row["seconds"]), ".2f"),
-    } for i, (_, row) in enumerate(frame.iterrows(), start=1)]
-    return pd.DataFrame(rows, columns=["#", "micro-batch", "source", "peak", "fits", "OOM", "seconds"])
+        "micro-batch": str(t.batch),
+        "source": t.source,
+        "peak": "OOM" if t.oom else format_bytes(t.peak_bytes),
+        "fits": yes_no(t.fits),
+        "OOM": yes_no(t.oom),
+        "seconds": number(t.seconds, ".2f"),
+        "why not": t.why or "",
+    } for i, t in enumerate(items, start=1)]
+    return pd.DataFrame(rows, columns=["#", "micro-batch", "source", "peak", "fits", "OOM", "seconds", "why not"])
 
 
 def breakdown(bars: Sequence[tuple[str, dict[str, int]]]) -> pd.DataFrame:

@@ -164,16 +164,16 @@ def test_verification_section_matches_the_run(reports, run_result):
 def test_trials_table_and_csv_match_the_probe(reports, plan):
     trials = plan.probe.trials
     csv = pd.read_csv(reports["plan"] / "trials.csv")
-    assert csv["batch"].tolist() == trials["batch"].tolist()
-    assert csv["peak_bytes"].tolist() == trials["peak_bytes"].astype(int).tolist()
+    assert csv["batch"].tolist() == [t.batch for t in trials]
+    assert csv["peak_bytes"].tolist() == [t.peak_bytes for t in trials]
     assert csv["source"].tolist() == ["estimate"] * (len(trials) - plan.probe.real_runs) + ["real"] * plan.probe.real_runs
     page, md = read(reports["plan"])
     md_trials = md.split("\n## Trials\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| (\d+) \| (estimate|real) \| ([^|]+) \|", md_trials, re.M)
     assert [(int(b), s, p.strip()) for _, b, s, p in rows] == [
-        (int(r.batch), r.source, format_bytes(int(r.peak_bytes))) for r in trials.itertuples()]
-    for r in trials.itertuples():
-        assert f"<td>{format_bytes(int(r.peak_bytes))}</td>" in page
+        (t.batch, t.source, format_bytes(t.peak_bytes)) for t in trials]
+    for t in trials:
+        assert f"<td>{format_bytes(t.peak_bytes)}</td>" in page
 
 
 def test_result_json_is_the_full_result(reports, plan, run_result):

@@ -1,0 +1,94 @@
+"""The probe where estimates cannot see everything: real OOMs, data-dependent shapes, values read
+from data, errors that merely look like OOMs. It searches on the device, bounded, and says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autotune.cli import main
+from autotune.devices import get_device
+from autotune.errors import WorkloadError
+from autotune.probing import probe
+
+from . import workloads
+from .helpers import true_max
+
+
+def test_a_real_oom_the_estimate_cannot_see_is_searched_and_reported(capsys, tmp_path):
+    path = workloads.probe_file(tmp_path, "oomy", "oom_above", 40)
+    argv = ["probe", "--probe", str(path), "--device", "cpu", "--memory-budget", "1MB", "--quiet"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "max micro-batch 40 " in out and "OOM" in out, out + err
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_micro_batch"] == 40 and data["real_ooms"] >= 1
+    assert any(t["oom"] and t["peak_bytes"] is None for t in data["trials"])
+    (tmp_path / "probe.json").write_text(json.dumps(data))
+    assert main(["report", str(tmp_path / "probe.json"), "--out", str(tmp_path / "rep")]) == 0
+    assert "OOM" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_a_real_oom_far_below_the_estimate_is_flagged():
+    result = probe(workloads.oom_above(40), get_device("cpu", memory_budget=1_000_000), max_batch=4096)
+    assert result.max_micro_batch == 40
+    assert any("ran out of memory" in n and "far below" in n for n in result.notes), result.notes
+
+
+def test_an_error_that_only_says_out_of_memory_is_the_workloads_error_on_the_cpu():
+    with pytest.raises(WorkloadError, match=r"failed at micro-batch \d+ \(real run\): RuntimeError: CUDA out of"):
+        probe(workloads.oom_message_above(50), get_device("cpu", memory_budget=1_000_000), max_batch=4096)
+
+
+@pytest.mark.slow
+def test_data_dependent_routing_is_searched_on_the_device_with_a_note():
+    w = workloads.moe()
+    device = get_device("cpu", memory_budget=2_000_000)
+    result = probe(w, device, max_batch=4096)
+    expected, _ = true_max(w, device, result.usable_bytes, 4096)
+    assert result.max_micro_batch == expected
+    assert any("cannot run this workload" in n and "nonzero" in n for n in result.notes), result.notes
+    assert result.real_runs <= 14
+    # Bounded: no real run more than twice the largest size that fitted before it.
+    _assert_bounded(result)
+
+
+def test_a_shape_read_from_the_data_is_flagged_and_not_trusted():
+    w = workloads.trim_padding()
+    device = get_device("cpu", memory_budget=8_000_000)
+    result = probe(w, device, max_batch=65536)
+    expected, _ = true_max(w, device, result.usable_bytes, 256)
+    assert abs(result.max_micro_batch - expected) <= 1
+    assert any("read values it cannot know" in n and "not trusted" in n for n in result.notes), result.notes
+    _assert_bounded(result)
+
+
+def test_real_runs_on_the_cpu_never_take_more_than_the_budget():
+    w = workloads.trim_padding()
+    device = get_device("cpu", memory_budget=8_000_000)
+    result = probe(w, device, max_batch=65536)
+    real = [t for t in result.trials if t.source == "real"]
+    assert real and all(t.oom or t.peak_bytes <= device.capacity_bytes() for t in real)
+
+
+def test_the_estimate_device_says_it_cannot_estimate_data_dependent_shapes():
+    from autotune.errors import AutotuneError
+
+    with pytest.raises(AutotuneError, match=r"cannot estimate .*nonzero.*real device"):
+        probe(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
+
+
+def _assert_bounded(result) -> None:
+    """No real run is more than twice the largest size that fitted, unless a smaller one already failed."""
+    fitted, failed = 0, 0
+    for t in result.trials:
+        if t.source != "real":
+            continue
+        assert t.batch <= max(1, 2 * fitted) or t.batch < failed, f"real run at {t.batch} after {fitted} fitted"
+        if t.fits:
+            fitted = max(fitted, t.batch)
+        else:
+            failed = t.batch if not failed else min(failed, t.batch)
