@@ -25,11 +25,11 @@ _EXPORTS = {
     "get_device": "devices", "list_devices": "devices",
     # stages
     "Workload": "workload", "load_workload": "workload",
-    "probe": "probing", "ProbeResult": "results",
+    "probe": "pipeline", "ProbeResult": "results",
     "make_plan": "planner", "Plan": "planner",
     "item_weight": "accumulate", "Accumulator": "accumulate", "split_batch": "accumulate",
     "RunResult": "runresult", "run_plan": "runner",
-    "plan": "pipeline", "run": "pipeline", "run_probe": "pipeline", "load_plan": "pipeline",
+    "plan": "pipeline", "run": "pipeline", "load_plan": "pipeline",
     "write_report": "report", "load_result": "report",
 }
 

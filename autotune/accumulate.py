@@ -28,7 +28,8 @@ from torch.utils._pytree import tree_map
 
 from .workload import batch_size
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+from . import options
+from .options import PRECISIONS
 
 
 def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
@@ -80,6 +81,12 @@ class Accumulator:
     ``move`` puts a micro-batch on the device (default: ``.to(device)`` of the
     model's first parameter). ``max_norm`` clips the accumulated gradient once.
     ``precision``: fp32, bf16 (autocast) or fp16 (autocast + one GradScaler).
+
+    A batch of another size than the schedule's total (the last batch of a
+    ``DataLoader`` without ``drop_last``) is split into the fewest micro-batches
+    of at most the schedule's largest, as even as possible, and weighted over
+    its own items; under DDP every rank then runs the same number of
+    micro-steps (the most any rank needs).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, *,
@@ -87,14 +94,13 @@ class Accumulator:
                  move: Callable[[Any], Any] | None = None, max_norm: float | None = None,
                  precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
                  process_group: Any = None):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision!r} must be one of {', '.join(PRECISIONS)}")
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
-        self.max_norm, self.precision = max_norm, precision
+        self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
         self.process_group = process_group
         self.rank, self.world_size = _rank_and_world(rank, world_size, process_group)
         self.sizes = _sizes_for(schedule, self.rank)
+        self.largest = max(self.sizes)
         self.device_type = _device_type(model)
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
@@ -104,7 +110,23 @@ class Accumulator:
     # -- the pieces a step is made of --------------------------------------------------
 
     def split(self, batch: Any) -> list[Any]:
-        return split_batch(batch, self.sizes)
+        """This rank's micro-batches of ``batch`` (empty ones first, when a rank has fewer samples
+        than the ranks' agreed micro-steps)."""
+        return split_batch(batch, self.sizes_for(batch_size(batch)))
+
+    def sizes_for(self, samples: int) -> list[int]:
+        """Micro-batch sizes for a batch of ``samples``: the schedule when it is the schedule's
+        total, else the fewest of at most the largest planned size, as even as possible."""
+        planned = samples == sum(self.sizes)
+        steps = len(self.sizes) if planned else -(-samples // self.largest)
+        if self.world_size > 1:
+            steps = self._most_steps(steps)
+        if planned and steps == len(self.sizes):
+            return list(self.sizes)
+        if samples < 1:
+            raise ValueError(f"rank {self.rank} got an empty batch: every rank needs at least one sample per step")
+        base, extra = divmod(samples, steps)
+        return [base + (i >= steps - extra) for i in range(steps)]
 
     def count_items(self, micro: Any, samples: int | None = None) -> int:
         if self.items_fn is not None:
@@ -141,11 +163,13 @@ class Accumulator:
         """All micro-steps of one effective batch: gradients accumulated (and clipped), no optimizer step."""
         micros = self.split(batch)
         sizes = [batch_size(m) for m in micros]  # what is fed to the loss, as split
-        counts = [self.count_items(m, n) for m, n in zip(micros, sizes)]
+        counts = [self.count_items(m, n) if n else 0 for m, n in zip(micros, sizes)]
         total = self.total_items(sum(counts))
         loss_sum = None  # summed on the device: one host sync per step, not per micro-step
         last = len(micros) - 1
         for i, (micro, n) in enumerate(zip(micros, counts)):
+            if not sizes[i]:
+                continue  # this rank has fewer samples than the ranks' micro-steps
             with self._sync(i == last):
                 micro = self.move(micro)
                 with self.autocast():
@@ -181,6 +205,14 @@ class Accumulator:
         return self.step(batch).loss
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _most_steps(self, steps: int) -> int:
+        """The most micro-steps any rank needs this step (every rank must run as many)."""
+        import torch.distributed as dist
+
+        t = torch.tensor([steps], dtype=torch.int64, device=_collective_device(self.process_group))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        return int(t.item())
 
     def _sync(self, last: bool):
         if not last and self._no_sync is not None:

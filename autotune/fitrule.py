@@ -46,6 +46,14 @@ class Attempt:
     def peak_bytes(self) -> int | None:
         return self.trial.peak_bytes
 
+    @property
+    def oom(self) -> bool:
+        return self.trial.oom
+
+    @property
+    def seconds(self) -> float:
+        return self.trial.seconds
+
 
 OnStep = Callable[[int, int], None]
 

@@ -1,39 +1,69 @@
-"""The stages joined up: probe a workload on a device, plan, (tune), for the CLI and the API."""
+"""The public API: probe a workload on a device, plan, (tune), run, for the command line and for programs.
+
+Every function takes what the command line takes (a probe spec such as "mlp"
+or "model.py:build", a device name, a size string such as "8GiB") as well as
+objects (a Workload, a Device), and checks every argument with autotune's
+errors, which name the parameter.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from . import distributed, log
+from typing import TYPE_CHECKING, Any
+
+from . import distributed, log, options, probing
 from .devices import Device, get_device
-from .probing import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
+from .errors import BadInput
 from .results import ProbeResult
 from .workload import DEFAULT_PROBE, Workload, load_workload
 
+if TYPE_CHECKING:
+    from .planner import Plan
+    from .runresult import RunResult
 
-def resolve(workload: Workload | str | None, device: Device | str, memory_budget: int | None) -> tuple[Workload, Device]:
+Spec = Workload | str | None
+
+
+def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[Workload, Device]:
     """Turn names into objects; device errors come before the workload is built.
 
     Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU.
     """
+    budget = options.memory_budget(memory_budget)
     if device == "auto" and distributed.active():
         device = distributed.local_device_name()
-    dev = device if not isinstance(device, str) else get_device(device, memory_budget=memory_budget)
+    if isinstance(device, str):
+        dev = get_device(device, memory_budget=budget)
+    elif all(hasattr(device, a) for a in ("capacity_bytes", "measure", "estimator")):
+        dev = device
+    else:
+        raise BadInput(f"device {device!r} is neither a device name (auto, cpu, cuda:N, estimate) nor a Device")
+    if workload is not None and not isinstance(workload, (Workload, str)):
+        raise BadInput(f"workload {workload!r} is neither a Workload nor a probe spec (a built-in name such as "
+                       "'mlp', a .py file, or package.module[:function])")
     wl = workload if isinstance(workload, Workload) else load_workload(workload)
     return wl, dev
 
 
-def run_probe(workload: Workload | str | None = None, *, device: Device | str = "auto",
-              memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
-              max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool | None = None) -> ProbeResult:
+def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
+          margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
+          data_parallel: bool | None = None) -> ProbeResult:
+    """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
+
+    ``data_parallel``: the plan runs under DDP (the fit rule then holds its
+    gradient buckets); by default, whether a process group of several ranks
+    is active. Under torchrun the ranks agree on the smallest maximum.
+    """
+    margin = options.margin(margin)
+    max_batch = options.whole(max_batch, "max_batch")
     wl, dev = resolve(workload, device, memory_budget)
     log.progress(f"probing {wl.name} on {dev.describe()['summary']}")
-    data_parallel = distributed.active() if data_parallel is None else data_parallel
-    result = probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
+    data_parallel = distributed.active() if data_parallel is None else bool(data_parallel)
+    result = probing.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
@@ -66,10 +96,10 @@ def _portable(spec: str) -> str:
     return spec
 
 
-def plan(target_batch: int, *, workload: Workload | str | None = None, device: Device | str = "auto",
-         memory_budget: int | None = None, margin: float = DEFAULT_MARGIN, world_size: int | None = None,
-         multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = 12,
-         storage: str | None = None, env: dict[str, str] | None = None):
+def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
+         memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
+         multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = options.TRIALS,
+         storage: str | None = None, env: dict[str, str] | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
@@ -79,12 +109,19 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
     """
     from .planner import make_plan
 
+    target_batch = options.whole(target_batch, "target_batch", example="1024")
+    margin = options.margin(margin)
+    multiple_of = options.whole(multiple_of, "multiple_of")
+    trials = options.whole(trials, "trials")
+    if world_size is not None:
+        world_size = options.whole(world_size, "world_size")
+    if uniform not in (None, True, False):
+        raise BadInput(f"uniform {uniform!r} must be True, False or None")
     world, source = _world_size(world_size, env)
     # Reject a target that can never be planned before spending time on a probe.
     make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
     if tune:
-        from .errors import BadInput
         from .tune import tune as run_tune
 
         if distributed.active():
@@ -96,7 +133,7 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
                          progress=log.progress)
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
-    result = run_probe(workload, device=device, memory_budget=memory_budget, margin=margin,
+    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin,
                        max_batch=per_rank, data_parallel=world > 1)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
@@ -105,7 +142,6 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
 
 def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
     """The process group's world size when there is one; else --world-size, $WORLD_SIZE, 1."""
-    from .errors import BadInput
     from .planner import world_size_from
 
     if distributed.active():
@@ -130,7 +166,7 @@ def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[
 _probe_and_plan = plan  # ``run`` takes a parameter called plan
 
 
-def load_plan(path: str):
+def load_plan(path: str | os.PathLike[str]) -> Plan:
     """A Plan from a JSON file written by ``autotune plan --output``."""
     from .planner import Plan
     from .serial import read_json
@@ -138,14 +174,19 @@ def load_plan(path: str):
     return Plan.from_dict(read_json(path), source=str(path))
 
 
-def run(*, plan=None, target_batch: int | None = None, workload: Workload | str | None = None,
-        device: Device | str = "auto", memory_budget: int | None = None, margin: float = DEFAULT_MARGIN,
-        world_size: int | None = None, multiple_of: int = 1, uniform: bool | None = None, steps: int = 20,
-        verify: bool = True, precision: str = "fp32", max_norm: float | None = None):
+def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int | None = None, workload: Spec = None,
+        device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
+        margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
+        uniform: bool | None = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
+        max_norm: float | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
-    from .errors import BadInput
     from .runner import run_plan
 
+    steps = options.whole(steps, "steps")
+    precision = options.precision(precision)
+    max_norm = options.max_norm(max_norm)
+    if (plan is None) == (target_batch is None):
+        raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
     if plan is not None:
@@ -158,8 +199,7 @@ def run(*, plan=None, target_batch: int | None = None, workload: Workload | str 
     if dev.estimated:
         raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
     if plan is None:
-        if target_batch is None:
-            raise BadInput("give a plan or a target batch")
+        assert target_batch is not None
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
                                  multiple_of=multiple_of, uniform=uniform)
     return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)

@@ -24,7 +24,8 @@ from .accumulate import Accumulator
 from .devices.base import Device, Session
 from .probing import usable_bytes
 from .runresult import RunResult
-from .errors import BadInput
+from .errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
+from .oom import is_oom
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 from .workload import Workload
 
@@ -51,13 +52,16 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     usable = plan.probe.usable_bytes if plan.probe is not None else usable_bytes(device.capacity_bytes(), 0.1)
     wrap = (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
-    torch.manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        host_model = workload.model()
+    where = _Where(workload, device, plan)
+    rng = [device.torch_device.index or 0] if device.torch_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng), where("while building the model"):
+        torch.manual_seed(seed)
+        host_model = workload.make_model()
         data = torch.Generator().manual_seed(seed)
         if verify:
+            where.now = "while verifying the gradient on the first effective batch"
             log.progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
-            first = workload.batch(plan.target_batch, torch.Generator().manual_seed(seed))
+            first = workload.make_batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
                                     accumulator_cls, wrap))
             log.progress(checks[-1].message)
@@ -79,8 +83,9 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             acc = accumulator_cls(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
                                   max_norm=max_norm, precision=precision)
             for step in range(steps):
+                where.now = f"at step {step + 1} of {steps} of the run"
                 with session.tracker.paused():
-                    batch = share(workload.batch(plan.target_batch, data), start, per_rank)
+                    batch = share(workload.make_batch(plan.target_batch, data), start, per_rank)
                     expected_items.append(workload.count_items(batch))
                 begin = time.perf_counter()
                 out = acc.step(batch)
@@ -128,6 +133,36 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
     )
+
+
+class _Where:
+    """Names the phase of a run in the error it ends with: the workload's own error (exit 1), or the
+    device running out of memory (the plan does not fit this device)."""
+
+    def __init__(self, workload: Workload, device: Device, plan: Any):
+        self.workload, self.device, self.plan = workload, device, plan
+        self.now = ""
+
+    def __call__(self, now: str) -> _Where:
+        self.now = now
+        return self
+
+    def __enter__(self) -> _Where:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, AutotuneError) or not isinstance(exc, Exception):
+            return False
+        text = str(exc).strip().splitlines()
+        cause = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        if is_oom(exc, self.device.torch_device.type):
+            del exc
+            self.device.cleanup()
+            raise DoesNotFit(f"micro-batch {self.plan.micro_batch} ran out of memory {self.now} ({cause}): the "
+                             f"plan does not fit {self.device.name}; plan again on this device, or give the plan a "
+                             "smaller micro-batch") from None
+        raise WorkloadError(f"workload {self.workload.name!r} failed {self.now}: {cause}",
+                            workload=self.workload.name) from exc
 
 
 def share(batch: Any, start: int, size: int) -> Any:

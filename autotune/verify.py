@@ -134,9 +134,15 @@ def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: 
         # Too big for float64 on the host: the same samples, partitioned differently, on the device.
         want = _accumulated(model, _other_partition(sizes), batch, wrap=wrap, **common)
         deterministic, how = True, "the same samples in a different partition on the device"
-    error = relative_error(got, want)
     limit = TOLERANCE[precision]
     details: dict[str, Any] = {"reference": how, "micro_steps": len(sizes), "sizes": list(sizes)}
+    bad = _not_finite(got, want)
+    if bad:
+        details["not_finite"] = bad
+        return Check(name="gradient_equivalence", passed=False, value=None, limit=limit, details=details,
+                     message=f"the {bad} is not finite (nan or inf) on the first effective batch, so no gradient "
+                             "can be compared: check the loss for a log of 0, a division by zero or an overflow")
+    error = relative_error(got, want)
     dropouts = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
     if dropouts:
         details["dropout"] = f"dropout disabled for this check only ({len(dropouts)} layers)"
@@ -155,6 +161,15 @@ def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: 
         message += "; the micro-steps do not add up to the full-batch gradient"
     return Check(name="gradient_equivalence", passed=passed, value=error, limit=limit, message=message,
                  details=details)
+
+
+def _not_finite(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Which gradient is not finite: the accumulated one, the reference, or both (None: both are)."""
+    got_ok, want_ok = bool(torch.isfinite(got).all()), bool(torch.isfinite(want).all())
+    if got_ok and want_ok:
+        return None
+    return ("accumulated gradient" if want_ok else "reference gradient" if got_ok
+            else "loss or gradient (accumulated and reference alike)")
 
 
 def _other_partition(sizes: Sequence[int]) -> list[int]:

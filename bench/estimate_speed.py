@@ -32,7 +32,7 @@ from unittest import mock
 
 import torch
 
-from autotune import probe
+from autotune.probing import probe
 from autotune.devices import EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.estimate import ENGINES

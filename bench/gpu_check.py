@@ -133,7 +133,7 @@ def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dic
 def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str],
                  found: dict[tuple[str, int], int]) -> list[list[str]]:
     from autotune.fitrule import run_trial
-    from autotune import probe
+    from autotune.probing import probe
 
     rows = []
     limit = 65536
@@ -146,7 +146,7 @@ def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str
         start = time.perf_counter()
         result = probe(workload, device, max_batch=limit)
         seconds = time.perf_counter() - start
-        log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{result.trials.to_string()}\nnotes: {result.notes}")
+        log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{chr(10).join(map(str, result.trials))}\nnotes: {result.notes}")
         true, runs, seen = exhaustive(device, workload, result.usable_bytes, limit)
         # Next to the max: does every smaller size fit and every larger one not? (monotone there)
         around = {}

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from autotune.devices import get_device  # noqa: E402
 from autotune.fitrule import run_trial  # noqa: E402
-from autotune import probe  # noqa: E402
+from autotune.probing import probe  # noqa: E402
 from autotune.probing import DEFAULT_MAX_BATCH as LIMIT, exhaustive_max  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
 from autotune.workload import load_workload  # noqa: E402
@@ -107,12 +107,12 @@ def run_autotune(workload, budget: int) -> tuple[Row, object]:
     result = probe(workload, get_device("cpu", memory_budget=budget), margin=MARGIN)
     seconds = time.perf_counter() - start
     t = result.trials
-    real = t[t["source"] == "real"]
-    over = int((real["oom"] | ~real["fits"]).sum())  # over the usable budget: an OOM on a real device
-    fake_s, real_s = float(t[t["source"] == "estimate"]["seconds"].sum()), float(real["seconds"].sum())
+    real = [x for x in t if x.source == "real"]
+    over = sum(x.oom or not x.fits for x in real)  # over the usable budget: an OOM on a real device
+    fake_s, real_s = sum(x.seconds for x in t if x.source == "estimate"), sum(x.seconds for x in real)
     extra = f"fake runs {fake_s:.1f} s, real {real_s:.1f} s"
     return Row(workload.name, budget, result.usable_bytes, 0, "autotune", result.max_micro_batch, len(real),
-               len(t) - len(real), 2 * int((~real["oom"]).sum()), over, seconds, extra, fake_s, real_s), result
+               len(t) - len(real), 2 * sum(not x.oom for x in real), over, seconds, extra, fake_s, real_s), result
 
 
 def main(argv=None) -> int:

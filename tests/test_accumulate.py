@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -103,3 +104,38 @@ def test_accumulator_rejects_bad_input():
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, precision="fp8")
     with pytest.raises(ValueError, match="at least one micro-batch"):
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [], loss=_loss)
+
+
+def test_a_batch_of_another_size_is_split_under_the_largest_planned_size_and_weighted_exactly():
+    from autotune.verify import flat_grad, relative_error
+
+    planned, reference = _mlp(), _mlp()
+    acc = Accumulator(planned, torch.optim.SGD(planned.parameters(), lr=0.0), [16, 16, 16, 16], loss=_loss)
+    short = _data(0, n=37)  # the last batch of a DataLoader without drop_last
+    out = acc.backward(short)
+    assert out.micro_steps == 3 and out.samples == 37 and acc.sizes_for(37) == [12, 12, 13]
+    _loss(reference, short).backward()
+    assert relative_error(flat_grad(planned), flat_grad(reference)) < 1e-6
+    assert acc.sizes_for(64) == [16, 16, 16, 16]  # the planned batch keeps the plan's schedule
+
+
+def test_the_readme_loop_runs_over_a_default_dataloader():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from autotune.planner import make_plan
+
+    x, y = _data(0, n=1021 + 916)
+    loader = DataLoader(TensorDataset(x, y), batch_size=1021)  # drop_last=False: 1021, then 916
+    model = _mlp()
+    step = Accumulator(model, torch.optim.AdamW(model.parameters()), make_plan(1021, 256), loss=_loss)
+    losses = [step(batch) for batch in loader]
+    assert len(losses) == 2 and all(map(math.isfinite, losses))
+
+
+@pytest.mark.parametrize("max_norm", [-1.0, 0.0, float("nan"), "x"])
+def test_a_max_norm_that_is_not_positive_is_refused_by_name(max_norm):
+    from autotune.errors import BadInput
+
+    model = _mlp()
+    with pytest.raises(BadInput, match="max_norm .* must be a positive number"):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, max_norm=max_norm)

@@ -7,6 +7,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import autotune
 
 
@@ -27,3 +29,30 @@ def test_import_is_light():
     code = "import autotune, sys; assert 'torch' not in sys.modules; print(len(autotune.__all__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_api_takes_what_the_command_line_takes():
+    plan = autotune.plan(1000, workload="mlp", device="cpu", memory_budget="8MiB")
+    assert plan.target_batch == 1000 and plan.probe is not None
+    assert plan.probe.capacity_bytes == 8 * 2**20
+    result = autotune.probe("mlp", device="cpu", memory_budget="4MB", max_batch=512)
+    assert isinstance(result, autotune.ProbeResult) and result.capacity_bytes == 4_000_000
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: autotune.plan(1024, workload="mlp", device="cpu", memory_budget="12XB"), "memory_budget"),
+    (lambda: autotune.plan(1024, workload="mlp", device="cpu", margin=2), "margin"),
+    (lambda: autotune.plan(0, workload="mlp", device="cpu"), "target_batch"),
+    (lambda: autotune.plan(1024, workload="mlp", device="cpu", world_size=0), "world_size"),
+    (lambda: autotune.plan(1024, workload="mlp", device="cpu", multiple_of="x"), "multiple_of"),
+    (lambda: autotune.probe("mlp", device="cpu", max_batch=0), "max_batch"),
+    (lambda: autotune.probe(42, device="cpu"), "workload"),
+    (lambda: autotune.probe("mlp", device=3.5), "device"),
+    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", steps=0), "steps"),
+    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", precision="fp8"), "precision"),
+    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", max_norm=-1.0), "max_norm"),
+    (lambda: autotune.run(workload="mlp", device="cpu"), "target_batch"),
+])
+def test_bad_arguments_raise_autotunes_error_naming_the_parameter(call, name):
+    with pytest.raises(autotune.BadInput, match=name):
+        call()

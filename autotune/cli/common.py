@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ..errors import BadInput
-from ..units import parse_size
+from typing import Any
 
-DEFAULT_MARGIN = 0.10  # the probe's default, repeated here so --help needs no torch
+from .. import options
+from ..errors import BadInput
+
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,38 +33,30 @@ class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsH
         return super()._get_help_string(action)
 
 
-def size_arg(text: str) -> int:
-    try:
-        return parse_size(text, what="--memory-budget")
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
+    """An argparse ``type`` from an :mod:`autotune.options` check, its errors naming the flag."""
 
-
-def margin_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--margin {text!r} is not a number: give a fraction such as 0.1") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"--margin {text} must be in [0, 1): the fraction of memory kept free, e.g. 0.1")
-    return value
-
-
-def positive_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a whole number") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} {value} must be at least 1")
-        return value
+            return check(text, name)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
+    parse.__name__ = name
     return parse
 
 
+def size_arg(text: str) -> int | None:
+    return flag(options.memory_budget, "--memory-budget")(text)
+
+
+def positive_int(name: str) -> Callable[[str], int]:
+    return flag(options.whole, name)
+
+
 def add_distributed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dist-timeout", type=float, default=600, metavar="SECONDS",
+    p.add_argument("--dist-timeout", type=flag(options.seconds, "--dist-timeout"), default=options.DIST_TIMEOUT_S,
+                   metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before giving up")
 
 
@@ -111,6 +104,6 @@ def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
     p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
                    help="device memory to plan for, e.g. 512MiB or 80GiB (cpu: default the available RAM; "
                         "cuda: caps the free memory; estimate: required)")
-    p.add_argument("--margin", type=margin_arg, default=DEFAULT_MARGIN,
+    p.add_argument("--margin", type=flag(options.margin, "--margin"), default=options.MARGIN,
                    help="fraction of capacity kept free: usable = capacity x (1 - margin)")
 

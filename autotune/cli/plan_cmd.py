@@ -6,10 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+from .. import options
 from ..errors import BadInput
 from .common import Formatter, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
 
-FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
 EXAMPLES = """\
 Probes the largest micro-batch that fits (estimate first, one real run to
@@ -31,13 +31,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan micro-batch x accumulation steps x ranks = exactly the target batch",
                        description=EXAMPLES, formatter_class=Formatter)
     add_plan_flags(p)
-    p.add_argument("--format", choices=FORMATS, default="table",
+    p.add_argument("--format", choices=options.FORMATS, default="table",
                    help="table: a summary for people; json: the Plan; hf|lightning|deepspeed|accelerate: "
                         "that framework's batch settings as a JSON object")
     p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
     p.add_argument("--tune", action="store_true",
                    help="time real steps of candidate plans (and the probe's options) with optuna; keep the fastest")
-    p.add_argument("--trials", type=positive_int("--trials"), default=12, metavar="N", help="optuna trials for --tune")
+    p.add_argument("--trials", type=positive_int("--trials"), default=options.TRIALS, metavar="N",
+                   help="optuna trials for --tune")
     p.add_argument("--storage", metavar="URL", default=None,
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     add_report(p)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import options
 from .common import Formatter, add_common, add_device, positive_int
 
 EXAMPLES = """\
@@ -15,14 +16,12 @@ examples:
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
 """
 
-DEFAULT_MAX_BATCH = 65536  # repeated from autotune.probing so --help needs no torch
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("probe", help="find the largest micro-batch that fits the device", description=EXAMPLES,
                        formatter_class=Formatter)
     add_device(p)
-    p.add_argument("--max-batch", type=positive_int("--max-batch"), default=DEFAULT_MAX_BATCH,
+    p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
                    help="never search past this micro-batch size")
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
     add_common(p)
@@ -33,7 +32,7 @@ def run(args) -> int:
     from .. import pipeline
     from ..serial import dumps, write_atomic
 
-    result = pipeline.run_probe(args.probe, device=args.device, memory_budget=args.memory_budget,
+    result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
                                 margin=args.margin, max_batch=args.max_batch)
     text = dumps(result.to_dict())
     if args.output:

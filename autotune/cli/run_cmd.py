@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from .common import Formatter, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from .. import options
+from .common import Formatter, add_common, flag, add_device, add_distributed, add_report, check_report, positive_int, write_report
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -35,12 +36,12 @@ def add_parser(sub) -> None:
                    help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
     p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q")
     p.add_argument("--uniform", action="store_true", help="demand equal micro-batches")
-    p.add_argument("--steps", type=positive_int("--steps"), default=20, help="optimizer steps to train")
+    p.add_argument("--steps", type=positive_int("--steps"), default=options.STEPS, help="optimizer steps to train")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check gradient equivalence, memory and sample counts")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+    p.add_argument("--precision", choices=options.PRECISIONS, default="fp32",
                    help="fp32, or autocast to bf16/fp16 (fp16 with one GradScaler scale per step)")
-    p.add_argument("--max-norm", type=float, default=None, metavar="X",
+    p.add_argument("--max-norm", type=flag(options.max_norm, "--max-norm"), default=None, metavar="X",
                    help="clip the accumulated gradient to this norm, once per optimizer step")
     p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
     add_report(p)
@@ -54,8 +55,6 @@ def run(args) -> int:
 
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
-    if args.max_norm is not None and not args.max_norm > 0:
-        raise BadInput(f"--max-norm {args.max_norm} must be a positive number")
     check_output(args.output)
     check_report(args)
     with distributed.process_group(args.dist_timeout):

@@ -1,0 +1,109 @@
+"""Every default and every check of a user-facing option, once: the API and argparse both use it.
+
+No torch here (``--help`` and the planner import it). Each check takes the
+value as a user gives it (a size string such as "8GiB" or a number) and the
+name to blame in its error: the library's parameter (``memory_budget``) by
+default, the flag (``--memory-budget``) when the command line asks. It
+returns the value normalised, or raises :class:`BadInput`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import BadInput
+from .units import parse_size
+
+#: Fraction of capacity kept free: usable = capacity x (1 - margin).
+MARGIN = 0.1
+#: The probe never searches past this micro-batch unless told to.
+MAX_BATCH = 65536
+#: Optimizer steps ``autotune run`` trains.
+STEPS = 20
+#: Throughput measurements ``--tune`` makes.
+TRIALS = 12
+DEVICE = "auto"
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: How ``autotune plan`` prints a plan: for people, as JSON, or as a framework's settings.
+FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
+FRAMEWORKS = FORMATS[2:]
+#: Under torchrun: seconds a rank waits for the others before giving up.
+DIST_TIMEOUT_S = 600.0
+
+
+def _shown(value: Any) -> str:
+    """A value as the user typed it: strings bare, anything else as Python shows it."""
+    return value.strip() if isinstance(value, str) else repr(value)
+
+
+def whole(value: Any, name: str, *, least: int = 1, example: str = "") -> int:
+    """A whole number of at least ``least`` (strings of digits too)."""
+    hint = f", e.g. {example}" if example else ""
+    if isinstance(value, bool):
+        raise BadInput(f"{name} {value!r} is not a whole number{hint}")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise BadInput(f"{name} {value!r} is not a whole number{hint}") from None
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise BadInput(f"{name} {value!r} is not a whole number{hint}") from None
+    if number < least:
+        raise BadInput(f"{name} {number} must be at least {least}{hint}")
+    return number
+
+
+def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
+    """Bytes, from a number or a size string ("512MiB", "80GiB"); None stays None."""
+    if value is None:
+        return None
+    return parse_size(value, what=name)
+
+
+def margin(value: Any, name: str = "margin") -> float:
+    """A fraction in [0, 1): the share of capacity kept free."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0 <= number < 1:
+        raise BadInput(f"{name} {_shown(value)} must be a fraction in [0, 1): the share of memory kept free, e.g. 0.1")
+    return number
+
+
+def max_norm(value: Any, name: str = "max_norm") -> float | None:
+    """A positive, finite gradient norm to clip to, or None for no clipping."""
+    if value is None:
+        return None
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number > 0 and math.isfinite(number)):
+        raise BadInput(f"{name} {_shown(value)} must be a positive number, e.g. 1.0 (or no clipping at all)")
+    return number
+
+
+def choice(value: Any, choices: Sequence[str], name: str) -> str:
+    if value not in choices:
+        raise BadInput(f"{name} {value!r} must be one of {', '.join(choices)}")
+    return str(value)
+
+
+def precision(value: Any, name: str = "precision") -> str:
+    return choice(value, PRECISIONS, name)
+
+
+def seconds(value: Any, name: str) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number > 0 and math.isfinite(number)):
+        raise BadInput(f"{name} {_shown(value)} must be a positive number of seconds")
+    return number
