@@ -122,12 +122,17 @@ class CachingAllocator:
             raise BadInput(f"free(handle={handle}): invalid device pointer, not a live allocation of this "
                            "allocator; pass a handle that malloc() returned and that was not freed yet")
         block.allocated = False
-        size = block.size
-        st, t = self.stats, block.pool.type
+        size, t = block.size, block.pool.type
+        st = self.stats
         cur, dec = st.cur, st.dec
-        for i, n in ((ALLOC, 1), (ALLOC + t, 1), (ABYTES, size), (ABYTES + t, size)):
-            cur[i] -= n
-            dec[i] += n
+        cur[ALLOC] -= 1
+        cur[ALLOC + t] -= 1
+        dec[ALLOC] += 1
+        dec[ALLOC + t] += 1
+        cur[ABYTES] -= size
+        cur[ABYTES + t] -= size
+        dec[ABYTES] += size
+        dec[ABYTES + t] += size
         if size >= self._max_split:
             st.oversize(0, -1)
         self._free_block(block)
@@ -245,7 +250,11 @@ class CachingAllocator:
         if split:
             remaining = block
             block = Block(remaining.addr, size, remaining.stream, pool, remaining.seg)
-            block.splice(remaining.prev, remaining)
+            prev = block.prev = remaining.prev
+            if prev is not None:
+                prev.next = block
+            block.next = remaining
+            remaining.prev = block
             remaining.addr += size
             remaining.size -= size
             pool.insert(remaining)
@@ -261,10 +270,11 @@ class CachingAllocator:
         block.allocated = True
         block.requested = requested
         self._live[block.addr] = block
+        # allocation, allocated_bytes and requested_bytes, for all pools and this one (spelled out: hot path)
         cur, peak, inc = st.cur, st.peak, st.inc
         bsize = block.size
-        for i, n in ((ALLOC, 1), (ALLOC + t, 1), (ABYTES, bsize), (ABYTES + t, bsize),
-                     (QBYTES, requested), (QBYTES + t, requested)):
+        for i, n in ((ALLOC, 1), (ABYTES, bsize), (QBYTES, requested), (ALLOC + t, 1), (ABYTES + t, bsize),
+                     (QBYTES + t, requested)):
             v = cur[i] + n
             cur[i] = v
             if v > peak[i]:  # noqa: PLR1730 (a branch costs a tenth of max() on the hot path)
@@ -281,21 +291,25 @@ class CachingAllocator:
         requested = block.requested
         merged = merged_bytes = 0
         for neighbour in (block.prev, block.next):
-            subsumed = self._try_merge_blocks(block, neighbour)
-            if subsumed:
-                merged -= 1
-                merged_bytes -= subsumed
+            if neighbour is not None and not neighbour.allocated:
+                subsumed = self._try_merge_blocks(block, neighbour)
+                if subsumed:
+                    merged -= 1
+                    merged_bytes -= subsumed
         pool.insert(block)
         if block.seg is None:
             if block.prev is not None or block.next is not None:
                 merged += 1
                 merged_bytes += block.size
-            for stat, n in ((ISPLIT, merged), (ISBYTES, merged_bytes)):
-                if n > 0:
-                    st.up(stat, t, n)
-                elif n < 0:
-                    st.down(stat, t, -n)
-        st.down(QBYTES, t, requested)
+            if merged:
+                st.change(ISPLIT, t, merged)
+            if merged_bytes:
+                st.change(ISBYTES, t, merged_bytes)
+        cur, dec = st.cur, st.dec
+        cur[QBYTES] -= requested
+        cur[QBYTES + t] -= requested
+        dec[QBYTES] += requested
+        dec[QBYTES + t] += requested
 
     def _try_merge_blocks(self, dst: Block, src: Block | None) -> int:
         """``try_merge_blocks``: absorb a free neighbour in the same mapped state; returns its size or 0."""

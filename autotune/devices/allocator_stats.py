@@ -32,19 +32,33 @@ class DeviceStats:
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
     def up(self, stat: int, t: int, n: int) -> None:
+        """Add ``n`` to a statistic, for all pools (index ``stat``) and for pool type ``t``."""
         cur, peak, inc = self.cur, self.peak, self.inc
-        for i in (stat, stat + t):
-            v = cur[i] + n
-            cur[i] = v
-            if v > peak[i]:  # noqa: PLR1730 (a branch costs a tenth of max() on the hot path)
-                peak[i] = v
-            inc[i] += n
+        v = cur[stat] + n
+        cur[stat] = v
+        if v > peak[stat]:  # noqa: PLR1730 (a branch costs a tenth of max() on the hot path)
+            peak[stat] = v
+        inc[stat] += n
+        stat += t
+        v = cur[stat] + n
+        cur[stat] = v
+        if v > peak[stat]:  # noqa: PLR1730
+            peak[stat] = v
+        inc[stat] += n
 
     def down(self, stat: int, t: int, n: int) -> None:
+        """Take ``n`` from a statistic, for all pools and for pool type ``t``."""
         cur, dec = self.cur, self.dec
-        for i in (stat, stat + t):
-            cur[i] -= n
-            dec[i] += n
+        cur[stat] -= n
+        dec[stat] += n
+        cur[stat + t] -= n
+        dec[stat + t] += n
+
+    def change(self, stat: int, t: int, n: int) -> None:
+        if n > 0:
+            self.up(stat, t, n)
+        else:
+            self.down(stat, t, -n)
 
     def oversize(self, k: int, n: int) -> None:
         """Count an oversize allocation (``k`` 0) or segment (``k`` 4) in or out."""
