@@ -137,6 +137,9 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
             est_max, curve = 0, None
         else:
             est_max, curve = estimate
+            log.detail(f"the estimate predicts max micro-batch {est_max} (usable {format_bytes(usable)}, "
+                       f"engine {getattr(est.device, 'engine', 'n/a')}, {len(curve.lines()) if curve else 0} "
+                       "lines in the peak curve)")
         estimate_at = _estimate_at(est, curve)
         if device.estimated:
             final = est_max

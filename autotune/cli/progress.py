@@ -12,7 +12,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..log import TRANSIENT, logger
 
@@ -22,10 +22,11 @@ PIPED_EVERY_S = 2.0
 class StderrProgress(logging.Handler):
     """Writes ``  message`` lines to stderr (looked up at each record, so captures work)."""
 
-    def __init__(self, level: int) -> None:
+    def __init__(self, level: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(level)
+        self._clock = clock
         self._status = False  # a transient line is on screen
-        self._last_line = time.monotonic()
+        self._last_line = clock()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -39,15 +40,15 @@ class StderrProgress(logging.Handler):
                     width = max(20, shutil.get_terminal_size((100, 20)).columns - 3)
                     stream.write(f"\r\x1b[2K  {text[:width]}")
                     self._status = True
-                elif time.monotonic() - self._last_line >= PIPED_EVERY_S:
+                elif self._clock() - self._last_line >= PIPED_EVERY_S:
                     stream.write(f"  {text}\n")
-                    self._last_line = time.monotonic()
+                    self._last_line = self._clock()
             else:
                 if self._status:
                     stream.write("\r\x1b[2K")
                     self._status = False
                 stream.write(f"  {text}\n")
-                self._last_line = time.monotonic()
+                self._last_line = self._clock()
             stream.flush()
         except Exception:  # never let progress break the work
             self.handleError(record)
