@@ -67,6 +67,25 @@ class Workload:
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
                 raise ValueError(f"Workload.options[{key!r}] must be a non-empty list of values")
 
+    @classmethod
+    def from_model(cls, model: nn.Module, batch: Any, *, loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+                   optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
+                   items: Callable[[Any], int] | None = None, name: str | None = None) -> Workload:
+        """The workload of a model you already have, trained on batches like ``batch``.
+
+        ``batch``: one real batch (a tensor, or a tuple, list or dict of tensors,
+        batch dimension first); micro-batches of any size are built from its
+        samples. ``loss(model, batch)`` defaults to ``model(**batch).loss`` (a
+        Hugging Face model given labels). ``optimizer``: a factory of one
+        (``lambda params: AdamW(params)``) or an optimizer instance, whose class,
+        param groups and hyperparameters are reproduced for every copy (default
+        AdamW, lr 1e-3). Your model, optimizer and random state are never touched:
+        every trial builds its own copy.
+        """
+        from .from_model import workload_from_model
+
+        return workload_from_model(model, batch, loss=loss, optimizer=optimizer, items=items, name=name)
+
     def make_model(self) -> nn.Module:
         """``model()``, checked: a WorkloadError when it raises, a ProbeFileError when it is no Module."""
         try:
