@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_map
 from .workload import batch_size
 
 from . import options
-from .options import PRECISIONS
+from .errors import BadInput
 
 
 def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
@@ -81,6 +81,12 @@ class Accumulator:
     ``move`` puts a micro-batch on the device (default: ``.to(device)`` of the
     model's first parameter). ``max_norm`` clips the accumulated gradient once.
     ``precision``: fp32, bf16 (autocast) or fp16 (autocast + one GradScaler).
+    ``backward(loss)`` is the framework's backward where it has one
+    (``accelerator.backward``, a LightningModule's ``manual_backward``);
+    ``no_sync()`` the context in which gradients are not synchronised across
+    ranks (default: the model's own, as DDP and FSDP have). With several ranks
+    the model must synchronise gradients (DDP, FSDP) unless ``external_sync``
+    says the caller does.
 
     A batch of another size than the schedule's total (the last batch of a
     ``DataLoader`` without ``drop_last``) is split into the fewest micro-batches
@@ -93,18 +99,28 @@ class Accumulator:
                  loss: Callable[[nn.Module, Any], torch.Tensor], items: Callable[[Any], int] | None = None,
                  move: Callable[[Any], Any] | None = None, max_norm: float | None = None,
                  precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
-                 process_group: Any = None):
+                 process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
+                 no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                 external_sync: bool = False):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
         self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
         self.process_group = process_group
         self.rank, self.world_size = _rank_and_world(rank, world_size, process_group)
+        self._backward = backward if backward is not None else torch.Tensor.backward
+        if self.world_size > 1 and not external_sync and not _synchronises(model):
+            raise BadInput(
+                f"{self.world_size} ranks are training but the model ({type(model).__name__}) is not wrapped in "
+                "DistributedDataParallel or FSDP, so every rank would keep its own gradients and the parameters "
+                "would drift apart: wrap it (DistributedDataParallel(model), accelerator.prepare(model)), use "
+                "autotune.integrations.lightning.accumulator in a LightningModule, or pass external_sync=True if "
+                "you all-reduce the gradients yourself")
         self.sizes = _sizes_for(schedule, self.rank)
         self.largest = max(self.sizes)
         self.device_type = _device_type(model)
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
-        self._no_sync = getattr(model, "no_sync", None)  # DDP's; looked up once
+        self._no_sync = no_sync if no_sync is not None else getattr(model, "no_sync", None)  # DDP's
         self.skipped_steps = 0
 
     # -- the pieces a step is made of --------------------------------------------------
@@ -175,7 +191,7 @@ class Accumulator:
                 with self.autocast():
                     loss = self.loss_fn(self.model, micro)
                 weighted = (loss if loss.dtype == torch.float32 else loss.float()) * self.weight(n, total)
-                (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+                self._backward(self.scaler.scale(weighted) if self.scaler else weighted)
             share = weighted.detach()
             loss_sum = share if loss_sum is None else loss_sum + share
             del micro, loss, weighted
@@ -240,6 +256,19 @@ def _sizes_for(schedule: Any, rank: int) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise ValueError(f"a schedule needs at least one micro-batch of at least 1 sample, got {sizes}")
     return sizes
+
+
+def _synchronises(model: nn.Module) -> bool:
+    """Does ``model`` synchronise gradients across ranks itself (DDP, FSDP1, FSDP2)?"""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return True
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:
+        return False
+    return isinstance(model, (FSDPModule, FullyShardedDataParallel))
 
 
 def _rank_and_world(rank: int | None, world: int | None, group: Any) -> tuple[int, int]:

@@ -139,3 +139,27 @@ def test_a_max_norm_that_is_not_positive_is_refused_by_name(max_norm):
     model = _mlp()
     with pytest.raises(BadInput, match="max_norm .* must be a positive number"):
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, max_norm=max_norm)
+
+
+def test_backward_is_the_frameworks_when_given():
+    calls = []
+
+    def backward(loss):
+        calls.append(float(loss.detach()))
+        loss.backward()
+
+    model = _mlp()
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [16, 16, 32], loss=_loss,
+                      backward=backward)
+    acc.step(_data(0))
+    assert len(calls) == 3  # one backward per micro-step, through the framework's function
+
+
+def test_several_ranks_without_gradient_sync_are_refused():
+    from autotune.errors import BadInput
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(BadInput, match="2 ranks are training but the model .* not wrapped in DistributedDataParallel"):
+        Accumulator(model, opt, [4], loss=_loss, rank=0, world_size=2)
+    Accumulator(model, opt, [4], loss=_loss, rank=0, world_size=2, external_sync=True)  # the caller syncs
