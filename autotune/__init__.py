@@ -27,7 +27,7 @@ _EXPORTS = {
     "Workload": "workload", "load_workload": "workload",
     "probe": "pipeline", "ProbeResult": "results",
     "make_plan": "planner", "Plan": "planner",
-    "item_weight": "accumulate", "Accumulator": "accumulate", "split_batch": "accumulate",
+    "item_weight": "accumulate", "Accumulator": "accumulate", "split_batch": "accumulate", "PlanSampler": "sampler",
     "RunResult": "runresult", "run_plan": "runner",
     "plan": "pipeline", "run": "pipeline", "load_plan": "pipeline",
     "write_report": "report", "load_result": "report",
