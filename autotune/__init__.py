@@ -21,15 +21,15 @@ _EXPORTS = {
     "PlanError": "errors", "ProbeFileError": "errors", "ResultFileError": "errors",
     "VerificationFailed": "errors", "WorkloadError": "errors",
     # memory
-    "parse_size": "units", "format_bytes": "units", "is_oom": "oom", "LiveStorageTracker": "tracker",
+    "parse_size": "units", "format_bytes": "units", "is_oom": "devices.oom", "LiveStorageTracker": "devices.tracker",
     "get_device": "devices", "list_devices": "devices",
     # stages
     "Workload": "workload", "load_workload": "workload",
-    "probe": "pipeline", "ProbeResult": "results",
-    "make_plan": "planner", "Plan": "planner",
-    "item_weight": "accumulate", "Accumulator": "accumulate", "split_batch": "accumulate", "PlanSampler": "sampler",
-    "RunResult": "runresult", "run_plan": "runner",
-    "plan": "pipeline", "run": "pipeline", "load_plan": "pipeline",
+    "probe": "api", "ProbeResult": "results",
+    "make_plan": "planning", "Plan": "planning",
+    "item_weight": "workload", "Accumulator": "training", "split_batch": "workload", "PlanSampler": "training",
+    "RunResult": "results", "run_plan": "training",
+    "plan": "api", "run": "api", "load_plan": "api",
     "write_report": "report", "load_result": "report",
 }
 

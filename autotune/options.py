@@ -34,6 +34,11 @@ FRAMEWORKS = FORMATS[2:]
 DIST_TIMEOUT_S = 600.0
 
 
+def usable_bytes(capacity: int, margin: float) -> int:
+    """Usable capacity = capacity x (1 - margin), in whole bytes: what "fits" is measured against."""
+    return int(capacity * (1.0 - margin))
+
+
 def _shown(value: Any) -> str:
     """A value as the user typed it: strings bare, anything else as Python shows it."""
     return value.strip() if isinstance(value, str) else repr(value)

@@ -31,15 +31,15 @@ import time
 from unittest import mock
 
 import torch
+from common import machine
 
-from autotune.probing import probe
 from autotune.devices import EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.estimate import ENGINES
-from autotune.fitrule import run_trial
-from autotune.tracker import LiveStorageTracker
+from autotune.devices.tracker import LiveStorageTracker
+from autotune.probing.finder import probe
+from autotune.probing.fitrule import run_trial
 from autotune.units import format_bytes
-from common import machine
 from probes import gpt
 
 GiB = 2**30

@@ -66,7 +66,7 @@ class Log:
 
 
 def load(spec: str):
-    from autotune.workload import load_workload
+    from autotune.workload.core import load_workload
 
     if spec == "gpt:build_100m":
         from probes import gpt
@@ -95,7 +95,7 @@ class Budget:
 
 
 def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str]) -> list[list[str]]:
-    from autotune.fitrule import run_trial
+    from autotune.probing.fitrule import run_trial
 
     rows = []
     est_device = device.estimator()
@@ -123,7 +123,7 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str]) -> 
 
 def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dict[int, bool]]:
     """Largest size that fits by doubling then bisection, every run real; (max, runs, verdicts)."""
-    from autotune.probing import exhaustive_max
+    from autotune.probing.finder import exhaustive_max
 
     peaks: dict[int, int | None] = {}
     found = exhaustive_max(workload, device, usable, limit, peaks=peaks)
@@ -132,8 +132,8 @@ def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dic
 
 def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str],
                  found: dict[tuple[str, int], int]) -> list[list[str]]:
-    from autotune.fitrule import run_trial
-    from autotune.probing import probe
+    from autotune.probing.finder import probe
+    from autotune.probing.fitrule import run_trial
 
     rows = []
     limit = 65536

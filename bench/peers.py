@@ -23,10 +23,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from autotune.devices.base import Session, timed_measure
-from autotune.fitrule import fit_rule_work
-from autotune.tracker import LiveStorageTracker
+from autotune.devices.tracker import LiveStorageTracker
+from autotune.probing.fitrule import fit_rule_work
 from autotune.units import format_bytes
-from autotune.workload import Workload
+from autotune.workload.core import Workload
 
 _EMULATED = re.compile(r"allocating .*?\((\d+) bytes\).*capacity is .*?\((\d+) bytes\)")
 

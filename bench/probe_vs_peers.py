@@ -34,13 +34,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autotune.devices import get_device  # noqa: E402
-from autotune.fitrule import run_trial  # noqa: E402
-from autotune.probing import probe  # noqa: E402
-from autotune.probing import DEFAULT_MAX_BATCH as LIMIT, exhaustive_max  # noqa: E402
-from autotune.units import format_bytes  # noqa: E402
-from autotune.workload import load_workload  # noqa: E402
 from common import machine  # noqa: E402
+
+from autotune.devices import get_device  # noqa: E402
+from autotune.options import MAX_BATCH as LIMIT  # noqa: E402
+from autotune.probing.finder import (
+    exhaustive_max,  # noqa: E402
+    probe,  # noqa: E402
+)
+from autotune.probing.fitrule import run_trial  # noqa: E402
+from autotune.units import format_bytes  # noqa: E402
+from autotune.workload.core import load_workload  # noqa: E402
 
 MiB = 2**20
 MARGIN = 0.10  # autotune's default margin, passed explicitly: usable = budget x (1 - margin)
@@ -130,9 +134,8 @@ def main(argv=None) -> int:
         try:
             import accelerate
             import lightning
-            import transformers
-
             import peers as peers_mod
+            import transformers
             peers = peers_mod
             versions += (f", lightning {lightning.__version__}, accelerate {accelerate.__version__}, "
                          f"transformers {transformers.__version__}")

@@ -19,11 +19,11 @@ import statistics
 import time
 
 import torch
+from common import machine
 from torch.utils._pytree import tree_map
 
-from autotune.accumulate import Accumulator, split_batch
-from autotune.workload import load_workload
-from common import machine
+from autotune.training.accumulate import Accumulator, split_batch
+from autotune.workload.core import load_workload
 
 TARGET = 0.97
 

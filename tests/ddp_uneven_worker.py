@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.accumulate import Accumulator
-from autotune.verify import flat_grad, relative_error
+from autotune.training.accumulate import Accumulator
+from autotune.training.verify import flat_grad, relative_error
 
 SHARES = (37, 5)  # rank 0 needs 3 micro-steps of at most 16, rank 1 only 1
 

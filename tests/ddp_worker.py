@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 
-from autotune import distributed, pipeline
-from autotune.accumulate import Accumulator
+from autotune import api as pipeline
+from autotune.training import distributed
 from autotune.devices import get_device
-from autotune.runner import run_plan
-from autotune.workload import load_workload
+from autotune.training.accumulate import Accumulator
+from autotune.training.runner import run_plan
+from autotune.workload.core import load_workload
 
 
 class SyncsEveryMicroStep(Accumulator):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autotune.probing import exhaustive_max
-from autotune.workload import Workload
+from autotune.probing.finder import exhaustive_max
+from autotune.workload.core import Workload
 
 
 def true_max(workload, device, usable: int, high: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.accumulate import Accumulator, batch_size, item_weight, split_batch
+from autotune.training.accumulate import Accumulator, batch_size, item_weight, split_batch
 
 
 @pytest.mark.parametrize("n,total,world,want", [(3, 12, 1, 0.25), (255, 1021, 1, 255 / 1021), (16, 64, 4, 1.0),
@@ -107,7 +107,7 @@ def test_accumulator_rejects_bad_input():
 
 
 def test_a_batch_of_another_size_is_split_under_the_largest_planned_size_and_weighted_exactly():
-    from autotune.verify import flat_grad, relative_error
+    from autotune.training.verify import flat_grad, relative_error
 
     planned, reference = _mlp(), _mlp()
     acc = Accumulator(planned, torch.optim.SGD(planned.parameters(), lr=0.0), [16, 16, 16, 16], loss=_loss)
@@ -122,7 +122,7 @@ def test_a_batch_of_another_size_is_split_under_the_largest_planned_size_and_wei
 def test_the_readme_loop_runs_over_a_default_dataloader():
     from torch.utils.data import DataLoader, TensorDataset
 
-    from autotune.planner import make_plan
+    from autotune.planning.planner import make_plan
 
     x, y = _data(0, n=1021 + 916)
     loader = DataLoader(TensorDataset(x, y), batch_size=1021)  # drop_last=False: 1021, then 916

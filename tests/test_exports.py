@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import BadInput
-from autotune.exports import FORMATS, FRAMEWORKS, export
-from autotune.planner import make_plan
+from autotune.planning.exports import FORMATS, FRAMEWORKS, export
+from autotune.planning.planner import make_plan
 
 UNIFORM = make_plan(1024, 32, world_size=8)  # 1024 = 32 x 4 steps x 8 ranks
 

@@ -1,12 +1,12 @@
-"""autotune.oom.is_oom: out-of-memory and nothing else."""
+"""autotune.devices.oom.is_oom: out-of-memory and nothing else."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from autotune.oom import OOM_MESSAGES, is_oom
-from autotune.tracker import LiveStorageTracker
+from autotune.devices.oom import OOM_MESSAGES, is_oom
+from autotune.devices.tracker import LiveStorageTracker
 
 
 @pytest.mark.parametrize("message", OOM_MESSAGES)

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import PlanError, ResultFileError
-from autotune.planner import Plan, make_plan, nearest_uniform_targets, world_size_from
-from autotune.results import ProbeResult, Trial
+from autotune.planning.planner import Plan, make_plan, nearest_uniform_targets, world_size_from
+from autotune.results.probe import ProbeResult, Trial
 from autotune.serial import dumps
 from autotune.units import format_bytes
 
@@ -337,6 +337,6 @@ def test_from_dict_rejects_other_files():
 
 
 def test_planner_and_exports_import_no_torch():
-    code = "import autotune.planner, autotune.exports, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import autotune.planning.planner, autotune.planning.exports, sys; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

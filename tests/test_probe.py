@@ -10,9 +10,10 @@ from torch import nn
 
 from autotune.devices import get_device
 from autotune.errors import DoesNotFit, WorkloadError
-from autotune.probing import probe, usable_bytes
-from autotune.results import ProbeResult
-from autotune.workload import Workload
+from autotune.options import usable_bytes
+from autotune.probing.finder import probe
+from autotune.results.probe import ProbeResult
+from autotune.workload.core import Workload
 
 from .helpers import recurrent_workload, true_max
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import WorkloadError
-from autotune.probing import probe
+from autotune.probing.finder import probe
 
 from . import workloads
 from .helpers import true_max

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from autotune.api import plan as make_full_plan
 from autotune.devices import get_device
-from autotune.pipeline import plan as make_full_plan
-from autotune.runner import run_plan
-from autotune.runresult import RunResult
+from autotune.results.run import RunResult
+from autotune.training.runner import run_plan
 
 from .test_verify import DropsASample, NaiveOneOverK
 
@@ -19,7 +19,7 @@ BUDGET = 3_000_000
 
 @pytest.fixture(scope="module")
 def uneven(request):
-    from autotune.workload import load_workload
+    from autotune.workload.core import load_workload
 
     mlp = load_workload("mlp")
     device = get_device("cpu", memory_budget=BUDGET)

@@ -11,9 +11,9 @@ from torch import nn
 from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import DoesNotFit, ProbeFileError, WorkloadError
-from autotune.planner import make_plan
-from autotune.runner import run_plan
-from autotune.workload import Workload, load_workload
+from autotune.planning.planner import make_plan
+from autotune.training.runner import run_plan
+from autotune.workload.core import Workload, load_workload
 
 from . import workloads
 
@@ -78,7 +78,7 @@ def test_running_out_of_memory_during_a_run_says_the_plan_does_not_fit():
      "model() failed: RuntimeError: no weights here"),
 ])
 def test_a_model_factory_that_fails_is_named(factory, error, words):
-    from autotune.probing import probe
+    from autotune.probing.finder import probe
 
     w = replace(load_workload("mlp"), model=factory)
     with pytest.raises(error) as info:

@@ -6,8 +6,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from autotune.errors import BadInput
-from autotune.planner import make_plan
-from autotune.sampler import PlanSampler, split
+from autotune.planning.planner import make_plan
+from autotune.training.sampler import PlanSampler, split
 
 
 @pytest.mark.parametrize("size,drop_last", [(1021 * 3, False), (1021 * 3 + 700, False), (1021 * 3 + 700, True),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.search import PeakCurve, search_max
+from autotune.probing.search import PeakCurve, search_max
 
 
 def oracle(threshold: int):

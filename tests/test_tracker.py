@@ -16,8 +16,8 @@ from torch._C._profiler import _EventType
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
-from autotune.oom import is_oom
-from autotune.tracker import CATEGORIES, LiveStorageTracker
+from autotune.devices.oom import is_oom
+from autotune.devices.tracker import CATEGORIES, LiveStorageTracker
 
 FLOAT = 4  # bytes per float32
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import tune as tune_module
+from autotune.training import tune as tune_module
 from autotune.devices import get_device
-from autotune.planner import make_plan
-from autotune.tune import candidate_sizes, tune
+from autotune.planning.planner import make_plan
+from autotune.training.tune import candidate_sizes, tune
 
 
 @pytest.mark.parametrize("target,max_micro,world,want", [

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from autotune.accumulate import Accumulator, batch_size
-from autotune.planner import make_plan
-from autotune.verify import count_check, gradient_check, memory_check
-from autotune.workload import load_workload
+from autotune.planning.planner import make_plan
+from autotune.training.accumulate import Accumulator, batch_size
+from autotune.training.verify import count_check, gradient_check, memory_check
+from autotune.workload.core import load_workload
 
 
 def check(workload, sizes, accumulator_cls=Accumulator, max_norm=None, seed=0):
@@ -130,7 +130,7 @@ def test_count_check_names_the_step():
 
 def test_the_on_device_reference_catches_the_same_faults(mlp, monkeypatch):
     # Models too big for a float64 copy are checked against a different partition of the same samples.
-    import autotune.verify as verify
+    import autotune.training.verify as verify
 
     monkeypatch.setattr(verify, "FP64_REFERENCE_LIMIT", 0)
     sizes = [255, 255, 255, 256]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune.errors import ProbeFileError
-from autotune.workload import Workload, load_workload
+from autotune.workload.core import Workload, load_workload
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "convnet", "probes.mlp", "gpt:build_100m"])

@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-
 from typing import Any
 
 from .. import options
 from ..errors import BadInput
-
 
 
 class Parser(argparse.ArgumentParser):

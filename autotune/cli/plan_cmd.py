@@ -8,8 +8,16 @@ from pathlib import Path
 
 from .. import options
 from ..errors import BadInput
-from .common import Formatter, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
-
+from .common import (
+    Formatter,
+    add_common,
+    add_device,
+    add_distributed,
+    add_report,
+    check_report,
+    positive_int,
+    write_report,
+)
 
 EXAMPLES = """\
 Probes the largest micro-batch that fits (estimate first, one real run to
@@ -65,7 +73,7 @@ def check_output(path: str | None) -> None:
 
 
 def run(args) -> int:
-    from .. import distributed
+    from ..training import distributed
 
     check_output(args.output)
     check_report(args)
@@ -74,7 +82,7 @@ def run(args) -> int:
 
 
 def _plan(args, *, lead: bool) -> int:
-    from .. import pipeline
+    from .. import api as pipeline
     from ..serial import dumps, write_atomic
 
     fmt = "json" if args.json else args.format
@@ -92,7 +100,7 @@ def _plan(args, *, lead: bool) -> int:
     elif fmt == "table":
         print(plan.summary())
     else:
-        from ..exports import export
+        from ..planning.exports import export
 
         data, warnings = export(plan, fmt)
         for warning in warnings:

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import pipeline
+    from .. import api as pipeline
     from ..serial import dumps, write_atomic
 
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,

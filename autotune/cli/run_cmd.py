@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import BadInput
 from .. import options
-from .common import Formatter, add_common, flag, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from ..errors import BadInput
+from .common import (
+    Formatter,
+    add_common,
+    add_device,
+    add_distributed,
+    add_report,
+    check_report,
+    flag,
+    positive_int,
+    write_report,
+)
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -51,7 +61,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import distributed
+    from ..training import distributed
 
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
@@ -62,7 +72,7 @@ def run(args) -> int:
 
 
 def _run(args, *, lead: bool) -> int:
-    from .. import pipeline
+    from .. import api as pipeline
     from ..serial import dumps, write_atomic
 
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..tracker import LiveStorageTracker
+from .tracker import LiveStorageTracker
 
 T = TypeVar("T")
 

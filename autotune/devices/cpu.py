@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ..tracker import LiveStorageTracker
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
+from .tracker import LiveStorageTracker
 
 
 def ram_bytes() -> tuple[int, int]:

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from ..tracker import LiveStorageTracker
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
 from .estimate import CUDA_ROUNDING
 from .nvml import Nvml, load_nvml
+from .tracker import LiveStorageTracker
 
 
 class CudaDevice:

@@ -30,10 +30,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from ..errors import BadInput
-from ..tracker import LiveStorageTracker
 from ..units import format_bytes
 from .base import Measurement, Session, T, _move_module, timed_measure
 from .meta import CpuKernelChoices, MetaKernels
+from .tracker import LiveStorageTracker
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles and workspaces. Typical of torch 2.x with lazy module loading.

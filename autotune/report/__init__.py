@@ -37,14 +37,14 @@ def result_from_dict(data: Any, *, source: str = "data") -> Any:
     """The Plan, RunResult or ProbeResult that parsed JSON holds, chosen by its ``kind``."""
     kind, _ = open_envelope(data, source=source)
     if kind == "RunResult":
-        from ..runresult import RunResult
+        from ..results.run import RunResult
 
         return RunResult.from_dict(data, source=source)
     if kind == "Plan":
-        from ..planner import Plan
+        from ..planning.planner import Plan
 
         return Plan.from_dict(data, source=source)
-    from ..results import ProbeResult
+    from ..results.probe import ProbeResult
 
     return ProbeResult.from_dict(data, source=source)
 

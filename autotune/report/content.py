@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..planner import Plan
+from ..planning.planner import Plan
 from ..units import format_bytes
 from . import memory, runs, tables
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text

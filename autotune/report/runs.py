@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runresult import RunResult
+from ..results.run import RunResult
 from ..units import format_bytes
 from . import tables
-from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
 from .blocks import Bullets, Code, Rows, Section, Table, Text
+from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
 from .subject import Subject, status
 
 BN_ADVICE = ("accumulated gradients cannot equal the full-batch gradient; replace BatchNorm with GroupNorm or "

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput
-from ..planner import Plan
-from ..results import ProbeResult
-from ..runresult import RunResult
+from ..planning.planner import Plan
+from ..results.probe import ProbeResult
+from ..results.run import RunResult
 
 
 @dataclass(frozen=True)

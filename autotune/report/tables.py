@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..results import TRIAL_COLUMNS, Trial
+from ..results.probe import TRIAL_COLUMNS, Trial
 from ..units import format_bytes
 from .plots import LABELS
 

@@ -9,8 +9,8 @@ import torch
 
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices.cpu import ram_bytes
-from autotune.fitrule import fit_rule_work
-from autotune.oom import is_oom
+from autotune.devices.oom import is_oom
+from autotune.probing.fitrule import fit_rule_work
 
 GiB = 1024**3
 FLOAT = 4
@@ -22,7 +22,7 @@ def param_bytes(workload) -> int:
 
 @pytest.fixture(scope="module")
 def mlp_workload():
-    from autotune.workload import load_workload
+    from autotune.workload.core import load_workload
 
     return load_workload("mlp")
 

@@ -18,8 +18,8 @@ import torch
 from autotune.devices import CpuDevice, CudaDevice, EstimateDevice, get_device, list_devices
 from autotune.devices.estimate import CUDA_ROUNDING
 from autotune.devices.nvml import GpuInfo, Nvml, load_nvml
+from autotune.devices.oom import is_oom
 from autotune.errors import BadInput, DeviceError
-from autotune.oom import is_oom
 
 GiB = 1024**3
 MiB = 1024**2

@@ -20,10 +20,10 @@ from autotune.devices.meta import (
     NeedsFakeTensors,
     _recipe,
 )
+from autotune.devices.tracker import LiveStorageTracker
 from autotune.errors import BadInput
-from autotune.fitrule import fit_rule_work
-from autotune.tracker import LiveStorageTracker
-from autotune.workload import Workload, load_workload
+from autotune.probing.fitrule import fit_rule_work
+from autotune.workload.core import Workload, load_workload
 
 from ..helpers import recurrent_workload
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autotune import pipeline
+from autotune import api as pipeline
 from autotune.cli import main
 from autotune.errors import BadInput, ResultFileError
 from autotune.report import load_result, write_report
@@ -225,7 +225,7 @@ def test_report_needs_no_torch(reports, tmp_path):
 
 
 def test_throughput_plot_when_tuned(plan, tmp_path):
-    """A tuning record shaped like autotune.tune's: one candidate per exact plan measured."""
+    """A tuning record shaped like autotune.training.tune's: one candidate per exact plan measured."""
     candidates = [{"micro_batch": b, "accumulation_steps": -(-1021 // b), "options": {}, "options_label": "defaults",
                    "predicted_peak_bytes": plan.probe.predicted_peak_at(b), "fits": b <= 307,
                    "samples_per_s": 1000.0 + b if b <= 307 else None, "seconds_per_step": 0.1 if b <= 307 else None,
@@ -257,7 +257,7 @@ def test_batchnorm_warning_and_failure_are_shown(run_result, tmp_path):
 
 
 def test_plan_without_probe_has_no_memory_sections(tmp_path):
-    from autotune.planner import make_plan
+    from autotune.planning.planner import make_plan
 
     folder = write_report(make_plan(1000, 300, world_size=2), tmp_path / "bare")
     assert entries(folder) == {"report.html", "report.md", "plan.json"}

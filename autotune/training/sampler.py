@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from . import options
-from .errors import BadInput
+from .. import options
+from ..errors import BadInput
 
 
 class PlanSampler(torch.utils.data.Sampler[list[int]]):

@@ -18,7 +18,7 @@ micro-step.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,37 +26,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .workload import batch_size
-
-from . import options
-from .errors import BadInput
-
-
-def item_weight(n_items: int, total_items: int, world_size: int = 1) -> float:
-    """Weight of a micro-step's mean loss: ``n_i / N``, times ``W`` under DDP.
-
-    ``n_i`` items in this micro-batch, ``N`` items in the whole effective batch
-    over all ranks. DDP averages gradients over ``W`` ranks, so the factor ``W``
-    undoes that average and the synchronised gradient is the mean over all ``N``.
-    """
-    if total_items <= 0:
-        raise ValueError(f"the effective batch holds {total_items} items; it must hold at least 1")
-    if n_items < 0:
-        raise ValueError(f"a micro-batch cannot hold {n_items} items")
-    return n_items * world_size / total_items
-
-
-def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:
-    """Split a pytree batch along dim 0 into consecutive micro-batches of ``sizes``."""
-    total = batch_size(batch)
-    if sum(sizes) != total:
-        raise ValueError(f"the schedule {list(sizes)} sums to {sum(sizes)} but the batch holds {total} samples")
-    out, start = [], 0
-    for n in sizes:
-        out.append(tree_map(lambda t, s=start, n=n: t[s:s + n] if isinstance(t, torch.Tensor) and t.dim() else t,
-                            batch))
-        start += n
-    return out
+from .. import options
+from ..errors import BadInput
+from ..workload.batches import batch_size, item_weight, split_batch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ..units import format_bytes
 from .accumulate import Accumulator
-from .units import format_bytes
 
 #: Largest relative gradient error that passes, by precision (fp32 against fp64).
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .serial import envelope, open_envelope
-from .units import format_bytes
+from ..serial import envelope, open_envelope
+from ..units import format_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,7 +17,7 @@ class RunResult:
     ``{"passed": bool, "gradient_relative_error": float | None, "checks": [Check.to_dict(), ...]}``.
     """
 
-    plan: Any  # autotune.planner.Plan
+    plan: Any  # autotune.planning.planner.Plan
     workload: str
     device: dict[str, Any]
     precision: str
@@ -97,7 +97,7 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> RunResult:
-        from .planner import Plan
+        from ..planning.planner import Plan
 
         _, body = open_envelope(data, "RunResult", source=source)
         for derived in ("steps", "memory_ratio", "passed"):
@@ -109,6 +109,6 @@ class RunResult:
         try:
             return cls(**body)
         except (TypeError, ValueError) as exc:
-            from .errors import ResultFileError
+            from ..errors import ResultFileError
 
             raise ResultFileError(f"{source}: not a valid RunResult ({exc})") from None

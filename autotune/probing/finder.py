@@ -28,17 +28,15 @@ from collections.abc import Callable
 
 import torch
 
-from . import log
-from .devices.base import Device
-from .errors import BadInput, DoesNotFit, EstimateUnavailable, WorkloadError
+from .. import log, options
+from ..devices.base import Device
+from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
+from ..results.probe import ProbeResult, Trial
+from ..units import format_bytes
+from ..workload.core import Workload
 from .fitrule import Attempt, isolate, run_trial
-from .results import ProbeResult, Trial
 from .search import PeakCurve, search_max
-from .units import format_bytes
-from .workload import Workload
 
-DEFAULT_MARGIN = 0.10
-DEFAULT_MAX_BATCH = 65536
 #: Relative difference between estimated and real peak worth a note.
 MISMATCH_NOTE = 0.01
 #: A real search never tries more than this many times the largest size that fitted for real
@@ -46,18 +44,6 @@ MISMATCH_NOTE = 0.01
 GROWTH = 2
 #: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
 FAR_BELOW = 0.5
-
-
-def usable_bytes(capacity: int, margin: float) -> int:
-    """Usable capacity = capacity x (1 - margin), in whole bytes."""
-    return int(capacity * (1.0 - margin))
-
-
-def validate(margin: float, max_batch: int) -> None:
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise BadInput(f"margin {margin!r} must be a fraction in [0, 1), e.g. 0.1 for 10% kept free")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise BadInput(f"max batch {max_batch!r} must be a whole number of at least 1")
 
 
 class _Trials:
@@ -101,8 +87,8 @@ class _Trials:
         return self.done[self.log[-1].batch]
 
 
-def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
-          max_batch: int = DEFAULT_MAX_BATCH, data_parallel: bool = False) -> ProbeResult:
+def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
+          max_batch: int = options.MAX_BATCH, data_parallel: bool = False) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
@@ -111,10 +97,10 @@ def probe(workload: Workload, device: Device, *, margin: float = DEFAULT_MARGIN,
     forward), the search runs on the device alone: from micro-batch 1, never
     more than doubling the largest size that fitted.
     """
-    validate(margin, max_batch)
+    margin, max_batch = options.margin(margin), options.whole(max_batch, "max_batch")
     start = time.perf_counter()
     capacity = device.capacity_bytes()
-    usable = usable_bytes(capacity, margin)
+    usable = options.usable_bytes(capacity, margin)
     workload = isolate(workload)
     trials: list[Trial] = []
     notes: list[str] = []

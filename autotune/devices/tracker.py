@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .units import format_bytes
+from ..units import format_bytes
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 _PRECEDENCE = {name: rank for rank, name in enumerate(CATEGORIES)}

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
+from ..devices.base import Device
+from ..devices.oom import is_oom
+from ..errors import BadInput
+from ..planning.planner import Plan, make_plan
+from ..probing.finder import probe
+from ..results.probe import ProbeResult
+from ..workload.core import Workload
 from .accumulate import Accumulator
-from .devices.base import Device
-from .errors import BadInput
-from .oom import is_oom
-from .planner import Plan, make_plan
-from .probing import probe
-from .results import ProbeResult
-from .workload import Workload
 
 Progress = Callable[[str], None]
 MAX_CANDIDATES = 12

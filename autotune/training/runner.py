@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-from . import distributed, log
+from .. import log, options
+from ..devices.base import Device, Session
+from ..devices.oom import is_oom
+from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
+from ..results.run import RunResult
+from ..workload.core import Workload
+from . import distributed
 from .accumulate import Accumulator
-from .devices.base import Device, Session
-from .probing import usable_bytes
-from .runresult import RunResult
-from .errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
-from .oom import is_oom
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
-from .workload import Workload
 
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
@@ -49,7 +48,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
-    usable = plan.probe.usable_bytes if plan.probe is not None else usable_bytes(device.capacity_bytes(), 0.1)
+    usable = plan.probe.usable_bytes if plan.probe is not None else options.usable_bytes(device.capacity_bytes(), options.MARGIN)
     wrap = (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
     where = _Where(workload, device, plan)

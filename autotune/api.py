@@ -12,18 +12,19 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Any
 
-from . import distributed, log, options, probing
+from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
-from .results import ProbeResult
-from .workload import DEFAULT_PROBE, Workload, load_workload
+from .probing import finder
+from .results.probe import ProbeResult
+from .training import distributed
+from .workload.core import DEFAULT_PROBE, Workload, load_workload
 
 if TYPE_CHECKING:
-    from .planner import Plan
-    from .runresult import RunResult
+    from .planning.planner import Plan
+    from .results.run import RunResult
 
 Spec = Workload | str | None
 
@@ -63,7 +64,7 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     wl, dev = resolve(workload, device, memory_budget)
     log.progress(f"probing {wl.name} on {dev.describe()['summary']}")
     data_parallel = distributed.active() if data_parallel is None else bool(data_parallel)
-    result = probing.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
+    result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
@@ -107,7 +108,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
     ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
     """
-    from .planner import make_plan
+    from .planning.planner import make_plan
 
     target_batch = options.whole(target_batch, "target_batch", example="1024")
     margin = options.margin(margin)
@@ -122,7 +123,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
     if tune:
-        from .tune import tune as run_tune
+        from .training.tune import tune as run_tune
 
         if distributed.active():
             raise BadInput("--tune times one process: run autotune plan --tune without torchrun, with "
@@ -142,7 +143,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
 
 def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
     """The process group's world size when there is one; else --world-size, $WORLD_SIZE, 1."""
-    from .planner import world_size_from
+    from .planning.planner import world_size_from
 
     if distributed.active():
         world = distributed.world_size()
@@ -168,7 +169,7 @@ _probe_and_plan = plan  # ``run`` takes a parameter called plan
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """A Plan from a JSON file written by ``autotune plan --output``."""
-    from .planner import Plan
+    from .planning.planner import Plan
     from .serial import read_json
 
     return Plan.from_dict(read_json(path), source=str(path))
@@ -180,7 +181,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         uniform: bool | None = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
-    from .runner import run_plan
+    from .training.runner import run_plan
 
     steps = options.whole(steps, "steps")
     precision = options.precision(precision)

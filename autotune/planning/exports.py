@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import BadInput, PlanError
+from ..errors import BadInput, PlanError
 from .planner import Plan, make_plan, nearest_uniform_targets
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.

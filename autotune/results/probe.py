@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .serial import envelope, open_envelope
-from .units import format_bytes
+from ..serial import envelope, open_envelope
+from ..units import format_bytes
 
 SOURCES = ("estimate", "real")
 
@@ -179,6 +179,6 @@ class ProbeResult:
             body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
             return cls(**body)
         except (TypeError, ValueError, AttributeError) as exc:
-            from .errors import ResultFileError
+            from ..errors import ResultFileError
 
             raise ResultFileError(f"{source}: not a valid ProbeResult ({exc})") from None

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .errors import BadInput, ProbeFileError
-from .workload import Workload, batch_size, default_optimizer
+from ..errors import BadInput, ProbeFileError
+from .core import Workload, batch_size, default_optimizer
 
 Optimizer = torch.optim.Optimizer
 

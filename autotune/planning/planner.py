@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PlanError, ResultFileError
-from .results import ProbeResult
-from .serial import envelope, open_envelope
-from .units import format_bytes
+from ..errors import PlanError, ResultFileError
+from ..results.probe import ProbeResult
+from ..serial import envelope, open_envelope
+from ..units import format_bytes
 
 DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
 

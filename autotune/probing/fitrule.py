@@ -19,13 +19,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from .accumulate import item_weight
-from .devices.base import Device, Measurement, Session
-from .errors import AutotuneError, WorkloadError
-from .oom import is_oom
-from .results import Trial
-from .units import format_bytes
-from .workload import Workload
+from ..devices.base import Device, Measurement, Session
+from ..devices.oom import is_oom
+from ..errors import AutotuneError, WorkloadError
+from ..results.probe import Trial
+from ..units import format_bytes
+from ..workload import Workload, item_weight
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .errors import ProbeFileError, WorkloadError
+from ..errors import ProbeFileError, WorkloadError
+from .batches import batch_size
 
 DEFAULT_PROBE = "gpt"
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
@@ -133,25 +134,6 @@ class Workload:
             raise ValueError(f"workload {self.name!r} has no option(s) {sorted(unknown)}; it offers {sorted(self.options)}")
         bound = {attr: _bind(getattr(self, attr), choice) for attr in ("model", "batch", "loss", "optimizer")}
         return replace(self, **bound, chosen={**self.chosen, **choice})
-
-
-def _leaves(batch: Any) -> list:
-    # The common containers directly; any other pytree through torch's flattening.
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
-        return list(batch)
-    if isinstance(batch, dict) and all(isinstance(t, torch.Tensor) for t in batch.values()):
-        return list(batch.values())
-    return tree_flatten(batch)[0]
-
-
-def batch_size(batch: Any) -> int:
-    """The leading dimension shared by every tensor of a pytree batch."""
-    sizes = {int(t.shape[0]) for t in _leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0}
-    if len(sizes) != 1:
-        raise ValueError(f"every tensor of a batch must share its first dimension; found sizes {sorted(sizes)}")
-    return sizes.pop()
 
 
 def _bind(fn: Callable, choice: Mapping[str, Any]) -> Callable:

@@ -1,0 +1,11 @@
+"""Probing: the largest micro-batch that fits a device, estimated first and confirmed for real.
+
+Owns: the fit rule, the peak curve and the bracketed search, the probe itself. May import: the
+foundation (errors, units, options, log), results, workload, devices.
+"""
+
+from __future__ import annotations
+
+from .finder import exhaustive_max, probe
+
+__all__ = ["exhaustive_max", "probe"]

@@ -1,0 +1,13 @@
+"""The results every stage hands to the next: typed, frozen, validated, JSON with a ``kind`` and a
+``schema_version`` (see :mod:`autotune.serial` for the envelope).
+
+Owns: ProbeResult and its Trials, Plan, RunResult. May import: errors, units, serial (no torch, no
+numpy, no pandas: the planner and the reports read results without them).
+"""
+
+from __future__ import annotations
+
+from .probe import TRIAL_COLUMNS, ProbeResult, Trial
+from .run import RunResult
+
+__all__ = ["TRIAL_COLUMNS", "ProbeResult", "RunResult", "Trial"]

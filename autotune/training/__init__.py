@@ -1,0 +1,13 @@
+"""Training by a plan: exact accumulation, the runner and its verification, DDP, throughput tuning.
+
+Owns: Accumulator, PlanSampler, run_plan, the checks, torch.distributed glue, tune. May import:
+everything below it (foundation, results, planning, workload, devices, probing).
+"""
+
+from __future__ import annotations
+
+from .accumulate import Accumulator, StepOutcome
+from .runner import run_plan
+from .sampler import PlanSampler
+
+__all__ = ["Accumulator", "PlanSampler", "StepOutcome", "run_plan"]
