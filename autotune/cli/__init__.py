@@ -26,6 +26,8 @@ environment:
                                        FakeTensorMode from the start
 """
 
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: the status a shell shows for a tool stopped by a closed pipe
+
 COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}
 
 
@@ -59,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False)
     where = f"[rank {os.environ['RANK']}] " if _under_torchrun() else ""
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:  # the reader left (`autotune plan | head -1`): stop quietly, as Unix tools do
+        _discard_output()
+        return PIPE_CLOSED_EXIT
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
@@ -75,6 +82,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
                   f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _discard_output() -> None:
+    """Point stdout (and stderr, when its reader is gone too) at /dev/null, so that the interpreter's
+    final flush of what is still buffered neither fails nor prints a warning (Python's documented recipe)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # replaced by a test harness or a library caller
+            continue
+        if stream is sys.stdout or _reader_gone(fd):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+
+
+def _reader_gone(fd: int) -> bool:
+    """True when ``fd`` is a pipe or socket whose reading end is closed."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
 
 
 def _under_torchrun() -> bool:
