@@ -12,6 +12,7 @@ from . import distributed
 from .devices import Device, get_device
 from .probing import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, probe
 from .results import ProbeResult
+from .units import plural
 from .workload import DEFAULT_PROBE, Workload, load_workload
 
 
@@ -114,7 +115,7 @@ def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]
     if distributed.active():
         world = distributed.world_size()
         if flag is not None and flag != world:
-            raise BadInput(f"--world-size {flag} but the process group has {world} ranks: drop --world-size "
+            raise BadInput(f"--world-size {flag} but the process group has {plural(world, 'rank')}: drop --world-size "
                            f"or launch {flag} processes")
         return world, "process group"
     return world_size_from(flag, os.environ if env is None else env)

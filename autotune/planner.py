@@ -23,12 +23,9 @@ from .errors import PlanError, ResultFileError
 from .results import ProbeResult
 from .serial import envelope, open_envelope
 from .units import format_bytes
+from .units import plural as _plural
 
 DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,7 +281,7 @@ def _check(target: int, m: int, world: int, q: int) -> None:
         raise PlanError(f"target {target} is not a multiple of --multiple-of {q}: use target "
                         f"{_targets(below, above)}, or a --multiple-of that divides {target}")
     if target // q < world:
-        raise PlanError(f"target {target} on {world} ranks with --multiple-of {q}: every rank needs at least {q} "
+        raise PlanError(f"target {target} on {_plural(world, 'rank')} with --multiple-of {q}: every rank needs at least {q} "
                         f"samples per step ({world * q} in all); use a target of at least {world * q}, "
                         "fewer ranks or a smaller --multiple-of")
     if not ok(target // q):

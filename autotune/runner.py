@@ -24,6 +24,7 @@ from .accumulate import Accumulator
 from .devices.base import Device, Session
 from .probing import usable_bytes
 from .runresult import RunResult
+from .units import plural
 from .errors import BadInput
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 from .workload import Workload
@@ -45,7 +46,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     ddp = distributed.active()
     rank, world = distributed.rank(), distributed.world_size()
     if world != plan.world_size:
-        raise BadInput(f"the plan is for {plan.world_size} rank(s) but {world} process(es) are running: launch with "
+        raise BadInput(f"the plan is for {plural(plan.world_size, 'rank')} but {plural(world, 'process', 'processes')} "
+                       f"{'is' if world == 1 else 'are'} running: launch with "
                        f"torchrun --nproc-per-node {plan.world_size} (or plan for --world-size {world})")
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
@@ -59,7 +61,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         data = torch.Generator().manual_seed(seed)
         if verify:
             if progress:
-                progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
+                progress(f"verifying gradient equivalence on one effective batch of {plural(plan.target_batch, 'sample')} ...")
             first = workload.batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
                                     accumulator_cls, wrap))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .serial import envelope, open_envelope
-from .units import format_bytes
+from .units import format_bytes, plural
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,14 +56,14 @@ class RunResult:
         return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
 
     def summary(self) -> str:
-        lines = [f"ran {self.plan.arithmetic} for {self.steps} steps on {self.device.get('name')} ({self.precision}): "
+        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.get('name')} ({self.precision}): "
                  f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
         mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"
         if self.memory_ratio is not None:
             mem += f", {self.memory_ratio:.3f} x predicted ({format_bytes(self.predicted_peak_bytes)})"
         lines.append(mem)
         if self.skipped_steps:
-            lines.append(f"fp16: {self.skipped_steps} optimizer step(s) skipped by GradScaler (inf/nan gradients)")
+            lines.append(f"fp16: {plural(self.skipped_steps, 'optimizer step')} skipped by GradScaler (inf/nan gradients)")
         if self.verification is not None:
             verdict = "PASSED" if self.passed else "FAILED"
             lines.append(f"verification {verdict}:")

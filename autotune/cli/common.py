@@ -62,6 +62,16 @@ def positive_int(name: str) -> Callable[[str], int]:
     return parse
 
 
+def add_schedule_flags(p: argparse.ArgumentParser) -> None:
+    """How the target batch may be split: ranks, a multiple every micro-batch keeps, equal sizes."""
+    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
+                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
+    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
+                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
+    p.add_argument("--uniform", action="store_true",
+                   help="demand equal micro-batches (fails if the target cannot split evenly)")
+
+
 def add_distributed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist-timeout", type=float, default=600, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before giving up")
@@ -101,9 +111,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
     if probe_flags:
-        p.add_argument("--probe", metavar="FILE", default=None,
-                       help="probe workload: built-in mlp|gpt|convnet, a .py file, or package.module[:function] "
-                            "exposing build() -> autotune.Workload (default: gpt)")
+        p.add_argument("--probe", metavar="PROBE", default=None,
+                       help="the workload: a built-in name (mlp, gpt, convnet, e.g. gpt:build_1b), a .py file, or "
+                            "package.module[:function], exposing build() -> autotune.Workload (default: gpt)")
     p.add_argument("--device", default="auto",
                    help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
                         "estimate (fake tensors only; needs --memory-budget: the GPU you plan for)")

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from .common import (Formatter, Progress, add_common, add_device, add_distributed, add_report, add_schedule_flags,
+                     check_report, positive_int, write_report)
 
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
@@ -51,11 +52,7 @@ def add_plan_flags(p) -> None:
     p.add_argument("--target-batch", type=positive_int("--target-batch"), required=True, metavar="N",
                    help="effective batch per optimizer step, over all ranks")
     add_device(p)
-    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
-    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
-                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
-    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches (fails if the target cannot split evenly)")
+    add_schedule_flags(p)
 
 
 def check_output(path: str | None) -> None:

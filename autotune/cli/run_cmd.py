@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from .common import Formatter, Progress, add_common, add_device, add_distributed, add_report, check_report, positive_int, write_report
+from .common import (Formatter, Progress, add_common, add_device, add_distributed, add_report, add_schedule_flags,
+                     check_report, positive_int, write_report)
 from .plan_cmd import check_output
 
 EXAMPLES = """\
@@ -31,10 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
                    help="plan for this effective batch first (when no --plan)")
     add_device(p)
-    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
-    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q")
-    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches")
+    add_schedule_flags(p)
     p.add_argument("--steps", type=positive_int("--steps"), default=20, help="optimizer steps to train")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check gradient equivalence, memory and sample counts")
