@@ -7,10 +7,11 @@ from typing import Any
 
 import pandas as pd
 
-from .serial import envelope, open_envelope
+from .serial import envelope, invalid, open_envelope, read_fields, read_record
 from .units import format_bytes
 
 TRIAL_COLUMNS = ("batch", "source", "peak_bytes", "fits", "seconds", "oom")
+TRIAL_TYPES = {"batch": int, "source": str, "peak_bytes": int | None, "fits": bool, "seconds": float, "oom": bool}
 
 
 def trials_frame(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
@@ -140,14 +141,15 @@ class ProbeResult:
         _, body = open_envelope(data, "ProbeResult", source=source)
         for derived in ("headroom_bytes", "real_runs", "real_ooms"):
             body.pop(derived, None)
-        body["trials"] = trials_frame(body.get("trials") or [])
-        body["notes"] = tuple(body.get("notes") or ())
-        body["ranks"] = tuple(body.get("ranks") or ())
-        body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
-        body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
+        body = read_fields(cls, body, kind="ProbeResult", source=source)
+        rows = body.get("trials", [])
+        if not isinstance(rows, list):
+            raise invalid("ProbeResult", source, "trials is not a list of trial objects")
+        types = {c: TRIAL_TYPES.get(c, Any) for c in TRIAL_COLUMNS}
+        rows = [read_record(row, types, kind="ProbeResult", source=source, where=f"trials[{i}]")
+                for i, row in enumerate(rows)]
         try:
+            body["trials"] = trials_frame(rows)
             return cls(**body)
-        except TypeError as exc:
-            from .errors import ResultFileError
-
-            raise ResultFileError(f"{source}: not a valid ProbeResult ({exc})") from None
+        except (TypeError, ValueError) as exc:
+            raise invalid("ProbeResult", source, str(exc)) from None
