@@ -61,7 +61,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         data = torch.Generator().manual_seed(seed)
         if verify:
             if progress:
-                progress(f"verifying gradient equivalence on one effective batch of {plural(plan.target_batch, 'sample')} ...")
+                progress(f"verifying gradient equivalence on one effective batch of "
+                         f"{plural(plan.target_batch, 'sample')} ...")
             first = workload.batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
                                     accumulator_cls, wrap))

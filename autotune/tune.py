@@ -138,7 +138,8 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     plan = make_plan(target_batch, micro, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                      probe=probes[label], world_size_source=world_size_source)
     note = (f"tuned: {best.value:,.0f} samples/s with micro-batch {micro}"
-            f"{' and ' + label if choices[label] else ''}, the fastest of {plural(len(measured), 'candidate')} measured")
+            f"{' and ' + label if choices[label] else ''}, "
+            f"the fastest of {plural(len(measured), 'candidate')} measured")
     return replace(plan, tuning=tuning, notes=plan.notes + (note,))
 
 

@@ -204,7 +204,8 @@ def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int,
     steps = len(consumed)
     if not bad:
         return Check(name="count", passed=True, value=steps, limit=steps,
-                     message=f"all {plural(steps, 'step')} consumed exactly {plural(expected_samples, 'sample')} and their items")
+                     message=f"all {plural(steps, 'step')} consumed exactly {plural(expected_samples, 'sample')} "
+                             "and their items")
     i, s, n, want = bad[0]
     return Check(name="count", passed=False, value=steps - len(bad), limit=steps,
                  message=f"step {i + 1} consumed {s} samples / {n} items, expected {expected_samples} samples / "

@@ -17,7 +17,8 @@ BN_ADVICE = ("accumulated gradients cannot equal the full-batch gradient; replac
 
 def run_section(run: RunResult) -> Section:
     rows = [
-        ("Steps", f"{plural(run.steps, 'optimizer step')} of {plural(run.plan.target_batch, 'sample')} ({run.precision})"),
+        ("Steps", f"{plural(run.steps, 'optimizer step')} of {plural(run.plan.target_batch, 'sample')} "
+                  f"({run.precision})"),
         ("Throughput", f"{run.samples_per_s:,.0f} samples/s, {run.items_per_s:,.0f} items/s"),
         ("Peak memory", f"{format_bytes(run.peak_bytes)} of {format_bytes(run.usable_bytes)} usable"),
         ("Predicted peak", format_bytes(run.predicted_peak_bytes)),

@@ -54,6 +54,7 @@ def test_gpus_that_a_cpu_only_torch_cannot_use_are_named_without_importing_torch
     monkeypatch.setattr(devices, "torch_build", lambda: TorchBuild(version="2.13.0+cpu", gpu=None))
     out = devices.list_devices(nvml=FakeNvml(count=1))
     assert len(out["gpus"]) == 1 and out["torch"] == "2.13.0+cpu"
-    assert out["notes"] == ["torch 2.13.0+cpu is a CPU-only build: it cannot use these GPUs; install a CUDA build of torch"]
+    assert out["notes"] == ["torch 2.13.0+cpu is a CPU-only build: it cannot use these GPUs; "
+                            "install a CUDA build of torch"]
     monkeypatch.setattr(devices, "torch_build", lambda: TorchBuild(version="2.13.0", gpu="cuda 12.8"))
     assert devices.list_devices(nvml=FakeNvml(count=1))["notes"] == []

@@ -11,7 +11,8 @@ import pytest
 from autotune.cli import main
 
 MLP = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB"]
-NOUNS = r"(?:optimizer )?(?:steps|ranks|samples|items|checks|runs|trials|candidates|layers|rounds|micro-steps|processes)"
+NOUNS = (r"(?:optimizer )?(?:steps|ranks|samples|items|checks|runs|trials|candidates|layers|rounds|micro-steps"
+         r"|processes)")
 ONE_PLURAL = re.compile(rf"(?<![\d.,])1 {NOUNS}\b|\b1 \w+\(s\)|\b1 \w+\(es\)")
 
 
@@ -31,7 +32,8 @@ def test_one_of_anything_is_singular_in_every_output(capsys, tmp_path):
     code = main(["run", "--target-batch", "1", *MLP, "--steps", "1", "--report", str(folder)])
     out, err = capsys.readouterr()
     assert code == 0 and "for 1 step " in out
-    texts = {"stdout": out, "stderr": err, **{name: (folder / name).read_text() for name in ("report.md", "report.html")}}
+    texts = {"stdout": out, "stderr": err,
+             **{name: (folder / name).read_text() for name in ("report.md", "report.html")}}
     for where, text in texts.items():
         assert ONE_PLURAL.findall(text) == [], where
 
