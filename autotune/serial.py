@@ -5,14 +5,18 @@ No torch here: the planner and the reports use it too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
-import tempfile
+import signal
+import stat
+import threading
 import types
 import typing
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -191,24 +195,117 @@ def dumps(data: dict[str, Any]) -> str:
     return json.dumps(_clean(data), indent=2, sort_keys=False) + "\n"
 
 
-def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one."""
+def check_writable(path: str | os.PathLike, *, what: str | None = None) -> Path:
+    """The file that writing ``path`` replaces (through symlinks); BadInput, starting with ``what``,
+    when it cannot be written: a missing or unwritable folder, a folder, a read-only file.
+
+    Cheap enough to call before long work, so that a bad output path fails first.
+    """
     path = Path(path)
-    if not path.parent.is_dir():
-        raise BadInput(f"cannot write {path}: folder {path.parent} does not exist; create it or choose another path")
-    mode = "wb" if isinstance(text, bytes) else "w"
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise BadInput(f"cannot write {path}: {exc.strerror or exc}; choose a writable folder") from exc
-    try:
-        with os.fdopen(fd, mode) as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    what = what or f"cannot write {path}"
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise BadInput(f"{what}: it is a folder; give a file path, e.g. {path / 'result.json'}")
+    if _is_special(path):
+        return path  # /dev/null, a pipe: written in place
+    folder = target.parent
+    if not folder.is_dir():
+        raise BadInput(f"{what}: folder {folder} does not exist; create it or choose another path")
+    if target.exists() and not target.stat().st_mode & 0o222:
+        raise BadInput(f"{what}: it is read-only; make it writable (chmod u+w) or choose another path")
+    if not _can_create_in(folder):
+        raise BadInput(f"{what}: folder {folder} is not writable; choose another path")
+    return target
+
+
+def write_atomic(path: str | os.PathLike, text: str | bytes, *, what: str | None = None) -> Path:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one.
+
+    The file is written as any program writes one: a new file gets the mode the umask
+    gives, an existing one keeps its mode, and a symlink stays a link whose target is
+    replaced. The new text goes to a hidden temporary file beside the target first,
+    removed again on any error, Ctrl-C or SIGTERM. BadInput names ``what`` (default
+    "cannot write PATH") when the file cannot be written.
+    """
+    path = Path(path)
+    what = what or f"cannot write {path}"
+    target = check_writable(path, what=what)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if _is_special(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    with cleanup_before_termination():
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise BadInput(f"{what}: {exc.strerror or exc}") from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
+
+
+def _is_special(path: Path) -> bool:
+    """An existing file that is not a regular file or a folder (/dev/null, /dev/stdout, a named pipe)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _can_create_in(folder: Path) -> bool:
+    probe = folder / f".autotune-write-check.{uuid.uuid4().hex[:8]}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return False
+    probe.unlink(missing_ok=True)
+    return True
+
+
+class _Terminated(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+@contextlib.contextmanager
+def cleanup_before_termination() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP (where they would end the process outright) raise
+    inside it, so its cleanup (``except``/``finally``) runs; then the signal ends the process as it
+    would have. Elsewhere than the main thread, or with a handler of the program's own, nothing changes.
+    """
+    signals = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, _raise_terminated) for s in signals if signal.getsignal(s) is signal.SIG_DFL}
+    try:
+        yield
+    except _Terminated as exc:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        previous = {}
+        os.kill(os.getpid(), exc.signum)  # the default action again: the process ends here
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def read_json(path: str | os.PathLike) -> Any:

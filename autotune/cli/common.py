@@ -84,6 +84,22 @@ def add_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace the --report folder if it exists")
 
 
+def check_output(path: str | None) -> None:
+    """Fail on an unusable --output file before any long work."""
+    if path:
+        from ..serial import check_writable
+
+        check_writable(path, what=f"--output {path}")
+
+
+def write_output(path: str | None, text: str) -> None:
+    """Write the --output file, after the result is printed (a late failure loses nothing on screen)."""
+    if path:
+        from ..serial import write_atomic
+
+        write_atomic(path, text, what=f"--output {path}")
+
+
 def check_report(args) -> None:
     """Fail on an unusable --report folder before any long work."""
     if getattr(args, "report", None):

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from ..errors import BadInput
 from .common import (Formatter, Progress, add_common, add_device, add_distributed, add_report, add_schedule_flags,
-                     check_report, positive_int, write_report)
+                     check_output, check_report, positive_int, write_output, write_report)
 
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 
@@ -55,11 +53,6 @@ def add_plan_flags(p) -> None:
     add_schedule_flags(p)
 
 
-def check_output(path: str | None) -> None:
-    if path and not Path(path).parent.resolve().is_dir():
-        raise BadInput(f"--output {path}: folder {Path(path).parent} does not exist; create it or choose another path")
-
-
 def run(args) -> int:
     from .. import distributed
 
@@ -71,7 +64,7 @@ def run(args) -> int:
 
 def _plan(args, *, lead: bool) -> int:
     from .. import pipeline
-    from ..serial import dumps, write_atomic
+    from ..serial import dumps
 
     fmt = "json" if args.json else args.format
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
@@ -82,8 +75,6 @@ def _plan(args, *, lead: bool) -> int:
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())
-    if args.output:
-        write_atomic(args.output, text)
     if fmt == "json":
         print(text, end="")
     elif fmt == "table":
@@ -95,5 +86,6 @@ def _plan(args, *, lead: bool) -> int:
         for warning in warnings:
             print(f"autotune plan: warning: {warning}", file=sys.stderr)
         print(json.dumps(data, indent=2))
+    write_output(args.output, text)
     write_report(args, plan)
     return 0

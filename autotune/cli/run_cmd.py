@@ -6,8 +6,7 @@ import argparse
 
 from ..errors import BadInput
 from .common import (Formatter, Progress, add_common, add_device, add_distributed, add_report, add_schedule_flags,
-                     check_report, positive_int, write_report)
-from .plan_cmd import check_output
+                     check_output, check_report, positive_int, write_output, write_report)
 
 EXAMPLES = """\
 Trains the probe workload by the plan for N optimizer steps and verifies it:
@@ -62,7 +61,7 @@ def run(args) -> int:
 
 def _run(args, *, lead: bool) -> int:
     from .. import pipeline
-    from ..serial import dumps, write_atomic
+    from ..serial import dumps
 
     progress = Progress(args.quiet or args.json or not lead)
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
@@ -72,8 +71,7 @@ def _run(args, *, lead: bool) -> int:
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())
-    if args.output:
-        write_atomic(args.output, text)
     print(text, end="") if args.json else print(result.summary())
+    write_output(args.output, text)
     write_report(args, result)
     return 0 if result.passed else 1
