@@ -65,6 +65,7 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     if text == "auto":
         text = "cuda:0" if _cuda_names(cuda) else "cpu"
     if text == "cpu":
+        _check_ram(memory_budget)
         return CpuDevice(memory_budget=memory_budget)
     if text == "estimate":
         if memory_budget is None:
@@ -91,6 +92,18 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     if index >= len(present):
         raise DeviceError(f"cuda:{index} does not exist: devices here are cpu, {', '.join(present)}, estimate")
     return CudaDevice(index, memory_budget=memory_budget, cuda=cuda, nvml=nvml)
+
+
+def _check_ram(memory_budget: int | None) -> None:
+    """A CPU budget is memory this machine has: more than its RAM cannot be measured or enforced."""
+    total = ram_bytes()[0]
+    if memory_budget is not None and memory_budget > total:
+        from ..units import format_bytes
+
+        raise DeviceError(
+            f"--memory-budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
+            f"give at most {format_bytes(total)} for --device cpu, or plan for a larger device with "
+            f"--device estimate --memory-budget {format_bytes(memory_budget).replace(' ', '')}")
 
 
 def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
