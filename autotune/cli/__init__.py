@@ -20,6 +20,9 @@ examples:
   autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
 
+exit codes: 0 done, 1 the work failed (e.g. a verification check), 2 bad input,
+  141 the reader of the output left early (autotune plan | head -1)
+
 environment:
   AUTOTUNE_ESTIMATE_ENGINE=meta|fake   how estimates run: on meta tensors (default;
                                        falls back to fake where it must) or under
