@@ -6,7 +6,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.devices import get_device
-from autotune.devices.host import ram_bytes
+from autotune.devices.cpu import ram_bytes
 from autotune.errors import BadInput
 from autotune.units import format_bytes
 
