@@ -20,6 +20,7 @@ from .errors import BadInput
 from .probing import finder
 from .results.probe import ProbeResult
 from .training import distributed
+from .units import plural
 from .workload.core import DEFAULT_PROBE, Workload, load_workload
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]
     if distributed.active():
         world = distributed.world_size()
         if flag is not None and flag != world:
-            raise BadInput(f"--world-size {flag} but the process group has {world} ranks: drop --world-size "
+            raise BadInput(f"--world-size {flag} but the process group has {plural(world, 'rank')}: drop --world-size "
                            f"or launch {flag} processes")
         return world, "process group"
     return world_size_from(flag, os.environ if env is None else env)

@@ -42,6 +42,11 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
     return value
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``: a count with its noun; ``many`` where adding "s" is wrong (process, processes)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def format_bytes(n: float | int | None) -> str:
     """``1536 -> '1.5 KiB'``; sizes a person reads, in binary units."""
     if n is None:

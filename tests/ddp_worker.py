@@ -6,8 +6,8 @@ import json
 import sys
 
 from autotune import api as pipeline
-from autotune.training import distributed
 from autotune.devices import get_device
+from autotune.training import distributed
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
 from autotune.workload.core import load_workload

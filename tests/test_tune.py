@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.training import tune as tune_module
 from autotune.devices import get_device
 from autotune.planning.planner import make_plan
+from autotune.training import tune as tune_module
 from autotune.training.tune import candidate_sizes, tune
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
 import textwrap
 
 import pytest
@@ -89,3 +92,72 @@ def test_workload_validates_itself():
         Workload(name="", model=lambda: None, batch=lambda n, g: None, loss=lambda m, b: None)
     with pytest.raises(ValueError, match="callable"):
         Workload(name="x", model=3, batch=lambda n, g: None, loss=lambda m, b: None)
+
+
+# -- a probe file's folder is importable -----------------------------------------------------------
+
+_SIBLING_PROBE = """
+    import colorsys
+    import torch
+    from autotune import Workload
+    from {module} import Net
+
+    assert hasattr(colorsys, "rgb_to_hsv")  # the standard library's, not the file beside the probe
+
+    def build():
+        def loss(model, batch):
+            from {module}_loss import mean_square  # imported only when the loss first runs
+            return mean_square(model(batch))
+        return Workload(name="sibling", model=Net, batch=lambda n, g: torch.randn(n, 2, generator=g), loss=loss)
+"""
+
+
+@pytest.fixture
+def clean_imports(monkeypatch):
+    """sys.path and sys.modules as they were before the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def _sibling_folder(tmp_path, module: str):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text("import torch\nclass Net(torch.nn.Linear):\n"
+                                         "    def __init__(self):\n        super().__init__(2, 1)\n")
+    (folder / f"{module}_loss.py").write_text("def mean_square(x):\n    return x.pow(2).mean()\n")
+    (folder / "colorsys.py").write_text("raise ImportError('a file beside the probe shadowed the standard library')\n")
+    (folder / "probe.py").write_text(textwrap.dedent(_SIBLING_PROBE.format(module=module)))
+    return folder
+
+
+def test_a_probe_file_imports_the_module_beside_it_from_any_folder(tmp_path, monkeypatch, clean_imports):
+    folder = _sibling_folder(tmp_path, "my_model_a")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    w = load_workload(str(folder / "probe.py"))
+    model = w.model()
+    loss = w.loss(model, w.batch(3, torch.Generator().manual_seed(0)))  # the lazy import, after loading
+    assert w.name == "sibling" and loss.ndim == 0
+
+
+def test_a_probe_files_folder_comes_after_the_standard_library_and_once(tmp_path, clean_imports):
+    folder = _sibling_folder(tmp_path, "my_model_b")
+    load_workload(str(folder / "probe.py"))
+    load_workload(f"{folder / 'probe.py'}:build")
+    entries = [os.path.realpath(p) for p in sys.path]
+    assert entries.count(os.path.realpath(folder)) == 1
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    if stdlib in entries:
+        assert entries.index(os.path.realpath(folder)) > entries.index(stdlib)
+
+
+def test_a_probe_file_that_fails_leaves_sys_path_as_it_was(tmp_path, clean_imports):
+    path = _file(tmp_path, "from no_such_sibling import Net\n")
+    before = list(sys.path)
+    with pytest.raises(ProbeFileError, match="No module named 'no_such_sibling'"):
+        load_workload(path)
+    assert sys.path == before

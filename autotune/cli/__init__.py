@@ -21,11 +21,16 @@ examples:
   autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
 
+exit codes: 0 done, 1 the work failed (e.g. a verification check), 2 bad input,
+  141 the reader of the output left early (autotune plan | head -1)
+
 environment:
   AUTOTUNE_ESTIMATE_ENGINE=meta|fake   how estimates run: on meta tensors (default;
                                        falls back to fake where it must) or under
                                        FakeTensorMode from the start
 """
+
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: the status a shell shows for a tool stopped by a closed pipe
 
 COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}
 
@@ -63,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
              or getattr(args, "format", "table") != "table" or os.environ.get("RANK", "0") != "0")
     try:
         with progress_on_stderr(quiet=quiet, verbose=getattr(args, "verbose", False)):
-            return int(args.handler(args) or 0)
+            code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:  # the reader left (`autotune plan | head -1`): stop quietly, as Unix tools do
+        _discard_output()
+        return PIPE_CLOSED_EXIT
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
@@ -79,6 +89,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
                   f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _discard_output() -> None:
+    """Point stdout (and stderr, when its reader is gone too) at /dev/null, so that the interpreter's
+    final flush of what is still buffered neither fails nor prints a warning (Python's documented recipe)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # replaced by a test harness or a library caller
+            continue
+        if stream is sys.stdout or _reader_gone(fd):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+
+
+def _reader_gone(fd: int) -> bool:
+    """True when ``fd`` is a pipe or socket whose reading end is closed."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
 
 
 def _under_torchrun() -> bool:

@@ -52,6 +52,16 @@ def positive_int(name: str) -> Callable[[str], int]:
     return flag(options.whole, name)
 
 
+def add_schedule_flags(p: argparse.ArgumentParser) -> None:
+    """How the target batch may be split: ranks, a multiple every micro-batch keeps, equal sizes."""
+    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
+                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
+    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
+                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
+    p.add_argument("--uniform", action="store_true",
+                   help="demand equal micro-batches (fails if the target cannot split evenly)")
+
+
 def add_distributed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist-timeout", type=flag(options.seconds, "--dist-timeout"), default=options.DIST_TIMEOUT_S,
                    metavar="SECONDS",
@@ -63,6 +73,22 @@ def add_report(p: argparse.ArgumentParser) -> None:
                    help="also write a memory report folder (HTML with plots, Markdown, CSV, JSON); "
                         "default folder reports/<probe>-<YYYYmmdd-HHMMSS>/")
     p.add_argument("--force", action="store_true", help="replace the --report folder if it exists")
+
+
+def check_output(path: str | None) -> None:
+    """Fail on an unusable --output file before any long work."""
+    if path:
+        from ..serial import check_writable
+
+        check_writable(path, what=f"--output {path}")
+
+
+def write_output(path: str | None, text: str) -> None:
+    """Write the --output file, after the result is printed (a late failure loses nothing on screen)."""
+    if path:
+        from ..serial import write_atomic
+
+        write_atomic(path, text, what=f"--output {path}")
 
 
 def check_report(args) -> None:
@@ -93,9 +119,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
     if probe_flags:
-        p.add_argument("--probe", metavar="FILE", default=None,
-                       help="probe workload: built-in mlp|gpt|convnet, a .py file, or package.module[:function] "
-                            "exposing build() -> autotune.Workload (default: gpt)")
+        p.add_argument("--probe", metavar="PROBE", default=None,
+                       help="the workload: a built-in name (mlp, gpt, convnet, e.g. gpt:build_1b), a .py file, or "
+                            "package.module[:function], exposing build() -> autotune.Workload (default: gpt)")
     p.add_argument("--device", default="auto",
                    help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
                         "estimate (fake tensors only; needs --memory-budget: the GPU you plan for)")

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from .. import options
-from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
     add_device,
     add_distributed,
     add_report,
+    add_schedule_flags,
+    check_output,
     check_report,
     positive_int,
+    write_output,
     write_report,
 )
 
@@ -60,16 +61,7 @@ def add_plan_flags(p) -> None:
     p.add_argument("--target-batch", type=positive_int("--target-batch"), required=True, metavar="N",
                    help="effective batch per optimizer step, over all ranks")
     add_device(p)
-    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
-    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
-                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
-    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches (fails if the target cannot split evenly)")
-
-
-def check_output(path: str | None) -> None:
-    if path and not Path(path).parent.resolve().is_dir():
-        raise BadInput(f"--output {path}: folder {Path(path).parent} does not exist; create it or choose another path")
+    add_schedule_flags(p)
 
 
 def run(args) -> int:
@@ -83,7 +75,7 @@ def run(args) -> int:
 
 def _plan(args, *, lead: bool) -> int:
     from .. import api as pipeline
-    from ..serial import dumps, write_atomic
+    from ..serial import dumps
 
     fmt = "json" if args.json else args.format
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
@@ -93,8 +85,6 @@ def _plan(args, *, lead: bool) -> int:
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())
-    if args.output:
-        write_atomic(args.output, text)
     if fmt == "json":
         print(text, end="")
     elif fmt == "table":
@@ -106,5 +96,6 @@ def _plan(args, *, lead: bool) -> int:
         for warning in warnings:
             print(f"autotune plan: warning: {warning}", file=sys.stderr)
         print(json.dumps(data, indent=2))
+    write_output(args.output, text)
     write_report(args, plan)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import options
-from .common import Formatter, add_common, add_device, positive_int
+from .common import Formatter, add_common, add_device, check_output, positive_int, write_output
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -30,17 +30,17 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from .. import api as pipeline
-    from ..serial import dumps, write_atomic
+    from ..serial import dumps
 
+    check_output(args.output)
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
-                                margin=args.margin, max_batch=args.max_batch)
+                            margin=args.margin, max_batch=args.max_batch)
     text = dumps(result.to_dict())
-    if args.output:
-        write_atomic(args.output, text)
     if args.json:
         print(text, end="")
     else:
         print(describe(result))
+    write_output(args.output, text)
     return 0
 
 

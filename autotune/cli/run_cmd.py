@@ -12,12 +12,14 @@ from .common import (
     add_device,
     add_distributed,
     add_report,
+    add_schedule_flags,
+    check_output,
     check_report,
     flag,
     positive_int,
+    write_output,
     write_report,
 )
-from .plan_cmd import check_output
 
 EXAMPLES = """\
 Trains the probe workload by the plan for N optimizer steps and verifies it:
@@ -42,10 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
                    help="plan for this effective batch first (when no --plan)")
     add_device(p)
-    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
-    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q")
-    p.add_argument("--uniform", action="store_true", help="demand equal micro-batches")
+    add_schedule_flags(p)
     p.add_argument("--steps", type=positive_int("--steps"), default=options.STEPS, help="optimizer steps to train")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check gradient equivalence, memory and sample counts")
@@ -73,7 +72,7 @@ def run(args) -> int:
 
 def _run(args, *, lead: bool) -> int:
     from .. import api as pipeline
-    from ..serial import dumps, write_atomic
+    from ..serial import dumps
 
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
@@ -82,8 +81,7 @@ def _run(args, *, lead: bool) -> int:
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())
-    if args.output:
-        write_atomic(args.output, text)
     print(text, end="") if args.json else print(result.summary())
+    write_output(args.output, text)
     write_report(args, result)
     return 0 if result.passed else 1

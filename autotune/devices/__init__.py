@@ -1,22 +1,40 @@
-"""Devices: ``cpu``, ``cuda:N`` and ``estimate``, behind one interface (see base.Device)."""
+"""Devices: ``cpu``, ``cuda:N`` and ``estimate``, behind one interface (see base.Device).
+
+The device classes load on first use: ``list_devices`` (``autotune devices``)
+answers from NVML and /proc without importing torch.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
-from .base import Device, Measurement, Session
-from .cpu import CpuDevice, ram_bytes
-from .cuda import CudaDevice
-from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
+from .host import ram_bytes, torch_build
 from .nvml import load_nvml
 
-__all__ = ["Device", "Measurement", "Session", "CpuDevice", "CudaDevice", "EstimateDevice",
-           "CUDA_CONTEXT_ALLOWANCE", "get_device", "list_devices"]
+if TYPE_CHECKING:
+    from .base import Device, Measurement, Session
+    from .cpu import CpuDevice
+    from .cuda import CudaDevice
+    from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
+
+__all__ = ["CUDA_CONTEXT_ALLOWANCE", "CpuDevice", "CudaDevice", "Device", "EstimateDevice", "Measurement", "Session",
+           "get_device", "list_devices"]
+
+_LAZY = {"Device": "base", "Measurement": "base", "Session": "base", "CpuDevice": "cpu", "CudaDevice": "cuda",
+         "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate"
 
@@ -35,11 +53,19 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     ``auto`` is ``cuda:0`` when a CUDA GPU is usable, else ``cpu``. ``estimate``
     needs ``memory_budget``: the memory of the GPU you are planning for.
     """
-    cuda = cuda if cuda is not None else torch.cuda
+    from .cpu import CpuDevice
+    from .cuda import CudaDevice
+    from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
+
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
     text = str(name).strip().lower()
     if text == "auto":
         text = "cuda:0" if _cuda_names(cuda) else "cpu"
     if text == "cpu":
+        _check_ram(memory_budget)
         return CpuDevice(memory_budget=memory_budget)
     if text == "estimate":
         if memory_budget is None:
@@ -68,15 +94,32 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     return CudaDevice(index, memory_budget=memory_budget, cuda=cuda, nvml=nvml)
 
 
+def _check_ram(memory_budget: int | None) -> None:
+    """A CPU budget is memory this machine has: more than its RAM cannot be measured or enforced."""
+    total = ram_bytes()[0]
+    if memory_budget is not None and memory_budget > total:
+        from ..units import format_bytes
+
+        raise DeviceError(
+            f"--memory-budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
+            f"give at most {format_bytes(total)} for --device cpu, or plan for a larger device with "
+            f"--device estimate --memory-budget {format_bytes(memory_budget).replace(' ', '')}")
+
+
 def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
-    """What ``autotune devices`` shows: the CPU's RAM and every GPU's memory."""
-    cuda = cuda if cuda is not None else torch.cuda
+    """What ``autotune devices`` shows: the CPU's RAM and every GPU's memory.
+
+    GPUs come from NVML. torch is imported only when NVML cannot list them and
+    the installed torch was built for GPUs (then ``torch.cuda`` is asked), or
+    when ``cuda`` (a ``torch.cuda``-like object) is passed.
+    """
     total, available = ram_bytes()
+    build = torch_build()
     out: dict[str, Any] = {
         "cpu": {"name": "cpu", "cpu_count": os.cpu_count(), "ram_total_bytes": total, "ram_available_bytes": available},
         "gpus": [],
         "notes": [],
-        "torch": torch.__version__,
+        "torch": build.version,
     }
     if nvml is True:
         nvml, why = load_nvml()
@@ -93,19 +136,26 @@ def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
             })
         if not out["gpus"]:
             out["notes"].append("NVML loaded but reports no GPU")
+        elif cuda is not None and not _cuda_names(cuda):
+            out["notes"].append("torch cannot use these GPUs (CPU-only torch build?)")
+        elif cuda is None and build.gpu is None:
+            out["notes"].append(f"torch {build.version} is a CPU-only build: it cannot use these GPUs; "
+                                "install a CUDA build of torch")
+        return out
+    if cuda is None and build.gpu is not None:
+        import torch
+
+        cuda = torch.cuda
+    gpus = _cuda_names(cuda) if cuda is not None else []
+    if gpus:
+        out["notes"].append(f"{why}; GPU memory from torch.cuda.mem_get_info instead")
+        for i, _ in enumerate(gpus):
+            free, total_g = cuda.mem_get_info(i)
+            out["gpus"].append({
+                "index": i, "name": cuda.get_device_name(i), "total_bytes": int(total_g),
+                "free_bytes": int(free), "used_bytes": int(total_g - free),
+                "other_processes_bytes": None, "other_processes": None,
+            })
     else:
-        gpus = _cuda_names(cuda)
-        if gpus:
-            out["notes"].append(f"{why}; GPU memory from torch.cuda.mem_get_info instead")
-            for i, _ in enumerate(gpus):
-                free, total_g = cuda.mem_get_info(i)
-                out["gpus"].append({
-                    "index": i, "name": cuda.get_device_name(i), "total_bytes": int(total_g),
-                    "free_bytes": int(free), "used_bytes": int(total_g - free),
-                    "other_processes_bytes": None, "other_processes": None,
-                })
-        else:
-            out["notes"].append(f"no NVIDIA driver or GPU found ({why}); CUDA is not available to torch")
-    if not _cuda_names(cuda) and out["gpus"]:
-        out["notes"].append("torch cannot use these GPUs (CPU-only torch build?)")
+        out["notes"].append(f"no NVIDIA driver or GPU found ({why}); CUDA is not available to torch")
     return out

@@ -12,18 +12,8 @@ import torch
 
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
+from .host import ram_bytes
 from .tracker import LiveStorageTracker
-
-
-def ram_bytes() -> tuple[int, int]:
-    """(total, available) RAM of this machine in bytes."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
-        return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
-    except (OSError, KeyError, ValueError):
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return pages, pages
 
 
 class CpuDevice:

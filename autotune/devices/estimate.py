@@ -33,6 +33,7 @@ from ..errors import BadInput
 from ..units import format_bytes
 from .base import Measurement, Session, T, _move_module, timed_measure
 from .meta import CpuKernelChoices, MetaKernels
+from .quiet import quiet_torch_logs
 from .tracker import LiveStorageTracker
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
@@ -91,6 +92,7 @@ class EstimateDevice:
     def capacity_bytes(self) -> int:
         return self.budget - self.allowance
 
+    @quiet_torch_logs
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare.
         if self.engine == "meta":

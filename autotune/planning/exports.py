@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import BadInput, PlanError
+from ..units import plural as _plural
 from .planner import Plan, make_plan, nearest_uniform_targets
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
@@ -22,10 +23,6 @@ NAMES = {
     "deepspeed": "DeepSpeed",
     "accelerate": "Accelerate",
 }
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _settings(plan: Plan, fmt: str) -> dict[str, Any]:

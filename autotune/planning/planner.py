@@ -21,14 +21,11 @@ from typing import Any
 
 from ..errors import PlanError, ResultFileError
 from ..results.probe import ProbeResult
-from ..serial import envelope, open_envelope
+from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
+from ..units import plural as _plural
 
 DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,16 +164,20 @@ class Plan:
         _, body = open_envelope(data, "Plan", source=source)
         for derived in DERIVED:
             body.pop(derived, None)
+        body = read_fields(cls, body, kind="Plan", source=source)
+        if body.get("probe") is not None:
+            body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
         try:
-            body["schedule"] = tuple(tuple(rank) for rank in body.get("schedule") or ())
-            body["notes"] = tuple(body.get("notes") or ())
-            if body.get("probe") is not None:
-                body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
-            return cls(**body)
+            plan = cls(**body)
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, ResultFileError):
-                raise
-            raise ResultFileError(f"{source}: not a valid Plan ({exc})") from None
+            raise invalid("Plan", source, str(exc)) from None
+        probed = plan.probe.max_micro_batch if plan.probe is not None else None
+        on_purpose = probed is not None and _above_probe(plan.max_micro_batch, probed) in plan.notes
+        if probed is not None and plan.micro_batch > probed and not on_purpose:
+            raise ResultFileError(
+                f"{source}: micro-batch {plan.micro_batch} in the schedule is above the {probed} its probe found "
+                f"to fit: plan again (autotune plan --output), or keep every micro-batch at most {probed}")
+        return plan
 
 
 def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
@@ -284,7 +285,8 @@ def _check(target: int, m: int, world: int, q: int) -> None:
         raise PlanError(f"target {target} is not a multiple of --multiple-of {q}: use target "
                         f"{_targets(below, above)}, or a --multiple-of that divides {target}")
     if target // q < world:
-        raise PlanError(f"target {target} on {world} ranks with --multiple-of {q}: every rank needs at least {q} "
+        raise PlanError(f"target {target} on {_plural(world, 'rank')} with --multiple-of {q}: "
+                        f"every rank needs at least {q} "
                         f"samples per step ({world * q} in all); use a target of at least {world * q}, "
                         "fewer ranks or a smaller --multiple-of")
     if not ok(target // q):
@@ -351,5 +353,10 @@ def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, prob
         if even is not None:
             notes.append(f"--uniform would give {_build(target, m, world, q, even).arithmetic}")
     if probe is not None and m > probe.max_micro_batch:
-        notes.append(f"max micro-batch {m} is above the probed {probe.max_micro_batch}: it may not fit")
+        notes.append(_above_probe(m, probe.max_micro_batch))
     return tuple(notes)
+
+
+def _above_probe(m: int, probed: int) -> str:
+    """The note of a plan made on purpose for a max micro-batch above the probe's (``Plan.from_dict`` looks for it)."""
+    return f"max micro-batch {m} is above the probed {probed}: it may not fit"

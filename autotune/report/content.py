@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..planning.planner import Plan
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from . import memory, runs, tables
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text
 from .subject import Subject, status
@@ -56,7 +56,7 @@ def verdict(s: Subject) -> Text:
         v = s.run.verification
         word = "not verified" if v is None else ("verification PASSED" if v.get("passed") else "verification FAILED")
         tone = "warn" if v is None else ("ok" if v.get("passed") else "fail")
-        return Text(f"Ran {s.plan.arithmetic} for {s.run.steps} steps: {word}; peak "
+        return Text(f"Ran {s.plan.arithmetic} for {plural(s.run.steps, 'step')}: {word}; peak "
                     f"{format_bytes(s.run.peak_bytes)} of {format_bytes(s.run.usable_bytes)} usable.", tone)
     if s.plan is not None and s.probe is not None:
         return Text(f"Plan {s.plan.arithmetic}: peak {format_bytes(s.plan.predicted_peak_bytes)} of "
@@ -80,7 +80,7 @@ def summary(s: Subject) -> Section:
             ("Max micro-batch", str(p.max_micro_batch)),
             ("Max micro-batch found by", f"{status(p)}; limited by "
              + ("memory" if p.limited_by == "memory" else f"the largest size allowed ({p.max_batch})")
-             + f"; {p.real_runs} real run(s), {p.real_ooms} out of memory"),
+             + f"; {plural(p.real_runs, 'real run')}, {p.real_ooms} out of memory"),
         ]
         ranks = tuple(getattr(p, "ranks", ()) or ())
         if len(ranks) > 1:
@@ -114,7 +114,7 @@ def summary(s: Subject) -> Section:
             ("Measured peak (run)", f"{format_bytes(run.peak_bytes)}{ratio}"),
             ("Throughput", f"{run.samples_per_s:,.0f} samples/s"
              + ("" if abs(run.items_per_s - run.samples_per_s) < 1e-9 else f", {run.items_per_s:,.0f} items/s")),
-            ("Loss", f"{run.losses[0]:.4f} -> {run.losses[-1]:.4f} over {run.steps} steps ({run.precision})"),
+            ("Loss", f"{run.losses[0]:.4f} -> {run.losses[-1]:.4f} over {plural(run.steps, 'step')} ({run.precision})"),
             ("Verification", "not run" if v is None else ("PASSED" if v.get("passed") else "FAILED")),
         ]
         if v is not None and v.get("gradient_relative_error") is not None:
@@ -125,9 +125,9 @@ def summary(s: Subject) -> Section:
 def schedule_section(plan: Plan) -> Section:
     shown = plan.schedule[:8]
     items = [f"rank {r}: " + ", ".join(map(str, rank[:32])) + (f", ... ({len(rank)} in all)" if len(rank) > 32 else "")
-             + f" = {sum(rank)} samples" for r, rank in enumerate(shown)]
+             + f" = {plural(sum(rank), 'sample')}" for r, rank in enumerate(shown)]
     if len(plan.schedule) > len(shown):
-        items.append(f"... and {len(plan.schedule) - len(shown)} more ranks")
-    text = (f"Each optimizer step takes exactly {plan.target_batch} samples: micro-batch sizes per rank and "
+        items.append(f"... and {plural(len(plan.schedule) - len(shown), 'more rank')}")
+    text = (f"Each optimizer step takes exactly {plural(plan.target_batch, 'sample')}: micro-batch sizes per rank and "
             "micro-step, each loss weighted by its share n_i / N of the effective batch.")
     return Section("schedule", "Schedule", (Text(text), Code(plan.arithmetic), Bullets(tuple(items))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..units import plural
 from . import plots, tables
 from .blocks import Image, Section, Table, Text
 from .subject import Subject
@@ -67,8 +68,8 @@ def throughput_section(s: Subject) -> Section:
                str(c.get("options_label") or tables.options_text(c.get("options")) or "defaults"))
               for c in candidates if isinstance(c.get("micro_batch"), int)]
     png = plots.throughput(points)
-    extra = [f"{tuning.get('trials')} trials" if tuning.get("trials") is not None else "",
-             f"{tuning['steps_per_trial']} timed steps each" if tuning.get("steps_per_trial") else "",
+    extra = [plural(tuning['trials'], 'trial') if isinstance(tuning.get("trials"), int) else "",
+             f"{plural(tuning['steps_per_trial'], 'timed step')} each" if tuning.get("steps_per_trial") else "",
              f"study {tuning['study_name']}" if tuning.get("study_name") else "",
              f"storage {tuning['storage']}" if tuning.get("storage") else ""]
     text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch); "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results.run import RunResult
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from . import tables
 from .blocks import Bullets, Code, Rows, Section, Table, Text
 from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
@@ -17,7 +17,8 @@ BN_ADVICE = ("accumulated gradients cannot equal the full-batch gradient; replac
 
 def run_section(run: RunResult) -> Section:
     rows = [
-        ("Steps", f"{run.steps} optimizer steps of {run.plan.target_batch} samples ({run.precision})"),
+        ("Steps", f"{plural(run.steps, 'optimizer step')} of {plural(run.plan.target_batch, 'sample')} "
+                  f"({run.precision})"),
         ("Throughput", f"{run.samples_per_s:,.0f} samples/s, {run.items_per_s:,.0f} items/s"),
         ("Peak memory", f"{format_bytes(run.peak_bytes)} of {format_bytes(run.usable_bytes)} usable"),
         ("Predicted peak", format_bytes(run.predicted_peak_bytes)),
@@ -34,7 +35,7 @@ def warnings(checks: list[dict[str, Any]]) -> list[str]:
         details = check.get("details") or {}
         layers = details.get("running_statistics")
         if layers:
-            out.append(f"BatchNorm: {len(layers)} layer(s) normalise each micro-batch with its own statistics "
+            out.append(f"BatchNorm: {plural(len(layers), 'layer')} normalise each micro-batch with its own statistics "
                        f"({', '.join(map(str, layers))}): {BN_ADVICE}.")
         if details.get("dropout"):
             out.append(f"Dropout: {details['dropout']}.")
@@ -45,7 +46,7 @@ def verification_section(run: RunResult) -> Section:
     v = run.verification
     checks = [c for c in v.get("checks") or [] if isinstance(c, dict)]
     failed = [c.get("name", "?") for c in checks if not c.get("passed")]
-    head = (Text(f"Verification PASSED: all {len(checks)} checks hold.", "ok") if v.get("passed")
+    head = (Text(f"Verification PASSED: all {plural(len(checks), 'check')} hold.", "ok") if v.get("passed")
             else Text(f"Verification FAILED: {', '.join(failed) or 'see the checks'}.", "fail"))
     rows = []
     grad = next((c for c in checks if c.get("name") == "gradient_equivalence"), None)

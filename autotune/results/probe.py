@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..serial import envelope, open_envelope
+from ..serial import envelope, invalid, open_envelope, read_dataclass, read_fields
 from ..units import format_bytes
 
 SOURCES = ("estimate", "real")
@@ -171,14 +171,11 @@ class ProbeResult:
         _, body = open_envelope(data, "ProbeResult", source=source)
         for derived in ("headroom_bytes", "real_runs", "real_ooms"):
             body.pop(derived, None)
+        body = read_fields(cls, body, kind="ProbeResult", source=source)
+        rows = [read_dataclass(Trial, row, kind="ProbeResult", source=source, where=f"trials[{i}]")
+                for i, row in enumerate(body.get("trials", ()))]
         try:
-            body["trials"] = tuple(Trial.from_dict(t) for t in body.get("trials") or ())
-            body["notes"] = tuple(body.get("notes") or ())
-            body["ranks"] = tuple(body.get("ranks") or ())
-            body["curve"] = tuple(tuple(p) for p in body.get("curve") or ())
-            body["curve_lines"] = tuple(tuple(p) for p in body.get("curve_lines") or ())
+            body["trials"] = tuple(Trial(**row) for row in rows)
             return cls(**body)
-        except (TypeError, ValueError, AttributeError) as exc:
-            from ..errors import ResultFileError
-
-            raise ResultFileError(f"{source}: not a valid ProbeResult ({exc})") from None
+        except (TypeError, ValueError) as exc:
+            raise invalid("ProbeResult", source, str(exc)) from None

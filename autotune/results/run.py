@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..serial import envelope, open_envelope
-from ..units import format_bytes
+from ..serial import envelope, invalid, open_envelope, read_fields, read_record
+from ..units import format_bytes, plural
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,14 +56,16 @@ class RunResult:
         return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
 
     def summary(self) -> str:
-        lines = [f"ran {self.plan.arithmetic} for {self.steps} steps on {self.device.get('name')} ({self.precision}): "
+        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.get('name')} "
+                 f"({self.precision}): "
                  f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
         mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"
         if self.memory_ratio is not None:
             mem += f", {self.memory_ratio:.3f} x predicted ({format_bytes(self.predicted_peak_bytes)})"
         lines.append(mem)
         if self.skipped_steps:
-            lines.append(f"fp16: {self.skipped_steps} optimizer step(s) skipped by GradScaler (inf/nan gradients)")
+            lines.append(f"fp16: {plural(self.skipped_steps, 'optimizer step')} skipped by GradScaler "
+                         "(inf/nan gradients)")
         if self.verification is not None:
             verdict = "PASSED" if self.passed else "FAILED"
             lines.append(f"verification {verdict}:")
@@ -102,13 +104,23 @@ class RunResult:
         _, body = open_envelope(data, "RunResult", source=source)
         for derived in ("steps", "memory_ratio", "passed"):
             body.pop(derived, None)
-        body["plan"] = Plan.from_dict(body["plan"], source=source)
-        body["losses"] = tuple(body.get("losses") or ())
-        body["step_seconds"] = tuple(body.get("step_seconds") or ())
-        body["notes"] = tuple(body.get("notes") or ())
+        body = read_fields(cls, body, kind="RunResult", source=source)
+        if body.get("verification") is not None:
+            body["verification"] = _read_verification(body["verification"], source)
+        body["plan"] = Plan.from_dict(body["plan"], source=f"{source} (its plan)")
         try:
             return cls(**body)
         except (TypeError, ValueError) as exc:
-            from ..errors import ResultFileError
+            raise invalid("RunResult", source, str(exc)) from None
 
-            raise ResultFileError(f"{source}: not a valid RunResult ({exc})") from None
+
+def _read_verification(value: dict[str, Any], source: str) -> dict[str, Any]:
+    """A verification as the summary and the reports read it: a verdict and well-formed checks."""
+    verification = read_record(value, {"passed": bool, "checks": list[dict[str, Any]]}, kind="RunResult",
+                               source=source, where="verification")
+    verification["checks"] = [
+        read_record(check, {"name": str, "passed": bool, "message": str, "details": dict[str, Any]},
+                    required={"name", "passed", "message"}, kind="RunResult", source=source,
+                    where=f"verification.checks[{i}]")
+        for i, check in enumerate(verification["checks"])]
+    return verification

@@ -23,6 +23,7 @@ from ..devices.base import Device, Session
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
 from ..results.run import RunResult
+from ..units import plural
 from ..workload.core import Workload
 from . import distributed
 from .accumulate import Accumulator
@@ -43,7 +44,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     ddp = distributed.active()
     rank, world = distributed.rank(), distributed.world_size()
     if world != plan.world_size:
-        raise BadInput(f"the plan is for {plan.world_size} rank(s) but {world} process(es) are running: launch with "
+        raise BadInput(f"the plan is for {plural(plan.world_size, 'rank')} but {plural(world, 'process', 'processes')} "
+                       f"{'is' if world == 1 else 'are'} running: launch with "
                        f"torchrun --nproc-per-node {plan.world_size} (or plan for --world-size {world})")
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
@@ -59,7 +61,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         data = torch.Generator().manual_seed(seed)
         if verify:
             where.now = "while verifying the gradient on the first effective batch"
-            log.progress(f"verifying gradient equivalence on one effective batch of {plan.target_batch} samples ...")
+            log.progress(f"verifying gradient equivalence on one effective batch of "
+                         f"{plural(plan.target_batch, 'sample')} ...")
             first = workload.make_batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
                                     accumulator_cls, wrap))

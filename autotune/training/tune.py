@@ -27,6 +27,7 @@ from ..errors import BadInput
 from ..planning.planner import Plan, make_plan
 from ..probing.finder import probe
 from ..results.probe import ProbeResult
+from ..units import plural
 from ..workload.core import Workload
 from .accumulate import Accumulator
 
@@ -137,7 +138,8 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     plan = make_plan(target_batch, micro, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                      probe=probes[label], world_size_source=world_size_source)
     note = (f"tuned: {best.value:,.0f} samples/s with micro-batch {micro}"
-            f"{' and ' + label if choices[label] else ''}, the fastest of {len(measured)} candidates measured")
+            f"{' and ' + label if choices[label] else ''}, "
+            f"the fastest of {plural(len(measured), 'candidate')} measured")
     return replace(plan, tuning=tuning, notes=plan.notes + (note,))
 
 
@@ -164,7 +166,7 @@ def _measure(workload: Workload, device: Device, probed: ProbeResult, target_bat
         return row
     row.update(seconds_per_step=seconds, samples_per_s=target_batch / seconds)
     if progress:
-        progress(f"tune {label} micro-batch {plan.micro_batch} x {plan.accumulation_steps} steps: "
+        progress(f"tune {label} micro-batch {plan.micro_batch} x {plural(plan.accumulation_steps, 'step')}: "
                  f"{row['samples_per_s']:,.0f} samples/s")
     return row
 

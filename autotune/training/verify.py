@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from .accumulate import Accumulator
 
 #: Largest relative gradient error that passes, by precision (fp32 against fp64).
@@ -145,13 +145,13 @@ def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: 
     error = relative_error(got, want)
     dropouts = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
     if dropouts:
-        details["dropout"] = f"dropout disabled for this check only ({len(dropouts)} layers)"
+        details["dropout"] = f"dropout disabled for this check only ({plural(len(dropouts), 'layer')})"
     passed = error <= limit
     message = f"accumulated vs full-batch gradient: relative error {error:.2e} (limit {limit:.0e}, {precision})"
     bn = running_stat_layers(model)
     if bn and len(sizes) > 1:
         details["running_statistics"] = bn
-        message += (f"; {len(bn)} layer(s) normalise each micro-batch with its own statistics "
+        message += (f"; {plural(len(bn), 'layer')} normalise each micro-batch with its own statistics "
                     f"({', '.join(bn[:4])}{', ...' if len(bn) > 4 else ''}), so accumulation cannot equal "
                     f"the full batch: {BN_FIXES}")
     if not deterministic:
@@ -185,7 +185,7 @@ def rounds_check(rounds: Sequence[int]) -> Check:
     """DDP synchronised the gradients once per optimizer step, not once per micro-step."""
     worst = max(rounds) if rounds else 0
     ok = bool(rounds) and all(r == 1 for r in rounds)
-    text = (f"1 gradient all-reduce round per optimizer step over {len(rounds)} steps" if ok else
+    text = (f"1 gradient all-reduce round per optimizer step over {plural(len(rounds), 'step')}" if ok else
             f"{worst} gradient all-reduce rounds in an optimizer step, expected 1: micro-steps before the last "
             f"must run inside no_sync()")
     return Check(name="allreduce_rounds", passed=ok, value=worst, limit=1, message=text,
@@ -195,7 +195,7 @@ def rounds_check(rounds: Sequence[int]) -> Check:
 def sync_check(agree: Sequence[bool]) -> Check:
     """Every rank holds the same parameters after every step."""
     bad = [i + 1 for i, ok in enumerate(agree) if not ok]
-    text = (f"parameters identical on every rank after each of {len(agree)} steps" if not bad else
+    text = (f"parameters identical on every rank after each of {plural(len(agree), 'step')}" if not bad else
             f"parameters differ between ranks after step {bad[0]} ({len(bad)} of {len(agree)} steps)")
     return Check(name="parameters_in_sync", passed=not bad, value=len(agree) - len(bad), limit=len(agree),
                  message=text)
@@ -219,7 +219,8 @@ def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int,
     steps = len(consumed)
     if not bad:
         return Check(name="count", passed=True, value=steps, limit=steps,
-                     message=f"all {steps} steps consumed exactly {expected_samples} samples and their items")
+                     message=f"all {plural(steps, 'step')} consumed exactly {plural(expected_samples, 'sample')} "
+                             "and their items")
     i, s, n, want = bad[0]
     return Check(name="count", passed=False, value=steps - len(bad), limit=steps,
                  message=f"step {i + 1} consumed {s} samples / {n} items, expected {expected_samples} samples / "

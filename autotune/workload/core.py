@@ -12,7 +12,10 @@ import importlib
 import importlib.util
 import inspect
 import itertools
+import os
+import re
 import sys
+import sysconfig
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -184,16 +187,17 @@ def _import(target: str):
         if not path.is_file():
             raise ProbeFileError(f"probe file {target!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
         name = f"autotune_probe_{abs(hash(str(path.resolve())))}"
+        added = _importable(path.resolve().parent)
         try:
             module_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module
             module_spec.loader.exec_module(module)
         except OSError as exc:
-            sys.modules.pop(name, None)
+            _forget(name, added)
             raise ProbeFileError(f"probe file {target!r} cannot be read: {exc.strerror or exc}") from exc
         except Exception as exc:
-            sys.modules.pop(name, None)
+            _forget(name, added)
             raise ProbeFileError(f"probe file {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
         return module
     try:
@@ -207,3 +211,36 @@ def _import(target: str):
         raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+
+
+def _importable(folder: Path) -> str | None:
+    """Put a probe file's folder on ``sys.path`` so the file imports the modules beside it, as
+    ``python probe.py`` would; returns the entry added (None when it was there already).
+
+    The entry goes right after the standard library's, so a file beside the probe (a
+    ``random.py``, say) never replaces a standard module, while it is found before installed
+    packages. It stays for the rest of the process: the workload's factories may import
+    lazily, when they first run.
+    """
+    entry = str(folder)
+    if any(os.path.realpath(p or os.curdir) == entry for p in sys.path):
+        return None
+    sys.path.insert(_after_stdlib(), entry)
+    return entry
+
+
+def _after_stdlib() -> int:
+    """The ``sys.path`` index just past the standard library's entries (the end when none is found)."""
+    stdlib = {os.path.realpath(sysconfig.get_path(key)) for key in ("stdlib", "platstdlib")}
+    stdlib |= {os.path.join(p, "lib-dynload") for p in stdlib}
+    last = max((i for i, p in enumerate(sys.path)
+                if os.path.realpath(p or os.curdir) in stdlib or re.fullmatch(r"python\d+\.zip", os.path.basename(p))),
+               default=None)
+    return len(sys.path) if last is None else last + 1
+
+
+def _forget(name: str, added: str | None) -> None:
+    """Undo what loading a probe file changed, when it failed."""
+    sys.modules.pop(name, None)
+    if added is not None and added in sys.path:
+        sys.path.remove(added)

@@ -251,7 +251,7 @@ def test_batchnorm_warning_and_failure_are_shown(run_result, tmp_path):
     folder = write_report(dataclasses.replace(run_result, verification=v), tmp_path / "bn")
     page, md = read(folder)
     for text in (page, md_unescape(md)):
-        assert "BatchNorm: 2 layer(s) normalise each micro-batch with its own statistics (1 (BatchNorm2d)" in text
+        assert "BatchNorm: 2 layers normalise each micro-batch with its own statistics (1 (BatchNorm2d)" in text
         assert "Verification FAILED: gradient_equivalence" in text
     assert md_rows(md, "Summary")["Gradient relative error"] == "8.92e-02"
 

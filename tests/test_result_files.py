@@ -1,0 +1,123 @@
+"""Result JSON read back: a file of the wrong kind, a missing field or a value of the wrong type is a
+one-line ResultFileError naming the file and the field, never a KeyError or TypeError from deep inside."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from autotune import api as pipeline
+from autotune.cli import main
+from autotune.errors import ResultFileError
+from autotune.report import result_from_dict
+from autotune.serial import dumps
+
+WRONG = [None, "x", 2.5, -1, True, [], {}, ["a", 1], [[1, 2, 3]]]
+NESTED = {"probe", "plan"}  # whole results inside results: mutated field by field
+ROWS = {"trials", "checks"}  # lists of records: their first record is mutated field by field
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, Any]]:
+    plan = pipeline.plan(1021, workload="mlp", device="cpu", memory_budget=3_000_000)
+    run = pipeline.run(plan=plan, device="cpu", steps=1)
+    return {"Plan": plan.to_dict(), "RunResult": run.to_dict(), "ProbeResult": plan.probe.to_dict()}
+
+
+def _mutations(data: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, a copy of ``data`` with one field missing or holding a wrong value), for every field."""
+    for key, value in data.items():
+        if key in ("kind", "schema_version"):
+            continue
+        where = f"{path}{key}"
+        missing = {k: v for k, v in data.items() if k != key}
+        yield f"{where} missing", missing
+        for wrong in WRONG:
+            yield f"{where}={wrong!r}", {**data, key: wrong}
+        if key in NESTED and isinstance(value, dict):
+            for inner, changed in _mutations(value, f"{where}."):
+                yield inner, {**data, key: changed}
+        if isinstance(value, dict) and key not in NESTED:  # e.g. verification, device, breakdown
+            for sub in value:
+                if sub in ROWS and value[sub]:
+                    for inner, changed in _mutations(value[sub][0], f"{where}.{sub}[0]."):
+                        yield inner, {**data, key: {**value, sub: [changed, *value[sub][1:]]}}
+                    continue
+                yield f"{where}.{sub} missing", {**data, key: {k: v for k, v in value.items() if k != sub}}
+                for wrong in (None, "x", [], {}):
+                    yield f"{where}.{sub}={wrong!r}", {**data, key: {**value, sub: wrong}}
+        if key in ROWS and isinstance(value, list) and value:
+            for inner, changed in _mutations(value[0], f"{where}[0]."):
+                yield inner, {**data, key: [changed, *value[1:]]}
+
+
+def _load_and_use(data: dict[str, Any]) -> None:
+    result = result_from_dict(copy.deepcopy(data), source="x.json")
+    result.summary()
+    again = json.loads(dumps(result.to_dict()))
+    result_from_dict(again, source="x.json (written again)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["Plan", "RunResult", "ProbeResult"])
+def test_a_damaged_result_file_loads_whole_or_is_a_result_file_error(results, kind):
+    unexpected = []
+    count = 0
+    for where, data in _mutations(results[kind]):
+        count += 1
+        try:
+            _load_and_use(data)
+        except ResultFileError as exc:
+            message = str(exc)
+            if "\n" in message or "x.json" not in message:
+                unexpected.append(f"{where}: unclear message {message!r}")
+        except Exception as exc:  # noqa: BLE001 - any other error is what this test exists to catch
+            unexpected.append(f"{where}: {type(exc).__name__}: {exc}")
+    assert count > 100
+    assert unexpected == [], f"{len(unexpected)} of {count}:\n" + "\n".join(unexpected[:60])
+
+
+@pytest.mark.parametrize(("given", "expected", "flag"), [
+    ("RunResult", "Plan", "--plan"), ("ProbeResult", "Plan", "--plan"),
+])
+def test_run_plan_with_a_result_of_another_kind_names_both(results, tmp_path, capsys, given, expected, flag):
+    path = tmp_path / "result.json"
+    path.write_text(dumps(results[given]))
+    code = main(["run", flag, str(path), "--quiet"])
+    _, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert f"holds a {given}, not a {expected}" in lines[0] and "autotune plan --output" in lines[0]
+
+
+def test_notes_must_be_a_list_of_strings(results):
+    with pytest.raises(ResultFileError, match=r"notes is the string 'tuned by hand', expected a list of strings"):
+        result_from_dict({**results["Plan"], "notes": "tuned by hand"}, source="plan.json")
+
+
+def test_a_schedule_above_the_probes_max_is_refused_unless_planned_so(results):
+    from autotune.planning.planner import Plan, make_plan
+    from autotune.results.probe import ProbeResult
+
+    probe = ProbeResult.from_dict(results["ProbeResult"])
+    m = probe.max_micro_batch
+    on_purpose = make_plan(4 * (m + 40), m + 40, probe=probe)  # the API allows it, and says so in a note
+    assert on_purpose.micro_batch > m and any("above the probed" in n for n in on_purpose.notes)
+    assert Plan.from_dict(json.loads(dumps(on_purpose.to_dict()))) == on_purpose
+    edited = on_purpose.to_dict()
+    edited["notes"] = [n for n in edited["notes"] if "above the probed" not in n]
+    with pytest.raises(ResultFileError, match=rf"plan.json: micro-batch {on_purpose.micro_batch} in the schedule is "
+                                              rf"above the {m} its probe found to fit"):
+        Plan.from_dict(edited, source="plan.json")
+
+
+def test_a_nan_loss_written_as_null_reads_back_as_nan(results):
+    data = copy.deepcopy(results["RunResult"])
+    data["losses"] = [None] * len(data["losses"])
+    run = result_from_dict(json.loads(dumps(data)), source="result.json")
+    assert all(math.isnan(loss) for loss in run.losses)
