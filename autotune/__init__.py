@@ -6,37 +6,61 @@
     autotune.write_report(result)                                 # reports/gpt-<time>/report.html
 
 Importing this package does nothing but define names; each submodule loads on
-first use (the planner, for one, never imports torch).
+first use (the planner, for one, never imports torch). The stages live in
+subpackages: workload, devices, probing, planning, training, report, with
+their results in results and the public functions in api.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from .api import load_plan, plan, probe, run
+    from .devices import get_device, list_devices
+    from .devices.oom import is_oom
+    from .errors import (
+        AutotuneError,
+        BadInput,
+        DeviceError,
+        DoesNotFit,
+        EstimateUnavailable,
+        PlanError,
+        ProbeFileError,
+        ResultFileError,
+        WorkloadError,
+    )
+    from .planning import Plan
+    from .report import load_result, write_report
+    from .results import ProbeResult, RunResult, Trial
+    from .training import Accumulator, PlanSampler, StepOutcome
+    from .units import format_bytes, parse_size
+    from .workload import Workload, load_workload
+
 _EXPORTS = {
+    # the stages, as users meet them
+    "probe": "api", "plan": "api", "run": "api", "load_plan": "api",
+    "write_report": "report", "load_result": "report",
+    "Workload": "workload", "load_workload": "workload",
+    "Accumulator": "training", "PlanSampler": "training", "StepOutcome": "training",
+    # their results
+    "ProbeResult": "results", "Trial": "results", "Plan": "planning", "RunResult": "results",
+    # devices and memory sizes
+    "get_device": "devices", "list_devices": "devices", "is_oom": "devices.oom",
+    "parse_size": "units", "format_bytes": "units",
     # errors
     "AutotuneError": "errors", "BadInput": "errors", "DeviceError": "errors", "DoesNotFit": "errors",
-    "PlanError": "errors", "ProbeFileError": "errors", "ResultFileError": "errors",
-    "VerificationFailed": "errors", "WorkloadError": "errors",
-    # memory
-    "parse_size": "units", "format_bytes": "units", "is_oom": "devices.oom", "LiveStorageTracker": "devices.tracker",
-    "get_device": "devices", "list_devices": "devices",
-    # stages
-    "Workload": "workload", "load_workload": "workload",
-    "probe": "api", "ProbeResult": "results",
-    "make_plan": "planning", "Plan": "planning",
-    "item_weight": "workload", "Accumulator": "training", "split_batch": "workload", "PlanSampler": "training",
-    "RunResult": "results", "run_plan": "training",
-    "plan": "api", "run": "api", "load_plan": "api",
-    "write_report": "report", "load_result": "report",
+    "EstimateUnavailable": "errors", "PlanError": "errors", "ProbeFileError": "errors",
+    "ResultFileError": "errors", "WorkloadError": "errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")

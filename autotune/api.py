@@ -21,7 +21,7 @@ from .probing import finder
 from .results.probe import ProbeResult
 from .training import distributed
 from .units import plural
-from .workload.core import DEFAULT_PROBE, Workload, load_workload
+from .workload import DEFAULT_PROBE, Workload, load_workload
 
 if TYPE_CHECKING:
     from .planning.planner import Plan

@@ -48,9 +48,5 @@ class WorkloadError(AutotuneError):
         self.workload = workload
 
 
-class VerificationFailed(AutotuneError):
-    """A verification check of a plan or run did not hold."""
-
-
 class EstimateUnavailable(AutotuneError):
     """The estimate cannot run a workload (or cannot be trusted for it) and no real device can search."""

@@ -37,10 +37,10 @@ from autotune.devices import EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.estimate import ENGINES
 from autotune.devices.tracker import LiveStorageTracker
+from autotune.probes import gpt
 from autotune.probing.finder import probe
 from autotune.probing.fitrule import run_trial
 from autotune.units import format_bytes
-from probes import gpt
 
 GiB = 2**30
 BUDGET = 80 * GiB

@@ -66,7 +66,7 @@ class Log:
 
 
 def load(spec: str):
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     if spec == "gpt:build_100m":
         from probes import gpt

@@ -26,7 +26,7 @@ from autotune.devices.base import Session, timed_measure
 from autotune.devices.tracker import LiveStorageTracker
 from autotune.probing.fitrule import fit_rule_work
 from autotune.units import format_bytes
-from autotune.workload.core import Workload
+from autotune.workload import Workload
 
 _EMULATED = re.compile(r"allocating .*?\((\d+) bytes\).*capacity is .*?\((\d+) bytes\)")
 

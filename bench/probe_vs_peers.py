@@ -44,7 +44,7 @@ from autotune.probing.finder import (
 )
 from autotune.probing.fitrule import run_trial  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
-from autotune.workload.core import load_workload  # noqa: E402
+from autotune.workload import load_workload  # noqa: E402
 
 MiB = 2**20
 MARGIN = 0.10  # autotune's default margin, passed explicitly: usable = budget x (1 - margin)

@@ -23,7 +23,7 @@ from common import machine
 from torch.utils._pytree import tree_map
 
 from autotune.training.accumulate import Accumulator, split_batch
-from autotune.workload.core import load_workload
+from autotune.workload import load_workload
 
 TARGET = 0.97
 

@@ -24,14 +24,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def mlp():
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     return load_workload("mlp")
 
 
 @pytest.fixture
 def gpt():
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     return load_workload("gpt")
 

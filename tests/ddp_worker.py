@@ -10,7 +10,7 @@ from autotune.devices import get_device
 from autotune.training import distributed
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
-from autotune.workload.core import load_workload
+from autotune.workload import load_workload
 
 
 class SyncsEveryMicroStep(Accumulator):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from autotune.probing.finder import exhaustive_max
-from autotune.workload.core import Workload
+from autotune.workload import Workload
 
 
 def true_max(workload, device, usable: int, high: int) -> tuple[int, int]:

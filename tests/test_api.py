@@ -21,7 +21,7 @@ def test_submodules_do_not_shadow_exported_functions():
     for info in pkgutil.walk_packages(autotune.__path__, "autotune."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-    for name in ("probe", "plan", "run", "make_plan", "load_workload", "get_device", "write_report"):
+    for name in ("probe", "plan", "run", "load_plan", "load_workload", "get_device", "write_report"):
         assert callable(getattr(autotune, name)) and not isinstance(getattr(autotune, name), type(autotune)), name
 
 

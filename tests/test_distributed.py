@@ -59,7 +59,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     probe = tmp_path / "rank_probe.py"
     probe.write_text(
         "import os\n"
-        "from probes.mlp import build as mlp\n"
+        "from autotune.probes.mlp import build as mlp\n"
         "def build():\n"
         "    if os.environ.get('RANK') == '1':\n"
         "        raise ValueError('no data shard for this rank')\n"

@@ -8,7 +8,7 @@ from torch import nn
 
 import autotune
 from autotune.errors import BadInput, ProbeFileError
-from autotune.workload.core import Workload
+from autotune.workload import Workload
 
 
 def _model() -> nn.Module:

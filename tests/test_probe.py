@@ -13,7 +13,7 @@ from autotune.errors import DoesNotFit, WorkloadError
 from autotune.options import usable_bytes
 from autotune.probing.finder import probe
 from autotune.results.probe import ProbeResult
-from autotune.workload.core import Workload
+from autotune.workload import Workload
 
 from .helpers import recurrent_workload, true_max
 

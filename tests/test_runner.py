@@ -19,7 +19,7 @@ BUDGET = 3_000_000
 
 @pytest.fixture(scope="module")
 def uneven(request):
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     mlp = load_workload("mlp")
     device = get_device("cpu", memory_budget=BUDGET)

@@ -13,7 +13,7 @@ from autotune.devices import get_device
 from autotune.errors import DoesNotFit, ProbeFileError, WorkloadError
 from autotune.planning.planner import make_plan
 from autotune.training.runner import run_plan
-from autotune.workload.core import Workload, load_workload
+from autotune.workload import Workload, load_workload
 
 from . import workloads
 

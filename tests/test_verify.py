@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_map
 from autotune.planning.planner import make_plan
 from autotune.training.accumulate import Accumulator, batch_size
 from autotune.training.verify import count_check, gradient_check, memory_check
-from autotune.workload.core import load_workload
+from autotune.workload import load_workload
 
 
 def check(workload, sizes, accumulator_cls=Accumulator, max_norm=None, seed=0):

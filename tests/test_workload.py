@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from autotune.errors import ProbeFileError
-from autotune.workload.core import Workload, load_workload
+from autotune.workload import Workload, load_workload
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt", "convnet", "probes.mlp", "gpt:build_100m"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", "convnet", "autotune.probes.mlp", "gpt:build_100m"])
 def test_builtin_probes_load(name):
     w = load_workload(name)
     assert isinstance(w, Workload) and w.name

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from autotune.workload.core import Workload
+from autotune.workload import Workload
 
 
 def _is_real(t: torch.Tensor) -> bool:

@@ -33,7 +33,7 @@ from ..devices.base import Device
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
 from ..units import format_bytes
-from ..workload.core import Workload
+from ..workload import Workload
 from .fitrule import Attempt, isolate, run_trial
 from .search import PeakCurve, search_max
 

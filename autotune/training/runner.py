@@ -24,7 +24,7 @@ from ..devices.oom import is_oom
 from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
 from ..results.run import RunResult
 from ..units import plural
-from ..workload.core import Workload
+from ..workload import Workload
 from . import distributed
 from .accumulate import Accumulator
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check

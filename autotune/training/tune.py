@@ -28,7 +28,7 @@ from ..planning.planner import Plan, make_plan
 from ..probing.finder import probe
 from ..results.probe import ProbeResult
 from ..units import plural
-from ..workload.core import Workload
+from ..workload import Workload
 from .accumulate import Accumulator
 
 Progress = Callable[[str], None]

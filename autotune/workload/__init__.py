@@ -7,7 +7,8 @@ shares (sizes, splitting, the n_i / N weight). May import: errors, units, option
 from __future__ import annotations
 
 from .batches import batch_size, item_weight, split_batch
-from .core import BUILTIN_PROBES, DEFAULT_PROBE, Workload, default_optimizer, load_workload
+from .core import Workload, default_optimizer
+from .loading import BUILTIN_PROBES, DEFAULT_PROBE, load_workload
 
 __all__ = ["BUILTIN_PROBES", "DEFAULT_PROBE", "Workload", "batch_size", "default_optimizer", "item_weight",
            "load_workload", "split_batch"]

@@ -1,24 +1,17 @@
-"""What autotune plans for: a Workload, and how probe files provide one.
+"""What autotune plans for: a Workload, a training step given as factories.
 
-A probe file is a Python file (or ``package.module``, or ``module:function``)
-whose ``build()`` returns a :class:`Workload`. The factories build fresh
-objects on the host every time; autotune moves them to the device.
+The factories build fresh objects on the host every time; autotune moves them
+to the device. Probe files provide one (:mod:`autotune.workload.loading`), and
+so does a model you already have (:meth:`Workload.from_model`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import itertools
-import os
-import re
-import sys
-import sysconfig
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,9 +20,6 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import ProbeFileError, WorkloadError
 from .batches import batch_size
-
-DEFAULT_PROBE = "gpt"
-BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 
 
 def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -147,100 +137,3 @@ def _bind(fn: Callable, choice: Mapping[str, Any]) -> Callable:
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in choice.items() if takes_all or k in params}
     return functools.partial(fn, **kwargs) if kwargs else fn
-
-
-def load_workload(spec: str | None = None) -> Workload:
-    """The Workload that ``spec`` builds.
-
-    ``spec``: a built-in probe name (mlp, gpt, convnet), a path to a ``.py``
-    file, or an importable ``package.module``; any of them optionally followed
-    by ``:function`` to call instead of ``build``. None means the default probe.
-    """
-    spec = DEFAULT_PROBE if spec is None else str(spec).strip()
-    target, func_name = spec, "build"
-    if ":" in spec and not Path(spec).exists():
-        target, func_name = spec.rsplit(":", 1)
-        if not func_name.isidentifier():
-            raise ProbeFileError(f"probe {spec!r}: {func_name!r} after ':' is not a function name")
-    module = _import(target)
-    build = getattr(module, func_name, None)
-    if build is None:
-        raise ProbeFileError(f"probe {target!r} has no {func_name}() function: define {func_name}() -> autotune.Workload")
-    if not callable(build):
-        raise ProbeFileError(f"probe {target!r}: {func_name} is a {type(build).__name__}, not a function")
-    try:
-        workload = build()
-    except Exception as exc:
-        raise ProbeFileError(f"probe {target!r}: {func_name}() failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(workload, Workload):
-        raise ProbeFileError(
-            f"probe {target!r}: {func_name}() returned {type(workload).__name__}, not an autotune.Workload"
-        )
-    return workload
-
-
-def _import(target: str):
-    if target in BUILTIN_PROBES:
-        target = f"probes.{target}"
-    path = Path(target)
-    if target.endswith(".py") or path.exists() or "/" in target or "\\" in target:
-        if not path.is_file():
-            raise ProbeFileError(f"probe file {target!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
-        name = f"autotune_probe_{abs(hash(str(path.resolve())))}"
-        added = _importable(path.resolve().parent)
-        try:
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
-            module_spec.loader.exec_module(module)
-        except OSError as exc:
-            _forget(name, added)
-            raise ProbeFileError(f"probe file {target!r} cannot be read: {exc.strerror or exc}") from exc
-        except Exception as exc:
-            _forget(name, added)
-            raise ProbeFileError(f"probe file {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
-        return module
-    try:
-        return importlib.import_module(target)
-    except ModuleNotFoundError as exc:
-        if exc.name and target.startswith(exc.name):
-            raise ProbeFileError(
-                f"probe {target!r} is neither a file nor an importable module "
-                f"(built-in probes: {', '.join(BUILTIN_PROBES)})"
-            ) from exc
-        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
-
-
-def _importable(folder: Path) -> str | None:
-    """Put a probe file's folder on ``sys.path`` so the file imports the modules beside it, as
-    ``python probe.py`` would; returns the entry added (None when it was there already).
-
-    The entry goes right after the standard library's, so a file beside the probe (a
-    ``random.py``, say) never replaces a standard module, while it is found before installed
-    packages. It stays for the rest of the process: the workload's factories may import
-    lazily, when they first run.
-    """
-    entry = str(folder)
-    if any(os.path.realpath(p or os.curdir) == entry for p in sys.path):
-        return None
-    sys.path.insert(_after_stdlib(), entry)
-    return entry
-
-
-def _after_stdlib() -> int:
-    """The ``sys.path`` index just past the standard library's entries (the end when none is found)."""
-    stdlib = {os.path.realpath(sysconfig.get_path(key)) for key in ("stdlib", "platstdlib")}
-    stdlib |= {os.path.join(p, "lib-dynload") for p in stdlib}
-    last = max((i for i, p in enumerate(sys.path)
-                if os.path.realpath(p or os.curdir) in stdlib or re.fullmatch(r"python\d+\.zip", os.path.basename(p))),
-               default=None)
-    return len(sys.path) if last is None else last + 1
-
-
-def _forget(name: str, added: str | None) -> None:
-    """Undo what loading a probe file changed, when it failed."""
-    sys.modules.pop(name, None)
-    if added is not None and added in sys.path:
-        sys.path.remove(added)

@@ -22,7 +22,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..errors import BadInput, ProbeFileError
-from .core import Workload, batch_size, default_optimizer
+from .batches import batch_size
+from .core import Workload, default_optimizer
 
 Optimizer = torch.optim.Optimizer
 

@@ -42,7 +42,7 @@ def test_torch_logging_is_back_as_it_was_after_an_estimate(tmp_path):
     from autotune.devices import EstimateDevice
     from autotune.errors import EstimateUnavailable
     from autotune.probing.finder import probe
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     path = tmp_path / "shape_bug.py"
     path.write_text(textwrap.dedent(SHAPE_BUG))

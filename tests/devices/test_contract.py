@@ -19,7 +19,7 @@ from autotune.devices import CpuDevice, CudaDevice, get_device
 from autotune.devices.oom import is_oom
 from autotune.devices.tracker import CATEGORIES
 from autotune.probing.fitrule import fit_rule_work
-from autotune.workload.core import load_workload
+from autotune.workload import load_workload
 
 from .test_cuda import FakeCuda, FakeNvml
 

@@ -22,7 +22,7 @@ def param_bytes(workload) -> int:
 
 @pytest.fixture(scope="module")
 def mlp_workload():
-    from autotune.workload.core import load_workload
+    from autotune.workload import load_workload
 
     return load_workload("mlp")
 

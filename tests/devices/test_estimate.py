@@ -12,7 +12,7 @@ from autotune.devices import CUDA_CONTEXT_ALLOWANCE, CpuDevice, EstimateDevice, 
 from autotune.devices.estimate import CUDA_ROUNDING, ENGINES
 from autotune.errors import DeviceError
 from autotune.probing.fitrule import fit_rule_work
-from autotune.workload.core import load_workload
+from autotune.workload import load_workload
 
 GiB = 1024**3
 MiB = 1024**2
@@ -158,7 +158,7 @@ def test_a_batch_sliced_from_a_host_dataset_counts_as_its_own_elements():
     from torch import nn
 
     from autotune.probing.fitrule import run_trial
-    from autotune.workload.core import Workload
+    from autotune.workload import Workload
 
     data, labels = torch.randn(50_000, 64), torch.randint(0, 10, (50_000,))
     sliced = Workload(name="sliced", model=lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),

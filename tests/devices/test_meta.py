@@ -23,7 +23,7 @@ from autotune.devices.meta import (
 from autotune.devices.tracker import LiveStorageTracker
 from autotune.errors import BadInput
 from autotune.probing.fitrule import fit_rule_work
-from autotune.workload.core import Workload, load_workload
+from autotune.workload import Workload, load_workload
 
 from ..helpers import recurrent_workload
 
@@ -286,7 +286,7 @@ def test_moving_a_model_keeps_tied_weights_tied():
 
 
 def checkpointed_gpt() -> Workload:
-    from probes import gpt
+    from autotune.probes import gpt
 
     plain = load_workload("gpt")
     return Workload(name="gpt-checkpointed", model=lambda: gpt.GPT(gpt.Config(), checkpointing=True),

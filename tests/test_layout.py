@@ -1,0 +1,115 @@
+"""The package's shape: stages import only what lies below them, and the planner stays pure arithmetic."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
+
+#: Lower layers first: a module may import from its own layer and the layers below, never above.
+LAYERS = [
+    {"errors", "units", "options", "log", "serial"},
+    {"results"},
+    {"planning"},
+    {"workload"},
+    {"devices"},
+    {"probing"},
+    {"training"},
+    {"report"},
+    {"integrations", "api"},
+    {"cli", "__main__", "__init__"},
+]
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def _part(module: str) -> str:
+    """The top-level part of ``autotune.<part>...`` a module belongs to."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute autotune module) of every import in ``path``, lazy ones included."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "autotune" or target.startswith("autotune."):
+                for alias in node.names:  # "from . import options" imports a module
+                    full = f"{target}.{alias.name}"
+                    found.append((node.lineno, full if (PACKAGE.parent / (full.replace(".", "/") + ".py")).exists()
+                                  or (PACKAGE.parent / full.replace(".", "/")).is_dir() else target))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("autotune.")]
+    return found
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.name.startswith("_")}
+    assert parts - set(RANK) == set(), "give these a layer in LAYERS"
+
+
+def test_no_stage_imports_a_stage_above_it():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _part(_module_name(path))
+        for line, target in _imports(path):
+            there = _part(target)
+            if target == "autotune":  # the package root: its version, its lazy names
+                continue
+            if there != here and RANK.get(there, 99) > RANK[here]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({here}) imports {target} ({there})")
+    assert wrong == []
+
+
+def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
+    fake = tmp_path / "autotune"
+    (fake / "planning").mkdir(parents=True)
+    (fake / "planning" / "planner.py").write_text("from ..training import runner\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    imports = _imports(fake / "planning" / "planner.py")
+    assert [(t, RANK[_part(t)] > RANK["planning"]) for _, t in imports] == [("autotune.training", True)]
+
+
+@pytest.mark.parametrize("module", ["autotune.planning", "autotune.results", "autotune.serial", "autotune.options"])
+def test_pure_parts_load_neither_torch_numpy_nor_pandas(module):
+    code = (f"import {module}, sys\n"
+            "from autotune.planning import make_plan\n"
+            "plan = make_plan(1021, 256, world_size=2)\n"
+            "assert plan.to_dict()['target_batch'] == 1021\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_builtin_probes_install_inside_the_package(tmp_path):
+    code = ("import importlib.util, autotune.probes.mlp\n"
+            "assert importlib.util.find_spec('probes') is None, 'a top-level probes module is installed'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_package_is_listed_for_installation():
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module_name(p) for p in PACKAGE.rglob("__init__.py")} | {"autotune.probes"}
+    assert found == listed
