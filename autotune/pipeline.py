@@ -80,11 +80,11 @@ def plan(target_batch: int, *, workload: Workload | str | None = None, device: D
     the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
     ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
     """
-    from .planner import make_plan
+    from .planner import check_plan, make_plan
 
     world, source = _world_size(world_size, env)
     # Reject a target that can never be planned before spending time on a probe.
-    make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
+    check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
     if tune:
         from .errors import BadInput
