@@ -109,7 +109,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
     ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
     """
-    from .planning.planner import make_plan
+    from .planning.planner import check_plan, make_plan
 
     target_batch = options.whole(target_batch, "target_batch", example="1024")
     margin = options.margin(margin)
@@ -121,7 +121,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         raise BadInput(f"uniform {uniform!r} must be True, False or None")
     world, source = _world_size(world_size, env)
     # Reject a target that can never be planned before spending time on a probe.
-    make_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
+    check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     per_rank = math.ceil(target_batch / world)
     if tune:
         from .training.tune import tune as run_tune

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import PlanError, ResultFileError
-from autotune.planning.planner import Plan, make_plan, nearest_uniform_targets, world_size_from
+from autotune.planning.planner import (
+    MAX_MICRO_BATCHES,
+    MAX_TARGET_BATCH,
+    Plan,
+    make_plan,
+    nearest_uniform_targets,
+    world_size_from,
+)
 from autotune.results.probe import ProbeResult, Trial
 from autotune.serial import dumps
 from autotune.units import format_bytes
@@ -340,3 +348,119 @@ def test_planner_and_exports_import_no_torch():
     code = "import autotune.planning.planner, autotune.planning.exports, sys; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ---- limits: huge inputs are refused at once, never materialised --------------------------------
+
+
+
+def test_plans_at_the_limits_are_made():
+    plan = make_plan(MAX_MICRO_BATCHES, 1, world_size=1000)
+    assert plan.accumulation_steps * plan.world_size == MAX_MICRO_BATCHES and plan.uniform
+    top = make_plan(MAX_TARGET_BATCH, MAX_TARGET_BATCH // 1000, world_size=1000)
+    assert top.arithmetic == "1000000000 = 1000000 x 1 step x 1000 ranks"
+
+
+def test_plan_refuses_schedules_past_the_limits():
+    with pytest.raises(ValueError, match=r"target_batch 1000000001 is more than 1,000,000,000"):
+        Plan(target_batch=MAX_TARGET_BATCH + 1, world_size=1, micro_batch=MAX_TARGET_BATCH + 1, accumulation_steps=1,
+             schedule=((MAX_TARGET_BATCH + 1,),), uniform=True, max_micro_batch=MAX_TARGET_BATCH + 1)
+
+
+# Huge inputs run in a child process with 2 GiB of address space and a timeout: work that grows with
+# the target or with world x steps fails there quickly instead of taking this machine's memory.
+HUGE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from autotune.errors import PlanError
+from autotune.planning import make_plan, nearest_uniform_targets
+cases = [
+    lambda: make_plan(10**15, 300),
+    lambda: make_plan(10**9, 256, world_size=10**9),
+    lambda: make_plan(10**9, 1),
+    lambda: make_plan(10**9, 999),
+    lambda: make_plan(2 * 1_100_009, 3, uniform=True),
+    lambda: make_plan(10**9 - 1, 1, world_size=7),
+    lambda: make_plan(999_999_937, 10**6, uniform=True),
+    lambda: make_plan(999_999_937, 999_999, multiple_of=2),
+    lambda: make_plan(999_999_000, 10**6, world_size=999_999).arithmetic,
+    lambda: nearest_uniform_targets(999_999_937, 40_000),
+    lambda: nearest_uniform_targets(999_999_937, 25_000, world_size=3, multiple_of=2),
+]
+for case in cases:
+    try:
+        print("ok", case(), flush=True)
+    except PlanError as exc:
+        print("refused", exc, flush=True)
+"""
+
+HUGE_ANSWERS = [
+    r"refused target 1000000000000000 is more than the 1,000,000,000 samples per optimizer step a plan may hold",
+    (r"refused 1000000000 ranks run at least 1,000,000,000 micro-batches per optimizer step \(1000000000 ranks x "
+     r"1 step\), more than the 1,000,000 a plan may hold: use a larger max micro-batch, fewer ranks"),
+    (r"refused target 1000000000 with micro-batches of at most 1 needs 1,000,000,000 micro-batches per optimizer "
+     r"step \(1 rank x 1000000000 steps\)"),
+    r"refused target 1000000000 with micro-batches of at most 999 needs 1,001,002 micro-batches",
+    r"refused --uniform needs 1100009 steps for target 2200018: 1,100,009 micro-batches",
+    r"refused target 999999999 cannot be split: .*use target 999999994 or 1000000001,",
+    (r"refused --uniform: target 999999937 does not split .* nearest targets that do: 999999936 \(999999936 = "
+     r"926784 x 1079 steps x 1 rank\) and 999999940 \(999999940 = 846740 x 1181 steps x 1 rank\)"),
+    r"refused target 999999937 is not a multiple of --multiple-of 2: use target 999999936 or 999999938",
+    r"ok 999999000 = 1000 x 1 step x 999999 ranks",
+    r"ok \(999999936, 999999940\)",
+    r"ok \(999999936, 999999960\)",
+]
+
+
+def test_huge_inputs_answer_at_once():
+    done = subprocess.run([sys.executable, "-c", HUGE], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(HUGE_ANSWERS), done.stdout
+    for line, answer in zip(lines, HUGE_ANSWERS):
+        assert re.match(answer, line), (line, answer)
+
+
+def test_nearest_uniform_targets_for_large_numbers():
+    # 999999937 is prime: no equal split of it, and the search for neighbours that split is bounded.
+    below, above = nearest_uniform_targets(999_999_937, 40_000)
+    for t in (below, above):
+        plan = make_plan(t, 40_000, uniform=True)
+        assert plan.uniform and plan.target_batch == t
+    assert below < 999_999_937 < above
+
+
+def reference_nearest(target: int, m: int, world: int, q: int) -> tuple[int | None, int | None]:
+    """Nearest targets below and above that plan with equal micro-batches, by trying each one."""
+    def uniform(t: int) -> bool:
+        least = brute_steps(t, m, world, q)
+        return least is not None and any(uniform_at(t, m, world, q, k) for k in range(least, 2 * least + 1))
+    below = next((t for t in range(target - 1, 0, -1) if t % q == 0 and uniform(t)), None)
+    above = next(t for t in range(target + 1, 10 * target + 10 * m * world) if t % q == 0 and uniform(t))
+    return below, above
+
+
+@settings(max_examples=150, deadline=None)
+@given(target=st.integers(1, 150), world=st.integers(1, 6), m=st.integers(1, 60), q=st.sampled_from([1, 2, 4]))
+def test_nearest_uniform_targets_match_brute_force(target, world, m, q):
+    if m < q:
+        return
+    assert nearest_uniform_targets(target, m, world_size=world, multiple_of=q) == reference_nearest(target, m, world, q)
+
+
+@settings(max_examples=150, deadline=None)
+@given(target=st.integers(1, 150), world=st.integers(1, 6), m=st.integers(1, 60), q=st.sampled_from([1, 2, 4]))
+def test_suggested_targets_can_be_planned(target, world, m, q):
+    """Every target an error suggests plans, and none closer would."""
+    try:
+        make_plan(target, m, world_size=world, multiple_of=q)
+    except PlanError as exc:
+        message = str(exc)
+        if "use target " not in message:
+            return
+        words = message.split("use target ")[1].split(",")[0].split(" or ")
+        for word in words:
+            suggested = int(word.split()[0])
+            make_plan(suggested, m, world_size=world, multiple_of=q)
+            between = range(min(suggested, target) + 1, max(suggested, target))
+            assert not any(brute_steps(t, m, world, q) for t in between if t % q == 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from .. import options
@@ -64,11 +65,20 @@ def add_plan_flags(p) -> None:
     add_schedule_flags(p)
 
 
-def run(args) -> int:
-    from ..training import distributed
+def check_plannable(args) -> None:
+    """Targets and world sizes no plan can hold are refused before torch loads."""
+    from ..planning.planner import check_plan, world_size_from
 
+    world, _ = world_size_from(args.world_size, os.environ)
+    check_plan(args.target_batch, args.target_batch, world_size=world, multiple_of=args.multiple_of)
+
+
+def run(args) -> int:
     check_output(args.output)
     check_report(args)
+    check_plannable(args)
+    from ..training import distributed
+
     with distributed.process_group(args.dist_timeout):
         return _plan(args, lead=distributed.rank() == 0)
 

@@ -8,7 +8,9 @@ rank ``r`` at micro-step ``i``), ``k`` as small as ``m`` allows and the same on
 every rank. Slots get ``U // n`` units each and the last ``U % n`` slots one
 more, so sizes differ by at most ``q`` and are equal whenever they can be.
 The target is never changed: a target that cannot be planned is an error that
-names the nearest targets that can.
+names the nearest targets that can. A plan holds at most ``MAX_TARGET_BATCH``
+samples and ``MAX_MICRO_BATCHES`` micro-batches (``W x k``); larger ones are
+refused before any schedule is built, and no search loops up to the target.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import operator
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from ..errors import PlanError, ResultFileError
@@ -25,6 +28,8 @@ from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
 from ..units import plural as _plural
 
+MAX_TARGET_BATCH = 1_000_000_000
+MAX_MICRO_BATCHES = 1_000_000
 DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
 
 
@@ -54,49 +59,54 @@ class Plan:
     tuning: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        schedule = tuple(tuple(rank) for rank in self.schedule)
+        # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
+        schedule = tuple(map(tuple, self.schedule))
         object.__setattr__(self, "schedule", schedule)
-        if any(isinstance(b, bool) or not isinstance(b, int) for rank in schedule for b in rank):
-            raise ValueError(f"schedule sizes must be integers, got {schedule!r}")
+        if set(map(type, chain.from_iterable(schedule))) - {int}:
+            bad = sorted({repr(b) for b in chain.from_iterable(schedule) if type(b) is not int})
+            raise ValueError(f"schedule sizes must be integers, got {', '.join(bad)}")
         object.__setattr__(self, "notes", tuple(self.notes))
         for name in ("target_batch", "world_size", "micro_batch", "accumulation_steps", "multiple_of",
                      "max_micro_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
+        if self.target_batch > MAX_TARGET_BATCH:
+            raise ValueError(f"target_batch {self.target_batch} is more than {MAX_TARGET_BATCH:,}")
+        if self.world_size * self.accumulation_steps > MAX_MICRO_BATCHES:
+            raise ValueError(f"world_size x accumulation_steps = {self.world_size * self.accumulation_steps:,} "
+                             f"micro-batches is more than {MAX_MICRO_BATCHES:,}")
         if len(schedule) != self.world_size:
             raise ValueError(f"schedule has {len(schedule)} ranks, world_size is {self.world_size}")
-        if any(len(rank) != self.accumulation_steps for rank in schedule):
+        lengths = set(map(len, schedule))
+        if lengths != {self.accumulation_steps}:
             raise ValueError(f"every rank must run accumulation_steps={self.accumulation_steps} micro-steps, "
-                             f"got {[len(rank) for rank in schedule]}")
-        sizes = [b for rank in schedule for b in rank]
+                             f"got {sorted(lengths)}")
+        sizes = set(chain.from_iterable(set(schedule)))
         if any(not 1 <= b <= self.max_micro_batch or b % self.multiple_of for b in sizes):
             raise ValueError(f"every micro-batch must be in [1, {self.max_micro_batch}] and a multiple of "
-                             f"{self.multiple_of}, got {sorted(set(sizes))}")
-        if sum(sizes) != self.target_batch:
-            raise ValueError(f"schedule sums to {sum(sizes)}, not the target {self.target_batch}")
+                             f"{self.multiple_of}, got {sorted(sizes)}")
+        total = sum(map(sum, schedule))
+        if total != self.target_batch:
+            raise ValueError(f"schedule sums to {total}, not the target {self.target_batch}")
         if self.micro_batch != max(sizes):
             raise ValueError(f"micro_batch {self.micro_batch} is not the largest size {max(sizes)}")
-        if self.uniform != (min(sizes) == max(sizes)):
-            raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(set(sizes))}")
+        if self.uniform != (len(sizes) == 1):
+            raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(sizes)}")
         if not isinstance(self.world_size_source, str):
             raise ValueError(f"world_size_source must be a string, got {self.world_size_source!r}")
 
     @property
     def per_rank_batch(self) -> tuple[int, ...]:
         """Samples each rank sees per optimizer step."""
-        return tuple(sum(rank) for rank in self.schedule)
+        return tuple(map(sum, self.schedule))
 
     @property
     def arithmetic(self) -> str:
         """One line a person checks by hand: ``1024 = 256 x 4 steps x 1 rank``, or for uneven
         sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size)."""
-        steps, ranks = _plural(self.accumulation_steps, "step"), _plural(self.world_size, "rank")
-        if self.uniform:
-            return f"{self.target_batch} = {self.micro_batch} x {steps} x {ranks}"
-        counts = sorted(Counter(b for rank in self.schedule for b in rank).items())
-        terms = " + ".join(f"{count} x {size}" for size, count in counts)
-        return f"{self.target_batch} = {terms} over {steps} x {ranks}"
+        counts = Counter(chain.from_iterable(self.schedule))
+        return _arithmetic(self.target_batch, self.world_size, self.accumulation_steps, counts)
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -149,7 +159,7 @@ class Plan:
             "multiple_of": self.multiple_of,
             "max_micro_batch": self.max_micro_batch,
             "uniform": self.uniform,
-            "schedule": [list(rank) for rank in self.schedule],
+            "schedule": list(map(list, self.schedule)),
             "per_rank_batch": list(self.per_rank_batch),
             "arithmetic": self.arithmetic,
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -200,6 +210,9 @@ def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]
 
 
 # ---- the arithmetic, in units of q -------------------------------------------------------------
+#
+# Everything here costs O(1), or O(min(k, unit_max)) <= O(sqrt(units)) for the equal-split searches;
+# nothing loops up to the target or builds a list of slots it does not return.
 
 
 def _min_steps(units: int, world: int, unit_max: int) -> int:
@@ -212,41 +225,109 @@ def _feasible(units: int, world: int, unit_max: int) -> bool:
     return units >= world * _min_steps(units, world, unit_max)
 
 
+def _smallest_divisor(n: int, low: int, high: int) -> int | None:
+    """The smallest divisor of ``n`` in ``[low, high]``: scans that range or, when shorter, the
+    co-divisors ``n // d`` from the top down."""
+    if high - low <= n // low - n // high:
+        return next((d for d in range(low, high + 1) if n % d == 0), None)
+    return next((n // e for e in range(n // low, (n - 1) // high, -1) if n % e == 0), None)
+
+
 def _uniform_steps(units: int, world: int, unit_max: int) -> int | None:
-    """Fewest steps, at most double the minimum, that split ``units`` into equal slots."""
-    least = _min_steps(units, world, unit_max)
-    return next((k for k in range(least, 2 * least + 1) if units % (world * k) == 0 and units >= world * k), None)
+    """Fewest steps, at most double the minimum, that split ``units`` into equal slots: with
+    ``n = units / world`` per rank, the smallest divisor of ``n`` in ``[least, 2 least]``."""
+    if units % world:
+        return None
+    n = units // world
+    least = _min_steps(n, 1, unit_max)
+    return _smallest_divisor(n, least, 2 * least)
 
 
-def _nearest(target: int, step: int, span: int, ok) -> tuple[int | None, int | None]:
-    """The nearest multiples of ``step`` below and above ``target`` for which ``ok(units)`` holds,
-    looking up to ``span`` units above (every ``span``-th unit count is known to be ok)."""
-    units = target // step
-    below = next((u * step for u in range(units if target % step else units - 1, 0, -1) if ok(u)), None)
-    above = next((u * step for u in range(units + 1, units + span + 1) if ok(u)), None)
-    return below, above
+# A per-rank unit count n splits into equal slots (the rules of _uniform_steps) exactly when n = k x s
+# with s <= unit_max and k in [c, 2c], c = ceil(n / M). Near a given n every such n shares c, so the
+# nearest one is the nearest multiple of some k in [c, 2c], found by scanning k, or s when shorter.
+
+
+def _uniform_above(a: int, unit_max: int) -> int:
+    """The smallest n >= a that splits into equal slots (``c x unit_max`` always does)."""
+    c = -(-a // unit_max)
+    if c < unit_max:
+        return min(k * -(-a // k) for k in range(c, 2 * c + 1))
+    return min(max(c, -(-a // s)) * s for s in range(1, unit_max + 1) if -(-a // s) <= 2 * c)
+
+
+def _uniform_below(b: int, unit_max: int) -> int | None:
+    """The largest n in [1, b] that splits into equal slots (``(c - 1) x unit_max`` does when c > 1)."""
+    if b < 1:
+        return None
+    c = -(-b // unit_max)
+    if c == 1:
+        return b
+    if c < unit_max:
+        best = max(k * (b // k) for k in range(c, 2 * c + 1))
+    else:
+        best = max(min(2 * c, b // s) * s for s in range(1, unit_max + 1) if b // s >= c)
+    return max(best, (c - 1) * unit_max)
 
 
 def nearest_uniform_targets(target: int, max_micro_batch: int, *, world_size: int = 1,
                             multiple_of: int = 1) -> tuple[int | None, int | None]:
     """The nearest targets below and above ``target`` that split into equal micro-batches
     (the same rules as ``make_plan(..., uniform=True)``); None where there is none below."""
+    target = _whole(target, "target batch", "give the effective batch over all ranks, e.g. 1024")
+    _limit_target(target)
     unit_max = max_micro_batch // multiple_of
-    ok = lambda u: _uniform_steps(u, world_size, unit_max) is not None  # noqa: E731
-    return _nearest(target, multiple_of, world_size * unit_max, ok)
+    if unit_max < 1:
+        return None, None
+    step = world_size * multiple_of  # equal micro-batches over every rank: targets are multiples of W x q
+    below = _uniform_below((target - 1) // step, unit_max)
+    return None if below is None else below * step, _uniform_above(target // step + 1, unit_max) * step
+
+
+def _nearest_feasible(target: int, q: int, world: int, unit_max: int) -> tuple[int | None, int | None]:
+    """The nearest multiples of ``q`` below and above ``target`` that can be planned at all: unit
+    counts of at least ``world``, and multiples of ``world`` when a slot holds only one unit."""
+    b, a = (target - 1) // q, target // q + 1
+    if unit_max == 1:
+        b, a = b - b % world, -(-a // world) * world
+    below = b * q if b >= world else None
+    return below, max(a, world) * q
+
+
+def _counts(units: int, world: int, steps: int, q: int) -> dict[int, int]:
+    """{micro-batch size: how many} of the schedule ``_split`` makes, without making it."""
+    slots = world * steps
+    base, extra = divmod(units, slots)
+    return {size: count for size, count in ((base * q, slots - extra), ((base + 1) * q, extra)) if count}
+
+
+def _arithmetic(target: int, world: int, steps: int, counts: Mapping[int, int]) -> str:
+    step_text, ranks = _plural(steps, "step"), _plural(world, "rank")
+    if len(counts) == 1:
+        return f"{target} = {next(iter(counts))} x {step_text} x {ranks}"
+    terms = " + ".join(f"{count} x {size}" for size, count in sorted(counts.items()))
+    return f"{target} = {terms} over {step_text} x {ranks}"
 
 
 def _split(units: int, world: int, steps: int, q: int) -> tuple[tuple[int, ...], ...]:
-    """Step-major slots; the last ``units % slots`` of them get one unit more."""
+    """Step-major slots (slot ``i x world + r``); the last ``units % slots`` of them get one unit more.
+    With the first of those at step ``a``, rank ``b`` (``a x world + b``), ranks below ``b`` run
+    ``a + 1`` small micro-batches first and the others ``a``: two distinct rows in all."""
     slots = world * steps
     base, extra = divmod(units, slots)
-    size = [(base + (s >= slots - extra)) * q for s in range(slots)]
-    return tuple(tuple(size[i * world + r] for i in range(steps)) for r in range(world))
+    a, b = divmod(slots - extra, world)
+    small, big = base * q, (base + 1) * q
+
+    def row(first: int) -> tuple[int, ...]:
+        first = min(first, steps)
+        return (small,) * first + (big,) * (steps - first)
+
+    return (row(a + 1),) * b + (row(a),) * (world - b)
 
 
 def _build(target: int, m: int, world: int, q: int, steps: int, **fields) -> Plan:
     schedule = _split(target // q, world, steps, q)
-    sizes = {b for rank in schedule for b in rank}
+    sizes = _counts(target // q, world, steps, q)
     return Plan(target_batch=target, world_size=world, micro_batch=max(sizes), accumulation_steps=steps,
                 schedule=schedule, uniform=len(sizes) == 1, multiple_of=q, max_micro_batch=m, **fields)
 
@@ -279,9 +360,8 @@ def _check(target: int, m: int, world: int, q: int) -> None:
         raise PlanError(f"max micro-batch {m} is smaller than --multiple-of {q}: no micro-batch size is allowed; "
                         f"use --multiple-of {m} or less, or give each rank more memory")
     unit_max = m // q
-    ok = lambda u: _feasible(u, world, unit_max)  # noqa: E731
     if target % q:
-        below, above = _nearest(target, q, world, ok)
+        below, above = _nearest_feasible(target, q, world, unit_max)
         raise PlanError(f"target {target} is not a multiple of --multiple-of {q}: use target "
                         f"{_targets(below, above)}, or a --multiple-of that divides {target}")
     if target // q < world:
@@ -289,24 +369,45 @@ def _check(target: int, m: int, world: int, q: int) -> None:
                         f"every rank needs at least {q} "
                         f"samples per step ({world * q} in all); use a target of at least {world * q}, "
                         "fewer ranks or a smaller --multiple-of")
-    if not ok(target // q):
-        below, above = _nearest(target, q, world, ok)
+    if not _feasible(target // q, world, unit_max):
+        below, above = _nearest_feasible(target, q, world, unit_max)
         raise PlanError(f"target {target} cannot be split: max micro-batch {m} with --multiple-of {q} allows only "
                         f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}; "
                         f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
+
+
+def _limit_target(target: int) -> None:
+    if target > MAX_TARGET_BATCH:
+        raise PlanError(f"target {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+                        "may hold: use a smaller target batch")
+
+
+def _limit_slots(world: int, steps: int, why: str) -> None:
+    """PlanError before a schedule of more than MAX_MICRO_BATCHES sizes is made."""
+    if world * steps > MAX_MICRO_BATCHES:
+        raise PlanError(f"{why}{world * steps:,} micro-batches per optimizer step ({_plural(world, 'rank')} x "
+                        f"{_plural(steps, 'step')}), more than the {MAX_MICRO_BATCHES:,} a plan may hold: use a larger "
+                        "max micro-batch, fewer ranks or a smaller target")
+
+
+def _plan_or_none(target: int, m: int, world: int, q: int) -> list[Plan]:
+    try:
+        return [make_plan(target, m, world_size=world, multiple_of=q, uniform=True)]
+    except PlanError:
+        return []
 
 
 def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     units, unit_max = target // q, m // q
     least = _min_steps(units, world, unit_max)
     below, above = nearest_uniform_targets(target, m, world_size=world, multiple_of=q)
-    options = [f"{t} ({make_plan(t, m, world_size=world, multiple_of=q, uniform=True).arithmetic})"
-               for t in (below, above) if t is not None]
-    uneven = _build(target, m, world, q, least).arithmetic
+    options = [f"{t} ({plan.arithmetic})" for t in (below, above) if t is not None
+               for plan in _plan_or_none(t, m, world, q)]
+    uneven = _arithmetic(target, world, least, _counts(units, world, least, q))
     sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
     return PlanError(
         f"--uniform: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
-        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options)}; or drop --uniform "
+        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; or drop --uniform "
         f"for {uneven} (autotune's runner weights uneven micro-batches exactly)")
 
 
@@ -322,23 +423,43 @@ def make_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, m
     each a multiple of ``multiple_of``; equal sizes whenever those steps allow,
     else sizes that differ by one ``multiple_of``. ``uniform=True`` demands
     equal sizes, taking up to twice the fewest steps, and raises PlanError
-    otherwise; None or False take the fewest steps either way.
+    otherwise; None or False take the fewest steps either way. Targets above
+    ``MAX_TARGET_BATCH`` and plans of more than ``MAX_MICRO_BATCHES`` micro-batches
+    (ranks x steps) raise PlanError before any work.
     """
+    target, m, world, q, steps, least = _steps(target_batch, max_micro_batch, world_size, multiple_of, uniform)
+    notes = _notes(target, m, world, q, steps, least, probe)
+    return _build(target, m, world, q, steps, probe=probe, notes=notes, world_size_source=world_size_source)
+
+
+def check_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, multiple_of: int = 1,
+               uniform: bool | None = None) -> None:
+    """Raise the PlanError ``make_plan`` would raise for these numbers, without building a plan."""
+    _steps(target_batch, max_micro_batch, world_size, multiple_of, uniform)
+
+
+def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of: int,
+           uniform: bool | None) -> tuple[int, int, int, int, int, int]:
+    """(target, m, world, q, steps, fewest steps) once every check and limit has passed."""
     target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
     m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
     world = _whole(world_size, "world size", "pass 1 for a single process")
     q = _whole(multiple_of, "--multiple-of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
     if uniform not in (None, True, False):
         raise PlanError(f"uniform {uniform!r} must be True, False or None")
+    _limit_target(target)
+    _limit_slots(world, 1, f"{_plural(world, 'rank')} run at least ")
     _check(target, m, world, q)
     units, unit_max = target // q, m // q
-    steps = least = _min_steps(units, world, unit_max)
-    if uniform:
-        steps = _uniform_steps(units, world, unit_max)
-        if steps is None:
-            raise _no_uniform(target, m, world, q)
-    notes = _notes(target, m, world, q, steps, least, probe)
-    return _build(target, m, world, q, steps, probe=probe, notes=notes, world_size_source=world_size_source)
+    least = _min_steps(units, world, unit_max)
+    _limit_slots(world, least, f"target {target} with micro-batches of at most {m} needs ")
+    if not uniform:
+        return target, m, world, q, least, least
+    steps = _uniform_steps(units, world, unit_max)
+    if steps is None:
+        raise _no_uniform(target, m, world, q)
+    _limit_slots(world, steps, f"--uniform needs {steps} steps for target {target}: ")
+    return target, m, world, q, steps, least
 
 
 def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, probe: ProbeResult | None) -> tuple[str, ...]:
@@ -350,8 +471,8 @@ def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, prob
         notes.append("uneven micro-batches: autotune's runner weights each loss by n_i / N, so the gradient "
                      "equals the full-batch one; frameworks that assume equal micro-batches would not")
         even = _uniform_steps(units, world, unit_max)
-        if even is not None:
-            notes.append(f"--uniform would give {_build(target, m, world, q, even).arithmetic}")
+        if even is not None and world * even <= MAX_MICRO_BATCHES:
+            notes.append(f"--uniform would give {_arithmetic(target, world, even, _counts(units, world, even, q))}")
     if probe is not None and m > probe.max_micro_batch:
         notes.append(_above_probe(m, probe.max_micro_batch))
     return tuple(notes)

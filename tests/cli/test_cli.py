@@ -116,3 +116,31 @@ def test_help_has_examples():
                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
         assert out.returncode == 0 and "examples:" in out.stdout, command
         assert "(default: None)" not in out.stdout and "(default: False)" not in out.stdout, command
+
+
+def _no_work(monkeypatch):
+    """Any probe or device set-up fails the test: what follows must be refused before that work."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    from autotune import api
+
+    monkeypatch.setattr(api, "resolve", refuse)
+    monkeypatch.setattr(api, "probe", refuse)
+
+
+def refused_before_any_work(capsys, monkeypatch, argv, words):
+    _no_work(monkeypatch)
+    code, out, err = run(capsys, "plan", *argv, *MLP)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in err and "secret" not in err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--target-batch", "1000000000000000"], "target 1000000000000000 is more than the 1,000,000,000 samples"),
+    (["--world-size", "1000000000", "--target-batch", "1000000000"],
+     "1,000,000,000 micro-batches per optimizer step (1000000000 ranks x 1 step), more than the 1,000,000"),
+])
+def test_plans_past_the_limits_are_refused_before_any_work(capsys, monkeypatch, argv, words):
+    refused_before_any_work(capsys, monkeypatch, argv, words)
