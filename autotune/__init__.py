@@ -33,9 +33,8 @@ if TYPE_CHECKING:
         ResultFileError,
         WorkloadError,
     )
-    from .planning import Plan
     from .report import load_result, write_report
-    from .results import ProbeResult, RunResult, Trial
+    from .results import Plan, ProbeResult, RunResult, Trial
     from .training import Accumulator, PlanSampler, StepOutcome
     from .units import format_bytes, parse_size
     from .workload import Workload, load_workload
@@ -47,7 +46,7 @@ _EXPORTS = {
     "Workload": "workload", "load_workload": "workload",
     "Accumulator": "training", "PlanSampler": "training", "StepOutcome": "training",
     # their results
-    "ProbeResult": "results", "Trial": "results", "Plan": "planning", "RunResult": "results",
+    "ProbeResult": "results", "Trial": "results", "Plan": "results", "RunResult": "results",
     # devices and memory sizes
     "get_device": "devices", "list_devices": "devices", "is_oom": "devices.oom",
     "parse_size": "units", "format_bytes": "units",

@@ -24,7 +24,7 @@ from .units import plural
 from .workload import DEFAULT_PROBE, Workload, load_workload
 
 if TYPE_CHECKING:
-    from .planning.planner import Plan
+    from .results.plan import Plan
     from .results.run import RunResult
 
 Spec = Workload | str | None
@@ -170,7 +170,7 @@ _probe_and_plan = plan  # ``run`` takes a parameter called plan
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """A Plan from a JSON file written by ``autotune plan --output``."""
-    from .planning.planner import Plan
+    from .results.plan import Plan
     from .serial import read_json
 
     return Plan.from_dict(read_json(path), source=str(path))

@@ -101,7 +101,8 @@ def test_notes_must_be_a_list_of_strings(results):
 
 
 def test_a_schedule_above_the_probes_max_is_refused_unless_planned_so(results):
-    from autotune.planning.planner import Plan, make_plan
+    from autotune.planning import make_plan
+    from autotune.results import Plan
     from autotune.results.probe import ProbeResult
 
     probe = ProbeResult.from_dict(results["ProbeResult"])

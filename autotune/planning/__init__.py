@@ -6,6 +6,7 @@ serial, results (never torch, numpy or pandas).
 
 from __future__ import annotations
 
-from .planner import Plan, make_plan, nearest_uniform_targets, world_size_from
+from ..results.plan import Plan
+from .planner import make_plan, nearest_uniform_targets, world_size_from
 
 __all__ = ["Plan", "make_plan", "nearest_uniform_targets", "world_size_from"]

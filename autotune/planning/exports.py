@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import BadInput, PlanError
+from ..results.plan import Plan
 from ..units import plural as _plural
-from .planner import Plan, make_plan, nearest_uniform_targets
+from .planner import make_plan, nearest_uniform_targets
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")

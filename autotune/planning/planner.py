@@ -16,178 +16,13 @@ refused before any schedule is built, and no search loops up to the target.
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
-from ..errors import PlanError, ResultFileError
+from ..errors import PlanError
+from ..results.plan import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Plan, above_probe_note, arithmetic_line
 from ..results.probe import ProbeResult
-from ..serial import envelope, invalid, open_envelope, read_fields
-from ..units import format_bytes
 from ..units import plural as _plural
-
-MAX_TARGET_BATCH = 1_000_000_000
-MAX_MICRO_BATCHES = 1_000_000
-DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """How to run one optimizer step of exactly ``target_batch`` samples.
-
-    ``schedule[r][i]`` is the micro-batch of rank ``r`` at micro-step ``i``;
-    every rank runs ``accumulation_steps`` micro-steps. ``micro_batch`` is the
-    largest size in the schedule, ``uniform`` True when all sizes are equal.
-    ``world_size_source`` says where ``world_size`` came from ("flag",
-    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` holds what
-    a throughput tuner measured, carried as given.
-    """
-
-    target_batch: int
-    world_size: int
-    micro_batch: int
-    accumulation_steps: int
-    schedule: tuple[tuple[int, ...], ...]
-    uniform: bool
-    multiple_of: int = 1
-    max_micro_batch: int
-    world_size_source: str = "default"
-    probe: ProbeResult | None = None
-    notes: tuple[str, ...] = ()
-    tuning: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
-        schedule = tuple(map(tuple, self.schedule))
-        object.__setattr__(self, "schedule", schedule)
-        if set(map(type, chain.from_iterable(schedule))) - {int}:
-            bad = sorted({repr(b) for b in chain.from_iterable(schedule) if type(b) is not int})
-            raise ValueError(f"schedule sizes must be integers, got {', '.join(bad)}")
-        object.__setattr__(self, "notes", tuple(self.notes))
-        for name in ("target_batch", "world_size", "micro_batch", "accumulation_steps", "multiple_of",
-                     "max_micro_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
-        if self.target_batch > MAX_TARGET_BATCH:
-            raise ValueError(f"target_batch {self.target_batch} is more than {MAX_TARGET_BATCH:,}")
-        if self.world_size * self.accumulation_steps > MAX_MICRO_BATCHES:
-            raise ValueError(f"world_size x accumulation_steps = {self.world_size * self.accumulation_steps:,} "
-                             f"micro-batches is more than {MAX_MICRO_BATCHES:,}")
-        if len(schedule) != self.world_size:
-            raise ValueError(f"schedule has {len(schedule)} ranks, world_size is {self.world_size}")
-        lengths = set(map(len, schedule))
-        if lengths != {self.accumulation_steps}:
-            raise ValueError(f"every rank must run accumulation_steps={self.accumulation_steps} micro-steps, "
-                             f"got {sorted(lengths)}")
-        sizes = set(chain.from_iterable(set(schedule)))
-        if any(not 1 <= b <= self.max_micro_batch or b % self.multiple_of for b in sizes):
-            raise ValueError(f"every micro-batch must be in [1, {self.max_micro_batch}] and a multiple of "
-                             f"{self.multiple_of}, got {sorted(sizes)}")
-        total = sum(map(sum, schedule))
-        if total != self.target_batch:
-            raise ValueError(f"schedule sums to {total}, not the target {self.target_batch}")
-        if self.micro_batch != max(sizes):
-            raise ValueError(f"micro_batch {self.micro_batch} is not the largest size {max(sizes)}")
-        if self.uniform != (len(sizes) == 1):
-            raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(sizes)}")
-        if not isinstance(self.world_size_source, str):
-            raise ValueError(f"world_size_source must be a string, got {self.world_size_source!r}")
-
-    @property
-    def per_rank_batch(self) -> tuple[int, ...]:
-        """Samples each rank sees per optimizer step."""
-        return tuple(map(sum, self.schedule))
-
-    @property
-    def arithmetic(self) -> str:
-        """One line a person checks by hand: ``1024 = 256 x 4 steps x 1 rank``, or for uneven
-        sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size)."""
-        counts = Counter(chain.from_iterable(self.schedule))
-        return _arithmetic(self.target_batch, self.world_size, self.accumulation_steps, counts)
-
-    @property
-    def predicted_peak_bytes(self) -> int | None:
-        """Peak memory at ``micro_batch``: measured when the probe confirmed that very size,
-        else the probe's estimate; None without a probe."""
-        if self.probe is None:
-            return None
-        at_max = self.micro_batch == self.probe.max_micro_batch
-        if at_max and not self.probe.estimated:
-            return self.probe.peak_bytes
-        predicted = self.probe.predicted_peak_at(self.micro_batch)
-        return self.probe.peak_bytes if predicted is None and at_max else predicted
-
-    @property
-    def headroom_bytes(self) -> int | None:
-        peak = self.predicted_peak_bytes
-        return None if peak is None else self.probe.usable_bytes - peak
-
-    def summary(self) -> str:
-        lines = [f"plan: {self.arithmetic}"]
-        if self.world_size_source != "default":
-            where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(self.world_size_source,
-                                                                            self.world_size_source)
-            lines.append(f"world size {self.world_size} from {where}")
-        if self.accumulation_steps == 1:
-            lines.append("k = 1: the whole per-rank batch fits, no accumulation")
-        if self.probe is not None:
-            lines.extend(self._memory_lines())
-        lines.extend(self.notes)
-        return "\n".join(lines)
-
-    def _memory_lines(self) -> list[str]:
-        probe = self.probe
-        status = "estimated, not confirmed on a real device" if probe.estimated else "confirmed by a real run"
-        device = probe.device.get("summary") or probe.device.get("name", "unknown device")
-        return [
-            f"memory: peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
-            f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "
-            f"(margin {probe.margin:.0%})",
-            f"probed: {probe.workload} on {device}; max micro-batch {probe.max_micro_batch} ({status})",
-        ]
-
-    def to_dict(self) -> dict[str, Any]:
-        return envelope("Plan", {
-            "target_batch": self.target_batch,
-            "world_size": self.world_size,
-            "world_size_source": self.world_size_source,
-            "micro_batch": self.micro_batch,
-            "accumulation_steps": self.accumulation_steps,
-            "multiple_of": self.multiple_of,
-            "max_micro_batch": self.max_micro_batch,
-            "uniform": self.uniform,
-            "schedule": list(map(list, self.schedule)),
-            "per_rank_batch": list(self.per_rank_batch),
-            "arithmetic": self.arithmetic,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "notes": list(self.notes),
-            "tuning": self.tuning,
-            "probe": None if self.probe is None else self.probe.to_dict(),
-        })
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> Plan:
-        _, body = open_envelope(data, "Plan", source=source)
-        for derived in DERIVED:
-            body.pop(derived, None)
-        body = read_fields(cls, body, kind="Plan", source=source)
-        if body.get("probe") is not None:
-            body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
-        try:
-            plan = cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid("Plan", source, str(exc)) from None
-        probed = plan.probe.max_micro_batch if plan.probe is not None else None
-        on_purpose = probed is not None and _above_probe(plan.max_micro_batch, probed) in plan.notes
-        if probed is not None and plan.micro_batch > probed and not on_purpose:
-            raise ResultFileError(
-                f"{source}: micro-batch {plan.micro_batch} in the schedule is above the {probed} its probe found "
-                f"to fit: plan again (autotune plan --output), or keep every micro-batch at most {probed}")
-        return plan
 
 
 def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
@@ -301,14 +136,6 @@ def _counts(units: int, world: int, steps: int, q: int) -> dict[int, int]:
     return {size: count for size, count in ((base * q, slots - extra), ((base + 1) * q, extra)) if count}
 
 
-def _arithmetic(target: int, world: int, steps: int, counts: Mapping[int, int]) -> str:
-    step_text, ranks = _plural(steps, "step"), _plural(world, "rank")
-    if len(counts) == 1:
-        return f"{target} = {next(iter(counts))} x {step_text} x {ranks}"
-    terms = " + ".join(f"{count} x {size}" for size, count in sorted(counts.items()))
-    return f"{target} = {terms} over {step_text} x {ranks}"
-
-
 def _split(units: int, world: int, steps: int, q: int) -> tuple[tuple[int, ...], ...]:
     """Step-major slots (slot ``i x world + r``); the last ``units % slots`` of them get one unit more.
     With the first of those at step ``a``, rank ``b`` (``a x world + b``), ranks below ``b`` run
@@ -403,7 +230,7 @@ def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     below, above = nearest_uniform_targets(target, m, world_size=world, multiple_of=q)
     options = [f"{t} ({plan.arithmetic})" for t in (below, above) if t is not None
                for plan in _plan_or_none(t, m, world, q)]
-    uneven = _arithmetic(target, world, least, _counts(units, world, least, q))
+    uneven = arithmetic_line(target, world, least, _counts(units, world, least, q))
     sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
     return PlanError(
         f"--uniform: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
@@ -472,12 +299,7 @@ def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, prob
                      "equals the full-batch one; frameworks that assume equal micro-batches would not")
         even = _uniform_steps(units, world, unit_max)
         if even is not None and world * even <= MAX_MICRO_BATCHES:
-            notes.append(f"--uniform would give {_arithmetic(target, world, even, _counts(units, world, even, q))}")
+            notes.append(f"--uniform would give {arithmetic_line(target, world, even, _counts(units, world, even, q))}")
     if probe is not None and m > probe.max_micro_batch:
-        notes.append(_above_probe(m, probe.max_micro_batch))
+        notes.append(above_probe_note(m, probe.max_micro_batch))
     return tuple(notes)
-
-
-def _above_probe(m: int, probed: int) -> str:
-    """The note of a plan made on purpose for a max micro-batch above the probe's (``Plan.from_dict`` looks for it)."""
-    return f"max micro-batch {m} is above the probed {probed}: it may not fit"

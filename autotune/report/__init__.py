@@ -41,7 +41,7 @@ def result_from_dict(data: Any, *, source: str = "data") -> Any:
 
         return RunResult.from_dict(data, source=source)
     if kind == "Plan":
-        from ..planning.planner import Plan
+        from ..results.plan import Plan
 
         return Plan.from_dict(data, source=source)
     from ..results.probe import ProbeResult

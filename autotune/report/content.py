@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..planning.planner import Plan
+from ..results.plan import Plan
 from ..units import format_bytes, plural
 from . import memory, runs, tables
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput
-from ..planning.planner import Plan
+from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.run import RunResult
 

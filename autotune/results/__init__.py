@@ -7,7 +7,8 @@ numpy, no pandas: the planner and the reports read results without them).
 
 from __future__ import annotations
 
+from .plan import Plan
 from .probe import TRIAL_COLUMNS, ProbeResult, Trial
 from .run import RunResult
 
-__all__ = ["TRIAL_COLUMNS", "ProbeResult", "RunResult", "Trial"]
+__all__ = ["TRIAL_COLUMNS", "Plan", "ProbeResult", "RunResult", "Trial"]

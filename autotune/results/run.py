@@ -99,7 +99,7 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> RunResult:
-        from ..planning.planner import Plan
+        from .plan import Plan
 
         _, body = open_envelope(data, "RunResult", source=source)
         for derived in ("steps", "memory_ratio", "passed"):

@@ -24,8 +24,9 @@ import torch
 from ..devices.base import Device
 from ..devices.oom import is_oom
 from ..errors import BadInput
-from ..planning.planner import Plan, make_plan
+from ..planning.planner import make_plan
 from ..probing.finder import probe
+from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..units import plural
 from ..workload import Workload
