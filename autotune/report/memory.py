@@ -68,14 +68,38 @@ def throughput_section(s: Subject) -> Section:
                str(c.get("options_label") or tables.options_text(c.get("options")) or "defaults"))
               for c in candidates if isinstance(c.get("micro_batch"), int)]
     png = plots.throughput(points)
+    timing = tuning.get("timing") if isinstance(tuning.get("timing"), dict) else {}
     extra = [f"{tuning.get('trials')} trials" if tuning.get("trials") is not None else "",
              f"{tuning['steps_per_trial']} timed steps each" if tuning.get("steps_per_trial") else "",
+             (f"each timed until its interquartile range is within {timing['threshold']:.0%} of the median "
+              f"or {timing['budget_s']:g} s are spent" if timing.get("threshold") and timing.get("budget_s") else ""),
              f"study {tuning['study_name']}" if tuning.get("study_name") else "",
              f"storage {tuning['storage']}" if tuning.get("storage") else ""]
     text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch); "
             "the fastest that fits is chosen.")
+    if "baseline" in tuning:
+        text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch), "
+                "measured one after another against the untuned plan (the baseline); the fastest then runs head "
+                "to head with the baseline, interleaved, and is chosen only when the whole 95% interval of that "
+                "ratio lies above 1." + _verdict(tuning))
     if any(extra):
         text += " (" + ", ".join(e for e in extra if e) + ")"
     return Section("throughput", "Throughput vs micro-batch", (
         Text(text), Image(THROUGHPUT_PLOT, "Throughput vs micro-batch", png),
         Table(tables.tuning(candidates, chosen))))
+
+
+def _verdict(tuning: dict) -> str:
+    """One sentence: how the fastest candidate did head to head with the baseline, and what was kept."""
+    fastest, ratio, uncertainty = tuning.get("fastest"), tuning.get("ratio"), tuning.get("uncertainty")
+    if not isinstance(fastest, dict):
+        return ""
+    if fastest.get("baseline"):
+        return " The untuned plan was the fastest."
+    size = f"micro-batch {fastest.get('micro_batch')} x {fastest.get('accumulation_steps')} steps"
+    if ratio is None or uncertainty is None:
+        return f" The fastest, {size}, was not compared with the untuned plan, which did not run."
+    versus = f"{ratio:.2f}x the baseline (±{tables.number(uncertainty, '.2f')})"
+    if tuning.get("kept_baseline"):
+        return f" The fastest, {size}, ran {versus} head to head, so the untuned plan is kept."
+    return f" Chosen: {size}, {versus} head to head."
