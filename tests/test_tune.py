@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from autotune import tune as tune_module
 from autotune.devices import get_device
 from autotune.errors import BadInput
-from autotune.planner import make_plan
+from autotune.planner import Plan, make_plan
+from autotune.serial import dumps
 from autotune.timing import Samples, Timing, compare_plans, repeat_until_stable
 from autotune.tune import candidate_sizes, tune
 from autotune.workload import Workload
@@ -139,6 +142,7 @@ def test_baseline_first_and_no_duplicates(mlp, monkeypatch):
     t = plan.tuning
     assert t["baseline"]["micro_batch"] == untuned.micro_batch and t["baseline"]["baseline"] is True
     assert len([c for c in t["candidates"] if c["samples_per_s"] is not None]) == 4
+    assert Plan.from_dict(json.loads(dumps(plan.to_dict()))) == plan  # the tuning record is plain JSON
     # More trials than candidates: every candidate once, then the study stops.
     calls.clear()
     sizes = candidate_sizes(256, untuned.max_micro_batch, world_size=1, multiple_of=1, uniform=None)
@@ -269,3 +273,16 @@ def test_bad_storage_is_found_before_any_work(mlp, monkeypatch, url, match):
     with pytest.raises(BadInput, match=match) as info:
         tune(mlp, get_device("cpu", memory_budget=3_000_000), 256, storage=url)
     assert "secret" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_plan_api_checks_storage_before_any_work(monkeypatch):
+    from autotune import pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the storage was checked")
+
+    monkeypatch.setattr(pipeline, "resolve", refuse)
+    with pytest.raises(BadInput, match=r"^storage 'bogus://' names no database driver"):
+        pipeline.plan(64, workload="mlp", device="cpu", memory_budget=3_000_000, tune=True, storage="bogus://")
+    with pytest.raises(BadInput, match=r"storage and study_name are for tune=True"):
+        pipeline.plan(64, workload="mlp", device="cpu", memory_budget=3_000_000, storage="sqlite:///tune.db")
