@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import plots, tables
 from .blocks import Image, Section, Table, Text
 from .subject import Subject
@@ -61,14 +63,14 @@ def breakdown_section(s: Subject) -> Section:
 
 
 def throughput_section(s: Subject) -> Section:
-    tuning = s.plan.tuning
+    tuning: dict[str, Any] = (s.plan.tuning if s.plan is not None else None) or {}
     candidates = [c for c in tuning.get("candidates") or [] if isinstance(c, dict)]
     chosen = tuning.get("chosen") if isinstance(tuning.get("chosen"), dict) else None
     points = [(int(c["micro_batch"]), c.get("samples_per_s"), bool(c.get("fits")), tables.is_chosen(c, chosen),
                str(c.get("options_label") or tables.options_text(c.get("options")) or "defaults"))
               for c in candidates if isinstance(c.get("micro_batch"), int)]
     png = plots.throughput(points)
-    timing = tuning.get("timing") if isinstance(tuning.get("timing"), dict) else {}
+    timing: dict[str, Any] = tuning["timing"] if isinstance(tuning.get("timing"), dict) else {}
     extra = [f"{tuning.get('trials')} trials" if tuning.get("trials") is not None else "",
              f"{tuning['steps_per_trial']} timed steps each" if tuning.get("steps_per_trial") else "",
              (f"each timed until its interquartile range is within {timing['threshold']:.0%} of the median "
@@ -89,7 +91,7 @@ def throughput_section(s: Subject) -> Section:
         Table(tables.tuning(candidates, chosen))))
 
 
-def _verdict(tuning: dict) -> str:
+def _verdict(tuning: dict[str, Any]) -> str:
     """One sentence: how the fastest candidate did head to head with the baseline, and what was kept."""
     fastest, ratio, uncertainty = tuning.get("fastest"), tuning.get("ratio"), tuning.get("uncertainty")
     if not isinstance(fastest, dict):
