@@ -56,7 +56,10 @@ _EXPORTS = {
     "ResultFileError": "errors", "WorkloadError": "errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = ["Accumulator", "AutotuneError", "BadInput", "DeviceError", "DoesNotFit", "EstimateUnavailable", "Plan",
+    "PlanError", "PlanSampler", "ProbeFileError", "ProbeResult", "ResultFileError", "RunResult", "StepOutcome",
+    "Trial", "Workload", "WorkloadError", "format_bytes", "get_device", "is_oom", "list_devices", "load_plan",
+    "load_result", "load_workload", "parse_size", "plan", "probe", "run", "write_report", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -101,13 +101,14 @@ def _portable(spec: str) -> str:
 def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = options.TRIALS,
-         storage: str | None = None, env: dict[str, str] | None = None) -> Plan:
+         storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
     With ``tune``, an optuna study times real steps of the candidate plans (and of
-    the workload's options) and the fastest wins; ``storage`` is optuna's (e.g.
-    ``sqlite:///reports/tune.db``), so a study can be resumed and inspected.
+    the workload's options) against the untuned plan, and the fastest wins unless it is
+    within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
+    can be resumed and inspected, under ``study_name`` or a name made from the settings.
     """
     from .planning.planner import check_plan, make_plan
 
@@ -120,19 +121,23 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     if uniform not in (None, True, False):
         raise BadInput(f"uniform {uniform!r} must be True, False or None")
     world, source = _world_size(world_size, env)
-    # Reject a target that can never be planned before spending time on a probe.
+    # Reject a target that can never be planned, or a storage that cannot open, before a probe.
     check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
+    if not tune and (storage is not None or study_name is not None):
+        raise BadInput("storage and study_name are for tune=True: pass tune=True, or leave them out")
     per_rank = math.ceil(target_batch / world)
     if tune:
+        from .training.study import check_storage
         from .training.tune import tune as run_tune
 
+        check_storage(storage)
         if distributed.active():
             raise BadInput("--tune times one process: run autotune plan --tune without torchrun, with "
                            f"--world-size {world}")
         wl, dev = resolve(workload, device, memory_budget)
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
-                         margin=margin, trials=trials, storage=storage, world_size_source=source,
-                         progress=log.progress)
+                         margin=margin, trials=trials, storage=storage, study_name=study_name,
+                         world_size_source=source)
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
     result = probe(workload, device=device, memory_budget=memory_budget, margin=margin,

@@ -56,3 +56,7 @@ def test_the_api_takes_what_the_command_line_takes():
 def test_bad_arguments_raise_autotunes_error_naming_the_parameter(call, name):
     with pytest.raises(autotune.BadInput, match=name):
         call()
+
+
+def test_all_lists_exactly_the_lazy_exports():
+    assert sorted(autotune.__all__) == sorted([*autotune._EXPORTS, "__version__"])

@@ -7,6 +7,7 @@ import os
 import sys
 
 from .. import options
+from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
@@ -46,11 +47,14 @@ def add_parser(sub) -> None:
                         "that framework's batch settings as a JSON object")
     p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
     p.add_argument("--tune", action="store_true",
-                   help="time real steps of candidate plans (and the probe's options) with optuna; keep the fastest")
+                   help="time real steps of candidate plans (and the probe's options) with optuna, the untuned plan "
+                        "first; keep the fastest unless it is within noise of the untuned one")
     p.add_argument("--trials", type=positive_int("--trials"), default=options.TRIALS, metavar="N",
-                   help="optuna trials for --tune")
+                   help="candidates --tune measures, each once (all of them when there are fewer)")
     p.add_argument("--storage", metavar="URL", default=None,
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
+    p.add_argument("--study-name", metavar="NAME", default=None,
+                   help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
     add_report(p)
     add_distributed(p)
     add_common(p)
@@ -73,10 +77,21 @@ def check_plannable(args) -> None:
     check_plan(args.target_batch, args.target_batch, world_size=world, multiple_of=args.multiple_of)
 
 
+def check_tune_flags(args) -> None:
+    for flag, value in (("--storage", args.storage), ("--study-name", args.study_name)):
+        if value is not None and not args.tune:
+            raise BadInput(f"{flag} needs --tune: add --tune, or drop {flag}")
+    if args.storage is not None:
+        from ..training.study import check_storage
+
+        check_storage(args.storage, "--storage")
+
+
 def run(args) -> int:
     check_output(args.output)
     check_report(args)
     check_plannable(args)
+    check_tune_flags(args)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
@@ -91,7 +106,7 @@ def _plan(args, *, lead: bool) -> int:
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                          multiple_of=args.multiple_of, uniform=True if args.uniform else None,
-                         tune=args.tune, trials=args.trials, storage=args.storage)
+                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name)
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())

@@ -77,6 +77,19 @@ def is_chosen(candidate: dict[str, Any], chosen: dict[str, Any] | None) -> bool:
     return all(candidate.get(k) == chosen.get(k) for k in keys if k in chosen)
 
 
+def versus(candidate: dict[str, Any]) -> str:
+    """``baseline`` for the untuned plan, else its throughput over the baseline's as measured one
+    after the other (``1.18x``), and head to head where that ran (``; 1.05x ±0.03 head to head``)."""
+    if candidate.get("baseline"):
+        return "baseline"
+    ratio = candidate.get("vs_baseline")
+    text = "" if ratio is None else f"{ratio:.2f}x"
+    duel = candidate.get("head_to_head")
+    if isinstance(duel, dict) and duel.get("ratio") is not None:
+        text += f"; {duel['ratio']:.2f}x ±{number(duel.get('uncertainty'), '.2f')} head to head"
+    return text
+
+
 def tuning(candidates: Sequence[dict[str, Any]], chosen: dict[str, Any] | None) -> pd.DataFrame:
     """The throughput tuner's candidates: what each measured, which one was chosen, why one did not run."""
     rows = [{
@@ -86,12 +99,13 @@ def tuning(candidates: Sequence[dict[str, Any]], chosen: dict[str, Any] | None) 
         "predicted peak": format_bytes(c.get("predicted_peak_bytes")),
         "samples/s": number(c.get("samples_per_s"), ",.1f"),
         "s/step": number(c.get("seconds_per_step"), ".4f"),
+        "vs baseline": versus(c),
         "fits": yes_no(c.get("fits")),
         "chosen": "yes" if is_chosen(c, chosen) else "",
         "why not": str(c.get("why") or ""),
     } for c in candidates]
     return pd.DataFrame(rows, columns=["micro-batch", "accumulation steps", "options", "predicted peak", "samples/s",
-                                       "s/step", "fits", "chosen", "why not"])
+                                       "s/step", "vs baseline", "fits", "chosen", "why not"])
 
 
 def steps(losses: Sequence[float], seconds: Sequence[float]) -> pd.DataFrame:

@@ -238,8 +238,37 @@ def test_throughput_plot_when_tuned(plan, tmp_path):
     assert png_size((folder / "throughput_vs_batch.png").read_bytes())[0] > 200
     assert len(DATA_URI.findall(page)) == 3 and "(throughput_vs_batch.png)" in md
     peak = format_bytes(plan.probe.predicted_peak_at(256))
-    assert re.search(rf"^\| 256 \| 4 \| defaults \| {peak} \| 1,256\.0 \| 0\.1000 \| yes \| yes \|  \|$", md, re.M)
+    assert re.search(rf"^\| 256 \| 4 \| defaults \| {peak} \| 1,256\.0 \| 0\.1000 \|  \| yes \| yes \|  \|$", md, re.M)
     assert "| 341 | 3 | defaults |" in md and "estimated over the usable memory |" in md
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_tuning_shows_the_baseline_and_the_ratio(plan, tmp_path, kept):
+    """The untuned plan is the baseline row; the others carry their ratio to it, the fastest its head to head."""
+    def row(b, seconds, **extra):
+        return {"micro_batch": b, "accumulation_steps": -(-1021 // b), "options": {}, "options_label": "defaults",
+                "predicted_peak_bytes": None, "fits": True, "samples_per_s": 1021 / seconds,
+                "seconds_per_step": seconds, "spread": 0.02, "timed_steps": 5, "why": "", **extra}
+    duel = {"ratio": 1.02, "uncertainty": 0.04, "rounds": 9, "why": ""} if kept else \
+        {"ratio": 1.18, "uncertainty": 0.03, "rounds": 9, "why": ""}
+    base = row(256, 0.118, baseline=True, vs_baseline=1.0)
+    fast = row(128, 0.1, baseline=False, vs_baseline=1.18, head_to_head=duel)
+    tuning = {"candidates": [base, fast], "baseline": base, "fastest": fast, "chosen": base if kept else fast,
+              "ratio": duel["ratio"], "uncertainty": duel["uncertainty"], "head_to_head_rounds": 9,
+              "kept_baseline": kept, "trials": 2, "measured": 2, "storage": None, "study_name": "s",
+              "timing": {"warmup": 1, "min_steps": 5, "max_steps": 50, "threshold": 0.05, "budget_s": 5.0}}
+    folder = write_report(dataclasses.replace(plan, tuning=tuning), tmp_path / "tuned")
+    _, md = read(folder)
+    text = md_unescape(md)
+    assert re.search(r"^\| 256 \| 4 \| defaults \| .* \| baseline \| yes \| " + ("yes" if kept else "") + r" \|",
+                     text, re.MULTILINE)
+    cell = "1.18x; 1.02x ±0.04 head to head" if kept else "1.18x; 1.18x ±0.03 head to head"
+    assert re.search(r"^\| 128 \| 8 \| defaults \| .* \| " + re.escape(cell) + r" \| yes \| " +
+                     ("" if kept else "yes") + r" \|", text, re.MULTILINE)
+    verdict = ("The fastest, micro-batch 128 x 8 steps, ran 1.02x the baseline (±0.04) head to head, so the "
+               "untuned plan is kept." if kept else "Chosen: micro-batch 128 x 8 steps, 1.18x the baseline (±0.03) "
+               "head to head.")
+    assert verdict in text and "within 5% of the median or 5 s are spent" in text
 
 
 def test_batchnorm_warning_and_failure_are_shown(run_result, tmp_path):
