@@ -63,7 +63,7 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     margin = options.margin(margin)
     max_batch = options.whole(max_batch, "max_batch")
     wl, dev = resolve(workload, device, memory_budget)
-    log.progress(f"probing {wl.name} on {dev.describe()['summary']}")
+    log.progress(f"probing {wl.name} on {dev.describe().summary}")
     data_parallel = distributed.active() if data_parallel is None else bool(data_parallel)
     result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
     if distributed.active():
@@ -167,7 +167,7 @@ def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[
         return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
     where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
     return (f"assumed: {world} ranks ({where}), each with a device like this one; measured: the probe on "
-            f"{result.device.get('name')} here only",)
+            f"{result.device.name} here only",)
 
 
 _probe_and_plan = plan  # ``run`` takes a parameter called plan
@@ -200,8 +200,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         probed = plan.probe
         if workload is None and probed is not None:
             workload = probed.source or probed.workload
-        if memory_budget is None and probed is not None and probed.device.get("capacity_source") == "--memory-budget":
-            memory_budget = probed.capacity_bytes  # run under the budget the plan was made for
+        if memory_budget is None and probed is not None and probed.device.budget_bytes is not None:
+            memory_budget = probed.device.budget_bytes  # run under the budget the plan was made for
     wl, dev = resolve(workload, device, memory_budget)
     if dev.estimated:
         raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")

@@ -280,7 +280,7 @@ def main(argv=None) -> int:
             return 0
         device_name, peaks, probes, runs = "cuda:0", GPU_PEAKS, GPU_PROBES, GPU_RUNS
         device = get_device("cuda:0")
-        log(f"device: {device.describe()['summary']}")
+        log(f"device: {device.describe().summary}")
 
     sections = {}
     found: dict[tuple[str, int], int] = {}

@@ -39,7 +39,7 @@ def main() -> None:
                           ("no_world_factor", NoWorldFactor)):
             result = run_plan(plan, mlp, device, steps=3, accumulator_cls=cls)
             out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
-                         for c in result.verification["checks"]}
+                         for c in result.verification.to_dict()["checks"]}
             out[name]["passed"] = result.passed
         if distributed.rank() == 0:
             print(json.dumps(out))

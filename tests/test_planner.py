@@ -20,6 +20,7 @@ from autotune.planning.planner import (
     nearest_uniform_targets,
     world_size_from,
 )
+from autotune.results.device import DeviceInfo
 from autotune.results.probe import ProbeResult, Trial
 from autotune.serial import dumps
 from autotune.units import format_bytes
@@ -248,7 +249,10 @@ def test_world_size_from_errors(flag, env, match):
 
 def probe_result(**overrides) -> ProbeResult:
     fields = dict(
-        workload="mlp", device={"name": "cpu", "summary": "cpu, capacity 1.0 GiB (--memory-budget)"},
+        workload="mlp", device=DeviceInfo(name="cpu", kind="cpu", estimated=False, capacity_bytes=1024 * MiB,
+                                          capacity_source="memory budget", measured_by="live tensor-storage bytes",
+                                          summary="cpu, capacity 1.0 GiB (memory budget)", torch="2.13.0",
+                                          budget_bytes=1024 * MiB),
         estimated=False, max_micro_batch=256, max_batch=1024, capacity_bytes=1024 * MiB,
         usable_bytes=921 * MiB, margin=0.1, peak_bytes=800 * MiB, predicted_peak_bytes=792 * MiB,
         breakdown={"parameters": 10 * MiB, "activations": 700 * MiB}, limited_by="memory",
@@ -306,7 +310,7 @@ def test_summary_with_probe():
     text = plan.summary()
     assert text.splitlines()[0] == "plan: 1024 = 256 x 4 steps x 1 rank"
     for part in (format_bytes(800 * MiB), format_bytes(921 * MiB), format_bytes(121 * MiB), "mlp",
-                 "cpu, capacity 1.0 GiB (--memory-budget)", "confirmed by a real run", "world size 1 from --world-size"):
+                 "cpu, capacity 1.0 GiB (memory budget)", "confirmed by a real run", "world size 1 from --world-size"):
         assert part in text
     assert "estimated, not confirmed" in make_plan(1024, 256, probe=probe_result(estimated=True)).summary()
 

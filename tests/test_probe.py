@@ -98,7 +98,7 @@ def test_estimate_device_marks_the_result(gpt):
     result = probe(gpt, get_device("estimate", memory_budget=2 * 2**30), max_batch=4096)
     assert result.estimated and result.real_runs == 0
     assert any("not confirmed" in n for n in result.notes)
-    assert "not confirmed" in result.device["summary"] and "CUDA context" in result.device["summary"]
+    assert "not confirmed" in result.device.summary and "CUDA context" in result.device.summary
     assert result.peak_bytes <= result.usable_bytes
 
 

@@ -31,8 +31,8 @@ def test_run_passes_and_measures(uneven):
     result = run_plan(plan, mlp, device, steps=3)
     assert result.passed and len(result.losses) == 3
     v = result.verification
-    assert v["gradient_relative_error"] < 1e-6
-    assert {c["name"] for c in v["checks"]} == {"gradient_equivalence", "memory", "count"}
+    assert v.gradient_relative_error < 1e-6
+    assert {c.name for c in v.checks} == {"gradient_equivalence", "memory", "count"}
     assert result.peak_bytes <= result.usable_bytes
     assert result.memory_ratio == pytest.approx(1.0, abs=0.02)  # the fit rule predicts the run
     assert result.samples_per_s > 0
@@ -44,15 +44,15 @@ def test_planted_faults_fail_the_run(uneven, fault, failing):
     mlp, device, plan = uneven
     result = run_plan(plan, mlp, device, steps=2, accumulator_cls=fault)
     assert not result.passed
-    assert {c["name"] for c in result.verification["checks"] if not c["passed"]} == failing
+    assert {c.name for c in result.verification.failed} == failing
 
 
 def test_over_budget_run_fails_the_memory_check(uneven):
     mlp, device, plan = uneven
     tight = replace(plan, probe=replace(plan.probe, usable_bytes=plan.probe.peak_bytes // 2))
     result = run_plan(tight, mlp, device, steps=1)
-    memory = next(c for c in result.verification["checks"] if c["name"] == "memory")
-    assert not memory["passed"] and not result.passed
+    memory = result.verification.check("memory")
+    assert not memory.passed and not result.passed
 
 
 def test_no_verify_still_runs(uneven):
@@ -67,4 +67,4 @@ def test_run_result_json_round_trip(uneven):
     data = json.loads(json.dumps(result.to_dict()))
     again = RunResult.from_dict(data)
     assert again.to_dict() == result.to_dict()
-    assert data["verification"]["gradient_relative_error"] == result.verification["gradient_relative_error"]
+    assert data["verification"]["gradient_relative_error"] == result.verification.gradient_relative_error

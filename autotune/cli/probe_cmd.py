@@ -47,7 +47,7 @@ def run(args) -> int:
 def describe(result) -> str:
     from ..units import format_bytes
 
-    lines = [result.summary(), f"device: {result.device.get('summary')}"]
+    lines = [result.summary(), f"device: {result.device.summary}"]
     if result.breakdown:
         parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in result.breakdown.items())
         lines.append(f"at the peak: {parts}")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..results.device import DeviceInfo
 from .tracker import LiveStorageTracker
 
 T = TypeVar("T")
@@ -55,7 +56,7 @@ class Device(Protocol):
         """Return memory to its baseline once the caller has dropped an OOM and its references."""
         ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> DeviceInfo: ...
 
     def estimator(self) -> Device: ...
 

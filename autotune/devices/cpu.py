@@ -6,10 +6,10 @@ import gc
 import os
 import platform
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
 from .host import ram_bytes
@@ -56,18 +56,11 @@ class CpuDevice:
 
         return EstimateDevice(capacity=self._capacity, round_to=1, cuda_like=False, name="estimate (cpu)")
 
-    def describe(self) -> dict[str, Any]:
-        source = "--memory-budget" if self.memory_budget is not None else "available RAM"
-        return {
-            "name": self.name,
-            "kind": "cpu",
-            "estimated": False,
-            "model": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "ram_total_bytes": self._total,
-            "capacity_bytes": self._capacity,
-            "capacity_source": source,
-            "measured_by": "live tensor-storage bytes (autotune tracker)",
-            "summary": f"cpu, capacity {format_bytes(self._capacity)} ({source})",
-            "torch": torch.__version__,
-        }
+    def describe(self) -> DeviceInfo:
+        source = "memory budget" if self.memory_budget is not None else "available RAM"
+        return DeviceInfo(
+            name=self.name, kind="cpu", estimated=False, capacity_bytes=self._capacity, capacity_source=source,
+            budget_bytes=self.memory_budget, measured_by="live tensor-storage bytes (autotune tracker)",
+            summary=f"cpu, capacity {format_bytes(self._capacity)} ({source})", torch=torch.__version__,
+            model=platform.processor() or platform.machine(), cpu_count=os.cpu_count(), ram_total_bytes=self._total,
+        )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
 from .estimate import CUDA_ROUNDING
@@ -92,7 +92,7 @@ class CudaDevice:
         return EstimateDevice(capacity=self._capacity, round_to=CUDA_ROUNDING, cuda_like=True,
                               name=f"estimate ({self.name})")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DeviceInfo:
         props = None
         try:
             props = self.cuda.get_device_properties(self.index)
@@ -102,24 +102,18 @@ class CudaDevice:
         source = "NVML free memory + this process's reserved memory"
         if self.nvml is None:
             source = f"torch.cuda.mem_get_info ({self.nvml_note})"
-        if self.memory_budget is not None and self.memory_budget <= self._capacity:
-            source = "--memory-budget"
-        desc = {
-            "name": self.name,
-            "kind": "cuda",
-            "estimated": False,
-            "model": name,
-            "total_bytes": self._total,
-            "free_bytes": self._free,
-            "capacity_bytes": self._capacity,
-            "capacity_source": source,
-            "measured_by": "torch.cuda.max_memory_reserved",
-            "other_processes": [list(p) for p in self._info.other_processes] if self._info else None,
-            "driver": self.nvml.driver_version() if self.nvml is not None else None,
-            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-            "summary": f"{self.name} ({name}), capacity {format_bytes(self._capacity)} ({source})",
-            "torch": torch.__version__,
-        }
-        if self.nvml is None:
-            desc["note"] = self.nvml_note + "; free memory read from torch.cuda.mem_get_info instead"
-        return desc
+        budget = self.memory_budget if self.memory_budget is not None and self.memory_budget <= self._capacity \
+            else None
+        if budget is not None:
+            source = "memory budget"
+        return DeviceInfo(
+            name=self.name, kind="cuda", estimated=False, capacity_bytes=self._capacity, capacity_source=source,
+            budget_bytes=budget, measured_by="torch.cuda.max_memory_reserved",
+            summary=f"{self.name} ({name}), capacity {format_bytes(self._capacity)} ({source})",
+            torch=torch.__version__, model=name, total_bytes=self._total, free_bytes=self._free,
+            other_processes=self._info.other_processes if self._info else None,
+            driver=self.nvml.driver_version() if self.nvml is not None else None,
+            allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            note=None if self.nvml is not None else
+            self.nvml_note + "; free memory read from torch.cuda.mem_get_info instead",
+        )

@@ -30,6 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from ..errors import BadInput
+from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .base import Measurement, Session, T, _move_module, timed_measure
 from .meta import CpuKernelChoices, MetaKernels
@@ -179,28 +180,20 @@ class EstimateDevice:
     def estimator(self) -> EstimateDevice:
         return self
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DeviceInfo:
         lines = [f"estimate for a {'CUDA GPU' if self.cuda_like else 'device'} with {format_bytes(self.budget)}"]
         if self.allowance:
             lines.append(f"{format_bytes(self.allowance)} allowed for the CUDA context and library workspaces")
         if self.round_to > 1:
             lines.append(f"allocations rounded up to {self.round_to} bytes")
         lines.append("not confirmed on a real device")
-        return {
-            "name": self.name,
-            "kind": "estimate",
-            "estimated": True,
-            "budget_bytes": self.budget,
-            "allowance_bytes": self.allowance,
-            "capacity_bytes": self.capacity_bytes(),
-            "round_to": self.round_to,
-            "cuda_like": self.cuda_like,
-            "measured_by": _MEASURED_BY[self.engine],
-            "engine": self.engine,
-            "engine_fallback": self.fallback,
-            "summary": "; ".join(lines),
-            "torch": torch.__version__,
-        }
+        return DeviceInfo(
+            name=self.name, kind="estimate", estimated=True, capacity_bytes=self.capacity_bytes(),
+            capacity_source="memory budget" + (" less the CUDA context allowance" if self.allowance else ""),
+            budget_bytes=self.budget, measured_by=_MEASURED_BY[self.engine], summary="; ".join(lines),
+            torch=torch.__version__, allowance_bytes=self.allowance, round_to=self.round_to,
+            cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback,
+        )
 
 
 def default_engine() -> str:

@@ -40,7 +40,7 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
         sections.append(Section("notes", "Notes", (Bullets(tuple(dict.fromkeys(notes))),)))
     sections += [runs.environment(s), runs.files(s)]
     stamp = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
-    title = f"autotune memory report: {s.name}" + (f" on {s.device.get('name')}" if s.device.get("name") else "")
+    title = f"autotune memory report: {s.name}" + (f" on {s.device.name}" if s.device is not None else "")
     return Report(title=title, verdict=verdict(s), sections=tuple(sections),
                   footer=f"Generated {stamp} by autotune {_version()} from a {s.kind}.")
 
@@ -54,8 +54,8 @@ def _version() -> str:
 def verdict(s: Subject) -> Text:
     if s.run is not None:
         v = s.run.verification
-        word = "not verified" if v is None else ("verification PASSED" if v.get("passed") else "verification FAILED")
-        tone = "warn" if v is None else ("ok" if v.get("passed") else "fail")
+        word = "not verified" if v is None else ("verification PASSED" if v.passed else "verification FAILED")
+        tone = "warn" if v is None else ("ok" if v.passed else "fail")
         return Text(f"Ran {s.plan.arithmetic} for {plural(s.run.steps, 'step')}: {word}; peak "
                     f"{format_bytes(s.run.peak_bytes)} of {format_bytes(s.run.usable_bytes)} usable.", tone)
     if s.plan is not None and s.probe is not None:
@@ -73,8 +73,8 @@ def summary(s: Subject) -> Section:
     if p is not None:
         rows += [
             ("Workload", p.workload + (f" ({tables.options_text(p.options)})" if p.options else "")),
-            ("Device", str(p.device.get("summary") or p.device.get("name", "unknown"))),
-            ("Capacity", f"{format_bytes(p.capacity_bytes)} (from {p.device.get('capacity_source', 'the device')})"),
+            ("Device", p.device.summary),
+            ("Capacity", f"{format_bytes(p.capacity_bytes)} (from {p.device.capacity_source})"),
             ("Margin", f"{p.margin * 100:g}%"),
             ("Usable memory", f"{format_bytes(p.usable_bytes)} = capacity x (1 - margin)"),
             ("Max micro-batch", str(p.max_micro_batch)),
@@ -115,10 +115,10 @@ def summary(s: Subject) -> Section:
             ("Throughput", f"{run.samples_per_s:,.0f} samples/s"
              + ("" if abs(run.items_per_s - run.samples_per_s) < 1e-9 else f", {run.items_per_s:,.0f} items/s")),
             ("Loss", f"{run.losses[0]:.4f} -> {run.losses[-1]:.4f} over {plural(run.steps, 'step')} ({run.precision})"),
-            ("Verification", "not run" if v is None else ("PASSED" if v.get("passed") else "FAILED")),
+            ("Verification", "not run" if v is None else ("PASSED" if v.passed else "FAILED")),
         ]
-        if v is not None and v.get("gradient_relative_error") is not None:
-            rows.append(("Gradient relative error", tables.relative_error(v["gradient_relative_error"])))
+        if v is not None and v.gradient_relative_error is not None:
+            rows.append(("Gradient relative error", tables.relative_error(v.gradient_relative_error)))
     return Section("summary", "Summary", (Rows(tuple(rows), id="summary-table"),))
 
 

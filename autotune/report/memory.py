@@ -20,7 +20,7 @@ def peak_section(s: Subject) -> Section:
     png = plots.peak_vs_batch(curve=p.curve, real=real, capacity=p.capacity_bytes, usable=p.usable_bytes,
                               margin=p.margin, chosen=s.chosen, max_micro_batch=p.max_micro_batch,
                               run_peak=s.run.peak_bytes if s.run is not None else None,
-                              title=f"Peak memory vs micro-batch: {p.workload} on {p.device.get('name', '?')}"
+                              title=f"Peak memory vs micro-batch: {p.workload} on {p.device.name}"
                                     + (" (estimated)" if p.estimated else ""))
     text = ("The line is the peak the estimate predicts at each micro-batch (fake tensors, no device memory); "
             "the markers are real runs on the device. A micro-batch fits while its peak stays at or below the "

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from ..results.run import RunResult
+from ..results.run import Check, RunResult
 from ..units import format_bytes, plural
 from . import tables
 from .blocks import Bullets, Code, Rows, Section, Table, Text
@@ -28,11 +28,11 @@ def run_section(run: RunResult) -> Section:
     return Section("run", "Training run", (Rows(tuple(rows)), Table(tables.steps(run.losses, run.step_seconds))))
 
 
-def warnings(checks: list[dict[str, Any]]) -> list[str]:
+def warnings(checks: Sequence[Check]) -> list[str]:
     """BatchNorm and dropout findings of the gradient check, as sentences."""
     out = []
     for check in checks:
-        details = check.get("details") or {}
+        details = check.details
         layers = details.get("running_statistics")
         if layers:
             out.append(f"BatchNorm: {plural(len(layers), 'layer')} normalise each micro-batch with its own statistics "
@@ -44,17 +44,18 @@ def warnings(checks: list[dict[str, Any]]) -> list[str]:
 
 def verification_section(run: RunResult) -> Section:
     v = run.verification
-    checks = [c for c in v.get("checks") or [] if isinstance(c, dict)]
-    failed = [c.get("name", "?") for c in checks if not c.get("passed")]
-    head = (Text(f"Verification PASSED: all {plural(len(checks), 'check')} hold.", "ok") if v.get("passed")
+    assert v is not None
+    checks = v.checks
+    failed = [c.name for c in v.failed]
+    head = (Text(f"Verification PASSED: all {plural(len(checks), 'check')} hold.", "ok") if v.passed
             else Text(f"Verification FAILED: {', '.join(failed) or 'see the checks'}.", "fail"))
     rows = []
-    grad = next((c for c in checks if c.get("name") == "gradient_equivalence"), None)
-    if v.get("gradient_relative_error") is not None or grad is not None:
-        limit = "" if grad is None or grad.get("limit") is None else f" (limit {grad['limit']:g})"
-        rows.append(("Gradient relative error", tables.relative_error(v.get("gradient_relative_error")) + limit))
-        if grad is not None and (grad.get("details") or {}).get("reference"):
-            rows.append(("Compared with", str(grad["details"]["reference"])))
+    grad = v.check("gradient_equivalence")
+    if v.gradient_relative_error is not None or grad is not None:
+        limit = "" if grad is None or grad.limit is None else f" (limit {grad.limit:g})"
+        rows.append(("Gradient relative error", tables.relative_error(v.gradient_relative_error) + limit))
+        if grad is not None and grad.details.get("reference"):
+            rows.append(("Compared with", str(grad.details["reference"])))
     ratio = "" if run.memory_ratio is None else f" (ratio {run.memory_ratio:.3f})"
     rows.append(("Measured vs predicted peak",
                  f"{format_bytes(run.peak_bytes)} measured vs {format_bytes(run.predicted_peak_bytes)} predicted"
@@ -74,23 +75,23 @@ _SHOWN = ("name", "model", "kind", "torch", "driver", "allocator_conf", "measure
 def environment(s: Subject) -> Section:
     from .. import __version__
 
-    d = s.device
-    if not d:
+    if s.device is None:
         return Section("environment", "Environment", (Rows((
             ("Device", "none recorded (a plan made without a probe)"),
             ("Report made by", f"autotune {__version__}")), id="environment-table"),))
-    conf = d.get("allocator_conf")
+    device = s.device
+    conf = device.allocator_conf
     rows = [
-        ("torch", str(d.get("torch", "unknown"))),
-        ("Device", f"{d.get('name', 'unknown')} ({d.get('kind', '?')})"),
-        ("Device model", str(d.get("model") or "unknown")),
-        ("Driver", str(d.get("driver") or ("n/a (not a CUDA device)" if d.get("kind") != "cuda" else "unknown"))),
+        ("torch", device.torch),
+        ("Device", f"{device.name} ({device.kind})"),
+        ("Device model", device.model or "unknown"),
+        ("Driver", device.driver or ("n/a (not a CUDA device)" if device.kind != "cuda" else "unknown")),
         ("PYTORCH_CUDA_ALLOC_CONF", "n/a (not a CUDA device)" if conf is None else (conf or "(not set)")),
-        ("Memory measured by", str(d.get("measured_by", "unknown"))),
-        ("Capacity from", str(d.get("capacity_source", "unknown"))),
+        ("Memory measured by", device.measured_by),
+        ("Capacity from", device.capacity_source),
         ("Result", status(s.probe) if s.probe is not None else "no probe result"),
     ]
-    for key, value in d.items():
+    for key, value in device.to_dict().items():
         if key in _SHOWN or value is None or value == "" or isinstance(value, (dict, list)) and not value:
             continue
         if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput
+from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.run import RunResult
@@ -49,10 +50,10 @@ class Subject:
         return self.plan.micro_batch if self.plan is not None else self.probe.max_micro_batch
 
     @property
-    def device(self) -> dict[str, Any]:
+    def device(self) -> DeviceInfo | None:
         if self.run is not None:
             return self.run.device
-        return self.probe.device if self.probe is not None else {}
+        return self.probe.device if self.probe is not None else None
 
 
 def status(probe: ProbeResult) -> str:

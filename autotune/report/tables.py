@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from ..results.probe import TRIAL_COLUMNS, Trial
+from ..results.run import Check
 from ..units import format_bytes
 from .plots import LABELS
 
@@ -125,12 +126,12 @@ def check_value(name: str, value: Any) -> str:
     return str(value)
 
 
-def checks(items: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def checks(items: Sequence[Check]) -> pd.DataFrame:
     rows = [{
-        "check": str(c.get("name", "?")),
-        "verdict": "ok" if c.get("passed") else "FAIL",
-        "value": check_value(str(c.get("name", "")), c.get("value")),
-        "limit": check_value(str(c.get("name", "")), c.get("limit")),
-        "message": str(c.get("message", "")),
+        "check": c.name,
+        "verdict": "ok" if c.passed else "FAIL",
+        "value": check_value(c.name, c.value),
+        "limit": check_value(c.name, c.limit),
+        "message": c.message,
     } for c in items]
     return pd.DataFrame(rows, columns=["check", "verdict", "value", "limit", "message"])

@@ -7,8 +7,9 @@ numpy, no pandas: the planner and the reports read results without them).
 
 from __future__ import annotations
 
+from .device import DeviceInfo
 from .plan import Plan
 from .probe import TRIAL_COLUMNS, ProbeResult, Trial
-from .run import RunResult
+from .run import Check, RunResult, Verification
 
-__all__ = ["TRIAL_COLUMNS", "Plan", "ProbeResult", "RunResult", "Trial"]
+__all__ = ["TRIAL_COLUMNS", "Check", "DeviceInfo", "Plan", "ProbeResult", "RunResult", "Trial", "Verification"]

@@ -130,7 +130,7 @@ class Plan:
     def _memory_lines(self) -> list[str]:
         probe = self.probe
         status = "estimated, not confirmed on a real device" if probe.estimated else "confirmed by a real run"
-        device = probe.device.get("summary") or probe.device.get("name", "unknown device")
+        device = probe.device.summary
         return [
             f"memory: peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
             f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "

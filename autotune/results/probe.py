@@ -7,6 +7,7 @@ from typing import Any
 
 from ..serial import envelope, invalid, open_envelope, read_dataclass, read_fields
 from ..units import format_bytes
+from .device import DeviceInfo
 
 SOURCES = ("estimate", "real")
 
@@ -65,7 +66,7 @@ class ProbeResult:
     """
 
     workload: str
-    device: dict[str, Any]
+    device: DeviceInfo
     estimated: bool
     max_micro_batch: int
     max_batch: int
@@ -96,6 +97,8 @@ class ProbeResult:
             raise ValueError(f"usable {self.usable_bytes} must be in (0, capacity {self.capacity_bytes}]")
         if self.limited_by not in ("memory", "max_batch"):
             raise ValueError(f"limited_by must be 'memory' or 'max_batch', got {self.limited_by!r}")
+        if not isinstance(self.device, DeviceInfo):
+            raise ValueError(f"device must be a DeviceInfo, got {type(self.device).__name__}")
         object.__setattr__(self, "trials", tuple(self.trials))
         if not all(isinstance(t, Trial) for t in self.trials):
             raise ValueError("trials must be Trial objects")
@@ -132,7 +135,7 @@ class ProbeResult:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
         limit = "the largest size allowed (--max-batch)" if self.limited_by == "max_batch" else "memory"
         return (
-            f"max micro-batch {self.max_micro_batch} on {self.device.get('name')} ({status}; limited by {limit}): "
+            f"max micro-batch {self.max_micro_batch} on {self.device.name} ({status}; limited by {limit}): "
             f"peak {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "
             f"({format_bytes(self.capacity_bytes)} capacity, margin {self.margin:.0%})"
         )
@@ -140,7 +143,7 @@ class ProbeResult:
     def to_dict(self) -> dict[str, Any]:
         return envelope("ProbeResult", {
             "workload": self.workload,
-            "device": self.device,
+            "device": self.device.to_dict(),
             "estimated": self.estimated,
             "max_micro_batch": self.max_micro_batch,
             "max_batch": self.max_batch,
@@ -172,6 +175,7 @@ class ProbeResult:
         for derived in ("headroom_bytes", "real_runs", "real_ooms"):
             body.pop(derived, None)
         body = read_fields(cls, body, kind="ProbeResult", source=source)
+        body["device"] = DeviceInfo.from_dict(body["device"], kind="ProbeResult", source=source)
         rows = [read_dataclass(Trial, row, kind="ProbeResult", source=source, where=f"trials[{i}]")
                 for i, row in enumerate(body.get("trials", ()))]
         try:

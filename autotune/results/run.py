@@ -1,25 +1,68 @@
-"""RunResult: what a planned run did, measured, and verified. No torch here."""
+"""RunResult: what a planned run did, measured, and verified, with its checks. No torch here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..serial import envelope, invalid, open_envelope, read_fields, read_record
+from ..serial import envelope, invalid, open_envelope, read_dataclass, read_fields
 from ..units import format_bytes, plural
+from .device import DeviceInfo
+from .plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One verification check: its verdict, the value measured, the limit it was held to, one line.
+
+    ``details`` holds what the check found beside its verdict, for reports
+    (the reference used, layers named, per-step counts).
+    """
+
+    name: str
+    passed: bool
+    value: int | float | None
+    limit: int | float | None
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "value": self.value, "limit": self.limit,
+                "message": self.message, "details": self.details}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """The checks of a run and their verdict (every check held, on every rank)."""
+
+    passed: bool
+    checks: tuple[Check, ...]
+    gradient_relative_error: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(self.checks))
+
+    def check(self, name: str) -> Check | None:
+        """The check called ``name``, if it ran."""
+        return next((c for c in self.checks if c.name == name), None)
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "gradient_relative_error": self.gradient_relative_error,
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
-    """A run of a Plan: per-step losses, throughput, peak memory, and the verification.
+    """A run of a Plan: per-step losses, throughput, peak memory, and the verification
+    (None when the run was not verified)."""
 
-    ``verification`` is None when the run was not verified, else
-    ``{"passed": bool, "gradient_relative_error": float | None, "checks": [Check.to_dict(), ...]}``.
-    """
-
-    plan: Any  # autotune.planning.planner.Plan
+    plan: Plan
     workload: str
-    device: dict[str, Any]
+    device: DeviceInfo
     precision: str
     losses: tuple[float, ...]
     step_seconds: tuple[float, ...]
@@ -29,7 +72,7 @@ class RunResult:
     usable_bytes: int
     predicted_peak_bytes: int | None
     skipped_steps: int = 0
-    verification: dict[str, Any] | None = None
+    verification: Verification | None = None
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -45,7 +88,7 @@ class RunResult:
 
     @property
     def passed(self) -> bool:
-        return self.verification is None or bool(self.verification["passed"])
+        return self.verification is None or self.verification.passed
 
     @property
     def steps(self) -> int:
@@ -56,7 +99,7 @@ class RunResult:
         return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
 
     def summary(self) -> str:
-        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.get('name')} "
+        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.name} "
                  f"({self.precision}): "
                  f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
         mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"
@@ -69,17 +112,17 @@ class RunResult:
         if self.verification is not None:
             verdict = "PASSED" if self.passed else "FAILED"
             lines.append(f"verification {verdict}:")
-            for check in self.verification["checks"]:
-                lines.append(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['name']}: {check['message']}")
-                if check.get("details", {}).get("dropout"):
-                    lines.append(f"       ({check['details']['dropout']})")
+            for check in self.verification.checks:
+                lines.append(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.message}")
+                if check.details.get("dropout"):
+                    lines.append(f"       ({check.details['dropout']})")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return envelope("RunResult", {
             "workload": self.workload,
-            "device": self.device,
+            "device": self.device.to_dict(),
             "precision": self.precision,
             "steps": self.steps,
             "losses": list(self.losses),
@@ -91,7 +134,7 @@ class RunResult:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "memory_ratio": self.memory_ratio,
             "skipped_steps": self.skipped_steps,
-            "verification": self.verification,
+            "verification": None if self.verification is None else self.verification.to_dict(),
             "passed": self.passed,
             "notes": list(self.notes),
             "plan": self.plan.to_dict(),
@@ -99,12 +142,11 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> RunResult:
-        from .plan import Plan
-
         _, body = open_envelope(data, "RunResult", source=source)
         for derived in ("steps", "memory_ratio", "passed"):
             body.pop(derived, None)
         body = read_fields(cls, body, kind="RunResult", source=source)
+        body["device"] = DeviceInfo.from_dict(body["device"], kind="RunResult", source=source)
         if body.get("verification") is not None:
             body["verification"] = _read_verification(body["verification"], source)
         body["plan"] = Plan.from_dict(body["plan"], source=f"{source} (its plan)")
@@ -114,13 +156,11 @@ class RunResult:
             raise invalid("RunResult", source, str(exc)) from None
 
 
-def _read_verification(value: dict[str, Any], source: str) -> dict[str, Any]:
-    """A verification as the summary and the reports read it: a verdict and well-formed checks."""
-    verification = read_record(value, {"passed": bool, "checks": list[dict[str, Any]]}, kind="RunResult",
-                               source=source, where="verification")
-    verification["checks"] = [
-        read_record(check, {"name": str, "passed": bool, "message": str, "details": dict[str, Any]},
-                    required={"name", "passed", "message"}, kind="RunResult", source=source,
-                    where=f"verification.checks[{i}]")
-        for i, check in enumerate(verification["checks"])]
-    return verification
+def _read_verification(value: Any, source: str) -> Verification:
+    fields = read_dataclass(Verification, value, kind="RunResult", source=source, where="verification")
+    checks = [Check(**read_dataclass(Check, c, kind="RunResult", source=source, where=f"verification.checks[{i}]"))
+              for i, c in enumerate(fields.pop("checks"))]
+    try:
+        return Verification(checks=tuple(checks), **fields)
+    except (TypeError, ValueError) as exc:
+        raise invalid("RunResult", source, f"verification: {exc}") from None

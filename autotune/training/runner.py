@@ -22,7 +22,7 @@ from .. import log, options
 from ..devices.base import Device, Session
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
-from ..results.run import RunResult
+from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
 from . import distributed
@@ -115,15 +115,15 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     if verify:
         grad = next((c for c in checks if c.name == "gradient_equivalence"), None)
         passed = all(c.passed for c in checks)
-        verification = {"passed": distributed.all_true(passed) if ddp else passed,
-                        "gradient_relative_error": grad.value if grad else None,
-                        "checks": [c.to_dict() for c in checks]}
-        if ddp and verification["passed"] != passed:
-            verification["checks"].append(Check(name="other_ranks", passed=False, value=None, limit=None,
-                                                message="a check failed on another rank").to_dict())
+        everywhere = distributed.all_true(passed) if ddp else passed
+        if everywhere != passed:
+            checks.append(Check(name="other_ranks", passed=False, value=None, limit=None,
+                                message="a check failed on another rank"))
+        verification = Verification(passed=everywhere, checks=tuple(checks),
+                                    gradient_relative_error=None if grad is None else grad.value)
     described = device.describe()
     notes = []
-    if described.get("kind") == "cpu":
+    if described.kind == "cpu":
         notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
     if ddp:
         notes.append(f"rank {rank} of {world}: this rank's figures; checks agreed over all ranks")

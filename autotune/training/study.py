@@ -71,10 +71,9 @@ def study_settings(workload: Workload, device: Device, target_batch: int, *, wor
                    uniform: bool | None, margin: float, sizes: dict[str, list[int]]) -> dict[str, Any]:
     """Everything that shapes a study's candidates and timings, as JSON-ready values."""
     desc = device.describe()
-    budget = desc.get("capacity_bytes") if desc.get("capacity_source") == "--memory-budget" else None
     settings = {"workload": workload.name, "target_batch": target_batch, "world_size": world_size,
-                "multiple_of": multiple_of, "uniform": uniform, "margin": margin, "device": desc.get("name"),
-                "device_model": desc.get("model"), "memory_budget": budget, "candidates": sizes}
+                "multiple_of": multiple_of, "uniform": uniform, "margin": margin, "device": desc.name,
+                "device_model": desc.model, "memory_budget": desc.budget_bytes, "candidates": sizes}
     return json.loads(json.dumps(settings))
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ..results.run import Check
 from ..units import format_bytes, plural
 from .accumulate import Accumulator
 
@@ -30,20 +30,6 @@ RUNNING_STAT_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm.
 BN_FIXES = ("replace BatchNorm with GroupNorm or LayerNorm, freeze BatchNorm (eval mode, or requires_grad off "
             "and fixed statistics), or accumulate fewer micro-batches (SyncBatchNorm only joins ranks, "
             "not micro-steps)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    name: str
-    passed: bool
-    value: float | int | None
-    limit: float | int | None
-    message: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "value": self.value, "limit": self.limit,
-                "message": self.message, "details": self.details}
 
 
 def running_stat_layers(model: nn.Module) -> list[str]:

@@ -19,6 +19,7 @@ from autotune.devices import CpuDevice, CudaDevice, get_device
 from autotune.devices.oom import is_oom
 from autotune.devices.tracker import CATEGORIES
 from autotune.probing.fitrule import fit_rule_work
+from autotune.results.device import DeviceInfo
 from autotune.workload import load_workload
 
 from .test_cuda import FakeCuda, FakeNvml
@@ -52,8 +53,10 @@ def test_device_contract(backend):
     key, dev = backend
 
     assert dev.capacity_bytes() > 0
-    desc = dev.describe()
-    json.dumps(desc)  # results carry it: plain data only
+    info = dev.describe()
+    desc = info.to_dict()
+    again = DeviceInfo.from_dict(json.loads(json.dumps(desc)), kind="ProbeResult", source="x.json")
+    assert again == info  # results carry it: plain data that reads back whole
     assert {"name", "kind", "estimated", "summary", "capacity_bytes"} <= set(desc)
     assert desc["name"] == dev.name
     assert desc["kind"] == KINDS[key]

@@ -42,10 +42,11 @@ def test_capacity_is_the_budget_or_the_available_ram():
 
 
 def test_describe():
-    desc = CpuDevice(memory_budget=3 * GiB).describe()
+    desc = CpuDevice(memory_budget=3 * GiB).describe().to_dict()
     assert (desc["name"], desc["kind"], desc["estimated"], desc["capacity_bytes"]) == ("cpu", "cpu", False, 3 * GiB)
-    assert desc["summary"] == "cpu, capacity 3.0 GiB (--memory-budget)"
-    assert CpuDevice().describe()["capacity_source"] == "available RAM"
+    assert desc["summary"] == "cpu, capacity 3.0 GiB (memory budget)"
+    assert CpuDevice().describe().capacity_source == "available RAM"
+    assert desc["budget_bytes"] == 3 * GiB and CpuDevice().describe().budget_bytes is None
 
 
 @pytest.mark.parametrize("batch", [1, 512])

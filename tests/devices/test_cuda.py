@@ -178,7 +178,7 @@ def test_capacity_without_nvml_is_mem_get_info_plus_reserved():
     cuda = FakeCuda(free=70 * GiB, allocated=1 * GiB, cached=1 * GiB)
     dev = CudaDevice(0, cuda=cuda, nvml=None)
     assert dev.capacity_bytes() == 72 * GiB  # free + this process's 2 GiB reserved
-    desc = dev.describe()
+    desc = dev.describe().to_dict()
     assert "mem_get_info" in desc["note"] and "NVML not used" in desc["note"]
     assert "mem_get_info" in desc["capacity_source"]
     assert (desc["driver"], desc["other_processes"], desc["model"]) == (None, None, "Fake H100")
@@ -190,10 +190,10 @@ def test_capacity_with_nvml_is_nvml_free_plus_reserved():
     dev = CudaDevice(1, cuda=cuda, nvml=nvml)
     assert dev.capacity_bytes() == 62 * GiB
     assert nvml.asked == [(1, OWN_PID)]
-    desc = dev.describe()
-    assert "note" not in desc
+    desc = dev.describe().to_dict()
+    assert desc["note"] is None
     assert desc["capacity_source"] == "NVML free memory + this process's reserved memory"
-    assert desc["other_processes"] == [[111, 8 * GiB], [222, 10 * GiB]]
+    assert desc["other_processes"] == ((111, 8 * GiB), (222, 10 * GiB))
     assert (desc["driver"], desc["model"], desc["name"], desc["free_bytes"]) == (
         "550.54.15", "NVML GPU 1", "cuda:1", 60 * GiB)
 
@@ -202,22 +202,23 @@ def test_capacity_with_nvml_is_nvml_free_plus_reserved():
     ("budget", "capacity", "source"),
     [
         (None, 62 * GiB, "NVML free memory + this process's reserved memory"),
-        (40 * GiB, 40 * GiB, "--memory-budget"),
-        (62 * GiB, 62 * GiB, "--memory-budget"),
+        (40 * GiB, 40 * GiB, "memory budget"),
+        (62 * GiB, 62 * GiB, "memory budget"),
         (100 * GiB, 62 * GiB, "NVML free memory + this process's reserved memory"),
     ],
 )
 def test_memory_budget_caps_the_capacity(budget, capacity, source):
     dev = CudaDevice(0, memory_budget=budget, cuda=FakeCuda(allocated=2 * GiB), nvml=FakeNvml(free=60 * GiB))
     assert dev.capacity_bytes() == capacity
-    assert dev.describe()["capacity_source"] == source
+    assert dev.describe().capacity_source == source
+    assert dev.describe().budget_bytes == (budget if source == "memory budget" else None)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-driver path")
 def test_nvml_that_cannot_load_falls_back_to_mem_get_info():
     dev = CudaDevice(0, cuda=FakeCuda(free=30 * GiB))  # nvml=True: the real loader, no driver here
     assert dev.capacity_bytes() == 30 * GiB
-    assert "NVML could not load" in dev.describe()["note"]
+    assert "NVML could not load" in dev.describe().note
 
 
 def test_estimator_stands_in_for_this_gpu():

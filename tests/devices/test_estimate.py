@@ -133,7 +133,7 @@ def test_estimate_device_for_a_gpu(budget, capacity):
     assert dev.capacity_bytes() == capacity
     assert (dev.round_to, dev.cuda_like, dev.allowance) == (CUDA_ROUNDING, True, 640 * MiB)
     assert dev.estimator() is dev
-    desc = dev.describe()
+    desc = dev.describe().to_dict()
     assert desc["summary"] == (
         f"estimate for a CUDA GPU with {budget // GiB}.0 GiB; 640.0 MiB allowed for the CUDA context and "
         "library workspaces; allocations rounded up to 512 bytes; not confirmed on a real device")

@@ -308,7 +308,7 @@ def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
     _, est = estimator.measure(fit_rule_work(workload, 3))
     assert estimator.engine == "fake"
     assert "torch.gru runs as a oneDNN kernel" in estimator.fallback
-    desc = estimator.describe()
+    desc = estimator.describe().to_dict()
     assert desc["engine"] == "fake" and "torch.gru" in desc["engine_fallback"]
     assert "FakeTensorMode" in desc["measured_by"]
     _, fake = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine="fake").measure(

@@ -150,7 +150,7 @@ def test_numbers_in_html_and_markdown_match_the_json(reports, which):
 
 def test_verification_section_matches_the_run(reports, run_result):
     page, md = read(reports["run"])
-    v = run_result.verification
+    v = run_result.verification.to_dict()
     for rows in (html_rows(page, "verification-table"), md_rows(md, "Verification")):
         assert rows["Gradient relative error"].startswith(f"{v['gradient_relative_error']:.2e} (limit ")
         assert rows["Measured vs predicted peak"].startswith(
@@ -184,7 +184,7 @@ def test_result_json_is_the_full_result(reports, plan, run_result):
 def test_environment_names_torch_device_and_allocator(reports, run_result):
     page, md = read(reports["run"])
     for rows in (html_rows(page, "environment-table"), md_rows(md, "Environment")):
-        assert rows["torch"] == run_result.device["torch"]
+        assert rows["torch"] == run_result.device.torch
         assert rows["Device"].startswith("cpu")
         assert rows["Result"] == "confirmed by a real run"
         assert "PYTORCH_CUDA_ALLOC_CONF" in rows and "Driver" in rows
@@ -272,12 +272,11 @@ def test_tuning_shows_the_baseline_and_the_ratio(plan, tmp_path, kept):
 
 
 def test_batchnorm_warning_and_failure_are_shown(run_result, tmp_path):
-    v = json.loads(json.dumps(run_result.verification))
-    v["passed"], v["gradient_relative_error"] = False, 0.0892
-    grad = v["checks"][0]
-    grad.update(passed=False, value=0.0892)
-    grad["details"]["running_statistics"] = ["1 (BatchNorm2d)", "4 (BatchNorm2d)"]
-    folder = write_report(dataclasses.replace(run_result, verification=v), tmp_path / "bn")
+    v = run_result.verification
+    grad = dataclasses.replace(v.checks[0], passed=False, value=0.0892, details={
+        **v.checks[0].details, "running_statistics": ["1 (BatchNorm2d)", "4 (BatchNorm2d)"]})
+    failed = dataclasses.replace(v, passed=False, gradient_relative_error=0.0892, checks=(grad, *v.checks[1:]))
+    folder = write_report(dataclasses.replace(run_result, verification=failed), tmp_path / "bn")
     page, md = read(folder)
     for text in (page, md_unescape(md)):
         assert "BatchNorm: 2 layers normalise each micro-batch with its own statistics (1 (BatchNorm2d)" in text

@@ -1,0 +1,72 @@
+"""DeviceInfo: what a result was measured on (or estimated for), as a device reports itself."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..serial import invalid, read_dataclass
+
+KINDS = ("cpu", "cuda", "estimate")
+#: How results written before DeviceInfo had a field for it said "the user's memory budget".
+_LEGACY_BUDGET = "--memory-budget"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceInfo:
+    """A device as a result records it.
+
+    ``capacity_bytes`` is what the fit rule's margin is taken from and
+    ``capacity_source`` says, in words, where it came from; ``budget_bytes`` is
+    the memory budget the user gave when it set the capacity (a run of the plan
+    keeps to it), else None. ``summary`` is one line a person reads. The fields
+    from ``model`` on are the ones a kind of device has (a GPU's driver, an
+    estimate's engine) and None elsewhere.
+    """
+
+    name: str
+    kind: str
+    estimated: bool
+    capacity_bytes: int
+    capacity_source: str
+    measured_by: str
+    summary: str
+    torch: str
+    budget_bytes: int | None = None
+    model: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    driver: str | None = None
+    allocator_conf: str | None = None
+    other_processes: tuple[tuple[int, int], ...] | None = None
+    cpu_count: int | None = None
+    ram_total_bytes: int | None = None
+    allowance_bytes: int | None = None
+    round_to: int | None = None
+    cuda_like: bool | None = None
+    engine: str | None = None
+    engine_fallback: str | None = None
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"device kind must be one of {KINDS}, got {self.kind!r}")
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"device capacity must be positive, got {self.capacity_bytes}")
+        if self.other_processes is not None:
+            object.__setattr__(self, "other_processes",
+                               tuple((int(pid), int(n)) for pid, n in self.other_processes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "device") -> DeviceInfo:
+        """A DeviceInfo inside a ``kind`` read from ``source`` (results of schema 1 included)."""
+        if isinstance(data, dict) and data.get("capacity_source") == _LEGACY_BUDGET and "budget_bytes" not in data:
+            data = {**data, "capacity_source": "memory budget", "budget_bytes": data.get("capacity_bytes")}
+        fields = read_dataclass(cls, data, kind=kind, source=source, where=where)
+        try:
+            return cls(**fields)
+        except (TypeError, ValueError) as exc:
+            raise invalid(kind, source, f"{where}: {exc}") from None
