@@ -39,16 +39,16 @@ def test_tune_times_candidates_and_keeps_the_target(mlp, tmp_path):
     plan = tune(mlp, device, 256, trials=4, timing=FAST, storage=storage)
     assert plan.target_batch == 256 and sum(map(sum, plan.schedule)) == 256
     t = plan.tuning
-    assert t["storage"] == storage and t["trials"] == 4 and t["measured"] == 4
-    measured = [c for c in t["candidates"] if c["samples_per_s"] is not None]
-    assert len(measured) == 4 and all(c["samples_per_s"] > 0 and 2 <= c["timed_steps"] <= 3 for c in measured)
-    assert t["chosen"]["micro_batch"] == plan.micro_batch
-    assert t["fastest"]["samples_per_s"] == max(c["samples_per_s"] for c in measured)
-    assert t["chosen"] is t["fastest"] or t["chosen"] is t["baseline"]
+    assert t.storage == storage and t.trials == 4 and t.measured == 4
+    measured = [c for c in t.candidates if c.samples_per_s is not None]
+    assert len(measured) == 4 and all(c.samples_per_s > 0 and 2 <= c.timed_steps <= 3 for c in measured)
+    assert t.chosen.micro_batch == plan.micro_batch
+    assert t.fastest.samples_per_s == max(c.samples_per_s for c in measured)
+    assert t.chosen is t.fastest or t.chosen is t.baseline
     # The study lives in its storage: a second call resumes it and measures two more.
     again = tune(mlp, device, 256, trials=2, timing=FAST, storage=storage)
-    assert again.tuning["trials"] == 6 and again.tuning["study_name"] == t["study_name"]
-    assert len({(c["options_label"], c["micro_batch"]) for c in again.tuning["candidates"]}) == 6
+    assert again.tuning.trials == 6 and again.tuning.study_name == t.study_name
+    assert len({(c.options_label, c.micro_batch) for c in again.tuning.candidates}) == 6
 
 
 @pytest.mark.slow
@@ -63,9 +63,9 @@ def test_candidates_that_run_out_of_memory_are_pruned(mlp, monkeypatch):
     monkeypatch.setattr(tune_module, "time_plan", time_plan)
     plan = tune(mlp, get_device("cpu", memory_budget=3_000_000), 512, trials=8, timing=FAST)
     assert plan.micro_batch <= 100
-    pruned = [c for c in plan.tuning["candidates"] if not c["fits"]]
-    assert pruned and all("ran out of memory" in c["why"] and c["micro_batch"] > 100 for c in pruned)
-    assert plan.tuning["ratio"] is None and "no ratio to the untuned plan (micro-batch 256 ran out of memory)" in \
+    pruned = [c for c in plan.tuning.candidates if not c.fits]
+    assert pruned and all("ran out of memory" in c.why and c.micro_batch > 100 for c in pruned)
+    assert plan.tuning.ratio is None and "no ratio to the untuned plan (micro-batch 256 ran out of memory)" in \
         plan.summary()
 
 
@@ -141,15 +141,15 @@ def test_baseline_first_and_no_duplicates(mlp, monkeypatch):
     assert calls[0] == untuned.micro_batch  # the untuned plan is measured first
     assert len(calls) == 4 and len(set(calls)) == 4
     t = plan.tuning
-    assert t["baseline"]["micro_batch"] == untuned.micro_batch and t["baseline"]["baseline"] is True
-    assert len([c for c in t["candidates"] if c["samples_per_s"] is not None]) == 4
+    assert t.baseline.micro_batch == untuned.micro_batch and t.baseline.baseline is True
+    assert len([c for c in t.candidates if c.samples_per_s is not None]) == 4
     assert Plan.from_dict(json.loads(dumps(plan.to_dict()))) == plan  # the tuning record is plain JSON
     # More trials than candidates: every candidate once, then the study stops.
     calls.clear()
     sizes = candidate_sizes(256, untuned.max_micro_batch, world_size=1, multiple_of=1, uniform=None)
     plan = tune(mlp, device, 256, trials=100, timing=FAST)
     assert sorted(calls) == sorted(sizes) and calls[0] == sizes[0]
-    assert plan.tuning["trials"] == len(sizes)
+    assert plan.tuning.trials == len(sizes)
 
 
 def pipeline_plan(target, device):
@@ -185,10 +185,10 @@ def test_a_clear_win_is_picked_with_its_ratio(mlp, monkeypatch):
     plan = tune(mlp, device, 256, trials=100, timing=FAST)
     t = plan.tuning
     assert compared == [(base, sizes[2])]  # the fastest meets the baseline head to head
-    assert plan.micro_batch == sizes[2] and t["chosen"]["micro_batch"] == sizes[2] and not t["kept_baseline"]
-    assert t["ratio"] == pytest.approx(2.0) and 0 < t["uncertainty"] < 0.05
-    assert f"2.00x the baseline (±{t['uncertainty']:.2f})" in plan.summary()
-    assert t["fastest"]["vs_baseline"] == pytest.approx(2.0)  # measured one after the other: ranking only
+    assert plan.micro_batch == sizes[2] and t.chosen.micro_batch == sizes[2] and not t.kept_baseline
+    assert t.ratio == pytest.approx(2.0) and 0 < t.uncertainty < 0.05
+    assert f"2.00x the baseline (±{t.uncertainty:.2f})" in plan.summary()
+    assert t.fastest.vs_baseline == pytest.approx(2.0)  # measured one after the other: ranking only
 
 
 def test_a_win_within_noise_keeps_the_baseline(mlp, monkeypatch):
@@ -197,9 +197,9 @@ def test_a_win_within_noise_keeps_the_baseline(mlp, monkeypatch):
         (0.95, 1.1, 1.0, 1.08, 0.97, 1.05, 1.03))  # 3% faster, give or take 5%
     plan = tune(mlp, device, 256, trials=100, timing=FAST)
     t = plan.tuning
-    assert plan.micro_batch == base and t["chosen"]["micro_batch"] == base and t["kept_baseline"]
-    assert t["fastest"]["micro_batch"] == sizes[1] and t["ratio"] == pytest.approx(1.03)
-    assert t["ratio"] - t["uncertainty"] <= 1 < t["ratio"]
+    assert plan.micro_batch == base and t.chosen.micro_batch == base and t.kept_baseline
+    assert t.fastest.micro_batch == sizes[1] and t.ratio == pytest.approx(1.03)
+    assert t.ratio - t.uncertainty <= 1 < t.ratio
     assert "within noise" in plan.summary()
 
 
@@ -212,8 +212,8 @@ def test_a_win_measured_under_other_load_is_not_taken(mlp, monkeypatch):
         (0.78, 0.77, 0.8, 0.79, 0.78))
     plan = tune(mlp, device, 256, trials=100, timing=FAST)
     t = plan.tuning
-    assert t["fastest"]["micro_batch"] == sizes[3] and t["fastest"]["vs_baseline"] == pytest.approx(3.0)
-    assert plan.micro_batch == base and t["kept_baseline"] and t["ratio"] == pytest.approx(0.78)
+    assert t.fastest.micro_batch == sizes[3] and t.fastest.vs_baseline == pytest.approx(3.0)
+    assert plan.micro_batch == base and t.kept_baseline and t.ratio == pytest.approx(0.78)
     assert "0.78x the baseline" in plan.summary() and "within noise" not in plan.summary()
 
 
@@ -237,13 +237,13 @@ def test_storage_reused_with_other_settings_opens_another_study(mlp, monkeypatch
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     small = tune(mlp, get_device("cpu", memory_budget=3_000_000), 256, trials=2, timing=FAST, storage=storage)
     large = tune(mlp, get_device("cpu", memory_budget=2_500_000), 256, trials=2, timing=FAST, storage=storage)
-    assert small.tuning["study_name"] != large.tuning["study_name"]
+    assert small.tuning.study_name != large.tuning.study_name
     assert small.probe.max_micro_batch != large.probe.max_micro_batch  # other candidates: a crash in one study
     again = tune(mlp, get_device("cpu", memory_budget=3_000_000), 256, trials=2, timing=FAST, storage=storage)
-    assert again.tuning["study_name"] == small.tuning["study_name"] and again.tuning["trials"] == 4
+    assert again.tuning.study_name == small.tuning.study_name and again.tuning.trials == 4
     other = tune(mlp, get_device("cpu", memory_budget=3_000_000), 256, trials=2, timing=FAST, storage=storage,
                  margin=0.2)
-    assert other.tuning["study_name"] not in (small.tuning["study_name"], large.tuning["study_name"])
+    assert other.tuning.study_name not in (small.tuning.study_name, large.tuning.study_name)
 
 
 @pytest.mark.slow

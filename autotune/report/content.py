@@ -22,7 +22,7 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
     sections = [summary(s)]
     if s.probe is not None:
         sections += [memory.peak_section(s), memory.breakdown_section(s)]
-    if s.plan is not None and (s.plan.tuning or {}).get("candidates"):
+    if s.plan is not None and s.plan.tuning is not None and s.plan.tuning.candidates:
         sections.append(memory.throughput_section(s))
     if s.plan is not None:
         sections.append(schedule_section(s.plan))

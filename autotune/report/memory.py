@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..results.tuning import Tuning
 from ..units import plural
 from . import plots, tables
 from .blocks import Image, Section, Table, Text
@@ -63,23 +62,20 @@ def breakdown_section(s: Subject) -> Section:
 
 
 def throughput_section(s: Subject) -> Section:
-    tuning: dict[str, Any] = (s.plan.tuning if s.plan is not None else None) or {}
-    candidates = [c for c in tuning.get("candidates") or [] if isinstance(c, dict)]
-    chosen = tuning.get("chosen") if isinstance(tuning.get("chosen"), dict) else None
-    points = [(int(c["micro_batch"]), c.get("samples_per_s"), bool(c.get("fits")), tables.is_chosen(c, chosen),
-               str(c.get("options_label") or tables.options_text(c.get("options")) or "defaults"))
-              for c in candidates if isinstance(c.get("micro_batch"), int)]
+    assert s.plan is not None and s.plan.tuning is not None
+    tuning = s.plan.tuning
+    points = [(c.micro_batch, c.samples_per_s, c.fits, tuning.is_chosen(c), c.options_label)
+              for c in tuning.candidates]
     png = plots.throughput(points)
-    timing: dict[str, Any] = tuning["timing"] if isinstance(tuning.get("timing"), dict) else {}
-    extra = [plural(tuning['trials'], 'trial') if isinstance(tuning.get("trials"), int) else "",
-             f"{plural(tuning['steps_per_trial'], 'timed step')} each" if tuning.get("steps_per_trial") else "",
+    timing = tuning.timing
+    extra = [plural(tuning.trials, "trial") if tuning.trials else "",
              (f"each timed until its interquartile range is within {timing['threshold']:.0%} of the median "
               f"or {timing['budget_s']:g} s are spent" if timing.get("threshold") and timing.get("budget_s") else ""),
-             f"study {tuning['study_name']}" if tuning.get("study_name") else "",
-             f"storage {tuning['storage']}" if tuning.get("storage") else ""]
+             f"study {tuning.study_name}" if tuning.study_name else "",
+             f"storage {tuning.storage}" if tuning.storage else ""]
     text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch); "
             "the fastest that fits is chosen.")
-    if "baseline" in tuning:
+    if tuning.baseline is not None:
         text = ("Real throughput of exact candidate plans under the memory cap (every one keeps the target batch), "
                 "measured one after another against the untuned plan (the baseline); the fastest then runs head "
                 "to head with the baseline, interleaved, and is chosen only when the whole 95% interval of that "
@@ -87,21 +83,20 @@ def throughput_section(s: Subject) -> Section:
     if any(extra):
         text += " (" + ", ".join(e for e in extra if e) + ")"
     return Section("throughput", "Throughput vs micro-batch", (
-        Text(text), Image(THROUGHPUT_PLOT, "Throughput vs micro-batch", png),
-        Table(tables.tuning(candidates, chosen))))
+        Text(text), Image(THROUGHPUT_PLOT, "Throughput vs micro-batch", png), Table(tables.tuning(tuning))))
 
 
-def _verdict(tuning: dict[str, Any]) -> str:
+def _verdict(tuning: Tuning) -> str:
     """One sentence: how the fastest candidate did head to head with the baseline, and what was kept."""
-    fastest, ratio, uncertainty = tuning.get("fastest"), tuning.get("ratio"), tuning.get("uncertainty")
-    if not isinstance(fastest, dict):
+    fastest, ratio, uncertainty = tuning.fastest, tuning.ratio, tuning.uncertainty
+    if fastest is None:
         return ""
-    if fastest.get("baseline"):
+    if fastest.baseline:
         return " The untuned plan was the fastest."
-    size = f"micro-batch {fastest.get('micro_batch')} x {fastest.get('accumulation_steps')} steps"
+    size = f"micro-batch {fastest.micro_batch} x {plural(fastest.accumulation_steps, 'step')}"
     if ratio is None or uncertainty is None:
         return f" The fastest, {size}, was not compared with the untuned plan, which did not run."
     versus = f"{ratio:.2f}x the baseline (±{tables.number(uncertainty, '.2f')})"
-    if tuning.get("kept_baseline"):
+    if tuning.kept_baseline:
         return f" The fastest, {size}, ran {versus} head to head, so the untuned plan is kept."
     return f" Chosen: {size}, {versus} head to head."

@@ -108,7 +108,7 @@ def files(s: Subject) -> Section:
         names += [(PEAK_PLOT, "peak memory vs micro-batch"),
                   (BREAKDOWN_PLOT, "where the memory goes"),
                   ("trials.csv", "the probe's trials (sizes in bytes)")]
-    if s.plan is not None and (s.plan.tuning or {}).get("candidates"):
+    if s.plan is not None and s.plan.tuning is not None and s.plan.tuning.candidates:
         names.append((THROUGHPUT_PLOT, "throughput vs micro-batch"))
     names.append((s.json_name, f"the full {s.kind} as JSON (schema in reports/README.md)"))
     return Section("files", "Files", (

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..results.probe import TRIAL_COLUMNS, Trial
 from ..results.run import Check
+from ..results.tuning import Candidate, Tuning
 from ..units import format_bytes
 from .plots import LABELS
 
@@ -71,40 +72,32 @@ def options_text(options: Any) -> str:
     return str(options)
 
 
-def is_chosen(candidate: dict[str, Any], chosen: dict[str, Any] | None) -> bool:
-    if not chosen:
-        return False
-    keys = ("micro_batch", "accumulation_steps", "options")
-    return all(candidate.get(k) == chosen.get(k) for k in keys if k in chosen)
-
-
-def versus(candidate: dict[str, Any]) -> str:
+def versus(candidate: Candidate) -> str:
     """``baseline`` for the untuned plan, else its throughput over the baseline's as measured one
     after the other (``1.18x``), and head to head where that ran (``; 1.05x ±0.03 head to head``)."""
-    if candidate.get("baseline"):
+    if candidate.baseline:
         return "baseline"
-    ratio = candidate.get("vs_baseline")
-    text = "" if ratio is None else f"{ratio:.2f}x"
-    duel = candidate.get("head_to_head")
-    if isinstance(duel, dict) and duel.get("ratio") is not None:
-        text += f"; {duel['ratio']:.2f}x ±{number(duel.get('uncertainty'), '.2f')} head to head"
+    text = "" if candidate.vs_baseline is None else f"{candidate.vs_baseline:.2f}x"
+    duel = candidate.head_to_head
+    if duel is not None and duel.ratio is not None:
+        text += f"; {duel.ratio:.2f}x ±{number(duel.uncertainty, '.2f')} head to head"
     return text
 
 
-def tuning(candidates: Sequence[dict[str, Any]], chosen: dict[str, Any] | None) -> pd.DataFrame:
+def tuning(record: Tuning) -> pd.DataFrame:
     """The throughput tuner's candidates: what each measured, which one was chosen, why one did not run."""
     rows = [{
-        "micro-batch": number(c.get("micro_batch"), "d"),
-        "accumulation steps": number(c.get("accumulation_steps"), "d"),
-        "options": str(c.get("options_label") or options_text(c.get("options")) or "defaults"),
-        "predicted peak": format_bytes(c.get("predicted_peak_bytes")),
-        "samples/s": number(c.get("samples_per_s"), ",.1f"),
-        "s/step": number(c.get("seconds_per_step"), ".4f"),
+        "micro-batch": number(c.micro_batch, "d"),
+        "accumulation steps": number(c.accumulation_steps, "d"),
+        "options": c.options_label or options_text(c.options) or "defaults",
+        "predicted peak": format_bytes(c.predicted_peak_bytes),
+        "samples/s": number(c.samples_per_s, ",.1f"),
+        "s/step": number(c.seconds_per_step, ".4f"),
         "vs baseline": versus(c),
-        "fits": yes_no(c.get("fits")),
-        "chosen": "yes" if is_chosen(c, chosen) else "",
-        "why not": str(c.get("why") or ""),
-    } for c in candidates]
+        "fits": yes_no(c.fits),
+        "chosen": "yes" if record.is_chosen(c) else "",
+        "why not": c.why,
+    } for c in record.candidates]
     return pd.DataFrame(rows, columns=["micro-batch", "accumulation steps", "options", "predicted peak", "samples/s",
                                        "s/step", "vs baseline", "fits", "chosen", "why not"])
 

@@ -11,5 +11,7 @@ from .device import DeviceInfo
 from .plan import Plan
 from .probe import TRIAL_COLUMNS, ProbeResult, Trial
 from .run import Check, RunResult, Verification
+from .tuning import Candidate, HeadToHead, Tuning
 
-__all__ = ["TRIAL_COLUMNS", "Check", "DeviceInfo", "Plan", "ProbeResult", "RunResult", "Trial", "Verification"]
+__all__ = ["TRIAL_COLUMNS", "Candidate", "Check", "DeviceInfo", "HeadToHead", "Plan", "ProbeResult", "RunResult",
+           "Trial", "Tuning", "Verification"]

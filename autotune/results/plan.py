@@ -16,6 +16,7 @@ from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import ProbeResult
+from .tuning import Tuning
 
 MAX_TARGET_BATCH = 1_000_000_000
 MAX_MICRO_BATCHES = 1_000_000
@@ -30,8 +31,8 @@ class Plan:
     every rank runs ``accumulation_steps`` micro-steps. ``micro_batch`` is the
     largest size in the schedule, ``uniform`` True when all sizes are equal.
     ``world_size_source`` says where ``world_size`` came from ("flag",
-    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` holds what
-    a throughput tuner measured, carried as given.
+    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` is what
+    the throughput tuner measured, when it chose this plan.
     """
 
     target_batch: int
@@ -45,7 +46,7 @@ class Plan:
     world_size_source: str = "default"
     probe: ProbeResult | None = None
     notes: tuple[str, ...] = ()
-    tuning: dict[str, Any] | None = None
+    tuning: Tuning | None = None
 
     def __post_init__(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
@@ -154,7 +155,7 @@ class Plan:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "headroom_bytes": self.headroom_bytes,
             "notes": list(self.notes),
-            "tuning": self.tuning,
+            "tuning": None if self.tuning is None else self.tuning.to_dict(),
             "probe": None if self.probe is None else self.probe.to_dict(),
         })
 
@@ -166,6 +167,8 @@ class Plan:
         body = read_fields(cls, body, kind="Plan", source=source)
         if body.get("probe") is not None:
             body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
+        if body.get("tuning") is not None:
+            body["tuning"] = Tuning.from_dict(body["tuning"], kind="Plan", source=source)
         try:
             plan = cls(**body)
         except (TypeError, ValueError) as exc:

@@ -45,6 +45,7 @@ from ..planning.planner import check_plan, make_plan
 from ..probing.finder import probe
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
+from ..results.tuning import Candidate, HeadToHead, Tuning
 from ..units import plural
 from ..workload import Workload
 from .study import (
@@ -227,19 +228,21 @@ def _pick(study: Any, target_batch: int, base_key: tuple[str, int], choices: dic
         versus["ratio"] = 1.0
     elif base is not None:
         versus = head_to_head(base, fastest)
-        fastest["head_to_head"] = versus
+        fastest["head_to_head"] = HeadToHead(**versus)
     ratio, uncertainty = versus["ratio"], versus["uncertainty"]
     wins = ratio is not None and uncertainty is not None and ratio - uncertainty > 1
     chosen = fastest if base is None or wins else base
     label = chosen["options_label"]
     plan = make_plan(target_batch, chosen["micro_batch"], world_size=world_size, multiple_of=multiple_of,
                      uniform=uniform, probe=probes[label], world_size_source=world_size_source)
-    tuning = {"candidates": sorted(rows.values(), key=lambda r: (r["options_label"], -r["micro_batch"])),
-              "baseline": rows.get(base_key), "fastest": fastest, "chosen": chosen, "ratio": ratio,
-              "uncertainty": uncertainty, "head_to_head_rounds": versus["rounds"],
-              "kept_baseline": base is not None and fastest is not base and chosen is base,
-              "trials": len(study.trials), "measured": len(measured), "storage": shown_url(storage),
-              "study_name": study.study_name, "timing": asdict(timing)}
+    typed = {key: Candidate.from_row(row) for key, row in rows.items()}
+    tuning = Tuning(candidates=tuple(sorted(typed.values(), key=lambda c: (c.options_label, -c.micro_batch))),
+                    chosen=typed[(chosen["options_label"], chosen["micro_batch"])],
+                    baseline=typed.get(base_key), fastest=typed[(fastest["options_label"], fastest["micro_batch"])],
+                    ratio=ratio, uncertainty=uncertainty,
+                    kept_baseline=base is not None and fastest is not base and chosen is base,
+                    trials=len(study.trials), measured=len(measured), storage=shown_url(storage),
+                    study_name=study.study_name, timing=asdict(timing))
     note = _note(chosen, fastest, rows.get(base_key), versus, len(measured), choices)
     return replace(plan, tuning=tuning, notes=plan.notes + (note,))
 

@@ -224,39 +224,43 @@ def test_report_needs_no_torch(reports, tmp_path):
 # ---- optional sections -------------------------------------------------------------------------
 
 
-def test_throughput_plot_when_tuned(plan, tmp_path):
-    """A tuning record shaped like autotune.training.tune's: one candidate per exact plan measured."""
-    candidates = [{"micro_batch": b, "accumulation_steps": -(-1021 // b), "options": {}, "options_label": "defaults",
-                   "predicted_peak_bytes": plan.probe.predicted_peak_at(b), "fits": b <= 307,
-                   "samples_per_s": 1000.0 + b if b <= 307 else None, "seconds_per_step": 0.1 if b <= 307 else None,
-                   "why": "" if b <= 307 else f"micro-batch {b} is estimated over the usable memory"}
-                  for b in (341, 256, 128, 64)]
-    tuned = dataclasses.replace(plan, tuning={"candidates": candidates, "chosen": candidates[1], "trials": 4,
-                                              "storage": None, "study_name": "s", "steps_per_trial": 2})
+@pytest.mark.slow
+def test_throughput_plot_when_tuned(tmp_path):
+    """The report of a real tune() run: every candidate measured, the baseline, the chosen plan."""
+    from autotune.devices import get_device
+    from autotune.training.timing import Timing
+    from autotune.training.tune import tune
+    from autotune.workload import load_workload
+
+    tuned = tune(load_workload("mlp"), get_device("cpu", memory_budget=3_000_000), 1021, trials=3,
+                 timing=Timing(min_steps=2, max_steps=3, budget_s=0.01))
     folder = write_report(tuned, tmp_path / "tuned")
     page, md = read(folder)
     assert png_size((folder / "throughput_vs_batch.png").read_bytes())[0] > 200
     assert len(DATA_URI.findall(page)) == 3 and "(throughput_vs_batch.png)" in md
-    peak = format_bytes(plan.probe.predicted_peak_at(256))
-    assert re.search(rf"^\| 256 \| 4 \| defaults \| {peak} \| 1,256\.0 \| 0\.1000 \|  \| yes \| yes \|  \|$", md, re.M)
-    assert "| 341 | 3 | defaults |" in md and "estimated over the usable memory |" in md
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| defaults \| [^|]+ \| ([\d,.]+) \| [^|]+ \| ([^|]*) \| yes \| (yes)? ?\|",
+                      md_unescape(md), re.M)
+    assert sorted(int(b) for b, *_ in rows) == sorted(c.micro_batch for c in tuned.tuning.candidates)
+    assert [int(b) for b, _, _, _, chosen in rows if chosen] == [tuned.micro_batch]
+    assert any(versus.strip() == "baseline" for *_, versus, _ in rows)
 
 
 @pytest.mark.parametrize("kept", [False, True])
 def test_tuning_shows_the_baseline_and_the_ratio(plan, tmp_path, kept):
     """The untuned plan is the baseline row; the others carry their ratio to it, the fastest its head to head."""
+    from autotune.results.tuning import Candidate, HeadToHead, Tuning
+
     def row(b, seconds, **extra):
-        return {"micro_batch": b, "accumulation_steps": -(-1021 // b), "options": {}, "options_label": "defaults",
-                "predicted_peak_bytes": None, "fits": True, "samples_per_s": 1021 / seconds,
-                "seconds_per_step": seconds, "spread": 0.02, "timed_steps": 5, "why": "", **extra}
-    duel = {"ratio": 1.02, "uncertainty": 0.04, "rounds": 9, "why": ""} if kept else \
-        {"ratio": 1.18, "uncertainty": 0.03, "rounds": 9, "why": ""}
+        return Candidate(micro_batch=b, accumulation_steps=-(-1021 // b), samples_per_s=1021 / seconds,
+                         seconds_per_step=seconds, spread=0.02, timed_steps=5, **extra)
+    duel = HeadToHead(ratio=1.02, uncertainty=0.04, rounds=9) if kept else HeadToHead(ratio=1.18, uncertainty=0.03,
+                                                                                       rounds=9)
     base = row(256, 0.118, baseline=True, vs_baseline=1.0)
     fast = row(128, 0.1, baseline=False, vs_baseline=1.18, head_to_head=duel)
-    tuning = {"candidates": [base, fast], "baseline": base, "fastest": fast, "chosen": base if kept else fast,
-              "ratio": duel["ratio"], "uncertainty": duel["uncertainty"], "head_to_head_rounds": 9,
-              "kept_baseline": kept, "trials": 2, "measured": 2, "storage": None, "study_name": "s",
-              "timing": {"warmup": 1, "min_steps": 5, "max_steps": 50, "threshold": 0.05, "budget_s": 5.0}}
+    tuning = Tuning(candidates=(base, fast), baseline=base, fastest=fast, chosen=base if kept else fast,
+                    ratio=duel.ratio, uncertainty=duel.uncertainty, kept_baseline=kept, trials=2, measured=2,
+                    study_name="s", timing={"warmup": 1, "min_steps": 5, "max_steps": 50, "threshold": 0.05,
+                                            "budget_s": 5.0})
     folder = write_report(dataclasses.replace(plan, tuning=tuning), tmp_path / "tuned")
     _, md = read(folder)
     text = md_unescape(md)

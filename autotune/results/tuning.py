@@ -1,0 +1,117 @@
+"""Tuning: what ``--tune`` measured, candidate by candidate, and why it kept the plan it kept."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..serial import invalid, read_dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadToHead:
+    """The fastest candidate against the untuned plan, interleaved: its speed-up and the half-width of
+    that ratio's ~95% interval over ``rounds`` rounds (None when it could not run, and ``why``)."""
+
+    ratio: float | None
+    uncertainty: float | None
+    rounds: int = 0
+    why: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One exact plan the tuner considered: its micro-batch, options, and what it measured.
+
+    ``samples_per_s`` is None when it did not run (``why`` says so: estimated over the
+    memory, ran out of memory); ``vs_baseline`` its throughput over the untuned plan's,
+    measured one after the other; ``head_to_head`` set for the fastest one only.
+    """
+
+    micro_batch: int
+    accumulation_steps: int
+    options: dict[str, Any] = field(default_factory=dict)
+    options_label: str = "defaults"
+    predicted_peak_bytes: int | None = None
+    fits: bool = True
+    samples_per_s: float | None = None
+    seconds_per_step: float | None = None
+    spread: float | None = None
+    timed_steps: int = 0
+    why: str = ""
+    baseline: bool = False
+    vs_baseline: float | None = None
+    head_to_head: HeadToHead | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.options_label, self.micro_batch
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Candidate:
+        """A candidate from the tuner's working row (keys beyond the fields are dropped)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in known})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tuning:
+    """What the tuner measured: every candidate, the untuned plan (``baseline``), the fastest, the
+    one chosen, and the head-to-head ratio that decided between them."""
+
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate
+    baseline: Candidate | None = None
+    fastest: Candidate | None = None
+    ratio: float | None = None
+    uncertainty: float | None = None
+    kept_baseline: bool = False
+    trials: int = 0
+    measured: int = 0
+    storage: str | None = None
+    study_name: str = ""
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+
+    def is_chosen(self, candidate: Candidate) -> bool:
+        return candidate.key == self.chosen.key
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "tuning") -> Tuning:
+        if isinstance(data, dict) and "steps_per_trial" in data:  # written by schema 1: no baseline yet
+            data = _from_schema1(data)
+        body = read_dataclass(cls, data, kind=kind, source=source, where=where)
+
+        def candidate(value: Any, at: str) -> Candidate | None:
+            if value is None:
+                return None
+            row = read_dataclass(Candidate, value, kind=kind, source=source, where=at)
+            if row.get("head_to_head") is not None:
+                row["head_to_head"] = HeadToHead(**read_dataclass(HeadToHead, row["head_to_head"], kind=kind,
+                                                                  source=source, where=f"{at}.head_to_head"))
+            return Candidate(**row)
+
+        try:
+            body["candidates"] = tuple(candidate(c, f"{where}.candidates[{i}]")
+                                       for i, c in enumerate(body["candidates"]))
+            for name in ("chosen", "baseline", "fastest"):
+                body[name] = candidate(body.get(name), f"{where}.{name}")
+            return cls(**body)
+        except (TypeError, ValueError) as exc:
+            raise invalid(kind, source, f"{where}: {exc}") from None
+
+
+def _from_schema1(data: dict[str, Any]) -> dict[str, Any]:
+    """A tuning record of schema 1 (median of two steps, no baseline) in today's fields."""
+    data = {k: v for k, v in data.items() if k != "steps_per_trial"}
+    chosen = data.get("chosen")
+    if isinstance(chosen, dict) and "accumulation_steps" not in chosen:
+        same = [c for c in data.get("candidates") or [] if isinstance(c, dict)
+                and c.get("micro_batch") == chosen.get("micro_batch")]
+        data["chosen"] = same[0] if same else chosen
+    return data
