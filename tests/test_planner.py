@@ -22,6 +22,7 @@ from autotune.planning.planner import (
 )
 from autotune.results.device import DeviceInfo
 from autotune.results.probe import ProbeResult, Trial
+from autotune.results.tuning import Candidate, HeadToHead, Tuning
 from autotune.serial import dumps
 from autotune.units import format_bytes
 
@@ -269,6 +270,10 @@ def probe_result(**overrides) -> ProbeResult:
     return ProbeResult(**(fields | overrides))
 
 
+TUNED = Candidate(micro_batch=128, accumulation_steps=8, samples_per_s=1234.5, seconds_per_step=0.83,
+                  baseline=True, head_to_head=HeadToHead(ratio=1.0, uncertainty=0.0, rounds=3))
+
+
 def roundtrip(plan: Plan) -> Plan:
     return Plan.from_dict(json.loads(dumps(plan.to_dict())), source="plan.json")
 
@@ -280,8 +285,8 @@ def roundtrip(plan: Plan) -> Plan:
     make_plan(1000, 256, probe=probe_result(estimated=True)),
     Plan(target_batch=1024, world_size=1, micro_batch=128, accumulation_steps=8, schedule=((128,) * 8,),
          uniform=True, max_micro_batch=256, probe=probe_result(), notes=("tuned",),
-         tuning={"candidates": [{"micro_batch": 128, "samples_per_s": 1234.5, "fits": True}],
-                 "chosen": {"micro_batch": 128, "samples_per_s": 1234.5}}),
+         tuning=Tuning(candidates=(TUNED,), chosen=TUNED, baseline=TUNED, fastest=TUNED, ratio=1.0, trials=1,
+                       measured=1, study_name="s")),
 ], ids=["uneven", "ranks", "probe", "estimated-probe", "tuned"])
 def test_json_roundtrip_is_exact(plan):
     again = roundtrip(plan)
