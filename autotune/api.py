@@ -132,8 +132,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
 
         check_storage(storage)
         if distributed.active():
-            raise BadInput("--tune times one process: run autotune plan --tune without torchrun, with "
-                           f"--world-size {world}")
+            raise BadInput("tuning times one process: tune without torchrun, with "
+                           f"world_size={world}")
         wl, dev = resolve(workload, device, memory_budget)
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
                          margin=margin, trials=trials, storage=storage, study_name=study_name,
@@ -154,7 +154,7 @@ def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]
     if distributed.active():
         world = distributed.world_size()
         if flag is not None and flag != world:
-            raise BadInput(f"--world-size {flag} but the process group has {plural(world, 'rank')}: drop --world-size "
+            raise BadInput(f"world_size {flag} but the process group has {plural(world, 'rank')}: drop world_size "
                            f"or launch {flag} processes")
         return world, "process group"
     return world_size_from(flag, os.environ if env is None else env)
@@ -165,7 +165,7 @@ def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[
         return ()
     if source == "process group":
         return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
-    where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
+    where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
     return (f"assumed: {world} ranks ({where}), each with a device like this one; measured: the probe on "
             f"{result.device.name} here only",)
 

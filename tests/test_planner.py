@@ -158,7 +158,7 @@ def test_fewest_steps_beats_uniform_by_default():
     plan = make_plan(1024, 48, world_size=8)
     assert (plan.accumulation_steps, plan.micro_batch, plan.uniform) == (3, 43, False)
     assert plan.arithmetic == "1024 = 8 x 42 + 16 x 43 over 3 steps x 8 ranks"
-    assert any("--uniform would give 1024 = 32 x 4 steps x 8 ranks" in note for note in plan.notes)
+    assert any("equal micro-batches would give 1024 = 32 x 4 steps x 8 ranks" in note for note in plan.notes)
     assert make_plan(1024, 48, world_size=8, uniform=False) == plan
     uniform = make_plan(1024, 48, world_size=8, uniform=True)
     assert uniform.arithmetic == "1024 = 32 x 4 steps x 8 ranks"
@@ -190,11 +190,11 @@ def test_nearest_uniform_targets():
     (dict(world_size=0), r"world size 0 must be at least 1"),
     (dict(target_batch=4, world_size=8), r"target 4 is smaller than the world size 8: every rank needs at least "
                                          r"one sample per step"),
-    (dict(multiple_of=0), r"--multiple-of 0 must be at least 1"),
-    (dict(max_micro_batch=6, multiple_of=8), r"max micro-batch 6 is smaller than --multiple-of 8.*--multiple-of 6"),
-    (dict(target_batch=1023, multiple_of=8), r"target 1023 is not a multiple of --multiple-of 8: use target 1016 "
+    (dict(multiple_of=0), r"multiple_of 0 must be at least 1"),
+    (dict(max_micro_batch=6, multiple_of=8), r"max micro-batch 6 is smaller than multiple_of 8.*multiple_of 6"),
+    (dict(target_batch=1023, multiple_of=8), r"target 1023 is not a multiple of multiple_of 8: use target 1016 "
                                              r"or 1024"),
-    (dict(target_batch=4, multiple_of=8), r"target 4 is not a multiple of --multiple-of 8: use target 8,"),
+    (dict(target_batch=4, multiple_of=8), r"target 4 is not a multiple of multiple_of 8: use target 8,"),
     (dict(target_batch=8, world_size=4, multiple_of=4), r"every rank needs at least 4 samples per step \(16 in all\)"),
     (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks; "
                                                             r"use target 4 or 8"),
@@ -213,7 +213,7 @@ def test_uniform_prime_target_names_nearest_targets_and_the_uneven_plan():
     assert "\n" not in message
     assert "1020 (1020 = 255 x 4 steps x 1 rank)" in message
     assert "1022 (1022 = 146 x 7 steps x 1 rank)" in message
-    assert "drop --uniform for 1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank" in message
+    assert "drop uniform=True for 1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank" in message
 
 
 def test_target_is_never_changed():
@@ -238,7 +238,7 @@ def test_world_size_from(flag, env, expected):
     (None, {"WORLD_SIZE": "abc"}, r"WORLD_SIZE='abc' is not a whole number"),
     (None, {"WORLD_SIZE": "0"}, r"WORLD_SIZE='0' is not a whole number of at least 1"),
     (None, {"WORLD_SIZE": ""}, r"WORLD_SIZE='' is not"),
-    (0, {}, r"--world-size 0 must be"),
+    (0, {}, r"world_size 0 must be"),
 ])
 def test_world_size_from_errors(flag, env, match):
     with pytest.raises(PlanError, match=match):
@@ -315,7 +315,7 @@ def test_summary_with_probe():
     text = plan.summary()
     assert text.splitlines()[0] == "plan: 1024 = 256 x 4 steps x 1 rank"
     for part in (format_bytes(800 * MiB), format_bytes(921 * MiB), format_bytes(121 * MiB), "mlp",
-                 "cpu, capacity 1.0 GiB (memory budget)", "confirmed by a real run", "world size 1 from --world-size"):
+                 "cpu, capacity 1.0 GiB (memory budget)", "confirmed by a real run", "world size 1 from the world size given"):
         assert part in text
     assert "estimated, not confirmed" in make_plan(1024, 256, probe=probe_result(estimated=True)).summary()
 
@@ -410,11 +410,11 @@ HUGE_ANSWERS = [
     (r"refused target 1000000000 with micro-batches of at most 1 needs 1,000,000,000 micro-batches per optimizer "
      r"step \(1 rank x 1000000000 steps\)"),
     r"refused target 1000000000 with micro-batches of at most 999 needs 1,001,002 micro-batches",
-    r"refused --uniform needs 1100009 steps for target 2200018: 1,100,009 micro-batches",
+    r"refused uniform=True needs 1100009 steps for target 2200018: 1,100,009 micro-batches",
     r"refused target 999999999 cannot be split: .*use target 999999994 or 1000000001,",
-    (r"refused --uniform: target 999999937 does not split .* nearest targets that do: 999999936 \(999999936 = "
+    (r"refused uniform=True: target 999999937 does not split .* nearest targets that do: 999999936 \(999999936 = "
      r"926784 x 1079 steps x 1 rank\) and 999999940 \(999999940 = 846740 x 1181 steps x 1 rank\)"),
-    r"refused target 999999937 is not a multiple of --multiple-of 2: use target 999999936 or 999999938",
+    r"refused target 999999937 is not a multiple of multiple_of 2: use target 999999936 or 999999938",
     r"ok 999999000 = 1000 x 1 step x 999999 ranks",
     r"ok \(999999936, 999999940\)",
     r"ok \(999999936, 999999960\)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{where}autotune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{where}autotune {args.command}: error: {in_flag_terms(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{where}autotune {args.command}: interrupted", file=sys.stderr)
@@ -114,6 +115,22 @@ def _reader_gone(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+#: Library parameters the command line sets with a flag of the same name: errors name the flag.
+FLAG_PARAMETERS = ("memory_budget", "multiple_of", "world_size", "target_batch", "max_batch", "max_norm",
+                   "study_name", "dist_timeout")
+FLAG_SWITCHES = ("uniform", "force", "tune")
+_PARAMETER = re.compile(r"\b(" + "|".join(FLAG_PARAMETERS) + r")\b")
+_SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")
+
+
+def in_flag_terms(message: str) -> str:
+    """A library message as the command line says it: ``memory_budget`` is ``--memory-budget``,
+    ``uniform=True`` is ``--uniform``, ``device='estimate'`` is ``--device estimate``."""
+    message = _PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+    message = _SWITCH.sub(lambda m: "--" + m.group(1), message)
+    return re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
 
 
 def _under_torchrun() -> bool:

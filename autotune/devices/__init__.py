@@ -70,11 +70,11 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     if text == "estimate":
         if memory_budget is None:
             raise DeviceError(
-                "--device estimate needs --memory-budget: the memory of the GPU you are planning for, e.g. 80GiB"
+                "device='estimate' needs memory_budget: the memory of the GPU you are planning for, e.g. 80GiB"
             )
         if memory_budget <= CUDA_CONTEXT_ALLOWANCE:
             raise DeviceError(
-                f"--memory-budget {memory_budget} bytes is smaller than the "
+                f"memory_budget {memory_budget} bytes is smaller than the "
                 f"{CUDA_CONTEXT_ALLOWANCE // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
             )
         return EstimateDevice.for_gpu(memory_budget)
@@ -101,9 +101,9 @@ def _check_ram(memory_budget: int | None) -> None:
         from ..units import format_bytes
 
         raise DeviceError(
-            f"--memory-budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
-            f"give at most {format_bytes(total)} for --device cpu, or plan for a larger device with "
-            f"--device estimate --memory-budget {format_bytes(memory_budget).replace(' ', '')}")
+            f"memory_budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
+            f"give at most {format_bytes(total)} for device='cpu', or plan for a larger device with "
+            f"device='estimate' and memory_budget {format_bytes(memory_budget).replace(' ', '')}")
 
 
 def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]
     """(world size, where it came from): ``--world-size``, else ``$WORLD_SIZE`` as torchrun sets it, else 1."""
     if flag is not None:
         if isinstance(flag, bool) or not isinstance(flag, int) or flag < 1:
-            raise PlanError(f"--world-size {flag!r} must be a whole number of at least 1: pass 1 for one process")
+            raise PlanError(f"world_size {flag!r} must be a whole number of at least 1: pass 1 for one process")
         return flag, "flag"
     text = env.get("WORLD_SIZE")
     if text is None:
@@ -40,7 +40,7 @@ def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]
         value = 0
     if value < 1:
         raise PlanError(f"WORLD_SIZE={text!r} is not a whole number of at least 1 (torchrun sets it to the "
-                        "number of processes): unset it, or pass --world-size")
+                        "number of processes): unset it, or give world_size")
     return value, "WORLD_SIZE"
 
 
@@ -184,21 +184,21 @@ def _check(target: int, m: int, world: int, q: int) -> None:
         raise PlanError(f"target {target} is smaller than the world size {world}: every rank needs at least "
                         f"one sample per step; use a target of at least {world} or fewer ranks")
     if m < q:
-        raise PlanError(f"max micro-batch {m} is smaller than --multiple-of {q}: no micro-batch size is allowed; "
-                        f"use --multiple-of {m} or less, or give each rank more memory")
+        raise PlanError(f"max micro-batch {m} is smaller than multiple_of {q}: no micro-batch size is allowed; "
+                        f"use multiple_of {m} or less, or give each rank more memory")
     unit_max = m // q
     if target % q:
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"target {target} is not a multiple of --multiple-of {q}: use target "
-                        f"{_targets(below, above)}, or a --multiple-of that divides {target}")
+        raise PlanError(f"target {target} is not a multiple of multiple_of {q}: use target "
+                        f"{_targets(below, above)}, or a multiple_of that divides {target}")
     if target // q < world:
-        raise PlanError(f"target {target} on {_plural(world, 'rank')} with --multiple-of {q}: "
+        raise PlanError(f"target {target} on {_plural(world, 'rank')} with multiple_of {q}: "
                         f"every rank needs at least {q} "
                         f"samples per step ({world * q} in all); use a target of at least {world * q}, "
-                        "fewer ranks or a smaller --multiple-of")
+                        "fewer ranks or a smaller multiple_of")
     if not _feasible(target // q, world, unit_max):
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"target {target} cannot be split: max micro-batch {m} with --multiple-of {q} allows only "
+        raise PlanError(f"target {target} cannot be split: max micro-batch {m} with multiple_of {q} allows only "
                         f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}; "
                         f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
 
@@ -233,8 +233,8 @@ def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     uneven = arithmetic_line(target, world, least, _counts(units, world, least, q))
     sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
     return PlanError(
-        f"--uniform: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
-        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; or drop --uniform "
+        f"uniform=True: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
+        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; or drop uniform=True "
         f"for {uneven} (autotune's runner weights uneven micro-batches exactly)")
 
 
@@ -271,7 +271,7 @@ def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of
     target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
     m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
     world = _whole(world_size, "world size", "pass 1 for a single process")
-    q = _whole(multiple_of, "--multiple-of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
+    q = _whole(multiple_of, "multiple_of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
     if uniform not in (None, True, False):
         raise PlanError(f"uniform {uniform!r} must be True, False or None")
     _limit_target(target)
@@ -285,7 +285,7 @@ def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of
     steps = _uniform_steps(units, world, unit_max)
     if steps is None:
         raise _no_uniform(target, m, world, q)
-    _limit_slots(world, steps, f"--uniform needs {steps} steps for target {target}: ")
+    _limit_slots(world, steps, f"uniform=True needs {steps} steps for target {target}: ")
     return target, m, world, q, steps, least
 
 
@@ -293,13 +293,13 @@ def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, prob
     notes = []
     units, unit_max = target // q, m // q
     if steps > least:
-        notes.append(f"--uniform takes {steps} steps instead of the {least} that micro-batches of {m} allow")
+        notes.append(f"equal micro-batches take {steps} steps instead of the {least} that micro-batches of {m} allow")
     if units % (world * steps):
         notes.append("uneven micro-batches: autotune's runner weights each loss by n_i / N, so the gradient "
                      "equals the full-batch one; frameworks that assume equal micro-batches would not")
         even = _uniform_steps(units, world, unit_max)
         if even is not None and world * even <= MAX_MICRO_BATCHES:
-            notes.append(f"--uniform would give {arithmetic_line(target, world, even, _counts(units, world, even, q))}")
+            notes.append(f"equal micro-batches would give {arithmetic_line(target, world, even, _counts(units, world, even, q))}")
     if probe is not None and m > probe.max_micro_batch:
         notes.append(above_probe_note(m, probe.max_micro_batch))
     return tuple(notes)

@@ -118,7 +118,7 @@ class Plan:
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
         if self.world_size_source != "default":
-            where = {"flag": "--world-size", "WORLD_SIZE": "$WORLD_SIZE"}.get(self.world_size_source,
+            where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(self.world_size_source,
                                                                             self.world_size_source)
             lines.append(f"world size {self.world_size} from {where}")
         if self.accumulation_steps == 1:

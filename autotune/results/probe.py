@@ -133,7 +133,7 @@ class ProbeResult:
 
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
-        limit = "the largest size allowed (--max-batch)" if self.limited_by == "max_batch" else "memory"
+        limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else "memory"
         return (
             f"max micro-batch {self.max_micro_batch} on {self.device.name} ({status}; limited by {limit}): "
             f"peak {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "

@@ -46,7 +46,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     if world != plan.world_size:
         raise BadInput(f"the plan is for {plural(plan.world_size, 'rank')} but {plural(world, 'process', 'processes')} "
                        f"{'is' if world == 1 else 'are'} running: launch with "
-                       f"torchrun --nproc-per-node {plan.world_size} (or plan for --world-size {world})")
+                       f"torchrun --nproc-per-node {plan.world_size} (or plan for world_size={world})")
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]

@@ -102,7 +102,7 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     each is timed; ``storage`` is an optuna storage URL (e.g. ``sqlite:///tune.db``).
     """
     if device.estimated:
-        raise BadInput("--tune measures real throughput: give a real device (cpu or cuda:N), not estimate")
+        raise BadInput("tuning measures real throughput: give a real device (cpu or cuda:N), not estimate")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise BadInput(f"trials {trials!r} must be a whole number of at least 1")
     check_storage(storage)

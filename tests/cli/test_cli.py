@@ -156,3 +156,18 @@ def test_plans_past_the_limits_are_refused_before_any_work(capsys, monkeypatch, 
 ])
 def test_bad_storage_is_refused_before_any_work(capsys, monkeypatch, argv, words):
     refused_before_any_work(capsys, monkeypatch, argv, words)
+
+
+@pytest.mark.parametrize("message,flags", [
+    ("memory_budget 12XB is not a size", "--memory-budget 12XB is not a size"),
+    ("target 1021 is not a multiple of multiple_of 4: use a multiple_of that divides it",
+     "target 1021 is not a multiple of --multiple-of 4: use a --multiple-of that divides it"),
+    ("uniform=True: target 1021 does not split; or drop uniform=True", "--uniform: target 1021 does not split; or drop --uniform"),
+    ("device='estimate' needs memory_budget", "--device estimate needs --memory-budget"),
+    ("unknown device 'tpu': use one of cpu, estimate", "unknown device 'tpu': use one of cpu, estimate"),
+    ("the world size given by the process group", "the world size given by the process group"),  # not a parameter
+])
+def test_library_errors_name_flags_on_the_command_line(message, flags):
+    from autotune.cli import in_flag_terms
+
+    assert in_flag_terms(message) == flags

@@ -342,7 +342,7 @@ TWO_GPUS = "devices here are cpu, cuda:0, cuda:1, estimate"
         ("cuda", {"cuda": FakeCuda(count=0)}, r"^cuda:0 is not available"),
         ("tpu", {}, r"^unknown device 'tpu': use one of auto, cpu, cuda, cuda:N, estimate$"),
         ("cuda:x", {}, r"^unknown device 'cuda:x'"),
-        ("estimate", {}, r"^--device estimate needs --memory-budget"),
+        ("estimate", {}, r"^device='estimate' needs memory_budget"),
         ("estimate", {"memory_budget": 512 * MiB}, r"smaller than the 640 MiB a CUDA context takes"),
     ],
 )
