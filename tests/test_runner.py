@@ -10,6 +10,7 @@ import pytest
 from autotune.api import plan as make_full_plan
 from autotune.devices import get_device
 from autotune.results.run import RunResult
+from autotune.training import runner
 from autotune.training.runner import run_plan
 
 from .test_verify import DropsASample, NaiveOneOverK
@@ -40,9 +41,10 @@ def test_run_passes_and_measures(uneven):
 
 @pytest.mark.parametrize("fault,failing", [(NaiveOneOverK, {"gradient_equivalence"}),
                                            (DropsASample, {"gradient_equivalence", "count"})])
-def test_planted_faults_fail_the_run(uneven, fault, failing):
+def test_planted_faults_fail_the_run(uneven, fault, failing, monkeypatch):
     mlp, device, plan = uneven
-    result = run_plan(plan, mlp, device, steps=2, accumulator_cls=fault)
+    monkeypatch.setattr(runner, "Accumulator", fault)  # the accumulation the runner trains and verifies with
+    result = run_plan(plan, mlp, device, steps=2)
     assert not result.passed
     assert {c.name for c in result.verification.failed} == failing
 

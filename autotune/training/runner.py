@@ -32,7 +32,7 @@ from .verify import Check, count_check, gradient_check, memory_check, rounds_che
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
              precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
-             accumulator_cls=Accumulator) -> RunResult:
+) -> RunResult:
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
 
     Inside a process group (torchrun), this rank trains its share of every
@@ -65,7 +65,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                          f"{plural(plan.target_batch, 'sample')} ...")
             first = workload.make_batch(plan.target_batch, torch.Generator().manual_seed(seed))
             checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
-                                    accumulator_cls, wrap))
+                                    wrap))
             log.progress(checks[-1].message)
 
         consumed: list[tuple[int, int]] = []
@@ -82,7 +82,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             opt = session.optimizer(workload.optimizer, model)
             trained = wrap(model) if wrap else model
             counter = distributed.RoundCounter(trained) if ddp else None
-            acc = accumulator_cls(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
+            acc = Accumulator(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
                                   max_norm=max_norm, precision=precision)
             for step in range(steps):
                 where.now = f"at step {step + 1} of {steps} of the run"
@@ -173,13 +173,13 @@ def share(batch: Any, start: int, size: int) -> Any:
 
 
 def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,
-              precision, accumulator_cls, wrap) -> Check:
+              precision, wrap) -> Check:
     """The gradient check on a device copy of the initial model: this rank's share against all samples."""
     model = copy.deepcopy(host_model).to(device.torch_device)
     try:
         return gradient_check(model, sizes, share(global_batch, start, sum(sizes)), loss=workload.loss,
                               items=workload.items, max_norm=max_norm, precision=precision,
-                              accumulator_cls=accumulator_cls, wrap=wrap, reference_batch=global_batch)
+                              accumulator_cls=Accumulator, wrap=wrap, reference_batch=global_batch)
     finally:
         del model
         device.cleanup()
