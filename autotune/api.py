@@ -138,6 +138,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
                          margin=margin, trials=trials, storage=storage, study_name=study_name,
                          world_size_source=source)
+        assert tuned.probe is not None
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
     result = probe(workload, device=device, memory_budget=memory_budget, margin=margin,

@@ -145,12 +145,12 @@ def main(argv=None) -> int:
         print(f"  {name}: {n_params / 1e6:.1f}M parameters ...", file=sys.stderr, flush=True)
         hwm_before = status_kib("VmHWM")
         ops, timeline = count_ops(workload)
-        t_meta, trial = timed(lambda: one_eval(workload, "meta"), args.repeat)
-        t_fake, fake = timed(lambda: one_eval(workload, "fake"), args.repeat)
+        t_meta, trial = timed(lambda w=workload: one_eval(w, "meta"), args.repeat)
+        t_fake, fake = timed(lambda w=workload: one_eval(w, "fake"), args.repeat)
         if fake.peak_bytes != trial.peak_bytes:
             raise SystemExit(f"{name}: the engines disagree: meta {trial.peak_bytes} vs fake {fake.peak_bytes} bytes")
-        t_two, _ = timed(lambda: probe_estimate(workload), args.repeat)
-        t_probe, result = timed(lambda: probe(workload, estimator()), args.repeat)
+        t_two, _ = timed(lambda w=workload: probe_estimate(w), args.repeat)
+        t_probe, result = timed(lambda w=workload: probe(w, estimator()), args.repeat)
         rows.append(dict(
             name=name, params=n_params, ops=ops, timeline=timeline, peak=trial.peak_bytes, t_meta=t_meta,
             t_fake=t_fake, t_two=t_two, t_probe=t_probe, fake_runs=len(result.trials),

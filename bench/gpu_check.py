@@ -113,7 +113,8 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str]) -> 
                 log(f"  peaks {workload.name} @ {b}: estimate {fmt(est.peak_bytes)}, real run out of memory")
                 continue
             m = real.measurement
-            rows.append([workload.name, str(b), fmt(est.peak_bytes), fmt(m.peak_bytes), pct(est.peak_bytes, m.peak_bytes),
+            rows.append([workload.name, str(b), fmt(est.peak_bytes), fmt(m.peak_bytes),
+                         pct(est.peak_bytes, m.peak_bytes),
                          fmt(m.tracked_peak_bytes), pct(est.peak_bytes, m.tracked_peak_bytes), f"{est.seconds:.2f}"])
             log(f"  peaks {workload.name} @ {b}: estimate {fmt(est.peak_bytes)} ({est.peak_bytes} B), reserved "
                 f"{fmt(m.peak_bytes)} ({m.peak_bytes} B), tracked {fmt(m.tracked_peak_bytes)} "
@@ -146,7 +147,8 @@ def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str
         start = time.perf_counter()
         result = probe(workload, device, max_batch=limit)
         seconds = time.perf_counter() - start
-        log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{chr(10).join(map(str, result.trials))}\nnotes: {result.notes}")
+        trials = "\n".join(map(str, result.trials))
+        log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{trials}\nnotes: {result.notes}")
         true, runs, seen = exhaustive(device, workload, result.usable_bytes, limit)
         # Next to the max: does every smaller size fit and every larger one not? (monotone there)
         around = {}
@@ -201,7 +203,8 @@ def check_runs(log: Log, device_name: str, cases, budget: Budget, skipped: list[
         err = ver.get("gradient_relative_error")
         failed = [c["name"] for c in ver.get("checks", []) if not c.get("passed")]
         rows.append([spec, str(target), fmt(memory), f"exit {done.returncode}", sizes,
-                     "-" if err is None else f"{err:.1e}", f"{fmt(result.get('peak_bytes'))} / {fmt(result.get('usable_bytes'))}",
+                     "-" if err is None else f"{err:.1e}",
+                     f"{fmt(result.get('peak_bytes'))} / {fmt(result.get('usable_bytes'))}",
                      f"{result.get('samples_per_s', 0):.0f}", "PASSED" if ver.get("passed") else f"FAILED {failed}"])
         log(f"    exit {done.returncode}: schedule {sizes}, gradient rel. error {err}, peak "
             f"{fmt(result.get('peak_bytes'))} of usable {fmt(result.get('usable_bytes'))}, "

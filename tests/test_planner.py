@@ -315,7 +315,8 @@ def test_summary_with_probe():
     text = plan.summary()
     assert text.splitlines()[0] == "plan: 1024 = 256 x 4 steps x 1 rank"
     for part in (format_bytes(800 * MiB), format_bytes(921 * MiB), format_bytes(121 * MiB), "mlp",
-                 "cpu, capacity 1.0 GiB (memory budget)", "confirmed by a real run", "world size 1 from the world size given"):
+                 "cpu, capacity 1.0 GiB (memory budget)", "confirmed by a real run",
+                 "world size 1 from the world size given"):
         assert part in text
     assert "estimated, not confirmed" in make_plan(1024, 256, probe=probe_result(estimated=True)).summary()
 
@@ -354,7 +355,8 @@ def test_from_dict_rejects_other_files():
 
 
 def test_planner_and_exports_import_no_torch():
-    code = "import autotune.planning.planner, autotune.planning.exports, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import autotune.planning.planner, autotune.planning.exports, sys; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 

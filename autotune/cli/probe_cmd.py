@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import options
 from .common import Formatter, add_common, add_device, check_output, positive_int, write_output
 
@@ -60,7 +62,7 @@ def describe(result) -> str:
     return "\n".join(lines)
 
 
-def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def text_table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     """Columns right-aligned to their widest cell, as a person reads a table in a terminal."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     return "\n".join(" ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in (headers, *rows))

@@ -414,7 +414,8 @@ class CachingAllocator:
         self.stats.counters["num_device_free"] += 1
 
     def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
-        """``release_available_cached_blocks``: with max_split_size set, free oversize blocks, enough for the request."""
+        """``release_available_cached_blocks``: with max_split_size set, free oversize blocks, enough for
+        the request."""
         max_split = self._max_split
         if max_split == SIZE_MAX:
             return False

@@ -93,7 +93,8 @@ class AllocatorConfig:
 
 
 def roundup_power2_next_division(size: int, divisions: int) -> int:
-    """``roundup_power2_next_division``: ``size`` rounded up to the next of ``divisions`` steps between two powers of two."""
+    """``roundup_power2_next_division``: ``size`` rounded up to the next of ``divisions`` steps between two
+    powers of two."""
     if size & (size - 1) == 0:
         return size
     floor = 1 << (size.bit_length() - 1)
@@ -272,7 +273,8 @@ class _Parser:
             return i + 2
         if key in KNOWN_KEYS:
             return self.skip_value(i, key)
-        raise self.fail(f"Unrecognized key '{key}' in Accelerator allocator config; known keys: {', '.join(KNOWN_KEYS)}")
+        raise self.fail(f"Unrecognized key '{key}' in Accelerator allocator config; "
+                        f"known keys: {', '.join(KNOWN_KEYS)}")
 
     def divisions(self, i: int, values: dict[str, object]) -> int:
         """``parseRoundUpPower2Divisions``: one power of two for all sizes, or ``[MB:divisions,...,>:divisions]``."""

@@ -12,13 +12,16 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..results.device import DeviceInfo
+
+if TYPE_CHECKING:
+    from .estimate import EstimateDevice
 from .tracker import LiveStorageTracker
 
 T = TypeVar("T")
@@ -45,6 +48,7 @@ class Device(Protocol):
 
     name: str
     estimated: bool
+    torch_device: torch.device  # where the work's tensors live (meta for an estimate)
 
     def capacity_bytes(self) -> int: ...
 
@@ -58,7 +62,12 @@ class Device(Protocol):
 
     def describe(self) -> DeviceInfo: ...
 
-    def estimator(self) -> Device: ...
+    def estimator(self) -> EstimateDevice:
+        """The estimate that stands in for this device (itself, for an estimate)."""
+        ...
+
+
+_CPU = torch.device("cpu")
 
 
 class Session:
@@ -74,7 +83,7 @@ class Session:
                  move_model: Callable[[nn.Module], nn.Module] | None = None,
                  build_batch: Callable[[Callable[[], Any]], Any] | None = None,
                  build_model: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
-                 torch_device: torch.device = torch.device("cpu")):
+                 torch_device: torch.device = _CPU):
         self.tracker = tracker
         self._move = move
         self._move_model = move_model or (lambda m: _move_module(m, move))

@@ -6,6 +6,7 @@ import gc
 import os
 import platform
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
 from .host import ram_bytes
 from .tracker import LiveStorageTracker
+
+if TYPE_CHECKING:
+    from .estimate import EstimateDevice
 
 
 class CpuDevice:
@@ -51,7 +55,7 @@ class CpuDevice:
     def cleanup(self) -> None:
         gc.collect()
 
-    def estimator(self):
+    def estimator(self) -> EstimateDevice:
         from .estimate import EstimateDevice
 
         return EstimateDevice(capacity=self._capacity, round_to=1, cuda_like=False, name="estimate (cpu)")

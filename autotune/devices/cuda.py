@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,8 +13,11 @@ from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
 from .estimate import CUDA_ROUNDING
-from .nvml import Nvml, load_nvml
+from .nvml import GpuInfo, Nvml, load_nvml
 from .tracker import LiveStorageTracker
+
+if TYPE_CHECKING:
+    from .estimate import EstimateDevice
 
 
 class CudaDevice:
@@ -42,7 +46,7 @@ class CudaDevice:
         else:
             self.nvml_note = "" if nvml else "NVML not used"
         self.nvml = nvml or None
-        self._info = None
+        self._info: GpuInfo | None = None
         self._capacity, self._free, self._total = self._read_capacity()
 
     def _nvml_index(self) -> int:
@@ -86,7 +90,7 @@ class CudaDevice:
         gc.collect()
         self.cuda.empty_cache()
 
-    def estimator(self):
+    def estimator(self) -> EstimateDevice:
         from .estimate import EstimateDevice
 
         return EstimateDevice(capacity=self._capacity, round_to=CUDA_ROUNDING, cuda_like=True,

@@ -216,11 +216,12 @@ class CpuKernelChoices:
         choice = self._choices.get(signature)
         if choice is None:
             with self._pause():
-                q, k, v, m = (_stand_in(t) if t is not None else None for t in args[:4])
+                q, k, v = (_stand_in(t) for t in (query, key, value))
+                m = _stand_in(attn_mask) if attn_mask is not None else None
                 choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
                                                      enable_gqa=enable_gqa))
             self._choices[signature] = choice
-        if choice != int(SDPBackend.FLASH_ATTENTION):
+        if choice != SDPBackend.FLASH_ATTENTION.value:
             # The math path: the same composite on meta as on the CPU.
             return _SDPA.decompose(*args, scale=scale, enable_gqa=enable_gqa)
         if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -234,7 +235,8 @@ class CpuKernelChoices:
 
 def _recurrent(name: str) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        raise NeedsFakeTensors(f"torch.{name} runs as a oneDNN kernel on the CPU, which meta tensors do not stand in for")
+        raise NeedsFakeTensors(f"torch.{name} runs as a oneDNN kernel on the CPU, which meta tensors do not "
+                               "stand in for")
 
     return kernel
 

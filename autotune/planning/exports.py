@@ -52,14 +52,14 @@ def _uneven_warning(plan: Plan, fmt: str) -> str:
     exported = plan.micro_batch * plan.accumulation_steps * plan.world_size
     below, above = nearest_uniform_targets(plan.target_batch, plan.max_micro_batch,
                                            world_size=plan.world_size, multiple_of=plan.multiple_of)
-    targets = [_uniform(plan, t) for t in (below, above) if t is not None]
+    targets = [text for t in (below, above) if t is not None and (text := _uniform(plan, t)) is not None]
     same = _uniform(plan, plan.target_batch)
     fix = f"re-plan with --uniform for {same}, " if same else ""
     return (
         f"{NAMES[fmt]} runs equal micro-batches: these settings give an effective batch of {exported} "
         f"({plan.micro_batch} x {_plural(plan.accumulation_steps, 'step')} x {_plural(plan.world_size, 'rank')}), "
-        f"not the target {plan.target_batch} ({plan.arithmetic}); run the plan with autotune's runner, which weights uneven "
-        f"micro-batches exactly, {fix}or plan a target that divides evenly: {' or '.join(targets)}"
+        f"not the target {plan.target_batch} ({plan.arithmetic}); run the plan with autotune's runner, which "
+        f"weights uneven micro-batches exactly, {fix}or plan a target that divides evenly: {' or '.join(targets)}"
     )
 
 

@@ -234,7 +234,8 @@ def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
     return PlanError(
         f"uniform=True: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
-        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; or drop uniform=True "
+        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; "
+        "or drop uniform=True "
         f"for {uneven} (autotune's runner weights uneven micro-batches exactly)")
 
 
@@ -289,7 +290,8 @@ def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of
     return target, m, world, q, steps, least
 
 
-def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, probe: ProbeResult | None) -> tuple[str, ...]:
+def _notes(target: int, m: int, world: int, q: int, steps: int, least: int,
+           probe: ProbeResult | None) -> tuple[str, ...]:
     notes = []
     units, unit_max = target // q, m // q
     if steps > least:
@@ -299,7 +301,8 @@ def _notes(target: int, m: int, world: int, q: int, steps: int, least: int, prob
                      "equals the full-batch one; frameworks that assume equal micro-batches would not")
         even = _uniform_steps(units, world, unit_max)
         if even is not None and world * even <= MAX_MICRO_BATCHES:
-            notes.append(f"equal micro-batches would give {arithmetic_line(target, world, even, _counts(units, world, even, q))}")
+            even_plan = arithmetic_line(target, world, even, _counts(units, world, even, q))
+            notes.append(f"equal micro-batches would give {even_plan}")
     if probe is not None and m > probe.max_micro_batch:
         notes.append(above_probe_note(m, probe.max_micro_batch))
     return tuple(notes)

@@ -30,6 +30,7 @@ import torch
 
 from .. import log, options
 from ..devices.base import Device
+from ..devices.estimate import EstimateDevice
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
 from ..units import format_bytes
@@ -187,7 +188,8 @@ def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, 
     def fits(b: int) -> bool:
         if b not in peaks:
             peaks[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).peak_bytes
-        return peaks[b] is not None and peaks[b] <= usable
+        peak = peaks[b]
+        return peak is not None and peak <= usable
 
     if not fits(1):
         return 0
@@ -217,6 +219,7 @@ def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: in
         return f"the estimate cannot run this workload ({_cause(exc)})"
     assert first.measurement is not None
     if first.measurement.unknown_reads:
+        assert isinstance(est.device, EstimateDevice)
         other = run_trial(est.device.with_other_guesses(), est.workload, first.trial.batch, usable,
                           source="estimate", capacity_guard=False, data_parallel=est.data_parallel)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
@@ -306,7 +309,8 @@ def _confirm(real: _Trials, m: int, estimate_at: Callable[[int], int | None], us
             return m
         # Would one more fit for real? Scale the estimate for m + 1 by the real/estimate ratio.
         next_estimate = estimate_at(m + 1)
-        if next_estimate is None or first.peak_bytes / predicted * next_estimate > usable:
+        if next_estimate is None or first.peak_bytes is None or not predicted or \
+                first.peak_bytes / predicted * next_estimate > usable:
             _note_mismatch(notes, error, m, first, predicted, searched=False)
             return m
         _note_mismatch(notes, error, m, first, predicted, searched=True, direction="room to spare")

@@ -125,17 +125,17 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
         raise
     except Exception as exc:
         if is_oom(exc, device.torch_device.type):
-            why = _first_line(exc)
+            stopped = _first_line(exc)
             del exc
             device.cleanup()
             return Attempt(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
-                                 seconds=time.perf_counter() - start, oom=True, why=why))
+                                 seconds=time.perf_counter() - start, oom=True, why=stopped))
         raise WorkloadError(
             f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {_first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
     fits = m.peak_bytes <= usable
-    why = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
+    why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
     return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
                          why=why), m)
 

@@ -7,7 +7,6 @@ so report.html and report.md always say the same thing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 import pandas as pd
 
@@ -59,7 +58,7 @@ class Code:
     text: str
 
 
-Block = Union[Text, Rows, Table, Image, Bullets, Code]
+Block = Text | Rows | Table | Image | Bullets | Code
 
 
 @dataclass(frozen=True)

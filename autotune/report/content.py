@@ -52,7 +52,7 @@ def _version() -> str:
 
 
 def verdict(s: Subject) -> Text:
-    if s.run is not None:
+    if s.run is not None and s.plan is not None:
         v = s.run.verification
         word = "not verified" if v is None else ("verification PASSED" if v.passed else "verification FAILED")
         tone = "warn" if v is None else ("ok" if v.passed else "fail")
@@ -64,7 +64,9 @@ def verdict(s: Subject) -> Text:
                     "warn" if s.probe.estimated else "ok")
     if s.plan is not None:
         return Text(f"Plan {s.plan.arithmetic} (no probe result in this plan: no memory figures).", "muted")
-    return Text(s.probe.summary()[0].upper() + s.probe.summary()[1:] + ".", "warn" if s.probe.estimated else "ok")
+    assert s.probe is not None
+    text = s.probe.summary()
+    return Text(text[0].upper() + text[1:] + ".", "warn" if s.probe.estimated else "ok")
 
 
 def summary(s: Subject) -> Section:
@@ -101,7 +103,7 @@ def summary(s: Subject) -> Section:
             ("Accumulation steps", str(plan.accumulation_steps)),
             ("World size", f"{plan.world_size} ({plan.world_size_source})"),
         ]
-        if plan.probe is not None:
+        if plan.probe is not None and plan.headroom_bytes is not None:
             head = plan.headroom_bytes
             rows += [
                 ("Predicted peak", f"{format_bytes(plan.predicted_peak_bytes)} at micro-batch {plan.micro_batch}"),

@@ -15,6 +15,7 @@ THROUGHPUT_PLOT = "throughput_vs_batch.png"
 
 def peak_section(s: Subject) -> Section:
     p = s.probe
+    assert p is not None
     real = [(t.batch, t.peak_bytes, t.fits) for t in p.trials if t.source == "real"]
     png = plots.peak_vs_batch(curve=p.curve, real=real, capacity=p.capacity_bytes, usable=p.usable_bytes,
                               margin=p.margin, chosen=s.chosen, max_micro_batch=p.max_micro_batch,
@@ -33,6 +34,7 @@ def breakdown_bars(s: Subject) -> list[tuple[str, dict[str, int]]]:
     one derived for it: the same parameters, gradients and optimizer state; the rest of its predicted
     peak is activations and temporaries."""
     p = s.probe
+    assert p is not None
     parts = {k: int(v) for k, v in p.breakdown.items()}
     if p.peak_bytes > sum(parts.values()):
         parts["other"] = p.peak_bytes - sum(parts.values())
@@ -48,6 +50,7 @@ def breakdown_bars(s: Subject) -> list[tuple[str, dict[str, int]]]:
 
 def breakdown_section(s: Subject) -> Section:
     p = s.probe
+    assert p is not None
     if not p.breakdown:
         return Section("memory", "Where the memory goes", (Text("No breakdown was recorded.", "muted"),))
     bars = breakdown_bars(s)

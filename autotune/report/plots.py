@@ -59,12 +59,12 @@ def peak_vs_batch(*, curve: Sequence[tuple[int, int]], real: Sequence[tuple[int,
     if curve:
         xs, ps = zip(*sorted(curve))
         ax.plot(xs, [p / size for p in ps], color="#4c72b0", lw=2, label="estimated peak (fake tensors)")
-    for fits, style in ((True, dict(marker="o", color="#2ca02c", label="real run: fits")),
-                        (False, dict(marker="X", color="#d62728", label="real run: does not fit"))):
+    for fits, marker, color, label in ((True, "o", "#2ca02c", "real run: fits"),
+                                       (False, "X", "#d62728", "real run: does not fit")):
         pts = [(b, p) for b, p, f in real if f == fits and p is not None]
         if pts:
             ax.scatter([b for b, _ in pts], [p / size for _, p in pts], s=55, zorder=5, edgecolor="black",
-                       linewidth=0.6, **style)
+                       linewidth=0.6, marker=marker, color=color, label=label)
     ooms = [b for b, p, _ in real if p is None]
     if ooms:  # no peak to show: drawn on the capacity line, where the device stopped them
         ax.scatter(ooms, [capacity / size] * len(ooms), marker="X", s=70, color="#8c0000", zorder=5,
@@ -138,14 +138,15 @@ def throughput(points: Sequence[tuple[int, float | None, bool, bool, str]]) -> b
         ok = [(b, s) for b, s, fits, _, lab in points if lab == label and fits and s is not None]
         if ok:
             name = "measured" if len(labels) == 1 else f"measured ({label})"
-            ax.scatter(*zip(*ok), s=45, color=palette[i % len(palette)], zorder=4, label=name)
+            xs, ys = zip(*ok)
+            ax.scatter(xs, ys, s=45, color=palette[i % len(palette)], zorder=4, label=name)
     bad = [b for b, s, fits, *_ in points if not fits or s is None]
     if bad:
         ax.scatter(bad, [0] * len(bad), marker="X", s=55, color="#d62728", zorder=4, clip_on=False,
                    label="did not fit, or not measured")
     best = [(b, s) for b, s, _, chosen, _ in points if chosen and s is not None]
     if best:
-        ax.scatter(*zip(*best[:1]), marker="*", s=220, color="#ffbf00", edgecolor="black", zorder=5,
+        ax.scatter([best[0][0]], [best[0][1]], marker="*", s=220, color="#ffbf00", edgecolor="black", zorder=5,
                    label=f"chosen: micro-batch {best[0][0]}")
     ax.set_ylim(0, max((s for _, s, fits, *_ in points if fits and s is not None), default=1.0) * 1.15)
     ax.set_xlim(0, max((b for b, *_ in points), default=1) * 1.08)

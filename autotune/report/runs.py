@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from ..results.run import Check, RunResult
 from ..units import format_bytes, plural
 from . import tables
-from .blocks import Bullets, Code, Rows, Section, Table, Text
+from .blocks import Block, Bullets, Code, Rows, Section, Table, Text
 from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
 from .subject import Subject, status
 
@@ -60,7 +60,7 @@ def verification_section(run: RunResult) -> Section:
     rows.append(("Measured vs predicted peak",
                  f"{format_bytes(run.peak_bytes)} measured vs {format_bytes(run.predicted_peak_bytes)} predicted"
                  f"{ratio}; usable {format_bytes(run.usable_bytes)}"))
-    blocks = [head, Rows(tuple(rows), id="verification-table")]
+    blocks: list[Block] = [head, Rows(tuple(rows), id="verification-table")]
     found = warnings(checks)
     if found:
         blocks.append(Bullets(tuple(found), tone="warn"))

@@ -47,7 +47,10 @@ class Subject:
 
     @property
     def chosen(self) -> int:
-        return self.plan.micro_batch if self.plan is not None else self.probe.max_micro_batch
+        if self.plan is not None:
+            return self.plan.micro_batch
+        assert self.probe is not None  # a subject is a plan or a probe result, at least
+        return self.probe.max_micro_batch
 
     @property
     def device(self) -> DeviceInfo | None:

@@ -113,23 +113,22 @@ class Plan:
     @property
     def headroom_bytes(self) -> int | None:
         peak = self.predicted_peak_bytes
-        return None if peak is None else self.probe.usable_bytes - peak
+        return None if peak is None or self.probe is None else self.probe.usable_bytes - peak
 
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
         if self.world_size_source != "default":
-            where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(self.world_size_source,
-                                                                            self.world_size_source)
+            where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(
+                self.world_size_source, self.world_size_source)
             lines.append(f"world size {self.world_size} from {where}")
         if self.accumulation_steps == 1:
             lines.append("k = 1: the whole per-rank batch fits, no accumulation")
         if self.probe is not None:
-            lines.extend(self._memory_lines())
+            lines.extend(self._memory_lines(self.probe))
         lines.extend(self.notes)
         return "\n".join(lines)
 
-    def _memory_lines(self) -> list[str]:
-        probe = self.probe
+    def _memory_lines(self, probe: ProbeResult) -> list[str]:
         status = "estimated, not confirmed on a real device" if probe.estimated else "confirmed by a real run"
         device = probe.device.summary
         return [

@@ -170,6 +170,7 @@ class Accumulator:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = self.clip()
+        assert loss_sum is not None  # the last micro-batch always holds samples
         return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
                            total_items=total, micro_steps=len(micros), grad_norm=norm)
 

@@ -50,7 +50,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
-    usable = plan.probe.usable_bytes if plan.probe is not None else options.usable_bytes(device.capacity_bytes(), options.MARGIN)
+    usable = plan.probe.usable_bytes if plan.probe is not None else \
+        options.usable_bytes(device.capacity_bytes(), options.MARGIN)
     wrap = (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
     where = _Where(workload, device, plan)
@@ -96,7 +97,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                 losses.append(out.loss)
                 consumed.append((out.samples, out.items))
                 skipped[0] += int(out.skipped)
-                if ddp:
+                if counter is not None:
                     with session.tracker.paused():
                         rounds.append(counter.take())
                         in_sync.append(len(set(distributed.gather_ints(distributed.parameter_digest(model)))) == 1)
@@ -152,9 +153,9 @@ class _Where:
     def __enter__(self) -> _Where:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, AutotuneError) or not isinstance(exc, Exception):
-            return False
+            return None
         text = str(exc).strip().splitlines()
         cause = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
         if is_oom(exc, self.device.torch_device.type):

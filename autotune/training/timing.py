@@ -143,7 +143,8 @@ def time_plan(workload: Workload, device: Device, plan: Plan, *, timing: Timing 
         return repeat_until_stable(stepper.step, timing or Timing(), timer=timer)
 
 
-def compare_plans(workload: Workload, device: Device, plan: Plan, other: Plan, *, other_workload: Workload | None = None,
+def compare_plans(workload: Workload, device: Device, plan: Plan, other: Plan, *,
+                  other_workload: Workload | None = None,
                   timing: Timing | None = None, seed: int = 0, timer: Timer = time.perf_counter) -> Samples:
     """Throughput of ``other`` over ``plan``'s, head to head: each value is one round's ratio of
     their step times, so both see the same load on a busy machine.

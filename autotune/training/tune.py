@@ -91,7 +91,8 @@ def candidate_sizes(target_batch: int, max_micro_batch: int, *, world_size: int,
 
 
 def tune(workload: Workload, device: Device, target_batch: int, *, world_size: int = 1, multiple_of: int = 1,
-         uniform: bool | None = None, margin: float = options.MARGIN, trials: int = options.TRIALS, storage: str | None = None,
+         uniform: bool | None = None, margin: float = options.MARGIN, trials: int = options.TRIALS,
+         storage: str | None = None,
          study_name: str | None = None, timing: Timing | None = None, seed: int = 0,
          world_size_source: str = "default",
          probes: dict[str, ProbeResult] | None = None) -> Plan:
@@ -149,7 +150,8 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
             return {"ratio": None, "uncertainty": None, "rounds": 0,
                     "why": "the head-to-head with the untuned plan ran out of memory"}
         result = {"ratio": ratios.median, "uncertainty": ratios.half_width, "rounds": len(ratios.values), "why": ""}
-        log.progress(f"head to head: micro-batch {fastest['micro_batch']} x {plural(fastest['accumulation_steps'], 'step')} "
+        steps = plural(fastest["accumulation_steps"], "step")
+        log.progress(f"head to head: micro-batch {fastest['micro_batch']} x {steps} "
                      f"runs {ratios.median:.2f}x the untuned plan (±{ratios.half_width:.2f}) over "
                      f"{plural(len(ratios.values), 'round')}")
         return result

@@ -124,8 +124,10 @@ class Workload:
         """This workload with option values bound into the factories that take them."""
         unknown = set(choice) - set(self.options)
         if unknown:
-            raise ValueError(f"workload {self.name!r} has no option(s) {sorted(unknown)}; it offers {sorted(self.options)}")
-        bound = {attr: _bind(getattr(self, attr), choice) for attr in ("model", "batch", "loss", "optimizer")}
+            raise ValueError(f"workload {self.name!r} has no option(s) {sorted(unknown)}; "
+                             f"it offers {sorted(self.options)}")
+        bound: dict[str, Any] = {attr: _bind(getattr(self, attr), choice)
+                                 for attr in ("model", "batch", "loss", "optimizer")}
         return replace(self, **bound, chosen={**self.chosen, **choice})
 
 

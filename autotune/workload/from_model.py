@@ -118,6 +118,7 @@ def reproduce_optimizer(model: nn.Module, optimizer: Optimizer) -> Callable[[Ite
                            "optimizer of this model, or a factory, e.g. optimizer=lambda params: AdamW(params)")
         groups.append(({k: v for k, v in group.items() if k != "params"}, [position[id(p)] for p in group["params"]]))
     cls = type(optimizer)
+    accepted: Mapping[str, Any]
     try:  # what the constructor takes; every group carries its own settings anyway
         accepted = inspect.signature(cls.__init__).parameters
     except (TypeError, ValueError):

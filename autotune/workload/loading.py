@@ -34,7 +34,8 @@ def load_workload(spec: str | None = None) -> Workload:
     module = _import(target)
     build = getattr(module, func_name, None)
     if build is None:
-        raise ProbeFileError(f"probe {target!r} has no {func_name}() function: define {func_name}() -> autotune.Workload")
+        raise ProbeFileError(f"probe {target!r} has no {func_name}() function: "
+                             f"define {func_name}() -> autotune.Workload")
     if not callable(build):
         raise ProbeFileError(f"probe {target!r}: {func_name} is a {type(build).__name__}, not a function")
     try:

@@ -162,7 +162,8 @@ def test_bad_storage_is_refused_before_any_work(capsys, monkeypatch, argv, words
     ("memory_budget 12XB is not a size", "--memory-budget 12XB is not a size"),
     ("target 1021 is not a multiple of multiple_of 4: use a multiple_of that divides it",
      "target 1021 is not a multiple of --multiple-of 4: use a --multiple-of that divides it"),
-    ("uniform=True: target 1021 does not split; or drop uniform=True", "--uniform: target 1021 does not split; or drop --uniform"),
+    ("uniform=True: target 1021 does not split; or drop uniform=True",
+     "--uniform: target 1021 does not split; or drop --uniform"),
     ("device='estimate' needs memory_budget", "--device estimate needs --memory-budget"),
     ("unknown device 'tpu': use one of cpu, estimate", "unknown device 'tpu': use one of cpu, estimate"),
     ("the world size given by the process group", "the world size given by the process group"),  # not a parameter

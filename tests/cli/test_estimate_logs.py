@@ -34,7 +34,8 @@ def test_a_failing_estimate_prints_one_line(tmp_path, engine):
                           check=False, env={**os.environ, "AUTOTUNE_ESTIMATE_ENGINE": engine})
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and done.stdout == ""
-    assert len(lines) == 1 and lines[0].startswith("autotune probe: error: cannot estimate workload 'shape-bug'"), done.stderr
+    expected = "autotune probe: error: cannot estimate workload 'shape-bug'"
+    assert len(lines) == 1 and lines[0].startswith(expected), done.stderr
     assert "must have same reduction dim" in lines[0]
 
 

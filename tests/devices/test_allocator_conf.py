@@ -61,7 +61,8 @@ ALLOCATION_SIZE = [
 
 @pytest.mark.parametrize(("conf", "nbytes", "expected"), [r[1:] for r in ROUND_SIZE], ids=[r[0] for r in ROUND_SIZE])
 def test_round_size(conf, nbytes, expected):
-    """round_size and roundup_power2_next_division, with roundup_power2_divisions read as parseRoundUpPower2Divisions."""
+    """round_size and roundup_power2_next_division, with roundup_power2_divisions read as
+    parseRoundUpPower2Divisions."""
     assert round_size(nbytes, AllocatorConfig.parse(conf)) == expected
 
 
@@ -187,7 +188,8 @@ def torch_parser():
     "roundup_power2_divisions:[>:2]", "roundup_power2_divisions:[256:0]", ("large_segment_size_mb:64,"
     "max_split_size_mb:64"), "max_split_size_mb:200,", "roundup_power2_divisions:[256:3]"])
 def test_parser_agrees_with_pytorch(conf, torch_parser):
-    """Accepts and refuses what torch 2.13's C++ parser does (keys it shares with CUDA; the CPU build has no CUDA hook)."""
+    """Accepts and refuses what torch 2.13's C++ parser does (keys it shares with CUDA; the CPU build has no
+    CUDA hook)."""
     try:
         torch_parser(conf)
         torch_says = None

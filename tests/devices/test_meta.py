@@ -56,7 +56,8 @@ def test_a_repeated_op_is_replayed_with_the_same_metadata_in_a_fresh_storage():
         first = torch.mm(a, b)
         second = torch.mm(a, b)
     assert (kernels.replayed, len(kernels)) == (1, 1)
-    assert second.is_meta and (second.shape, second.stride(), second.dtype) == (first.shape, first.stride(), first.dtype)
+    assert second.is_meta
+    assert (second.shape, second.stride(), second.dtype) == (first.shape, first.stride(), first.dtype)
     assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
     assert tracker.peak_bytes == 2 * 8 * 4 * 4  # both counted
 

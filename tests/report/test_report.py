@@ -154,7 +154,8 @@ def test_verification_section_matches_the_run(reports, run_result):
     for rows in (html_rows(page, "verification-table"), md_rows(md, "Verification")):
         assert rows["Gradient relative error"].startswith(f"{v['gradient_relative_error']:.2e} (limit ")
         assert rows["Measured vs predicted peak"].startswith(
-            f"{format_bytes(run_result.peak_bytes)} measured vs {format_bytes(run_result.predicted_peak_bytes)} predicted")
+            f"{format_bytes(run_result.peak_bytes)} measured vs "
+            f"{format_bytes(run_result.predicted_peak_bytes)} predicted")
     for check in v["checks"]:
         assert html.escape(check["message"]) in page
         assert re.search(rf"^\| {re.escape(check['name'].replace('_', chr(92) + '_'))} \| ok \|", md, re.M)
@@ -166,7 +167,8 @@ def test_trials_table_and_csv_match_the_probe(reports, plan):
     csv = pd.read_csv(reports["plan"] / "trials.csv")
     assert csv["batch"].tolist() == [t.batch for t in trials]
     assert csv["peak_bytes"].tolist() == [t.peak_bytes for t in trials]
-    assert csv["source"].tolist() == ["estimate"] * (len(trials) - plan.probe.real_runs) + ["real"] * plan.probe.real_runs
+    real = plan.probe.real_runs
+    assert csv["source"].tolist() == ["estimate"] * (len(trials) - real) + ["real"] * real
     page, md = read(reports["plan"])
     md_trials = md.split("\n## Trials\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| (\d+) \| (estimate|real) \| ([^|]+) \|", md_trials, re.M)
