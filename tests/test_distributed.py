@@ -28,6 +28,7 @@ def cli_run():
                     "--memory-budget", BUDGET, "--steps", "3", "--json", "--quiet")
 
 
+@pytest.mark.slow
 def test_two_ranks_match_the_single_process_gradient(cli_run):
     assert cli_run.returncode == 0, cli_run.stderr[-2000:]
     result = json.loads(cli_run.stdout)
@@ -42,6 +43,7 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
     assert len(plan["probe"]["ranks"]) == 2 and plan["probe"]["data_parallel"]
 
 
+@pytest.mark.slow
 def test_planted_ddp_faults_are_reported():
     done = torchrun(str(HERE / "ddp_worker.py"), "2600000", "255")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -55,6 +57,7 @@ def test_planted_ddp_faults_are_reported():
     assert not factor["gradient_equivalence"]["passed"] and factor["gradient_equivalence"]["value"] > 0.4
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     probe = tmp_path / "rank_probe.py"
     probe.write_text(

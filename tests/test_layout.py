@@ -101,6 +101,7 @@ def test_pure_parts_load_neither_torch_numpy_nor_pandas(module):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_the_builtin_probes_install_inside_the_package(tmp_path):
     code = ("import importlib.util, autotune.probes.mlp\n"
             "assert importlib.util.find_spec('probes') is None, 'a top-level probes module is installed'\n")

@@ -94,6 +94,7 @@ def test_users_model_and_optimizer_untouched():
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+@pytest.mark.slow
 def test_estimate_device_marks_the_result(gpt):
     result = probe(gpt, get_device("estimate", memory_budget=2 * 2**30), max_batch=4096)
     assert result.estimated and result.real_runs == 0
@@ -143,6 +144,7 @@ class Hungry(nn.Module):
         return self.b(hungry(torch.relu(self.a(x)))[0])
 
 
+@pytest.mark.slow
 def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
     w = Workload(name="hungry", model=Hungry, batch=lambda n, g: torch.randn(n, 32, generator=g),
                  loss=lambda m, b: m(b).pow(2).mean())
@@ -157,6 +159,7 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
     assert said and int(said[0].rsplit(" ", 1)[1]) > expected  # the estimate alone would have been wrong
 
 
+@pytest.mark.slow
 def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_and_says_so():
     recurrent = recurrent_workload(width=8, length=12)
     device = get_device("cpu", memory_budget=3_000_000)

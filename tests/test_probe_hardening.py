@@ -16,6 +16,7 @@ from . import workloads
 from .helpers import true_max
 
 
+@pytest.mark.slow
 def test_a_real_oom_the_estimate_cannot_see_is_searched_and_reported(capsys, tmp_path):
     path = workloads.probe_file(tmp_path, "oomy", "oom_above", 40)
     argv = ["probe", "--probe", str(path), "--device", "cpu", "--memory-budget", "1MB", "--quiet"]
@@ -31,6 +32,7 @@ def test_a_real_oom_the_estimate_cannot_see_is_searched_and_reported(capsys, tmp
     assert "OOM" in (tmp_path / "rep" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_real_oom_far_below_the_estimate_is_flagged():
     result = probe(workloads.oom_above(40), get_device("cpu", memory_budget=1_000_000), max_batch=4096)
     assert result.max_micro_batch == 40

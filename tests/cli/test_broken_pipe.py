@@ -41,6 +41,7 @@ def test_plan_into_a_closed_pipe_ends_quietly(fmt):
     assert err == "" and code == PIPE_CLOSED_EXIT
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_still_reports_real_errors_first(tmp_path):
     code, err = _closed_reader(["plan", "--target-batch", "64", "--probe", str(tmp_path / "none.py")], buffered=True)
     assert code == 2 and "does not exist" in err and "BrokenPipe" not in err

@@ -92,6 +92,7 @@ def test_estimate_marks_output(capsys):
     assert code == 0 and "estimated" in out and "not confirmed" in out
 
 
+@pytest.mark.slow
 def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
     plan = tmp_path / "plan.json"
     assert run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(plan))[0] == 0

@@ -303,6 +303,7 @@ def test_meta_engine_on_the_builtin_probes(build):
     assert est.timeline == real.timeline
 
 
+@pytest.mark.slow
 def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
     workload = recurrent_workload()
     estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)

@@ -215,6 +215,7 @@ def test_report_json_output_lists_the_files(reports, tmp_path, capsys):
     assert isinstance(load_result(out / "result.json"), type(load_result(reports["run"] / "result.json")))
 
 
+@pytest.mark.slow
 def test_report_needs_no_torch(reports, tmp_path):
     code = ("import sys; from autotune.report import load_result, write_report; "
             f"write_report(load_result({str(reports['run'] / 'result.json')!r}), {str(tmp_path / 'x')!r}); "
