@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 from datetime import timedelta
 
 import torch
@@ -110,7 +111,7 @@ class RoundCounter:
     A round is one synchronising backward: its first bucket (index 0) goes out once.
     """
 
-    def __init__(self, ddp_model: nn.Module):
+    def __init__(self, ddp_model: Any):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         self.rounds = 0
