@@ -13,8 +13,8 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
