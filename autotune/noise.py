@@ -234,7 +234,7 @@ class GradientNoiseScale:
         self._step = 0
         self.skipped = 0
         self.reasons: dict[str, int] = {}
-        self.history: list[NoiseStep] = []
+        self._history: list[NoiseStep] = []
 
     # -- the calls accumulation makes --------------------------------------------------
 
@@ -305,6 +305,12 @@ class GradientNoiseScale:
         self._handles = []
 
     # -- what it measured --------------------------------------------------------------
+
+    @property
+    def history(self) -> list[NoiseStep]:
+        """Every counted step's raw estimates and the smoothed value after it, oldest first."""
+        self._flush()
+        return self._history
 
     @property
     def steps(self) -> int:
@@ -400,7 +406,7 @@ class GradientNoiseScale:
                 continue
             self.smoothed.add(*est, total)
             low, high = self.smoothed.interval()
-            self.history.append(NoiseStep(step=step, items=total, micro_batches=round(micro), grad_sq=est[0],
+            self._history.append(NoiseStep(step=step, items=total, micro_batches=round(micro), grad_sq=est[0],
                                           trace_cov=est[1], b_simple=self.smoothed.b_simple, low=low, high=high))
 
     def _no_estimate_reason(self) -> str:
@@ -449,20 +455,20 @@ def describe(estimate: NoiseScaleEstimate, batch: float | None = None, *, unit: 
         above = f" (95%: above ~{_fmt(est.low)} {unit})" if est.low is not None else ""
         return (f"noise scale: the mean gradient |G|² is estimated at {est.grad_sq:.3g} <= 0 ({rests}): it is "
                 f"too small to see beside the noise, so the noise scale is probably well above the target "
-                f"{_fmt(b)}{above} and every sample still counts almost fully; measure more steps{later}")
+                f"{round(b)}{above} and every sample still counts almost fully; measure more steps{later}")
     x = est.b_simple
     assert x is not None
     if est.low is None:
         return (f"noise scale: ~{_fmt(x)} {unit} {rests}, too noisy yet to bound (no 95% interval): "
-                f"no word on the target {_fmt(b)} yet; measure more steps")
+                f"no word on the target {round(b)} yet; measure more steps")
     lo, hi = est.low, (est.high if est.high is not None else math.inf)
     if hi == math.inf:
         return (f"noise scale: at least ~{_fmt(lo)} {unit} (95%, {rests}; no upper bound yet, point estimate "
-                f"~{_fmt(x)}): the target {_fmt(b)} costs at least {_fmt(1 + lo / b)}x the fewest optimizer "
+                f"~{_fmt(x)}): the target {round(b)} costs at least {_fmt(1 + lo / b)}x the fewest optimizer "
                 f"steps and at most {_fmt(1 + b / lo)}x the fewest {unit}, so a larger batch would likely still "
                 f"pay in steps{later}")
     rough = "; rough: the interval spans more than 4x" if hi > 4 * lo else ""
-    return (f"target {_fmt(b)} is {_fmt(b / x)}x the measured noise scale (~{_fmt(x)} {unit}, 95% "
+    return (f"target {round(b)} is {_fmt(b / x)}x the measured noise scale (~{_fmt(x)} {unit}, 95% "
             f"{_fmt(lo)}–{_fmt(hi)}, {rests}{rough}): about {_fmt(1 + x / b)}x the fewest optimizer steps "
             f"({_fmt(1 + lo / b)}–{_fmt(1 + hi / b)}) for {_fmt(1 + b / x)}x the fewest {unit} "
             f"({_fmt(1 + b / hi)}–{_fmt(1 + b / lo)}); a batch near {_fmt(x)} ({_fmt(lo)}–{_fmt(hi)}) trades them "
@@ -470,9 +476,9 @@ def describe(estimate: NoiseScaleEstimate, batch: float | None = None, *, unit: 
 
 
 def _fmt(x: float | None) -> str:
-    """Two significant digits, thousands separated: 250, 1,200, 4.1, 0.26."""
+    """Two significant digits, as much as an estimate holds: 250, 12000, 4.1, 0.26."""
     if x is None or not math.isfinite(x):
         return "∞" if x == math.inf else "?"
     if abs(x) >= 100:
-        return f"{float(f'{x:.2g}'):,.0f}"
+        return f"{float(f'{x:.2g}'):.0f}"
     return f"{x:.2g}"
