@@ -39,9 +39,8 @@ Imports only torch and the standard library.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -203,25 +202,65 @@ class SmoothedNoiseScale:
         return self._ema[j] / (1 - self.beta ** self.steps) if self.steps else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One measured step, values possibly still on the device: read back in ``_flush``."""
+
+    step: int
+    total: int
+    weighted: torch.Tensor | float       # Σ n_i |scaled g_i|², all ranks
+    micro: torch.Tensor | int            # k, all ranks; negative: the step is dropped
+    total_sq: torch.Tensor | float       # |G_N|²
+    scale: torch.Tensor | float
+
+
+class _MicroStep:
+    """``with noise.micro_step(n, w):`` hooks take norms only inside."""
+
+    __slots__ = ("items", "measure", "noise", "start", "weight")
+
+    def __init__(self, noise: GradientNoiseScale, items: int, weight: float, measure: bool):
+        self.noise, self.items, self.weight, self.measure = noise, items, weight, measure
+
+    def __enter__(self) -> None:
+        if self.measure:
+            self.start = len(self.noise._norms)
+            self.noise._active = True
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if not self.measure:
+            return
+        self.noise._active = False
+        if kind is not None:
+            self.noise._broken = "backward failed"
+            return
+        self.noise._take_micro(self.start, self.items, self.weight)
+
+
 class GradientNoiseScale:
     """Measures ``|G|²``, ``tr(Σ)`` and ``B_simple`` per optimizer step, from accumulation's micro-steps.
 
     ``parameters``: the model's (tied ones once). Registers one gradient hook
     per parameter; ``close()`` removes them. ``beta``: EMA decay of the per-step
-    estimates. ``world_size``/``process_group``: under DDP, ranks pool their
-    micro-batch norms with one all-reduce per step (every rank calls every method).
+    estimates. ``every``: measure every ``every``-th optimizer step only (the
+    others cost one no-op hook call per parameter and micro-step).
+    ``world_size``/``process_group``: under DDP, ranks pool their micro-batch
+    norms with one all-reduce per measured step (every rank calls every method).
     Values on the device are read back lazily (when a property is read, or every
     ``PENDING_LIMIT`` steps), so a step adds no host synchronisation.
     """
 
-    def __init__(self, parameters: Iterable[torch.nn.Parameter], *, beta: float = BETA, world_size: int = 1,
-                 process_group: Any = None):
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], *, beta: float = BETA, every: int = 1,
+                 world_size: int = 1, process_group: Any = None):
+        if every < 1:
+            raise ValueError(f"every is {every}; measure every step (1) or every n-th (n > 1)")
         self.smoothed = SmoothedNoiseScale(beta)
         self.params = [p for p in dict.fromkeys(parameters) if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require gradients: no noise scale to measure")
-        self.world_size, self.process_group = world_size, process_group
+        self.every, self.world_size, self.process_group = every, world_size, process_group
         self._device = self.params[0].device
+        self._one_device = all(p.device == self._device for p in self.params)
         self._active = False
         self._norms: list[torch.Tensor] = []   # this step's per-parameter contribution norms
         self._owner: list[int] = []            # which parameter each norm belongs to
@@ -229,8 +268,9 @@ class GradientNoiseScale:
         self._handles = [p.register_hook(self._hook(j, p)) for j, p in enumerate(self.params)]
         self._micro = 0
         self._items: int | None = None
+        self._measuring = False
         self._broken: str | None = None
-        self._pending: list[tuple[int, int, torch.Tensor, torch.Tensor | float]] = []
+        self._pending: list[_Pending] = []
         self._step = 0
         self.skipped = 0
         self.reasons: dict[str, int] = {}
@@ -244,28 +284,14 @@ class GradientNoiseScale:
             raise ValueError(f"total_items is {total_items}; an effective batch holds at least 1 item")
         self._clear()
         self._micro, self._items, self._broken = 0, total_items, None
+        self._measuring = self._step % self.every == 0
 
-    @contextlib.contextmanager
-    def micro_step(self, items: int, weight: float) -> Iterator[None]:
-        """Around one micro-step's ``backward()``: ``items`` n_i (this rank), ``weight`` w_i of its mean loss.
-
-        A micro-step of 0 items (or weight 0) contributes nothing and is not measured.
-        """
+    def micro_step(self, items: int, weight: float) -> _MicroStep:
+        """Context manager around one micro-step's ``backward()``: ``items`` n_i (this rank), ``weight`` w_i of
+        its mean loss. A micro-step of 0 items (or weight 0) contributes nothing and is not measured."""
         if self._items is None:
             raise RuntimeError("micro_step() outside a step: call begin_step(total_items) first")
-        if items <= 0 or weight <= 0:
-            yield
-            return
-        start = len(self._norms)
-        self._active = True
-        try:
-            yield
-        except BaseException:
-            self._broken = "backward failed"
-            raise
-        finally:
-            self._active = False
-        self._take_micro(start, items, weight)
+        return _MicroStep(self, items, weight, self._measuring and items > 0 and weight > 0)
 
     def end_step(self, scale: float | torch.Tensor = 1.0, grad_norm: float | torch.Tensor | None = None) -> None:
         """After the last micro-step, after unscaling, before clipping.
@@ -276,23 +302,24 @@ class GradientNoiseScale:
         """
         if self._items is None:
             raise RuntimeError("end_step() without begin_step(total_items)")
-        total, micro, broken = self._items, self._micro, self._broken
+        total, micro, broken, step = self._items, self._micro, self._broken, self._step
         self._items = None
-        if grad_norm is None:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            grad_norm = torch.nn.utils.get_total_norm(grads) if grads else 0.0
-        if self._norms:
-            coef = torch.tensor(self._coef, dtype=torch.float32, device=self._device)
-            weighted = (torch.stack(self._norms).square() * coef).sum() / scale ** 2
-        else:
-            weighted = torch.zeros((), device=self._device)
-        counted = torch.tensor(float(micro if broken is None else -1e30), device=self._device)
-        stats = torch.stack([torch.as_tensor(weighted, dtype=torch.float32, device=self._device), counted])
-        if self.world_size > 1:
-            stats = self._all_reduce(stats)
-        self._clear()
-        self._pending.append((self._step, total, stats, grad_norm ** 2))
         self._step += 1
+        if not self._measuring:
+            return
+        total_sq = self._total_sq() if grad_norm is None else grad_norm ** 2
+        weighted: torch.Tensor | float = 0.0
+        if self._norms:
+            sq = torch.stack(self._norms).square()
+            weighted = torch.dot(sq, torch.tensor(self._coef, dtype=sq.dtype, device=sq.device))
+        self._clear()
+        counted: torch.Tensor | int = micro if broken is None else -1
+        if self.world_size > 1:  # pool Σ n_i |g_i|² and k over ranks; -1 anywhere drops the step everywhere
+            stats = self._all_reduce(torch.stack([torch.as_tensor(weighted, dtype=torch.float64).to(self._device),
+                                                  torch.tensor(-1e30 if broken else micro, dtype=torch.float64,
+                                                               device=self._device)]))
+            weighted, counted = stats[0], stats[1]
+        self._pending.append(_Pending(step, total, weighted, counted, total_sq, scale))
         if broken is not None:
             self.reasons[broken] = self.reasons.get(broken, 0) + 1
         if len(self._pending) >= PENDING_LIMIT:
@@ -354,16 +381,19 @@ class GradientNoiseScale:
     # -- inside --------------------------------------------------------------------------
 
     def _hook(self, j: int, p: torch.Tensor):
+        """One torch call per gradient: inside a backward each distinct call pays for cold code paths."""
         norms, owner = self._norms, self._owner  # cleared in place, never rebound
         kwargs = {"dtype": torch.float32} if p.dtype in (torch.float16, torch.bfloat16) else {}
         device = self._device if p.device != self._device else None
+        vector_norm = torch.linalg.vector_norm
 
         def hook(grad: torch.Tensor) -> None:
             if not self._active:
                 return
-            if grad.is_sparse:
-                grad = grad.coalesce()._values()
-            n = torch.linalg.vector_norm(grad, **kwargs)
+            try:
+                n = vector_norm(grad, **kwargs)
+            except RuntimeError:  # a sparse gradient (e.g. nn.Embedding(sparse=True))
+                n = vector_norm(grad.coalesce()._values(), **kwargs)
             norms.append(n if device is None else n.to(device))
             owner.append(j)
 
@@ -375,7 +405,7 @@ class GradientNoiseScale:
         self._coef.clear()
 
     def _take_micro(self, start: int, items: int, weight: float) -> None:
-        """Close a micro-step whose contribution norms are ``_norms[start:]``: weigh them by ``n_i / w_i²``."""
+        """Close a micro-step whose contribution norms are ``_norms[start:]``: weigh their squares by ``n_i / w_i²``."""
         owners = self._owner[start:]
         if len(set(owners)) != len(owners):
             self._broken = "a parameter's gradient arrived in several parts in one backward"
@@ -391,23 +421,34 @@ class GradientNoiseScale:
         dist.all_reduce(t, group=self.process_group)
         return t
 
+    def _total_sq(self) -> torch.Tensor | float:
+        grads = [p.grad.coalesce()._values() if p.grad.is_sparse else p.grad for p in self.params
+                 if p.grad is not None]
+        if not grads:
+            return 0.0
+        if self._one_device:
+            norms = torch.stack(torch._foreach_norm(grads)).float()
+        else:
+            norms = torch.stack([torch.linalg.vector_norm(g).float().to(self._device) for g in grads])
+        return torch.dot(norms, norms)
+
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for step, total, stats, total_sq in pending:
-            weighted, micro = stats.tolist()
+        for p in pending:
+            micro = float(p.micro)
             if micro < 0:
                 self.skipped += 1  # its reason was counted at end_step
                 continue
-            est = _estimate(weighted, round(micro), total, float(total_sq))
+            est = _estimate(float(p.weighted) / float(p.scale) ** 2, round(micro), p.total, float(p.total_sq))
             if est is None or not all(math.isfinite(v) for v in est):
                 self.skipped += 1
                 key = "one micro-batch per step" if est is None else "non-finite gradients"
                 self.reasons[key] = self.reasons.get(key, 0) + 1
                 continue
-            self.smoothed.add(*est, total)
+            self.smoothed.add(*est, p.total)
             low, high = self.smoothed.interval()
-            self._history.append(NoiseStep(step=step, items=total, micro_batches=round(micro), grad_sq=est[0],
-                                          trace_cov=est[1], b_simple=self.smoothed.b_simple, low=low, high=high))
+            self._history.append(NoiseStep(step=p.step, items=p.total, micro_batches=round(micro), grad_sq=est[0],
+                                           trace_cov=est[1], b_simple=self.smoothed.b_simple, low=low, high=high))
 
     def _no_estimate_reason(self) -> str:
         if not self._step:

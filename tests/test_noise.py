@@ -514,6 +514,25 @@ def test_a_gradient_arriving_in_parts_drops_the_step():
     assert "several parts" in noise.estimate().reason
 
 
+def test_sparse_gradients_measure_like_dense_ones():
+    def build(sparse):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(50, 8, sparse=sparse), nn.Flatten(), nn.Linear(24, 3))
+
+    def tokens(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 50, (12, 3), generator=g), torch.randint(0, 3, (12,), generator=g)
+
+    runs = []
+    for sparse in (False, True):
+        model = build(sparse)
+        acc = NoisyAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [5, 4, 3], loss=mlp_loss)
+        for step in range(3):
+            acc.step(tokens(step))
+        runs.append([(h.grad_sq, h.trace_cov) for h in acc.noise_scale.history])
+    assert len(runs[1]) == 3 and runs[1] == [pytest.approx(r, rel=1e-5) for r in runs[0]]
+
+
 def test_one_micro_batch_per_step_says_why_there_is_no_estimate():
     model = small_mlp()
     acc = NoisyAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [8], loss=mlp_loss)
