@@ -15,6 +15,13 @@ contribution as it arrives, before it is added to ``.grad``, so
 copy. After the last micro-step (after unscaling, before clipping) ``.grad``
 holds ``G_N``, the gradient of all ``N`` items; ``|G_N|²`` is one more norm.
 
+``Tensor.register_hook`` on a parameter (a leaf) runs before the gradient is
+accumulated into ``.grad`` and receives this backward's whole gradient for it
+(a tied parameter's uses summed); ``register_post_accumulate_grad_hook`` runs
+after, on the running sum, so it cannot give a micro-step's own gradient. DDP's
+reducer hooks run after accumulation too: the hook sees the rank's local,
+unreduced gradient, also in the micro-step that synchronises.
+
     noise = GradientNoiseScale(model.parameters())
     noise.begin_step(total_items=N)
     for micro, n, w in micro_steps:           # every micro-step with items, on every rank
@@ -25,7 +32,9 @@ holds ``G_N``, the gradient of all ``N`` items; ``|G_N|²`` is one more norm.
     noise.b_simple, noise.interval, noise.steps, noise.history
 
 Sizes are items (what the loss averages over: samples, or tokens), never
-samples when the loss counts tokens. Under DDP the micro-step norms are local
+samples when the loss counts tokens; tokens of one sequence are not independent,
+so with tokens ``tr(Σ)`` is an effective per-token variance and ``B_simple`` is in
+tokens. Under DDP the micro-step norms are local
 (``n_i`` items of this rank's micro-batch), ``G_N`` is the synchronised
 gradient over all ranks' ``N`` items, and one all-reduce of two numbers per
 step pools the ``k · W`` micro-batches of all ranks, so the estimate equals a
@@ -47,7 +56,6 @@ from typing import Any
 import torch
 
 BETA = 0.99  # EMA decay: the estimate leans on about the last 100 steps
-CONFIDENCE = 0.95
 PENDING_LIMIT = 64  # per-step device values read back in batches of at most this many
 
 
@@ -61,16 +69,17 @@ def two_batch_estimate(micro_items: Sequence[int], micro_sq: Sequence[float],
     is the full batch, there is no second batch size to compare.
 
     Model: ``g_i = G + e_i`` with ``e_i`` independent, mean 0, covariance ``Σ/n_i``;
-    ``G_N = Σ (n_i/N) g_i``; ``E|g_b|² = |G|² + tr(Σ)/b``. The observations are
-    ``a_i = |g_i|²`` and ``B = |G_N|²``. With ``z_i = a_i − B`` (mean
-    ``tr(Σ)(1/n_i − 1/N)``) the terms linear in ``e`` cancel from ``Σ n_i z_i``
-    exactly, and for Gaussian noise ``Var(a_i) = 2tr(Σ²)/n_i² + 4GᵀΣG/n_i``,
-    ``Cov(a_i, B) = Var(B)``, so ``B`` is uncorrelated with every ``z_i`` and
-    ``Cov(z) = 2tr(Σ²)(diag(1/n²) − 11ᵀ/N²)``. Generalised least squares on ``z``
-    (the weighted fit of ``E|g_b|² = |G|² + tr(Σ)/b`` over the micro-batches and
-    the full batch, with each observation's variance and the full batch's
-    correlation with the micro-batches) has weights ``C⁻¹d ∝ n`` whatever the
-    regime, which gives
+    ``G_N = Σ (n_i/N) g_i``; ``E|g_b|² = |G|² + tr(Σ)/b``. Observations: ``a_i = |g_i|²``
+    and ``B = |G_N|²``. In ``z_i = a_i − B`` (mean ``tr(Σ)(1/n_i − 1/N)``) the parts
+    linear in ``e`` cancel from ``Σ n_i z_i`` exactly. For Gaussian noise
+    ``Var(a_i) = q/n_i² + l/n_i`` and ``Cov(a_i, B) = Var(B) = q/N² + l/N``
+    (``q = 2tr(Σ²)``, ``l = 4GᵀΣG``), so ``B`` is uncorrelated with every ``z_i`` and
+    ``Cov(z) = q(diag(1/n²) − 11ᵀ/N²) + l(diag(1/n) − 11ᵀ/N)``. Generalised least
+    squares (the fit of ``E|g_b|² = |G|² + tr(Σ)/b`` over the k micro-batches and the
+    full batch, weighted by the inverse covariance of the observations, the full
+    batch's correlation with each micro-batch included) weighs ``z`` by ``C⁻¹d ∝ n``:
+    exactly so for the ``q`` part, and ``n`` is the null direction of the ``l`` part,
+    so in every regime
 
         tr(Σ) = (Σ n_i a_i − N B) / (k − 1) = Σ n_i |g_i − G_N|² / (k − 1)
         |G|²  = B − tr(Σ) / N
@@ -120,7 +129,7 @@ class NoiseScaleEstimate:
     grad_sq: float | None      # EMA of the per-step |G|² (bias-corrected)
     trace_cov: float | None    # EMA of the per-step tr(Σ) (bias-corrected)
     steps: int                 # optimizer steps with an estimate
-    skipped: int               # steps without one (one micro-batch, non-finite gradients, split gradients)
+    skipped: int               # measured steps without one (one micro-batch, non-finite or split gradients)
     items_per_step: float | None  # mean N over the counted steps
     reason: str | None = None  # why there is no estimate, when steps == 0
 
@@ -296,12 +305,15 @@ class GradientNoiseScale:
     def end_step(self, scale: float | torch.Tensor = 1.0, grad_norm: float | torch.Tensor | None = None) -> None:
         """After the last micro-step, after unscaling, before clipping.
 
-        ``scale``: the GradScaler's scale during this step's backwards (1 without one).
-        ``grad_norm``: the norm of the unscaled, unclipped accumulated gradient when
-        already known (what ``clip_grad_norm_`` returns); else computed from ``.grad``.
+        ``scale``: the GradScaler's scale during this step's backwards (1 without one;
+        a tensor is copied, GradScaler updates its own in place). ``grad_norm``: the
+        norm of the unscaled, unclipped accumulated gradient when already known (what
+        ``clip_grad_norm_`` returns); else computed from ``.grad``.
         """
         if self._items is None:
             raise RuntimeError("end_step() without begin_step(total_items)")
+        if isinstance(scale, torch.Tensor):
+            scale = scale.detach().clone()
         total, micro, broken, step = self._items, self._micro, self._broken, self._step
         self._items = None
         self._step += 1
@@ -335,9 +347,9 @@ class GradientNoiseScale:
 
     @property
     def history(self) -> list[NoiseStep]:
-        """Every counted step's raw estimates and the smoothed value after it, oldest first."""
+        """Every counted step's raw estimates and the smoothed value after it, oldest first (a copy)."""
         self._flush()
-        return self._history
+        return list(self._history)
 
     @property
     def steps(self) -> int:

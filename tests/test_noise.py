@@ -451,6 +451,21 @@ def test_off_registers_nothing_and_close_removes_the_hooks():
     assert hook_count(model) == 0 and on.noise_scale.steps == 1
 
 
+def test_every_nth_step_measures_the_same_steps_as_every_step():
+    runs = {}
+    for every in (1, 3):
+        class Sampled(NoisyAccumulator):
+            noise_cls = staticmethod(lambda params, every=every, **kw: GradientNoiseScale(params, every=every, **kw))
+
+        model = small_mlp()
+        acc = Sampled(model, torch.optim.SGD(model.parameters(), lr=0.1), [3, 5, 4], loss=mlp_loss)
+        for step in range(7):
+            acc.step(mlp_batch(12, step))
+        runs[every] = {h.step: (h.grad_sq, h.trace_cov) for h in acc.noise_scale.history}
+    assert list(runs[3]) == [0, 3, 6]
+    assert runs[3] == {k: pytest.approx(runs[1][k], rel=1e-6) for k in (0, 3, 6)}
+
+
 def test_backwards_outside_micro_steps_are_not_measured():
     model = small_mlp()
     acc = NoisyAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), [3, 5], loss=mlp_loss)
@@ -479,6 +494,27 @@ def test_the_clip_norm_passed_in_equals_the_norm_taken_before_clipping():
             acc.step(mlp_batch(12, step))
         runs.append([(h.grad_sq, h.trace_cov) for h in acc.noise_scale.history])
     assert runs[0] == [pytest.approx(r, rel=1e-5) for r in runs[1]]
+
+
+def test_a_scale_tensor_is_read_as_it_was_at_end_step():
+    """GradScaler updates its scale tensor in place after the step; the lazy read-back must not see that."""
+    runs = []
+    for as_tensor in (False, True):
+        model = small_mlp()
+        noise = GradientNoiseScale(model.parameters())
+        data = mlp_batch(8)
+        noise.begin_step(8)
+        for part, n in ((slice(0, 3), 3), (slice(3, 8), 5)):
+            with noise.micro_step(n, n / 8):
+                (mlp_loss(model, (data[0][part], data[1][part])) * (n / 8) * 1024.0).backward()
+        for p in model.parameters():
+            p.grad /= 1024.0  # unscale
+        scale = torch.tensor(1024.0) if as_tensor else 1024.0
+        noise.end_step(scale=scale)
+        if as_tensor:
+            scale.mul_(2.0)  # what scaler.update() does
+        runs.append((noise.grad_sq, noise.trace_cov))
+    assert runs[1] == pytest.approx(runs[0], rel=1e-6)
 
 
 def test_non_finite_steps_are_skipped_and_counted():
