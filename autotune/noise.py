@@ -1,0 +1,537 @@
+"""The gradient noise scale, measured from the micro-steps of gradient accumulation.
+
+The noise scale ``B_simple = tr(Σ) / |G|²`` (McCandlish et al. 2018, "An
+Empirical Model of Large-Batch Training") predicts the critical batch size:
+well below it, a larger batch buys almost proportionally fewer optimizer
+steps; well above it, extra samples buy almost nothing. ``G`` is the mean
+gradient over the data, ``Σ`` the covariance of one item's gradient.
+
+Accumulation computes the small-batch gradients anyway: micro-step ``i`` adds
+``w_i · s · g_i`` to ``.grad``, with ``g_i`` the mean-loss gradient of its
+``n_i`` items, ``w_i`` its loss weight (``n_i / N``, times the world size
+under DDP) and ``s`` the GradScaler's scale. A hook on each parameter sees that
+contribution as it arrives, before it is added to ``.grad``, so
+``|g_i|² = Σ_p |hook grad_p|² / (w_i s)²`` costs one norm per parameter and no
+copy. After the last micro-step (after unscaling, before clipping) ``.grad``
+holds ``G_N``, the gradient of all ``N`` items; ``|G_N|²`` is one more norm.
+
+``Tensor.register_hook`` on a parameter (a leaf) runs before the gradient is
+accumulated into ``.grad`` and receives this backward's whole gradient for it
+(a tied parameter's uses summed); ``register_post_accumulate_grad_hook`` runs
+after, on the running sum, so it cannot give a micro-step's own gradient. DDP's
+reducer hooks run after accumulation too: the hook sees the rank's local,
+unreduced gradient, also in the micro-step that synchronises.
+
+    noise = GradientNoiseScale(model.parameters())
+    noise.begin_step(total_items=N)
+    for micro, n, w in micro_steps:           # every micro-step with items, on every rank
+        with noise.micro_step(items=n, weight=w):
+            scaler.scale(loss(micro) * w).backward()
+    scaler.unscale_(optimizer)
+    noise.end_step(scale=scale)               # before clipping
+    noise.b_simple, noise.interval, noise.steps, noise.history
+
+Sizes are items (what the loss averages over: samples, or tokens), never
+samples when the loss counts tokens; tokens of one sequence are not independent,
+so with tokens ``tr(Σ)`` is an effective per-token variance and ``B_simple`` is in
+tokens. Under DDP the micro-step norms are local
+(``n_i`` items of this rank's micro-batch), ``G_N`` is the synchronised
+gradient over all ranks' ``N`` items, and one all-reduce of two numbers per
+step pools the ``k · W`` micro-batches of all ranks, so the estimate equals a
+single process's over the same micro-batches. Parameters must receive their
+gradient in one piece per backward (reentrant checkpointing of a parameter
+used in two segments breaks that; such steps are dropped). FSDP's sharded
+gradients are not covered.
+
+Imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+BETA = 0.99  # EMA decay: the estimate leans on about the last 100 steps
+PENDING_LIMIT = 64  # per-step device values read back in batches of at most this many
+
+
+def two_batch_estimate(micro_items: Sequence[int], micro_sq: Sequence[float],
+                       total_sq: float) -> tuple[float, float] | None:
+    """Unbiased ``(|G|², tr(Σ))`` from one step's micro-batch and full-batch gradient norms.
+
+    ``micro_items``: n_i of the k micro-batches (all ranks), ``N = Σ n_i``;
+    ``micro_sq``: ``|g_i|²`` of each micro-batch's mean-loss gradient; ``total_sq``:
+    ``|G_N|²`` of the accumulated one. Returns None for ``k < 2``: one micro-batch
+    is the full batch, there is no second batch size to compare.
+
+    Model: ``g_i = G + e_i`` with ``e_i`` independent, mean 0, covariance ``Σ/n_i``;
+    ``G_N = Σ (n_i/N) g_i``; ``E|g_b|² = |G|² + tr(Σ)/b``. Observations: ``a_i = |g_i|²``
+    and ``B = |G_N|²``. In ``z_i = a_i − B`` (mean ``tr(Σ)(1/n_i − 1/N)``) the parts
+    linear in ``e`` cancel from ``Σ n_i z_i`` exactly. For Gaussian noise
+    ``Var(a_i) = q/n_i² + l/n_i`` and ``Cov(a_i, B) = Var(B) = q/N² + l/N``
+    (``q = 2tr(Σ²)``, ``l = 4GᵀΣG``), so ``B`` is uncorrelated with every ``z_i`` and
+    ``Cov(z) = q(diag(1/n²) − 11ᵀ/N²) + l(diag(1/n) − 11ᵀ/N)``. Generalised least
+    squares (the fit of ``E|g_b|² = |G|² + tr(Σ)/b`` over the k micro-batches and the
+    full batch, weighted by the inverse covariance of the observations, the full
+    batch's correlation with each micro-batch included) weighs ``z`` by ``C⁻¹d ∝ n``:
+    exactly so for the ``q`` part, and ``n`` is the null direction of the ``l`` part,
+    so in every regime
+
+        tr(Σ) = (Σ n_i a_i − N B) / (k − 1) = Σ n_i |g_i − G_N|² / (k − 1)
+        |G|²  = B − tr(Σ) / N
+
+    both unbiased for any sizes (the expectations are linear in the unknowns).
+    Equal sizes ``b``: ``tr(Σ) = (ā − B)/(1/b − 1/N)``, ``|G|² = (N B − b ā)/(N − b)``,
+    McCandlish et al.'s Appendix A.
+    """
+    if len(micro_items) != len(micro_sq):
+        raise ValueError(f"{len(micro_items)} micro-batch sizes for {len(micro_sq)} norms")
+    if any(n < 1 for n in micro_items):
+        raise ValueError(f"micro-batch sizes {list(micro_items)}: each needs at least 1 item")
+    weighted = sum(n * a for n, a in zip(micro_items, micro_sq))
+    return _estimate(weighted, len(micro_items), sum(micro_items), total_sq)
+
+
+def _estimate(weighted_sq_sum: float, micro_batches: int, total_items: int,
+              total_sq: float) -> tuple[float, float] | None:
+    """``two_batch_estimate`` from its sufficient statistics: ``Σ n_i |g_i|²``, k, N, ``|G_N|²``."""
+    if micro_batches < 2:
+        return None
+    trace = (weighted_sq_sum - total_items * total_sq) / (micro_batches - 1)
+    return total_sq - trace / total_items, trace
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseStep:
+    """One optimizer step's raw estimates, and the smoothed noise scale after it (for plots)."""
+
+    step: int                  # index of the optimizer step (counting every end_step)
+    items: int                 # N: items of the effective batch, all ranks
+    micro_batches: int         # k: micro-batches with items, all ranks
+    grad_sq: float             # this step's unbiased |G|²
+    trace_cov: float           # this step's unbiased tr(Σ)
+    b_simple: float | None     # smoothed tr(Σ) / |G|² after this step (None while either is <= 0)
+    low: float | None          # its 95% interval; high is math.inf when unbounded above
+    high: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseScaleEstimate:
+    """The smoothed noise scale and what it rests on: what a run's result carries."""
+
+    b_simple: float | None     # EMA(tr Σ) / EMA(|G|²), in items; None when either is <= 0 or no step counted
+    low: float | None          # 95% interval (Fieller, over the per-step estimates); None: too noisy
+    high: float | None         # None with low set: unbounded above
+    grad_sq: float | None      # EMA of the per-step |G|² (bias-corrected)
+    trace_cov: float | None    # EMA of the per-step tr(Σ) (bias-corrected)
+    steps: int                 # optimizer steps with an estimate
+    skipped: int               # measured steps without one (one micro-batch, non-finite or split gradients)
+    items_per_step: float | None  # mean N over the counted steps
+    reason: str | None = None  # why there is no estimate, when steps == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class SmoothedNoiseScale:
+    """EMAs (Adam-style bias correction) of the per-step ``tr(Σ)`` and ``|G|²``, their ratio and its interval.
+
+    Numerator and denominator are smoothed separately; ``B_simple`` is their ratio
+    (consistent, not unbiased: a ratio of unbiased means). The corrected EMA after
+    T steps is the weighted mean with weights ``w_t = (1−β)β^(T−t)/(1−β^T)``, so its
+    variance is ``σ² Σw²``, with ``σ²`` estimated by ``Σw(x − x̄)²/(1 − Σw²)`` from the
+    spread of the per-step estimates (EMAs of squares and products keep this O(1)).
+    The 95% interval is Fieller's for ``|G|²/tr(Σ)`` (``tr(Σ)`` is the better
+    determined of the two) with Student's t at ``1/Σw² − 1`` degrees of freedom,
+    inverted: it is bounded only when the data bound it. Steps count as independent
+    draws; a drift of the noise scale over the window widens the interval.
+    """
+
+    def __init__(self, beta: float = BETA):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta is {beta}; it must be in [0, 1)")
+        self.beta = beta
+        self.steps = 0
+        self._ema = [0.0] * 5  # x, y, xx, yy, xy (x = tr Σ, y = |G|²), not bias-corrected
+        self._items = 0
+
+    def add(self, grad_sq: float, trace_cov: float, items: int) -> None:
+        b = self.beta
+        for j, v in enumerate((trace_cov, grad_sq, trace_cov * trace_cov, grad_sq * grad_sq, trace_cov * grad_sq)):
+            self._ema[j] = b * self._ema[j] + (1 - b) * v
+        self.steps += 1
+        self._items += items
+
+    @property
+    def trace_cov(self) -> float | None:
+        return self._mean(0)
+
+    @property
+    def grad_sq(self) -> float | None:
+        return self._mean(1)
+
+    @property
+    def b_simple(self) -> float | None:
+        x, y = self._mean(0), self._mean(1)
+        if x is None or y is None or x <= 0 or y <= 0:
+            return None
+        return x / y
+
+    @property
+    def items_per_step(self) -> float | None:
+        return self._items / self.steps if self.steps else None
+
+    def interval(self) -> tuple[float | None, float | None]:
+        """``(low, high)``; ``(None, None)``: not bounded by the data (or < 2 steps); high ``inf``: no upper bound."""
+        t = self.steps
+        if t < 2:
+            return None, None
+        c = 1 - self.beta ** t
+        sw2 = (1 - self.beta) * (1 + self.beta ** t) / ((1 + self.beta) * c)  # Σ w_t² of the normalised weights
+        x, y, xx, yy, xy = (e / c for e in self._ema)
+        if x <= 0:
+            return None, None
+        v = sw2 / (1 - sw2)
+        vxx, vyy, vxy = v * max(xx - x * x, 0.0), v * max(yy - y * y, 0.0), v * (xy - x * y)
+        q2 = _t975(1.0 / sw2 - 1.0) ** 2
+        a, b, cc = x * x - q2 * vxx, x * y - q2 * vxy, y * y - q2 * vyy
+        if a <= 0:
+            return None, None  # tr(Σ) itself not distinguishable from 0
+        root = math.sqrt(max(b * b - a * cc, 0.0))
+        rho_lo, rho_hi = (b - root) / a, (b + root) / a
+        if rho_hi <= 0:
+            return None, None
+        return 1.0 / rho_hi, (1.0 / rho_lo if rho_lo > 0 else math.inf)
+
+    def _mean(self, j: int) -> float | None:
+        return self._ema[j] / (1 - self.beta ** self.steps) if self.steps else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One measured step, values possibly still on the device: read back in ``_flush``."""
+
+    step: int
+    total: int
+    weighted: torch.Tensor | float       # Σ n_i |scaled g_i|², all ranks
+    micro: torch.Tensor | int            # k, all ranks; negative: the step is dropped
+    total_sq: torch.Tensor | float       # |G_N|²
+    scale: torch.Tensor | float
+
+
+class _MicroStep:
+    """``with noise.micro_step(n, w):`` hooks take norms only inside."""
+
+    __slots__ = ("items", "measure", "noise", "start", "weight")
+
+    def __init__(self, noise: GradientNoiseScale, items: int, weight: float, measure: bool):
+        self.noise, self.items, self.weight, self.measure = noise, items, weight, measure
+
+    def __enter__(self) -> None:
+        if self.measure:
+            self.start = len(self.noise._norms)
+            self.noise._active = True
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if not self.measure:
+            return
+        self.noise._active = False
+        if kind is not None:
+            self.noise._broken = "backward failed"
+            return
+        self.noise._take_micro(self.start, self.items, self.weight)
+
+
+class GradientNoiseScale:
+    """Measures ``|G|²``, ``tr(Σ)`` and ``B_simple`` per optimizer step, from accumulation's micro-steps.
+
+    ``parameters``: the model's (tied ones once). Registers one gradient hook
+    per parameter; ``close()`` removes them. ``beta``: EMA decay of the per-step
+    estimates. ``every``: measure every ``every``-th optimizer step only (the
+    others cost one no-op hook call per parameter and micro-step).
+    ``world_size``/``process_group``: under DDP, ranks pool their micro-batch
+    norms with one all-reduce per measured step (every rank calls every method).
+    Values on the device are read back lazily (when a property is read, or every
+    ``PENDING_LIMIT`` steps), so a step adds no host synchronisation.
+    """
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], *, beta: float = BETA, every: int = 1,
+                 world_size: int = 1, process_group: Any = None):
+        if every < 1:
+            raise ValueError(f"every is {every}; measure every step (1) or every n-th (n > 1)")
+        self.smoothed = SmoothedNoiseScale(beta)
+        self.params = [p for p in dict.fromkeys(parameters) if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no parameters that require gradients: no noise scale to measure")
+        self.every, self.world_size, self.process_group = every, world_size, process_group
+        self._device = self.params[0].device
+        self._one_device = all(p.device == self._device for p in self.params)
+        self._active = False
+        self._norms: list[torch.Tensor] = []   # this step's per-parameter contribution norms
+        self._owner: list[int] = []            # which parameter each norm belongs to
+        self._coef: list[float] = []           # n_i / w_i² of the micro-step each norm belongs to
+        self._handles = [p.register_hook(self._hook(j, p)) for j, p in enumerate(self.params)]
+        self._micro = 0
+        self._items: int | None = None
+        self._measuring = False
+        self._broken: str | None = None
+        self._pending: list[_Pending] = []
+        self._step = 0
+        self.skipped = 0
+        self.reasons: dict[str, int] = {}
+        self._history: list[NoiseStep] = []
+
+    # -- the calls accumulation makes --------------------------------------------------
+
+    def begin_step(self, total_items: int) -> None:
+        """Before the first micro-step: ``total_items`` is N, items over all micro-steps and ranks."""
+        if total_items < 1:
+            raise ValueError(f"total_items is {total_items}; an effective batch holds at least 1 item")
+        self._clear()
+        self._micro, self._items, self._broken = 0, total_items, None
+        self._measuring = self._step % self.every == 0
+
+    def micro_step(self, items: int, weight: float) -> _MicroStep:
+        """Context manager around one micro-step's ``backward()``: ``items`` n_i (this rank), ``weight`` w_i of
+        its mean loss. A micro-step of 0 items (or weight 0) contributes nothing and is not measured."""
+        if self._items is None:
+            raise RuntimeError("micro_step() outside a step: call begin_step(total_items) first")
+        return _MicroStep(self, items, weight, self._measuring and items > 0 and weight > 0)
+
+    def end_step(self, scale: float | torch.Tensor = 1.0, grad_norm: float | torch.Tensor | None = None) -> None:
+        """After the last micro-step, after unscaling, before clipping.
+
+        ``scale``: the GradScaler's scale during this step's backwards (1 without one;
+        a tensor is copied, GradScaler updates its own in place). ``grad_norm``: the
+        norm of the unscaled, unclipped accumulated gradient when already known (what
+        ``clip_grad_norm_`` returns); else computed from ``.grad``.
+        """
+        if self._items is None:
+            raise RuntimeError("end_step() without begin_step(total_items)")
+        if isinstance(scale, torch.Tensor):
+            scale = scale.detach().clone()
+        total, micro, broken, step = self._items, self._micro, self._broken, self._step
+        self._items = None
+        self._step += 1
+        if not self._measuring:
+            return
+        total_sq = self._total_sq() if grad_norm is None else grad_norm ** 2
+        weighted: torch.Tensor | float = 0.0
+        if self._norms:
+            sq = torch.stack(self._norms).square()
+            weighted = torch.dot(sq, torch.tensor(self._coef, dtype=sq.dtype, device=sq.device))
+        self._clear()
+        counted: torch.Tensor | int = micro if broken is None else -1
+        if self.world_size > 1:  # pool Σ n_i |g_i|² and k over ranks; -1 anywhere drops the step everywhere
+            stats = self._all_reduce(torch.stack([torch.as_tensor(weighted, dtype=torch.float64).to(self._device),
+                                                  torch.tensor(-1e30 if broken else micro, dtype=torch.float64,
+                                                               device=self._device)]))
+            weighted, counted = stats[0], stats[1]
+        self._pending.append(_Pending(step, total, weighted, counted, total_sq, scale))
+        if broken is not None:
+            self.reasons[broken] = self.reasons.get(broken, 0) + 1
+        if len(self._pending) >= PENDING_LIMIT:
+            self._flush()
+
+    def close(self) -> None:
+        """Remove the hooks (the measurements stay readable)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # -- what it measured --------------------------------------------------------------
+
+    @property
+    def history(self) -> list[NoiseStep]:
+        """Every counted step's raw estimates and the smoothed value after it, oldest first (a copy)."""
+        self._flush()
+        return list(self._history)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the estimate rests on."""
+        self._flush()
+        return self.smoothed.steps
+
+    @property
+    def grad_sq(self) -> float | None:
+        """Smoothed |G|² (EMA of unbiased per-step estimates, bias-corrected); None before any step."""
+        self._flush()
+        return self.smoothed.grad_sq
+
+    @property
+    def trace_cov(self) -> float | None:
+        """Smoothed tr(Σ), the gradient covariance of one item; None before any step."""
+        self._flush()
+        return self.smoothed.trace_cov
+
+    @property
+    def b_simple(self) -> float | None:
+        """tr(Σ) / |G|² in items: None before any step, or while either estimate is <= 0."""
+        self._flush()
+        return self.smoothed.b_simple
+
+    @property
+    def interval(self) -> tuple[float | None, float | None]:
+        """95% interval of ``b_simple``: see ``SmoothedNoiseScale``."""
+        self._flush()
+        return self.smoothed.interval()
+
+    def estimate(self) -> NoiseScaleEstimate:
+        self._flush()
+        s = self.smoothed
+        low, high = s.interval()
+        return NoiseScaleEstimate(b_simple=s.b_simple, low=low, high=None if high == math.inf else high,
+                                  grad_sq=s.grad_sq, trace_cov=s.trace_cov, steps=s.steps, skipped=self.skipped,
+                                  items_per_step=s.items_per_step,
+                                  reason=None if s.steps else self._no_estimate_reason())
+
+    # -- inside --------------------------------------------------------------------------
+
+    def _hook(self, j: int, p: torch.Tensor):
+        """One torch call per gradient: inside a backward each distinct call pays for cold code paths."""
+        norms, owner = self._norms, self._owner  # cleared in place, never rebound
+        kwargs = {"dtype": torch.float32} if p.dtype in (torch.float16, torch.bfloat16) else {}
+        device = self._device if p.device != self._device else None
+        vector_norm = torch.linalg.vector_norm
+
+        def hook(grad: torch.Tensor) -> None:
+            if not self._active:
+                return
+            try:
+                n = vector_norm(grad, **kwargs)
+            except RuntimeError:  # a sparse gradient (e.g. nn.Embedding(sparse=True))
+                n = vector_norm(grad.coalesce()._values(), **kwargs)
+            norms.append(n if device is None else n.to(device))
+            owner.append(j)
+
+        return hook
+
+    def _clear(self) -> None:
+        self._norms.clear()
+        self._owner.clear()
+        self._coef.clear()
+
+    def _take_micro(self, start: int, items: int, weight: float) -> None:
+        """Close a micro-step whose contribution norms are ``_norms[start:]``: weigh their squares by ``n_i / w_i²``."""
+        owners = self._owner[start:]
+        if len(set(owners)) != len(owners):
+            self._broken = "a parameter's gradient arrived in several parts in one backward"
+        self._coef.extend([items / weight ** 2] * (len(self._norms) - start))
+        self._micro += 1
+
+    def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend(self.process_group) == "nccl" else torch.device("cpu"))
+        t = stats.to(device)
+        dist.all_reduce(t, group=self.process_group)
+        return t
+
+    def _total_sq(self) -> torch.Tensor | float:
+        grads = [p.grad.coalesce()._values() if p.grad.is_sparse else p.grad for p in self.params
+                 if p.grad is not None]
+        if not grads:
+            return 0.0
+        if self._one_device:
+            norms = torch.stack(torch._foreach_norm(grads)).float()
+        else:
+            norms = torch.stack([torch.linalg.vector_norm(g).float().to(self._device) for g in grads])
+        return torch.dot(norms, norms)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for p in pending:
+            micro = float(p.micro)
+            if micro < 0:
+                self.skipped += 1  # its reason was counted at end_step
+                continue
+            est = _estimate(float(p.weighted) / float(p.scale) ** 2, round(micro), p.total, float(p.total_sq))
+            if est is None or not all(math.isfinite(v) for v in est):
+                self.skipped += 1
+                key = "one micro-batch per step" if est is None else "non-finite gradients"
+                self.reasons[key] = self.reasons.get(key, 0) + 1
+                continue
+            self.smoothed.add(*est, p.total)
+            low, high = self.smoothed.interval()
+            self._history.append(NoiseStep(step=p.step, items=p.total, micro_batches=round(micro), grad_sq=est[0],
+                                           trace_cov=est[1], b_simple=self.smoothed.b_simple, low=low, high=high))
+
+    def _no_estimate_reason(self) -> str:
+        if not self._step:
+            return "no optimizer step measured yet"
+        most = max(self.reasons, key=lambda k: self.reasons[k]) if self.reasons else "no step counted"
+        if most == "one micro-batch per step":
+            return ("each step ran one micro-batch in all (no accumulation, one rank): there is no smaller batch "
+                    "to compare with; the noise scale needs at least 2 micro-batches per step")
+        return f"{self._step} step(s), none usable: {most}"
+
+
+def _t975(df: float) -> float:
+    """Student's t 97.5% quantile for ``df`` degrees of freedom, rounded down to a tabulated df (conservative)."""
+    table = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36), (8, 2.31), (9, 2.26),
+             (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (30, 2.04), (60, 2.00), (120, 1.98))
+    q = table[0][1]
+    for d, value in table:
+        if df >= d:
+            q = value
+    return q if df < 1000 else 1.96
+
+
+def describe(estimate: NoiseScaleEstimate, batch: float | None = None, *, unit: str = "samples") -> str:
+    """The trade-off of the target batch ``batch`` (in the estimate's items; default: its mean N per step).
+
+    From the paper's model: optimizer steps ``S = S_min (1 + B_noise/B)``, samples
+    processed ``E = E_min (1 + B/B_noise)``; ``B = B_noise`` costs 2x of each. Ranges
+    come from the estimate's 95% interval; a noisy estimate says so instead of a number.
+    """
+    est, t = estimate, estimate.steps
+    if t == 0:
+        return f"noise scale: no estimate ({est.reason or 'no step measured'})"
+    b = est.items_per_step if batch is None else batch
+    if b is None or b <= 0:
+        raise ValueError(f"batch is {b}; the target batch must hold at least 1 item")
+    rests = f"from {t} optimizer step{'s' * (t != 1)}"
+    later = "; the noise scale usually grows as the loss falls: re-measure later in training"
+    assert est.trace_cov is not None and est.grad_sq is not None
+    if est.trace_cov <= 0:
+        return (f"noise scale: not measurable yet ({rests}): the gradient noise tr(Σ) is estimated at "
+                f"{est.trace_cov:.3g} <= 0, i.e. the micro-batches' gradients agree as well as the whole batch's. "
+                "Either the noise scale is far below the micro-batch size (any larger batch buys almost nothing) "
+                "or the micro-batches are not independent samples (repeated data, batch normalisation)")
+    if est.grad_sq <= 0:
+        above = f" (95%: above ~{_fmt(est.low)} {unit})" if est.low is not None else ""
+        return (f"noise scale: the mean gradient |G|² is estimated at {est.grad_sq:.3g} <= 0 ({rests}): it is "
+                f"too small to see beside the noise, so the noise scale is probably well above the target "
+                f"{round(b)}{above} and every sample still counts almost fully; measure more steps{later}")
+    x = est.b_simple
+    assert x is not None
+    if est.low is None:
+        return (f"noise scale: ~{_fmt(x)} {unit} {rests}, too noisy yet to bound (no 95% interval): "
+                f"no word on the target {round(b)} yet; measure more steps")
+    lo, hi = est.low, (est.high if est.high is not None else math.inf)
+    if hi == math.inf:
+        return (f"noise scale: at least ~{_fmt(lo)} {unit} (95%, {rests}; no upper bound yet, point estimate "
+                f"~{_fmt(x)}): the target {round(b)} costs at least {_fmt(1 + lo / b)}x the fewest optimizer "
+                f"steps and at most {_fmt(1 + b / lo)}x the fewest {unit}, so a larger batch would likely still "
+                f"pay in steps{later}")
+    rough = "; rough: the interval spans more than 4x" if hi > 4 * lo else ""
+    return (f"target {round(b)} is {_fmt(b / x)}x the measured noise scale (~{_fmt(x)} {unit}, 95% "
+            f"{_fmt(lo)}–{_fmt(hi)}, {rests}{rough}): about {_fmt(1 + x / b)}x the fewest optimizer steps "
+            f"({_fmt(1 + lo / b)}–{_fmt(1 + hi / b)}) for {_fmt(1 + b / x)}x the fewest {unit} "
+            f"({_fmt(1 + b / hi)}–{_fmt(1 + b / lo)}); a batch near {_fmt(x)} ({_fmt(lo)}–{_fmt(hi)}) trades them "
+            f"evenly (2x each){later}")
+
+
+def _fmt(x: float | None) -> str:
+    """Two significant digits, as much as an estimate holds: 250, 12000, 4.1, 0.26."""
+    if x is None or not math.isfinite(x):
+        return "∞" if x == math.inf else "?"
+    if abs(x) >= 100:
+        return f"{float(f'{x:.2g}'):.0f}"
+    return f"{x:.2g}"

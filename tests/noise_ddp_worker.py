@@ -1,0 +1,77 @@
+"""Run under torchrun by tests/test_noise.py: the noise scale under DDP against one process on the same samples.
+
+Every rank builds the same model and the same global batches; rank r trains on its share. Rank 0 also runs
+one process over the whole batch with all ranks' micro-batches in a row. Prints, from rank 0, the per-step
+(|G|², tr(Σ)) of: the single process, every DDP rank, and DDP ranks that do not pool their micro-batch norms.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from test_noise import NoisyAccumulator  # tests/ is this script's folder
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from autotune.noise import GradientNoiseScale
+
+CASES = {"accumulating": [[20, 17], [19, 8]], "one_micro_step_per_rank": [[32], [32]]}
+STEPS = 4
+
+
+class Unpooled(GradientNoiseScale):
+    """Fault: each rank estimates from its own micro-batches only (no all-reduce of their norms)."""
+
+    def __init__(self, parameters, **kwargs):
+        super().__init__(parameters, beta=kwargs.get("beta", 0.99))
+
+
+class UnpooledAccumulator(NoisyAccumulator):
+    noise_cls = Unpooled
+
+
+def loss(model, batch):
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def steps_of(acc_cls, model, sizes, batches, share, **kwargs):
+    acc = acc_cls(model, torch.optim.SGD(model.parameters(), lr=0.5), sizes, loss=loss, **kwargs)
+    for x, y in batches:
+        acc.step((x[share], y[share]))
+    return [[h.grad_sq, h.trace_cov] for h in acc.noise_scale.history]
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name, schedule in CASES.items():
+        torch.manual_seed(0)
+        base = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+        n = sum(map(sum, schedule))
+        g = torch.Generator().manual_seed(1)
+        batches = []
+        for _ in range(STEPS):
+            x = torch.randn(n, 16, generator=g)
+            batches.append((x, (x[:, :4] + torch.randn(n, 4, generator=g)).argmax(1)))
+        start = sum(map(sum, schedule[:rank]))
+        share = slice(start, start + sum(schedule[rank]))
+        ddp = steps_of(NoisyAccumulator, DistributedDataParallel(copy.deepcopy(base)), schedule[rank], batches, share)
+        unpooled = steps_of(UnpooledAccumulator, DistributedDataParallel(copy.deepcopy(base)), schedule[rank],
+                            batches, share)
+        ranks: list = [None] * world
+        dist.all_gather_object(ranks, ddp)
+        single = steps_of(NoisyAccumulator, copy.deepcopy(base), [m for r in schedule for m in r], batches,
+                          slice(0, n), rank=0, world_size=1) if rank == 0 else None
+        out[name] = {"single": single, "ranks": ranks, "unpooled": unpooled}
+    if rank == 0:
+        print(json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
