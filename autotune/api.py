@@ -24,6 +24,7 @@ from .units import plural
 from .workload import DEFAULT_PROBE, Workload, load_workload
 
 if TYPE_CHECKING:
+    from .planning.planner import Uniform
     from .results.plan import Plan
     from .results.run import RunResult
 
@@ -100,17 +101,20 @@ def _portable(spec: str) -> str:
 
 def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
-         multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = options.TRIALS,
+         multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
+    ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True
+    equal micro-batches within twice the fewest steps (else NoUniformPlan, a PlanError that
+    names the nearest targets), "force" equal micro-batches however many steps they take.
     With ``tune``, an optuna study times real steps of the candidate plans (and of
     the workload's options) against the untuned plan, and the fastest wins unless it is
     within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     """
-    from .planning.planner import check_plan, make_plan
+    from .planning.planner import UNIFORM, check_plan, make_plan
 
     target_batch = options.whole(target_batch, "target_batch", example="1024")
     margin = options.margin(margin)
@@ -118,8 +122,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     trials = options.whole(trials, "trials")
     if world_size is not None:
         world_size = options.whole(world_size, "world_size")
-    if uniform not in (None, True, False):
-        raise BadInput(f"uniform {uniform!r} must be True, False or None")
+    if uniform not in UNIFORM:
+        raise BadInput(f"uniform {uniform!r} must be True, False, None or 'force'")
     world, source = _world_size(world_size, env)
     # Reject a target that can never be planned, or a storage that cannot open, before a probe.
     check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
@@ -185,7 +189,7 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int | None = None, workload: Spec = None,
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
-        uniform: bool | None = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
+        uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
     from .training.runner import run_plan

@@ -31,6 +31,15 @@ class PlanError(BadInput):
     """A target effective batch that cannot be planned under the constraints given."""
 
 
+class NoUniformPlan(PlanError):
+    """No plan of equal micro-batches within the steps allowed; the numbers let a caller say it in its own terms."""
+
+    def __init__(self, message: str, *, target: int, max_micro_batch: int, world_size: int, multiple_of: int):
+        super().__init__(message)
+        self.target, self.max_micro_batch = target, max_micro_batch
+        self.world_size, self.multiple_of = world_size, multiple_of
+
+
 class ResultFileError(BadInput):
     """A JSON file that is not an autotune result this version can read."""
 

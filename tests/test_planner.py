@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.errors import PlanError, ResultFileError
+from autotune.errors import NoUniformPlan, PlanError, ResultFileError
 from autotune.planning.planner import (
     MAX_MICRO_BATCHES,
     MAX_TARGET_BATCH,
@@ -131,6 +131,54 @@ def test_uniform_demand_matches_brute_force(units, world, m, q):
     assert not any(uniform_at(target, m, world, q, j) for j in range(least, k))
 
 
+@settings(max_examples=200, deadline=None)
+@given(units=st.integers(1, 200), **numbers)
+def test_forced_uniform_matches_brute_force(units, world, m, q):
+    """uniform='force': equal micro-batches with the fewest steps that allow them, however many."""
+    target = units * q
+    least = brute_steps(target, m, world, q)
+    try:
+        plan = make_plan(target, m, world_size=world, multiple_of=q, uniform="force")
+    except PlanError:
+        assert least is None or not any(uniform_at(target, m, world, q, k) for k in range(least, target + 1))
+        return
+    check_plan(plan, target, m, world, q)
+    k = plan.accumulation_steps
+    assert plan.uniform and k >= least
+    assert not any(uniform_at(target, m, world, q, j) for j in range(least, k))
+    try:
+        within = make_plan(target, m, world_size=world, multiple_of=q, uniform=True)
+    except NoUniformPlan:
+        assert k > 2 * least
+    else:
+        assert within == plan  # the same plan wherever uniform=True finds one
+
+
+def test_forced_uniform_takes_as_many_steps_as_it_needs():
+    plan = make_plan(1021, 300, uniform="force")  # 1021 is prime
+    assert plan.arithmetic == "1021 = 1 x 1021 steps x 1 rank"
+    assert "equal micro-batches take 1021 steps instead of the 4 that micro-batches of 300 allow" in plan.notes
+    assert make_plan(1000, 7, uniform="force").arithmetic == "1000 = 5 x 200 steps x 1 rank"
+    assert make_plan(3 * 1021, 300, world_size=3, uniform="force").arithmetic == "3063 = 1 x 1021 steps x 3 ranks"
+
+
+def test_forced_uniform_errors_name_the_fix():
+    with pytest.raises(PlanError, match=r"uniform='force': target 1021 does not split into equal micro-batches on "
+                                        r"2 ranks: every step takes a multiple of 2 samples; use target 1020 or 1022"):
+        make_plan(1021, 300, world_size=2, uniform="force")
+    with pytest.raises(PlanError, match=r"uniform='force' needs 999999937 steps for target 999999937: "
+                                        r"999,999,937 micro-batches per optimizer step"):
+        make_plan(999_999_937, 10**6, uniform="force")  # prime: one sample a step, more steps than a plan may hold
+
+
+def test_no_uniform_plan_carries_its_numbers_and_offers_the_forced_plan():
+    with pytest.raises(NoUniformPlan) as info:
+        make_plan(1021, 300, world_size=1, uniform=True)
+    error = info.value
+    assert (error.target, error.max_micro_batch, error.world_size, error.multiple_of) == (1021, 300, 1, 1)
+    assert "uniform='force' for 1021 = 1 x 1021 steps x 1 rank" in str(error)
+
+
 # ---- arithmetic people check by hand ------------------------------------------------------------
 
 
@@ -198,7 +246,7 @@ def test_nearest_uniform_targets():
     (dict(target_batch=8, world_size=4, multiple_of=4), r"every rank needs at least 4 samples per step \(16 in all\)"),
     (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks; "
                                                             r"use target 4 or 8"),
-    (dict(uniform="yes"), r"uniform 'yes' must be True, False or None"),
+    (dict(uniform="yes"), r"uniform 'yes' must be True, False, None or 'force'"),
 ])
 def test_errors(kwargs, match):
     args = dict(target_batch=1024, max_micro_batch=300) | kwargs

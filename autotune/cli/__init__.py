@@ -127,9 +127,10 @@ _SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")
 
 def in_flag_terms(message: str) -> str:
     """A library message as the command line says it: ``memory_budget`` is ``--memory-budget``,
-    ``uniform=True`` is ``--uniform``, ``device='estimate'`` is ``--device estimate``."""
+    ``uniform=True`` (and ``uniform='force'``) is ``--uniform``, ``device='estimate'`` is ``--device estimate``."""
     message = _PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
     message = _SWITCH.sub(lambda m: "--" + m.group(1), message)
+    message = message.replace("uniform='force'", "--uniform")
     return re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
 
 

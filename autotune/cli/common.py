@@ -59,7 +59,8 @@ def add_schedule_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
                    help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
     p.add_argument("--uniform", action="store_true",
-                   help="demand equal micro-batches (fails if the target cannot split evenly)")
+                   help="equal micro-batches, however many accumulation steps they take (fails only when the "
+                        "target is not a multiple of the ranks x --multiple-of)")
 
 
 def add_distributed(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+from typing import TYPE_CHECKING
 
 from .. import options
 from ..errors import BadInput
@@ -22,6 +22,9 @@ from .common import (
     write_report,
 )
 
+if TYPE_CHECKING:
+    from ..planning.planner import Uniform
+
 EXAMPLES = """\
 Probes the largest micro-batch that fits (estimate first, one real run to
 confirm), then plans the fewest accumulation steps that give exactly the
@@ -32,6 +35,7 @@ examples:
   autotune plan --target-batch 1024 --device cpu --memory-budget 256MiB
   autotune plan --target-batch 1021 --probe mlp --memory-budget 8MiB      # uneven, exact
   autotune plan --target-batch 4096 --world-size 8 --format deepspeed > ds_batch.json
+  autotune plan --target-batch 1024 --format lightning     # {"trainer": {...}, "datamodule": {"batch_size": ...}}
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
@@ -44,7 +48,9 @@ def add_parser(sub) -> None:
     add_plan_flags(p)
     p.add_argument("--format", choices=options.FORMATS, default="table",
                    help="table: a summary for people; json: the Plan; hf|lightning|deepspeed|accelerate: "
-                        "that framework's batch settings as a JSON object")
+                        "that framework's batch settings as a JSON object, from a plan of equal micro-batches "
+                        "(exit 2 naming the nearest targets when there is none within twice the fewest steps; "
+                        "--uniform forces one)")
     p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
     p.add_argument("--tune", action="store_true",
                    help="time real steps of candidate plans (and the probe's options) with optuna, the untuned plan "
@@ -77,6 +83,13 @@ def check_plannable(args) -> None:
     check_plan(args.target_batch, args.target_batch, world_size=world, multiple_of=args.multiple_of)
 
 
+def uniform_choice(args) -> Uniform:
+    """--uniform: equal micro-batches, however many steps; framework formats: equal ones within twice the fewest."""
+    if args.uniform:
+        return "force"
+    return True if getattr(args, "format", "table") in options.FRAMEWORKS else None
+
+
 def check_tune_flags(args) -> None:
     for flag, value in (("--storage", args.storage), ("--study-name", args.study_name)):
         if value is not None and not args.tune:
@@ -100,13 +113,19 @@ def run(args) -> int:
 
 def _plan(args, *, lead: bool) -> int:
     from .. import api as pipeline
+    from ..errors import NoUniformPlan
+    from ..planning.exports import FRAMEWORKS, export, no_equal_split
     from ..serial import dumps
 
-    fmt = "json" if args.json else args.format
-    plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
-                         memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
-                         multiple_of=args.multiple_of, uniform=True if args.uniform else None,
-                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name)
+    framework = args.format in FRAMEWORKS  # equal micro-batches, printed as that framework's settings
+    fmt = args.format if framework or not args.json else "json"
+    try:
+        plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
+                             memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
+                             multiple_of=args.multiple_of, uniform=uniform_choice(args),
+                             tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name)
+    except NoUniformPlan as exc:
+        raise no_equal_split(exc, args.format, force="--uniform") from None
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())
@@ -115,12 +134,7 @@ def _plan(args, *, lead: bool) -> int:
     elif fmt == "table":
         print(plan.summary())
     else:
-        from ..planning.exports import export
-
-        data, warnings = export(plan, fmt)
-        for warning in warnings:
-            print(f"autotune plan: warning: {warning}", file=sys.stderr)
-        print(json.dumps(data, indent=2))
+        print(json.dumps(export(plan, fmt), indent=2))
     write_output(args.output, text)
     write_report(args, plan)
     return 0

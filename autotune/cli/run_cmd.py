@@ -76,7 +76,7 @@ def _run(args, *, lead: bool) -> int:
 
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
-                          multiple_of=args.multiple_of, uniform=True if args.uniform else None, steps=args.steps,
+                          multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared

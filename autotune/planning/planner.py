@@ -7,6 +7,9 @@ size and ``q`` the multiple every micro-batch must be. Sizes count in units of
 rank ``r`` at micro-step ``i``), ``k`` as small as ``m`` allows and the same on
 every rank. Slots get ``U // n`` units each and the last ``U % n`` slots one
 more, so sizes differ by at most ``q`` and are equal whenever they can be.
+``uniform=True`` demands equal sizes within twice the fewest steps (micro-batches
+of at least about half of ``m``); ``uniform="force"`` takes equal sizes however
+many steps they need.
 The target is never changed: a target that cannot be planned is an error that
 names the nearest targets that can. A plan holds at most ``MAX_TARGET_BATCH``
 samples and ``MAX_MICRO_BATCHES`` micro-batches (``W x k``); larger ones are
@@ -15,14 +18,20 @@ refused before any schedule is built, and no search loops up to the target.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from ..errors import PlanError
+from ..errors import NoUniformPlan, PlanError
 from ..results.plan import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Plan, above_probe_note, arithmetic_line
 from ..results.probe import ProbeResult
 from ..units import plural as _plural
+
+#: What ``uniform`` may be: None or False (fewest steps), True (equal sizes within twice the fewest
+#: steps), "force" (equal sizes, however many steps).
+UNIFORM = (None, False, True, "force")
+Uniform = bool | Literal["force"] | None
 
 
 def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
@@ -76,6 +85,19 @@ def _uniform_steps(units: int, world: int, unit_max: int) -> int | None:
     n = units // world
     least = _min_steps(n, 1, unit_max)
     return _smallest_divisor(n, least, 2 * least)
+
+
+def _forced_steps(units: int, world: int, unit_max: int) -> int | None:
+    """Fewest steps, however many, that split ``units`` into equal slots: the smallest divisor of
+    ``n = units / world`` that is at least the fewest steps (``n`` itself, one unit a slot, always is).
+    The divisors come from trial division up to sqrt(n), when the short search finds none."""
+    near = _uniform_steps(units, world, unit_max)
+    if near is not None or units % world:
+        return near
+    n = units // world
+    least = _min_steps(n, 1, unit_max)
+    divisors = (c for d in range(1, math.isqrt(n) + 1) if n % d == 0 for c in (d, n // d))
+    return min(c for c in divisors if c >= least)
 
 
 # A per-rank unit count n splits into equal slots (the rules of _uniform_steps) exactly when n = k x s
@@ -224,34 +246,65 @@ def _plan_or_none(target: int, m: int, world: int, q: int) -> list[Plan]:
         return []
 
 
+def uniform_options(target: int, max_micro_batch: int, *, world_size: int = 1,
+                    multiple_of: int = 1) -> tuple[list[str], str | None]:
+    """For a target with no equal split within twice the fewest steps: the nearest targets that have
+    one, each with its plan (``1020 (1020 = 255 x 4 steps x 1 rank)``), and the arithmetic of the
+    ``uniform="force"`` plan of the target itself (None when there is none a plan may hold)."""
+    m, world, q = max_micro_batch, world_size, multiple_of
+    below, above = nearest_uniform_targets(target, m, world_size=world, multiple_of=q)
+    nearest = [f"{t} ({plan.arithmetic})" for t in (below, above) if t is not None
+               for plan in _plan_or_none(t, m, world, q)]
+    try:
+        forced = make_plan(target, m, world_size=world, multiple_of=q, uniform="force").arithmetic
+    except PlanError:
+        forced = None
+    return nearest, forced
+
+
+def uniform_range(target: int, max_micro_batch: int, *, world_size: int = 1, multiple_of: int = 1) -> str:
+    """What ``uniform=True`` looked for: ``equal micro-batches of at most 300 on 1 rank within 4..8 steps``."""
+    least = _min_steps(target // multiple_of, world_size, max_micro_batch // multiple_of)
+    sizes = "equal micro-batches" if multiple_of == 1 else f"equal micro-batches that are multiples of {multiple_of}"
+    return f"{sizes} of at most {max_micro_batch} on {_plural(world_size, 'rank')} within {least}..{2 * least} steps"
+
+
 def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     units, unit_max = target // q, m // q
     least = _min_steps(units, world, unit_max)
-    below, above = nearest_uniform_targets(target, m, world_size=world, multiple_of=q)
-    options = [f"{t} ({plan.arithmetic})" for t in (below, above) if t is not None
-               for plan in _plan_or_none(t, m, world, q)]
+    nearest, forced = uniform_options(target, m, world_size=world, multiple_of=q)
     uneven = arithmetic_line(target, world, least, _counts(units, world, least, q))
-    sizes = "equal micro-batches" if q == 1 else f"equal micro-batches that are multiples of {q}"
+    force = f"uniform='force' for {forced}, " if forced else ""
+    return NoUniformPlan(
+        f"uniform=True: target {target} does not split into {uniform_range(target, m, world_size=world, multiple_of=q)}"
+        f"; nearest targets that do: {' and '.join(nearest) or 'none'}; {force}or drop uniform=True "
+        f"for {uneven} (autotune's runner weights uneven micro-batches exactly)",
+        target=target, max_micro_batch=m, world_size=world, multiple_of=q)
+
+
+def _no_forced(target: int, world: int, q: int) -> PlanError:
+    step = world * q
+    below, above = (target // step) * step, (target // step + 1) * step
     return PlanError(
-        f"uniform=True: target {target} does not split into {sizes} of at most {m} on {_plural(world, 'rank')} "
-        f"within {least}..{2 * least} steps; nearest targets that do: {' and '.join(options) or 'none'}; "
-        "or drop uniform=True "
-        f"for {uneven} (autotune's runner weights uneven micro-batches exactly)")
+        f"uniform='force': target {target} does not split into equal micro-batches"
+        f"{'' if q == 1 else f' that are multiples of {q}'} on {_plural(world, 'rank')}: every step takes a "
+        f"multiple of {step} samples; use target {_targets(below or None, above)}, or drop uniform='force'")
 
 
 # ---- the planner ------------------------------------------------------------------------------
 
 
 def make_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, multiple_of: int = 1,
-              uniform: bool | None = None, probe: ProbeResult | None = None,
+              uniform: Uniform = None, probe: ProbeResult | None = None,
               world_size_source: str = "default") -> Plan:
     """Plan exactly ``target_batch`` samples per optimizer step over ``world_size`` ranks.
 
     Fewest accumulation steps with micro-batches of at most ``max_micro_batch``,
     each a multiple of ``multiple_of``; equal sizes whenever those steps allow,
     else sizes that differ by one ``multiple_of``. ``uniform=True`` demands
-    equal sizes, taking up to twice the fewest steps, and raises PlanError
-    otherwise; None or False take the fewest steps either way. Targets above
+    equal sizes, taking up to twice the fewest steps, and raises NoUniformPlan
+    (a PlanError) otherwise; ``uniform="force"`` takes equal sizes however many
+    steps they need; None or False take the fewest steps either way. Targets above
     ``MAX_TARGET_BATCH`` and plans of more than ``MAX_MICRO_BATCHES`` micro-batches
     (ranks x steps) raise PlanError before any work.
     """
@@ -261,20 +314,20 @@ def make_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, m
 
 
 def check_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, multiple_of: int = 1,
-               uniform: bool | None = None) -> None:
+               uniform: Uniform = None) -> None:
     """Raise the PlanError ``make_plan`` would raise for these numbers, without building a plan."""
     _steps(target_batch, max_micro_batch, world_size, multiple_of, uniform)
 
 
 def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of: int,
-           uniform: bool | None) -> tuple[int, int, int, int, int, int]:
+           uniform: Uniform) -> tuple[int, int, int, int, int, int]:
     """(target, m, world, q, steps, fewest steps) once every check and limit has passed."""
     target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
     m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
     world = _whole(world_size, "world size", "pass 1 for a single process")
     q = _whole(multiple_of, "multiple_of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
-    if uniform not in (None, True, False):
-        raise PlanError(f"uniform {uniform!r} must be True, False or None")
+    if uniform not in UNIFORM:
+        raise PlanError(f"uniform {uniform!r} must be True, False, None or 'force'")
     _limit_target(target)
     _limit_slots(world, 1, f"{_plural(world, 'rank')} run at least ")
     _check(target, m, world, q)
@@ -283,10 +336,15 @@ def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of
     _limit_slots(world, least, f"target {target} with micro-batches of at most {m} needs ")
     if not uniform:
         return target, m, world, q, least, least
-    steps = _uniform_steps(units, world, unit_max)
-    if steps is None:
-        raise _no_uniform(target, m, world, q)
-    _limit_slots(world, steps, f"uniform=True needs {steps} steps for target {target}: ")
+    if uniform == "force":
+        steps = _forced_steps(units, world, unit_max)
+        if steps is None:
+            raise _no_forced(target, world, q)
+    else:
+        steps = _uniform_steps(units, world, unit_max)
+        if steps is None:
+            raise _no_uniform(target, m, world, q)
+    _limit_slots(world, steps, f"uniform={uniform!r} needs {steps} steps for target {target}: ")
     return target, m, world, q, steps, least
 
 

@@ -14,6 +14,7 @@ from ..errors import BadInput
 
 if TYPE_CHECKING:
     from ..devices.base import Device
+    from ..planning.planner import Uniform
     from ..workload import Workload
 
 SETTINGS = "autotune_settings"  # the study's user attribute that records what it was made for
@@ -68,7 +69,7 @@ def shown_url(url: str | None) -> str | None:
 
 
 def study_settings(workload: Workload, device: Device, target_batch: int, *, world_size: int, multiple_of: int,
-                   uniform: bool | None, margin: float, sizes: dict[str, list[int]]) -> dict[str, Any]:
+                   uniform: Uniform, margin: float, sizes: dict[str, list[int]]) -> dict[str, Any]:
     """Everything that shapes a study's candidates and timings, as JSON-ready values."""
     desc = device.describe()
     settings = {"workload": workload.name, "target_batch": target_batch, "world_size": world_size,

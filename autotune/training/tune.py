@@ -41,7 +41,7 @@ from .. import log, options
 from ..devices.base import Device
 from ..devices.oom import is_oom
 from ..errors import BadInput, PlanError
-from ..planning.planner import check_plan, make_plan
+from ..planning.planner import Uniform, check_plan, make_plan
 from ..probing.finder import probe
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -64,7 +64,7 @@ MAX_CANDIDATES = 12
 
 
 def candidate_sizes(target_batch: int, max_micro_batch: int, *, world_size: int, multiple_of: int,
-                    uniform: bool | None) -> list[int]:
+                    uniform: Uniform) -> list[int]:
     """Distinct micro-batch sizes of exact plans, from the largest that fits down (k_min, 2 k_min, ...)."""
     first = make_plan(target_batch, max_micro_batch, world_size=world_size, multiple_of=multiple_of, uniform=uniform)
     per_rank = max(first.per_rank_batch)
@@ -91,7 +91,7 @@ def candidate_sizes(target_batch: int, max_micro_batch: int, *, world_size: int,
 
 
 def tune(workload: Workload, device: Device, target_batch: int, *, world_size: int = 1, multiple_of: int = 1,
-         uniform: bool | None = None, margin: float = options.MARGIN, trials: int = options.TRIALS,
+         uniform: Uniform = None, margin: float = options.MARGIN, trials: int = options.TRIALS,
          storage: str | None = None,
          study_name: str | None = None, timing: Timing | None = None, seed: int = 0,
          world_size_source: str = "default",
@@ -209,7 +209,7 @@ def _key(trial: Any) -> tuple[str, int] | None:
 
 
 def _pick(study: Any, target_batch: int, base_key: tuple[str, int], choices: dict[str, dict[str, Any]],
-          probes: dict[str, ProbeResult], world_size: int, multiple_of: int, uniform: bool | None,
+          probes: dict[str, ProbeResult], world_size: int, multiple_of: int, uniform: Uniform,
           world_size_source: str, storage: str | None, timing: Timing,
           head_to_head: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> Plan:
     """The fastest measured candidate if it beats the baseline head to head beyond noise, else the baseline."""
@@ -275,7 +275,7 @@ def _note(chosen: dict[str, Any], fastest: dict[str, Any], base: dict[str, Any] 
 
 
 def _measure(workload: Workload, device: Device, probed: ProbeResult, target_batch: int, micro: int,
-             world_size: int, multiple_of: int, uniform: bool | None, timing: Timing, seed: int, label: str,
+             world_size: int, multiple_of: int, uniform: Uniform, timing: Timing, seed: int, label: str,
              baseline: bool) -> dict[str, Any]:
     plan = make_plan(target_batch, micro, world_size=world_size, multiple_of=multiple_of, uniform=uniform)
     row: dict[str, Any] = {"micro_batch": plan.micro_batch, "accumulation_steps": plan.accumulation_steps,

@@ -39,7 +39,10 @@ def test_devices_says_there_is_no_gpu(capsys):
     (["plan", "--target-batch", "-4"], "must be at least 1"),
     (["plan", "--target-batch", "12.5"], "not a whole number"),
     (["plan", "--target-batch", "4", "--world-size", "8", *MLP], "smaller than the world size"),
-    (["plan", "--target-batch", "1021", "--uniform", *MLP], "1020"),
+    (["plan", "--target-batch", "1021", "--world-size", "2", "--uniform", *MLP],
+     "--uniform: target 1021 does not split into equal micro-batches on 2 ranks"),
+    (["plan", "--target-batch", "1021", "--format", "hf", *MLP], "use target 1020 (1020 = 255 x 4 steps x 1 rank) or "
+     "1022 (1022 = 146 x 7 steps x 1 rank), or --uniform to force equal micro-batches: 1021 = 1 x 1021 steps"),
     (["plan", "--target-batch", "64", "--multiple-of", "0"], "--multiple-of 0 must be at least 1"),
     (["plan", "--target-batch", "64", "--format", "keras"], "invalid choice: 'keras'"),
     (["plan", "--target-batch", "64", "--probe", "no_such_probe.py"], "does not exist"),
@@ -72,18 +75,27 @@ def test_plan_table_and_json(capsys, tmp_path):
     assert json.loads(out)["accumulation_steps"] == 4
 
 
-@pytest.mark.parametrize("fmt,keys", [
-    ("hf", {"per_device_train_batch_size", "gradient_accumulation_steps"}),
-    ("lightning", {"accumulate_grad_batches", "batch_size"}),
-    ("deepspeed", {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}),
-    ("accelerate", {"gradient_accumulation_steps"}),
+@pytest.mark.parametrize("fmt,expected", [
+    ("hf", {"per_device_train_batch_size": 256, "gradient_accumulation_steps": 4}),
+    ("lightning", {"trainer": {"accumulate_grad_batches": 4}, "datamodule": {"batch_size": 256}}),
+    ("deepspeed", {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 256, "gradient_accumulation_steps": 4}),
+    ("accelerate", {"accelerator": {"gradient_accumulation_steps": 4}, "dataloader": {"batch_size": 256}}),
 ])
-def test_framework_exports_print_only_json(capsys, fmt, keys):
+def test_framework_exports_print_only_their_settings(capsys, fmt, expected):
     code, out, err = run(capsys, "plan", "--target-batch", "1024", *MLP, "--format", fmt)
-    assert code == 0 and set(json.loads(out)) == keys and err == ""
-    code, out, err = run(capsys, "plan", "--target-batch", "1021", *MLP, "--format", fmt)
-    assert code == 0 and set(json.loads(out)) == keys
-    assert "warning" in err and "1021" in err and "1024" in err  # uneven: the framework would change the batch
+    assert code == 0 and json.loads(out) == expected and err == ""
+    code, out, err = run(capsys, "plan", "--target-batch", "1024", *MLP, "--format", fmt, "--json")
+    assert code == 0 and json.loads(out) == expected and err == ""
+
+
+def test_framework_exports_plan_equal_micro_batches(capsys):
+    # 1020 has no uneven rival; 1022 needs 7 steps of 146 instead of 4 uneven ones (micro-batches up to 307 fit)
+    code, out, _ = run(capsys, "plan", "--target-batch", "1022", *MLP, "--format", "hf")
+    assert code == 0 and json.loads(out) == {"per_device_train_batch_size": 146, "gradient_accumulation_steps": 7}
+    code, out, _ = run(capsys, "plan", "--target-batch", "1021", *MLP, "--format", "hf", "--uniform")
+    assert code == 0 and json.loads(out) == {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1021}
+    code, out, _ = run(capsys, "plan", "--target-batch", "1021", *MLP, "--uniform", "--json")
+    assert code == 0 and json.loads(out)["arithmetic"] == "1021 = 1 x 1021 steps x 1 rank"
 
 
 def test_estimate_marks_output(capsys):
@@ -165,6 +177,8 @@ def test_bad_storage_is_refused_before_any_work(capsys, monkeypatch, argv, words
      "target 1021 is not a multiple of --multiple-of 4: use a --multiple-of that divides it"),
     ("uniform=True: target 1021 does not split; or drop uniform=True",
      "--uniform: target 1021 does not split; or drop --uniform"),
+    ("uniform='force': target 1021 does not split on 2 ranks; or drop uniform='force'",
+     "--uniform: target 1021 does not split on 2 ranks; or drop --uniform"),
     ("device='estimate' needs memory_budget", "--device estimate needs --memory-budget"),
     ("unknown device 'tpu': use one of cpu, estimate", "unknown device 'tpu': use one of cpu, estimate"),
     ("the world size given by the process group", "the world size given by the process group"),  # not a parameter
