@@ -1,0 +1,79 @@
+"""Small LightningModules and data for the Lightning tests, in one process and under torchrun."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from autotune import Accumulator
+from autotune.integrations.lightning import accumulator
+from autotune.training.distributed import RoundCounter
+
+from .tokens import TokenNet, pad, sequences, token_loss, tokens
+
+
+class TinyLM(pl.LightningModule):
+    """TokenNet trained by Lightning with SGD, its loss the mean over real tokens."""
+
+    def __init__(self, lr: float = 0.5):
+        super().__init__()
+        self.lr = lr
+        self.net = TokenNet()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = token_loss(self, batch)
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class Sequences(pl.LightningDataModule):
+    """Sequences of the given lengths, batched by ``batch_size`` (which AutotuneBatchSize sets), in order."""
+
+    def __init__(self, lengths: list[int], batch_size: int = 2):
+        super().__init__()
+        self.batch_size = batch_size
+        self.data = sequences(lengths)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size, collate_fn=pad)
+
+
+class ManualLM(TinyLM):
+    """Manual optimization, one accumulated optimizer step per training_step, by ``how``:
+    "autotune" (autotune.integrations.lightning.accumulator), "naive" (a plain Accumulator that says it
+    synchronises when it does not), "checked" (a plain Accumulator, which refuses several ranks)."""
+
+    def __init__(self, plan, how: str, lr: float = 0.5, max_norm: float | None = None):
+        super().__init__(lr)
+        self.automatic_optimization = False
+        self.plan, self.how, self.max_norm = plan, how, max_norm
+        self.rounds: list[int] = []
+
+    def on_train_start(self) -> None:
+        ddp = self.trainer.strategy.model
+        self.counter = RoundCounter(ddp) if isinstance(ddp, nn.parallel.DistributedDataParallel) else None
+        opt = self.optimizers()
+        if self.how == "autotune":
+            self.accumulate = accumulator(self, opt, self.plan, loss=token_loss, items=tokens, max_norm=self.max_norm)
+        else:
+            self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens,
+                                          external_sync=self.how == "naive")
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("loss", self.accumulate(batch))
+        if self.counter is not None:
+            self.rounds.append(self.counter.take())
+
+
+def trainer(**kwargs) -> pl.Trainer:
+    settings = dict(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+    return pl.Trainer(**(settings | kwargs))

@@ -1,0 +1,124 @@
+"""The Hugging Face Trainer, for real on the CPU: planned TrainingArguments train, probed at the worst case."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+import autotune  # noqa: E402
+from autotune.devices import get_device  # noqa: E402
+from autotune.errors import PlanError  # noqa: E402
+from autotune.integrations.hf import plan_training_args, trainer_optimizer, trainer_workload, worst_case_batch  # noqa: E402
+from autotune.probing.fitrule import fit_rule_work  # noqa: E402
+from autotune.units import parse_size  # noqa: E402
+
+from .hf_models import LENGTHS, collate, examples, gpt2  # noqa: E402
+
+BUDGET = "6MiB"  # the tiny GPT-2 fits 45 examples of 12 tokens, 6 of 64
+TARGET = 24
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    hf_logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def training_args(tmp_path, **kwargs) -> TrainingArguments:
+    settings = dict(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, max_steps=2,
+                    save_strategy="no", disable_tqdm=True, learning_rate=1e-3, weight_decay=0.1)
+    return TrainingArguments(**(settings | kwargs))
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hf")
+    model, data, args = gpt2(), examples(LENGTHS), training_args(tmp)
+    new, plan = plan_training_args(args, model, data, target_batch=TARGET, data_collator=collate, device="cpu",
+                                   memory_budget=BUDGET)
+    return model, data, args, new, plan
+
+
+@pytest.mark.slow
+def test_planned_arguments_give_the_target_and_train(planned):
+    model, data, args, new, plan = planned
+    assert plan.uniform and plan.arithmetic == "24 = 6 x 4 steps x 1 rank"
+    assert (new.per_device_train_batch_size, new.gradient_accumulation_steps) == (6, 4)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, 1)  # the user's, untouched
+    unchanged = {f.name for f in dataclasses.fields(args)} - {"per_device_train_batch_size",
+                                                               "gradient_accumulation_steps"}
+    assert all(getattr(new, name) == getattr(args, name) for name in unchanged)
+    fed: list[int] = []  # examples per forward: the loader prefetches, the model sees what trains
+    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(len(kw["input_ids"])), with_kwargs=True)
+    trainer = Trainer(model=model, args=new, train_dataset=data, data_collator=collate)
+    trainer.train()
+    hook.remove()
+    assert trainer.state.global_step == 2 and fed == [6] * 8  # 2 optimizer steps of exactly 24 examples
+
+
+@pytest.mark.slow
+def test_a_typical_batch_picks_a_size_that_runs_out_of_memory_on_the_longest(planned):
+    model, data, args, _, plan = planned
+    device = get_device("cpu", memory_budget=parse_size(BUDGET))
+    typical = trainer_workload(args, model, collate(data[:8]))  # what a probe on the first batch sees
+    typical_max = autotune.probe(typical, device=device, max_batch=64).max_micro_batch
+    worst = trainer_workload(args, model, worst_case_batch(data, collate))
+    assert plan.micro_batch < TARGET <= typical_max  # the typical probe would train 24 at once
+    with pytest.raises(torch.OutOfMemoryError):  # and the first long batch of 24 runs out of memory
+        device.measure(fit_rule_work(worst, TARGET))
+    _, measured = device.measure(fit_rule_work(worst, plan.micro_batch))  # the planned size fits the longest
+    assert measured.peak_bytes <= plan.probe.usable_bytes
+
+
+def test_the_worst_case_is_the_longest_examples_as_the_collator_pads_them():
+    data = examples([5, 9, 30, 7, 30, 12])
+    batch = worst_case_batch(data, collate, columns={"input_ids"})
+    assert batch["input_ids"].shape == (6, 30)  # every example, longest first, padded to 30
+    assert batch["input_ids"][0].tolist() == data[2]["input_ids"]  # the first of the longest first
+    with pytest.raises(autotune.BadInput, match="train_dataset is empty"):
+        worst_case_batch([], collate)
+
+
+def test_the_probe_builds_the_trainers_optimizer(tmp_path):
+    model = gpt2()
+    args = training_args(tmp_path, optim="adamw_torch", adam_beta2=0.95)
+    theirs = Trainer(model=model, args=args, train_dataset=examples([4]), data_collator=collate).create_optimizer()
+    copy = trainer_workload(args, model, collate(examples([4, 4]))).make_model()
+    ours = trainer_optimizer(args, model)(copy.parameters())
+    assert type(ours) is type(theirs) and len(ours.param_groups) == len(theirs.param_groups) == 2
+    names = {id(p): n for n, p in model.named_parameters()} | {id(p): n for n, p in copy.named_parameters()}
+    for mine, trainers in zip(ours.param_groups, theirs.param_groups):
+        assert [names[id(p)] for p in mine["params"]] == [names[id(p)] for p in trainers["params"]]
+        assert {k: v for k, v in mine.items() if k != "params"} == {k: v for k, v in trainers.items() if k != "params"}
+    assert not any(p is q for p in copy.parameters() for q in model.parameters())
+
+
+def test_the_probe_trains_as_the_trainer_would(tmp_path):
+    model = gpt2()
+    batch = collate(examples([6, 6]))
+    checkpointed = trainer_workload(training_args(tmp_path, activation_checkpointing=True), model, batch)
+    assert checkpointed.make_model().is_gradient_checkpointing and not model.is_gradient_checkpointing
+    seen: list[torch.dtype] = []
+    probe_model = trainer_workload(training_args(tmp_path, bf16=True), model, batch).make_model()
+    probe_model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    trainer_workload(training_args(tmp_path, bf16=True), model, batch).loss(probe_model, batch)
+    assert seen == [torch.bfloat16]
+
+
+@pytest.mark.slow
+def test_a_target_with_no_equal_split_names_the_nearest(tmp_path):
+    # Sized for a GPU by the estimate alone: a few hundred examples of 64 tokens fit, and 1021 is prime.
+    with pytest.raises(PlanError, match=r"the Hugging Face Trainer runs equal micro-batches, and target_batch 1021 "
+                                        r"does not split .* use target_batch 1020 \(.*\) or 10\d\d \("):
+        plan_training_args(training_args(tmp_path), gpt2(), examples(LENGTHS), target_batch=1021,
+                           data_collator=collate, device="estimate", memory_budget="1GiB")

@@ -1,0 +1,117 @@
+"""Lightning, for real on the CPU, in one process: AutotuneBatchSize, and accumulator in manual optimization.
+
+Two processes: tests/integrations/test_ddp.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+
+from autotune.errors import BadInput, PlanError  # noqa: E402
+from autotune.integrations.common import largest_batch  # noqa: E402
+from autotune.integrations.lightning import AutotuneBatchSize  # noqa: E402
+from autotune.planning import make_plan  # noqa: E402
+
+from .lightning_models import ManualLM, Sequences, TinyLM, trainer  # noqa: E402
+from .tokens import MIXED, max_error, plan_loader, reference_parameters, sequences  # noqa: E402
+
+BUDGET = "300KiB"  # TinyLM fits 46 sequences of 6 tokens, 6 of 40 (5 with DDP's buckets)
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+class Seen(pl.Callback):
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.sizes.append(int(batch.shape[0]))
+
+
+def fit_with_callback(target: int, lengths: list[int], **kwargs) -> tuple[AutotuneBatchSize, Sequences, pl.Trainer,
+                                                                         Seen]:
+    pl.seed_everything(0, verbose=False)
+    tune, seen, data = AutotuneBatchSize(target, memory_budget=BUDGET, **kwargs), Seen(), Sequences(lengths)
+    t = trainer(callbacks=[tune, seen])
+    t.fit(TinyLM(), datamodule=data)
+    return tune, data, t, seen
+
+
+LONG_THIRD = [6] * 4 + [40] * 2 + [6] * 60  # the third batch of 2 holds the long sequences
+
+
+@pytest.mark.slow
+def test_the_callback_sets_batch_size_and_accumulation_for_the_exact_target():
+    tune, data, t, seen = fit_with_callback(20, LONG_THIRD)
+    plan = tune.plan
+    assert plan is not None and plan.uniform and plan.target_batch == 20
+    assert data.batch_size == plan.micro_batch and t.accumulate_grad_batches == plan.accumulation_steps
+    assert data.batch_size * t.accumulate_grad_batches == 20 and t.accumulate_grad_batches > 1
+    assert t.global_step == 2 and seen.sizes == [data.batch_size] * (2 * t.accumulate_grad_batches)
+
+
+@pytest.mark.slow
+def test_the_callback_probes_the_largest_batch_it_scans():
+    worst = fit_with_callback(20, LONG_THIRD)[0].plan
+    first_only = fit_with_callback(20, LONG_THIRD, scan_batches=2)[0].plan  # never meets the long sequences
+    assert worst.probe.max_micro_batch <= 6 and first_only.probe.max_micro_batch == 20  # (capped at the target)
+    assert first_only.accumulation_steps == 1  # 20 short sequences fit at once; 2 of 40 tokens would not
+
+
+def test_largest_batch_is_the_most_elements_per_sample():
+    batches = [torch.zeros(4, 6), torch.zeros(2, 40), torch.zeros(1, 40), torch.zeros(4, 8)]
+    best, seen = largest_batch(iter(batches), limit=3)
+    assert best is batches[1] and seen == 3  # the first of equals; the fourth is past the limit
+
+
+@pytest.mark.slow
+def test_a_target_with_no_equal_split_names_the_nearest():
+    with pytest.raises(PlanError, match=r"Lightning runs equal micro-batches, and target_batch 23 does not split .*"
+                                        r"use target_batch 21 \(21 = 3 x 7 steps x 1 rank\) or 24 \(24 = 6 x 4 steps"):
+        fit_with_callback(23, LONG_THIRD)
+
+
+def test_the_callback_refuses_what_it_cannot_set():
+    pl.seed_everything(0, verbose=False)
+    with pytest.raises(BadInput, match=r"batch_arg_name 'bs' is neither an attribute"):
+        trainer(callbacks=[AutotuneBatchSize(8, batch_arg_name="bs")]).fit(TinyLM(), datamodule=Sequences([4] * 8))
+    with pytest.raises(BadInput, match=r"manual optimization does not use"):
+        trainer(callbacks=[AutotuneBatchSize(8)]).fit(ManualLM(make_plan(8, 8), "autotune"),
+                                                      datamodule=Sequences([4] * 8))
+    with pytest.raises(BadInput, match=r"the dataloader was passed to fit\(\) directly"):
+        trainer(callbacks=[AutotuneBatchSize(8)]).fit(TinyLM(), train_dataloaders=Sequences([4] * 8).train_dataloader())
+
+
+@pytest.mark.slow
+def test_manual_accumulator_in_one_process_matches_full_batch_sgd():
+    plan = make_plan(21, 4)
+    assert plan.arithmetic == "21 = 3 x 3 + 3 x 4 over 6 steps x 1 rank"  # uneven, each weighted by its tokens
+    data = sequences(MIXED)
+    pl.seed_everything(0, verbose=False)
+    model = ManualLM(plan, "autotune")
+    t = trainer()
+    t.fit(model, train_dataloaders=plan_loader(data, plan))
+    assert t.global_step == 2 and max_error(model, reference_parameters(data, 21, steps=2)) < 1e-5
+
+
+@pytest.mark.slow
+def test_manual_accumulator_clips_with_lightning():
+    plan, data = make_plan(21, 4), sequences(MIXED)
+    model = ManualLM(plan, "autotune", max_norm=1e-3)  # SGD at lr 0.5: every step moves the weights by 5e-4
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer(max_steps=1).fit(model, train_dataloaders=plan_loader(data, plan))
+    moved = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - q)
+                                                  for p, q in zip(model.parameters(), before)]))
+    assert float(moved) == pytest.approx(0.5 * 1e-3, rel=1e-4)
