@@ -8,7 +8,8 @@
 Importing this package does nothing but define names; each submodule loads on
 first use (the planner, for one, never imports torch). The stages live in
 subpackages: workload, devices, probing, planning, training, report, with
-their results in results and the public functions in api.
+their results in results and the public functions in api; integrations adapts
+them to the Hugging Face Trainer, Lightning and Accelerate (each optional).
 """
 
 from __future__ import annotations
