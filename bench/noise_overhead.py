@@ -25,7 +25,7 @@ from common import machine
 from runner_overhead import CASES, REPS, hand_step
 from torch.utils._pytree import tree_map
 
-from autotune.noise import GradientNoiseScale
+from autotune.training.noise import GradientNoiseScale
 from autotune.workload import load_workload
 
 TARGET = 0.97
