@@ -564,7 +564,8 @@ def estimate(**kw):
 
 
 @pytest.mark.parametrize("kw,batch,says", [
-    ({}, 1024, ["target 1024 samples is 4.1x the measured noise scale (~250 samples, 95% 210–300, from 40 optimizer steps)",
+    ({}, 1024, ["target 1024 samples is 4.1x the measured noise scale (~250 samples, 95% 210–300, "
+                "from 40 optimizer steps)",
                 "about 1.2x the fewest optimizer steps (1.2–1.3) for 5.1x the fewest samples (4.4–5.9)",
                 "a batch near 250 (210–300) trades them evenly", "re-measure later"]),
     ({}, 64, ["0.26x the measured noise scale", "about 4.9x the fewest optimizer steps", "1.3x the fewest samples"]),
