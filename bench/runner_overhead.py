@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     print("# 'noise' = median of per-repetition time(quiet) / time(autotune): the noise scale's cost, goal >= 0.97;")
     print("#   'noise/4' the same measuring every 4th step (GradientNoiseScale(..., every=4))")
     header = (f"{'workload':<8} {'schedule':<16} {'reps':>4} {'autotune ms':>11} {'quiet ms':>8} {'hand ms':>9} "
-              f"{'full ms':>9} {'paired':>6} {'noise':>6} {'noise/4':>7} {'time quiet/full':>15} {'hand/full':>9}  targets")
+              f"{'full ms':>9} {'paired':>6} {'noise':>6} {'noise/4':>7} {'time quiet/full':>15} {'hand/full':>9}  "
+              "targets")
     print(header)
     print("-" * len(header))
     verdicts = []
