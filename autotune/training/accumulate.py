@@ -1,9 +1,10 @@
 """Exact gradient accumulation for your own training loop.
 
-    plan = autotune.Plan.from_dict(json.load(open("plan.json")))
+    plan = autotune.load_plan("plan.json")
     step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, items=count_tokens)
     for batch in loader:                 # batches of plan.per_rank_batch[rank] samples
         loss = step(batch)               # k micro-steps, one optimizer step
+    step.noise_scale.b_simple            # the gradient noise scale, measured on the way
 
 Each micro-step's mean loss is weighted ``n_i / N`` (``n_i`` items in the
 micro-batch, ``N`` in the whole effective batch over all ranks), so the
