@@ -14,6 +14,7 @@ import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,22 +106,35 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 class RoundCounter:
-    """Counts gradient all-reduce rounds of a DDP model through a communication hook.
+    """Counts the gradient all-reduce rounds of a DDP model: backward passes that communicated.
 
-    A round is one synchronising backward: its first bucket (index 0) goes out once.
+    A round is one backward through the model's output during which the process
+    group issued collectives (DDP's bucket all-reduces), read from the group's
+    collective sequence number when that backward starts and when it ends. It is
+    all observed on the thread that runs the backward: DDP's communication keeps
+    its built-in C++ path, with no Python callback on the process group's threads.
     """
 
     def __init__(self, ddp_model: nn.Module):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         self.rounds = 0
+        group: Any = getattr(ddp_model, "process_group", None) or dist.group.WORLD
+        self._sequence = group._get_sequence_number_for_group
+        ddp_model.register_forward_hook(self._watch)
 
-        def hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
-            if bucket.index() == 0:
-                self.rounds += 1
-            return default_hooks.allreduce_hook(state, bucket)
+    def _watch(self, module: nn.Module, inputs: object, output: object) -> None:
+        from torch.utils._pytree import tree_leaves
 
-        ddp_model.register_comm_hook(None, hook)
+        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if tensors:
+            torch.autograd.graph.register_multi_grad_hook(tensors, self._backward_starts, mode="any")
+
+    def _backward_starts(self, grad: torch.Tensor) -> None:
+        start = self._sequence()
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_ends(start))
+
+    def _backward_ends(self, start: int) -> None:
+        if self._sequence() != start:
+            self.rounds += 1
 
     def take(self) -> int:
         """Rounds since the last call."""
