@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from ..errors import AutotuneError
 from . import devices_cmd, plan_cmd, probe_cmd
@@ -48,6 +50,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if _under_torchrun():
+        _end_without_finalizing(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -79,3 +88,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _under_torchrun() -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def _end_without_finalizing(code: int) -> NoReturn:
+    """End a torchrun rank with ``code`` once its output is out, without finalizing the interpreter.
+
+    Files the command wrote are closed by now; this flushes the logs and the
+    standard streams and ends the process. Finalizing instead would end any
+    thread a communication library left behind at its next request for the GIL,
+    and a C++ thread ended that way aborts the whole process (SIGABRT) after the
+    work succeeded.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be written
+            pass
+    os._exit(code)
