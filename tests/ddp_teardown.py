@@ -63,7 +63,7 @@ def main() -> int:
     except (ValueError, AutotuneError) as exc:
         print(json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         if rank == 0:
-            time.sleep(5)
+            time.sleep(3)
         return 1
     print(json.dumps({"rank": rank, "threads_before": before, "threads_inside": inside,
                       "threads_after": threads(), "rounds": rounds}), flush=True)
