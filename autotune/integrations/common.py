@@ -25,11 +25,11 @@ class FrameworkAccumulator(Accumulator):
         super().__init__(*args, **kwargs)
         self.clip_with = clip_with
 
-    def clip(self) -> float | None:
+    def _clip(self) -> torch.Tensor | None:
         if self.max_norm is None:
             return None
         norm = self.clip_with(self.max_norm)
-        return None if norm is None else float(norm)
+        return None if norm is None else torch.as_tensor(norm)
 
 
 def largest_batch(batches: Iterable[Any], limit: int) -> tuple[Any, int]:

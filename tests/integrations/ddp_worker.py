@@ -105,7 +105,7 @@ def with_accelerate() -> dict:
 def main() -> None:
     warnings.filterwarnings("ignore")
     results = {"callback": with_callback(), "plan": PLAN.arithmetic}
-    for how in ("autotune", "naive", "checked"):
+    for how in ("autotune", "naive", "checked", "every"):
         results[how] = manual(how)
     results["accelerate"] = with_accelerate()
     if dist.get_rank() == 0:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import lightning.pytorch as pl
 import torch
-from torch import nn
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from autotune import Accumulator
 from autotune.integrations.lightning import accumulator
-from autotune.training.distributed import RoundCounter
 
 from .tokens import TokenNet, pad, sequences, token_loss, tokens
 
@@ -49,28 +51,45 @@ class Sequences(pl.LightningDataModule):
 class ManualLM(TinyLM):
     """Manual optimization, one accumulated optimizer step per training_step, by ``how``:
     "autotune" (autotune.integrations.lightning.accumulator), "naive" (a plain Accumulator that says it
-    synchronises when it does not), "checked" (a plain Accumulator, which refuses several ranks)."""
+    synchronises when it does not), "checked" (a plain Accumulator, which refuses several ranks), "every"
+    (manual_backward, but no block_backward_sync).
+    ``rounds``: per optimizer step, the backward passes that communicated (DDP's all-reduce), read from
+    the process group's collective counter around each backward."""
 
     def __init__(self, plan, how: str, lr: float = 0.5, max_norm: float | None = None):
         super().__init__(lr)
         self.automatic_optimization = False
         self.plan, self.how, self.max_norm = plan, how, max_norm
         self.rounds: list[int] = []
+        self._communicated = 0
+
+    def counted(self, backward: Callable[[torch.Tensor], None], loss: torch.Tensor) -> None:
+        if not dist.is_initialized():
+            return backward(loss)
+        sequence = dist.group.WORLD._get_sequence_number_for_group  # type: ignore[union-attr]
+        before = sequence()
+        backward(loss)
+        self._communicated += sequence() != before
+
+    def manual_backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        self.counted(lambda value: super(ManualLM, self).manual_backward(value, *args, **kwargs), loss)
 
     def on_train_start(self) -> None:
-        ddp = self.trainer.strategy.model
-        self.counter = RoundCounter(ddp) if isinstance(ddp, nn.parallel.DistributedDataParallel) else None
         opt = self.optimizers()
         if self.how == "autotune":
             self.accumulate = accumulator(self, opt, self.plan, loss=token_loss, items=tokens, max_norm=self.max_norm)
+        elif self.how == "every":  # manual_backward without block_backward_sync: DDP syncs every micro-step
+            self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens, external_sync=True,
+                                          backward=self.manual_backward, no_sync=contextlib.nullcontext)
         else:
             self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens,
-                                          external_sync=self.how == "naive")
+                                          external_sync=self.how == "naive",
+                                          backward=lambda loss: self.counted(torch.Tensor.backward, loss))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("loss", self.accumulate(batch))
-        if self.counter is not None:
-            self.rounds.append(self.counter.take())
+        self.rounds.append(self._communicated)
+        self._communicated = 0
 
 
 def trainer(**kwargs) -> pl.Trainer:

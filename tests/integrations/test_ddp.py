@@ -38,12 +38,14 @@ def test_lightning_callback_plans_for_both_ranks(ranks):
 def test_lightning_manual_optimization_stays_in_sync_only_with_the_accumulator(ranks):
     """A plain Accumulator in a LightningModule under DDP calls backward outside DDP's reducer: the ranks
     drift apart silently (or, with its check, it refuses); autotune's accumulator keeps them equal,
-    all-reduces once per optimizer step and matches full-batch SGD in float64."""
+    all-reduces once per optimizer step (not once per micro-step) and matches full-batch SGD in float64."""
     assert ranks["plan"] == "21 = 3 x 3 + 3 x 4 over 3 steps x 2 ranks"
     good, naive = ranks["autotune"], ranks["naive"]
     assert len(set(naive["digests"])) == 2 and naive["rounds"] == [[0, 0], [0, 0]] and naive["max_error"] > 1e-3
     assert "2 ranks are training but the model (ManualLM) is not wrapped" in ranks["checked"]["error"]
     assert len(set(good["digests"])) == 1 and good["rounds"] == [[1, 1], [1, 1]] and good["max_error"] < 1e-5
+    every = ranks["every"]  # right, but all-reducing after each of the 3 micro-steps
+    assert len(set(every["digests"])) == 1 and every["rounds"] == [[3, 3], [3, 3]] and every["max_error"] < 1e-5
 
 
 @pytest.mark.slow
