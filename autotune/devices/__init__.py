@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate"
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate, estimate:GPU"
 
 
 def _cuda_names(cuda) -> list[str]:
@@ -48,10 +48,13 @@ def _cuda_names(cuda) -> list[str]:
 
 
 def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=None, nvml=True) -> Device:
-    """The device called ``name``: auto | cpu | cuda | cuda:N | estimate.
+    """The device called ``name``: auto | cpu | cuda | cuda:N | estimate | estimate:GPU.
 
     ``auto`` is ``cuda:0`` when a CUDA GPU is usable, else ``cpu``. ``estimate``
     needs ``memory_budget``: the memory of the GPU you are planning for.
+    ``estimate:GPU`` names one (``estimate:H100-80GB``; see
+    :mod:`autotune.devices.presets`): its memory as NVML reports it, unless
+    ``memory_budget`` is given, and its compute capability for the kernel choices.
     """
     from .cpu import CpuDevice
     from .cuda import CudaDevice
@@ -62,6 +65,12 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
 
         cuda = torch.cuda
     text = str(name).strip().lower()
+    if text.startswith("estimate:"):
+        from .presets import find_preset
+
+        preset = find_preset(str(name).strip()[len("estimate:"):])
+        _check_allowance(memory_budget, preset.allowance_bytes)
+        return EstimateDevice.for_preset(preset, memory_budget)
     if text == "auto":
         text = "cuda:0" if _cuda_names(cuda) else "cpu"
     if text == "cpu":
@@ -72,11 +81,7 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
             raise DeviceError(
                 "device='estimate' needs memory_budget: the memory of the GPU you are planning for, e.g. 80GiB"
             )
-        if memory_budget <= CUDA_CONTEXT_ALLOWANCE:
-            raise DeviceError(
-                f"memory_budget {memory_budget} bytes is smaller than the "
-                f"{CUDA_CONTEXT_ALLOWANCE // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
-            )
+        _check_allowance(memory_budget, CUDA_CONTEXT_ALLOWANCE)
         return EstimateDevice.for_gpu(memory_budget)
     match = re.fullmatch(r"cuda(?::(\d+))?", text)
     if match is None:
@@ -92,6 +97,14 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     if index >= len(present):
         raise DeviceError(f"cuda:{index} does not exist: devices here are cpu, {', '.join(present)}, estimate")
     return CudaDevice(index, memory_budget=memory_budget, cuda=cuda, nvml=nvml)
+
+
+def _check_allowance(memory_budget: int | None, allowance: int) -> None:
+    if memory_budget is not None and memory_budget <= allowance:
+        raise DeviceError(
+            f"memory_budget {memory_budget} bytes is smaller than the "
+            f"{allowance // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
+        )
 
 
 def _check_ram(memory_budget: int | None) -> None:
