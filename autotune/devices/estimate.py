@@ -73,7 +73,17 @@ _SIMULATED_BY = {
 
 
 class EstimateDevice:
-    """A device that exists only as an estimate (``estimated = True``)."""
+    """A device that exists only as an estimate (``estimated = True``).
+
+    ``capacity`` is the memory of the device stood in for, ``allowance`` what is
+    taken off it for memory outside PyTorch's allocator. With ``cuda_like`` it
+    stands in for a CUDA GPU: ``target`` (compute capability, library versions,
+    cuBLAS settings) picks the kernels, and unless ``simulate`` is False the
+    allocation trace is replayed through the caching-allocator simulation under
+    ``alloc_conf`` (default: ``$PYTORCH_CUDA_ALLOC_CONF`` when the device is made),
+    ``device_total`` being the GPU's whole memory. ``model`` names the GPU (a
+    preset); ``budget_given``: the capacity is the user's memory budget.
+    """
 
     estimated = True
 
@@ -82,7 +92,7 @@ class EstimateDevice:
     def __init__(self, *, capacity: int, round_to: int = 1, cuda_like: bool = True,
                  allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0,
                  target: CudaTarget | None = None, alloc_conf: str | None = None, device_total: int | None = None,
-                 model: str | None = None, budget_given: bool = True):
+                 model: str | None = None, budget_given: bool = True, simulate: bool = True):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
@@ -107,16 +117,18 @@ class EstimateDevice:
         self.alloc_conf = os.environ.get(CONF_VARIABLE, "") if alloc_conf is None else alloc_conf
         self.allocator: AllocatorConfig | None = None
         self.not_simulated: str | None = None  # why the allocator is not simulated, when it is not
-        if cuda_like:
+        self.simulate = simulate
+        if cuda_like and simulate:
             self.allocator, self.not_simulated = _allocator_config(self.alloc_conf)
-            if self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
-                self.round_to = max(round_to, CUDA_ROUNDING)
+        if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
+            self.round_to = max(round_to, CUDA_ROUNDING)
         self._kernels = MetaKernels()
 
     def _settings(self) -> dict[str, Any]:
         return dict(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
                     name=self.name, engine=self.engine, target=self.target, alloc_conf=self.alloc_conf,
-                    device_total=self.device_total, model=self.model, budget_given=self.budget_given)
+                    device_total=self.device_total, model=self.model, budget_given=self.budget_given,
+                    simulate=self.simulate)
 
     def with_other_guesses(self) -> EstimateDevice:
         """This estimate, answering every value it cannot know differently: when a run's peak
