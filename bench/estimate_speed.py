@@ -112,7 +112,8 @@ def one_eval(workload, engine: str, simulate: bool = True):
 
 
 def probe_estimate(workload):
-    """What a probe on a real device estimates with: the fit rule at 2 and 3 on one fresh estimator."""
+    """The curve every probe starts from: the fit rule at 2 and 3 on one fresh estimator (a probe on a GPU then
+    checks the curve's prediction with simulated runs, as a whole estimate-only probe does)."""
     device = estimator()
     return [run_trial(device, workload, b, 2**62, source="estimate") for b in (2, 3)]
 
@@ -188,7 +189,8 @@ def main(argv=None) -> int:
           f"estimator, median of {args.repeat}; its reserved peak from the caching-allocator simulation")
     print("#   meta = the default engine (meta tensors, memoised meta kernels, CUDA's kernel choices); fake = "
           "FakeTensorMode (the CPU's attention); fake peak = its reserved peak at the same size")
-    print("# probe est. = micro-batches 2 and 3 on one fresh estimator: what a probe on a real device estimates with")
+    print("# probe est. = micro-batches 2 and 3 on one fresh estimator: the curve every probe starts from (on a GPU "
+          "the probe then checks it with simulated runs, as the whole estimate-only probe does)")
     print("# whole est. = autotune.probe on the estimate device (fake runs only), median of the same repeats")
     print("# the simulation's cost, measured in one run (with and without it interleaved, medians of CPU seconds): "
           "s/eval sim = "
@@ -217,15 +219,16 @@ def main(argv=None) -> int:
     print(f"caching-allocator simulation target, 'it costs < {SIMULATION_SHARE:.0%} of an estimate':")
     for r in rows:
         share = r["replay_share"]
-        print(f"  {r['name']}: replay {r['t_replay']:.3f} s of {r['t_sim']:.3f} s per evaluation = {share:.1%} "
-              f"({'HOLDS' if share < SIMULATION_SHARE else 'DOES NOT HOLD'}); with vs without the simulation "
-              f"{r['t_sim']:.3f} vs {r['t_nosim']:.3f} s ({r['t_sim'] / r['t_nosim'] - 1:+.1%}, recording included)")
+        print(f"  {r['name']}: the replay takes {share:.1%} of an evaluation (median over the evaluations, each "
+              f"timed inside; {r['t_replay']:.3f} s) ({'HOLDS' if share < SIMULATION_SHARE else 'DOES NOT HOLD'}); "
+              f"evaluations with vs without the simulation {r['t_sim']:.3f} vs {r['t_nosim']:.3f} CPU s "
+              f"({r['t_sim'] / r['t_nosim'] - 1:+.1%}, recording included; noisier: separate evaluations)")
     target = next((r for r in rows if r["name"] == "gpt-100m"), None)
     if target is not None:
         print(f"issue 3 target, 'the estimate must stay under {TARGET_SECONDS:.0f} s for 100M parameters on this "
               f"machine':")
         for label, seconds in [("one fit-rule evaluation", target["t_meta"]),
-                               ("a probe's estimate on a real device (2 evaluations)", target["t_two"]),
+                               ("the curve every probe starts from (2 evaluations)", target["t_two"]),
                                (f"a whole estimate-only probe ({target['fake_runs']} evaluations)",
                                 target["t_probe"])]:
             print(f"  {label}: {seconds:.2f} s: {'HOLDS' if seconds < TARGET_SECONDS else 'DOES NOT HOLD'}")

@@ -1,4 +1,4 @@
-"""Devices: ``cpu``, ``cuda:N`` and ``estimate``, behind one interface (see base.Device).
+"""Devices: ``cpu``, ``cuda:N``, ``estimate`` and ``estimate:GPU``, behind one interface (see base.Device).
 
 The device classes load on first use: ``list_devices`` (``autotune devices``)
 answers from NVML and /proc without importing torch.
@@ -16,16 +16,17 @@ from .host import ram_bytes, torch_build
 from .nvml import load_nvml
 
 if TYPE_CHECKING:
+    from .allocator import CachingAllocator
     from .base import Device, Measurement, Session
     from .cpu import CpuDevice
     from .cuda import CudaDevice
     from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
 
-__all__ = ["CUDA_CONTEXT_ALLOWANCE", "CpuDevice", "CudaDevice", "Device", "EstimateDevice", "Measurement", "Session",
-           "get_device", "list_devices"]
+__all__ = ["CUDA_CONTEXT_ALLOWANCE", "CachingAllocator", "CpuDevice", "CudaDevice", "Device", "EstimateDevice",
+           "Measurement", "Session", "get_device", "list_devices"]
 
 _LAZY = {"Device": "base", "Measurement": "base", "Session": "base", "CpuDevice": "cpu", "CudaDevice": "cuda",
-         "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate"}
+         "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate", "CachingAllocator": "allocator"}
 
 
 def __getattr__(name: str) -> Any:

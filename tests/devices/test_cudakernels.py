@@ -14,8 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from autotune.devices.cudakernels import CUDNN, EFFICIENT, FLASH, MATH, CudaKernelChoices, CudaTarget, \
-    select_sdp_backend
+from autotune.devices.cudakernels import (
+    CUDNN,
+    EFFICIENT,
+    FLASH,
+    MATH,
+    CudaKernelChoices,
+    CudaTarget,
+    select_sdp_backend,
+)
 from autotune.devices.meta import MetaKernels
 from autotune.devices.tracker import LiveStorageTracker
 
