@@ -66,9 +66,9 @@ def describe(result) -> str:
                 for t in result.trials]
         lines.append(text_table(("batch", "source", "reserved", "allocated", "retries", "fits", "seconds"), rows))
     else:
-        rows = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes), "yes" if t.fits else "no",
-                 f"{t.seconds:.2f}") for t in result.trials]
-        lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), rows))
+        plain = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes), "yes" if t.fits else "no",
+                  f"{t.seconds:.2f}") for t in result.trials]
+        lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), plain))
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
