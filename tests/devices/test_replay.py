@@ -261,3 +261,50 @@ def test_estimate_answers_equal_a_brute_force_search_over_simulated_runs(name, b
     result = probe(workload, device, max_batch=100_000)
     assert result.max_micro_batch == brute_force(device, workload, result.usable_bytes,
                                                  2 * result.max_micro_batch + 2)
+
+
+# -- a probe that confirms on a device whose caching allocator decides ---------------------------------------
+
+
+class SimulatedGpu:
+    """A 'real' device whose measurements are a simulating estimate's: exactly what the estimate predicts.
+    Drives the probe's confirm path with allocator figures (a real GPU cannot run here)."""
+
+    estimated = False
+    torch_device = torch.device("meta")
+
+    def __init__(self, capacity: int):
+        self.inner = EstimateDevice(capacity=capacity, allowance=0, name="gpu")
+        self.name = "gpu0"  # not cuda:N: the probe would fork a CUDA generator
+
+    def capacity_bytes(self):
+        return self.inner.capacity_bytes()
+
+    def measure(self, work, *, enforce_capacity=True):
+        return self.inner.measure(work)
+
+    def cleanup(self):
+        pass
+
+    def describe(self):
+        from dataclasses import replace
+
+        return replace(self.inner.describe(), kind="cuda", estimated=False)
+
+    def estimator(self):
+        return EstimateDevice(**self.inner._settings())
+
+
+def test_a_probe_confirming_on_a_gpu_records_real_and_simulated_allocator_figures():
+    from autotune.workload import load_workload
+
+    result = probe(load_workload("gpt"), SimulatedGpu(60 * MiB), max_batch=100_000)
+    estimates = {t.batch: t for t in result.trials if t.source == "estimate"}
+    real = [t for t in result.trials if t.source == "real"]
+    assert real and real[-1].batch == result.max_micro_batch
+    assert result.max_micro_batch in estimates  # the simulation's figures beside the real ones at the answer
+    assert result.predicted_allocated_peak_bytes == estimates[result.max_micro_batch].allocated_bytes
+    assert result.allocated_peak_bytes == real[-1].allocated_bytes == result.predicted_allocated_peak_bytes
+    assert result.estimate_error == 0.0 and result.real_runs == 1  # the simulation checked the next size already
+    line = result.allocator_line()
+    assert line.startswith("caching allocator (measured): reserved") and "; simulated: reserved" in line
