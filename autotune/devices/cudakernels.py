@@ -242,6 +242,17 @@ def prefers_cudnn(cc: tuple[int, int], cudnn_version: int, cuda_version: tuple[i
     return cuda_version >= (13, 0) or cc[1] in (0, 3)
 
 
+_BACKEND_IDS = {0: MATH, 1: FLASH, 2: EFFICIENT, 3: CUDNN}  # at::SDPBackend
+_DEFAULT_ORDER = [FLASH, EFFICIENT, MATH, CUDNN]  # at::Context's sdp_priority_order
+
+
+def priority_order() -> list[str]:
+    """``at::globalContext().sDPPriorityOrder()`` (``sdpa_kernel(..., set_priority=True)`` changes it)."""
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    ids = get() if get is not None else [1, 2, 0, 3]
+    return [_BACKEND_IDS[int(i)] for i in ids if int(i) in _BACKEND_IDS]
+
+
 def select_sdp_backend(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                        is_causal: bool = False, *, enable_gqa: bool = False,
                        target: CudaTarget = CudaTarget()) -> str:
@@ -249,8 +260,8 @@ def select_sdp_backend(query: Any, key: Any, value: Any, attn_mask: Any = None, 
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     p = _Params(query, key, value, attn_mask, float(dropout_p), bool(is_causal), bool(enable_gqa), requires_grad)
     cc = target.capability
-    order = [FLASH, EFFICIENT, MATH, CUDNN]
-    if prefers_cudnn(cc, target.cudnn_version, target.cuda_version):
+    order = priority_order()
+    if order == _DEFAULT_ORDER and prefers_cudnn(cc, target.cudnn_version, target.cuda_version):
         order = [CUDNN, FLASH, EFFICIENT, MATH]
     for backend in order:
         if backend == FLASH and can_use_flash(p, cc):
@@ -457,5 +468,4 @@ def _efficient_mask(mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     if any(s % 16 for s, n in zip(mask.stride()[:-1], mask.shape[:-1]) if n > 1):
         padded = torch.nn.functional.pad(mask, (0, _round(last, 16) - last))
         mask = padded[..., :last]
-    shape = (query.size(0), query.size(1), query.size(2), mask.size(-1))
-    return mask.expand(shape) if mask.dim() == 4 or mask.dim() < 4 else mask
+    return mask.expand(query.size(0), query.size(1), query.size(2), mask.size(-1))

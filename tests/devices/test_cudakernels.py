@@ -97,6 +97,13 @@ def test_sdpa_kernel_switches_are_read(enabled, expected):
         assert choose("sm80", {}, {}, OLD_CUDNN) == expected
 
 
+def test_a_priority_order_set_by_the_user_is_followed():
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        assert choose("sm80", {}, {}, OLD_CUDNN) == MATH
+        assert choose("sm90", {}, {}, NEW_CUDNN) == MATH  # no cuDNN preference over an order the user set
+    assert choose("sm80", {}, {}, OLD_CUDNN) == FLASH
+
+
 def test_no_backend_left_is_an_error():
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), pytest.raises(RuntimeError, match="No available kernel"):
         choose("sm75", {}, {}, OLD_CUDNN)  # flash is the only one enabled and sm75 cannot run it
