@@ -330,16 +330,13 @@ def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: 
     curve = PeakCurve.try_fit(2, first.measurement.timeline, 3, second.measurement.timeline)
 
     def guess(lo: int, hi: int) -> int:
-        # Between two runs that bracket the answer, the line through their peaks (the simulated
-        # allocator's peak is nearly linear there); else the curve's prediction, shifted by how the
-        # last run compared with it (exact on the CPU, where the shift is 0).
+        # The curve's prediction, shifted by how the run nearest the usable line compared with it
+        # (exact on the CPU, where the shift is 0; for a CUDA stand-in, the simulated allocator's
+        # rounding, cache and workspaces there).
         assert curve is not None
-        low, high = est.done.get(lo), est.done.get(hi)
-        if low is not None and high is not None and low.peak_bytes is not None and high.peak_bytes is not None \
-                and high.peak_bytes > low.peak_bytes:
-            return lo + int((usable - low.peak_bytes) * (hi - lo) // (high.peak_bytes - low.peak_bytes))
-        last = est.last()
-        shift = last.peak_bytes - curve.peak(last.trial.batch) if last.peak_bytes is not None else 0
+        near = min((a for b in (lo, hi) if (a := est.done.get(b)) is not None and a.peak_bytes is not None),
+                   key=lambda a: abs(usable - (a.peak_bytes or 0)), default=est.last())
+        shift = near.peak_bytes - curve.peak(near.trial.batch) if near.peak_bytes is not None else 0
         return curve.max_fitting(usable - shift, limit=max_batch)
 
     low = 3 if second.fits else 2
