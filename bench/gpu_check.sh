@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for a machine with an NVIDIA GPU: estimated vs measured peaks, the probe vs an
-# exhaustive real search, and a planned run with verification. Finishes in under 5 minutes.
+# GPU check for a machine with an NVIDIA GPU: a recorded allocator trace replayed through the
+# caching-allocator simulation vs the real reserved/allocated peaks, the estimate vs the same, the
+# probe vs an exhaustive real search, a planned run with verification, and the assumptions only a
+# GPU shows (memory outside the allocator, the GPU presets). Finishes in under 5 minutes.
 #
 #   bash bench/gpu_check.sh                 # log: $OUT/gpu_check.log if $OUT is set, else bench/gpu_check.log
 #   PYTHON=/path/to/python bash bench/gpu_check.sh

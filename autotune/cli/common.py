@@ -132,10 +132,11 @@ def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
                             "package.module[:function], exposing build() -> autotune.Workload (default: gpt)")
     p.add_argument("--device", default="auto",
                    help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
-                        "estimate (fake tensors only; needs --memory-budget: the GPU you plan for)")
+                        "estimate (fake tensors only; needs --memory-budget: the GPU you plan for) | "
+                        "estimate:GPU (a GPU by name, e.g. estimate:H100-80GB; autotune devices --presets)")
     p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
                    help="device memory to plan for, e.g. 512MiB or 80GiB (cpu: default the available RAM; "
-                        "cuda: caps the free memory; estimate: required)")
+                        "cuda: caps the free memory; estimate: required; estimate:GPU: replaces its memory)")
     p.add_argument("--margin", type=flag(options.margin, "--margin"), default=options.MARGIN,
                    help="fraction of capacity kept free: usable = capacity x (1 - margin)")
 

@@ -11,17 +11,22 @@ EXAMPLES = """\
 examples:
   autotune devices
   autotune devices --json
+  autotune devices --presets     # the GPUs --device estimate:NAME stands in for
 """
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("devices", help="list the CPU and every GPU with their memory", description=EXAMPLES,
                        formatter_class=Formatter)
+    p.add_argument("--presets", action="store_true",
+                   help="list the GPUs an estimate can stand in for by name (--device estimate:NAME)")
     add_common(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    if args.presets:
+        return presets(args)
     from ..devices import list_devices
 
     info = list_devices()
@@ -41,4 +46,23 @@ def run(args) -> int:
     for note in info["notes"]:
         print(f"note: {note}")
     print(f"torch    {info['torch']}")
+    return 0
+
+
+def presets(args) -> int:
+    """The GPU presets: memory as NVML reports it, compute capability, the allowance assumed."""
+    from ..devices.presets import PRESETS
+
+    if args.json:
+        print(json.dumps([{"name": p.name, "model": p.model, "total_bytes": p.total_bytes,
+                           "compute_capability": p.sm, "allowance_bytes": p.allowance_bytes} for p in PRESETS],
+                         indent=2))
+        return 0
+    width = max(len(p.name) for p in PRESETS)
+    print(f"{'preset':<{width}}  {'NVML memory':>22}  {'compute':>7}  {'allowance':>9}  model")
+    for p in PRESETS:
+        memory = f"{p.total_bytes // 2**20} MiB ({format_bytes(p.total_bytes)})"
+        print(f"{p.name:<{width}}  {memory:>22}  {p.sm:>7}  {format_bytes(p.allowance_bytes):>9}  {p.model}")
+    print("use: --device estimate:NAME (--memory-budget replaces its memory); the allowance is memory assumed "
+          "taken by the CUDA context and libraries, outside PyTorch's allocator")
     return 0

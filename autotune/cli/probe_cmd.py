@@ -15,6 +15,7 @@ examples:
   autotune probe
   autotune probe --probe mlp --device cpu --memory-budget 64MiB
   autotune probe --probe gpt:build_1b --device estimate --memory-budget 80GiB
+  autotune probe --probe gpt:build_100m --device estimate:A100-40GB
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
 """
 
@@ -53,11 +54,21 @@ def describe(result) -> str:
     if result.breakdown:
         parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in result.breakdown.items())
         lines.append(f"at the peak: {parts}")
+    allocator = result.allocator_line()
+    if allocator is not None:
+        lines.append(allocator)
     lines.append(f"trials: {len(result.trials)} ({result.real_runs} real, {result.real_ooms} out of memory), "
                  f"{result.seconds:.1f} s")
-    rows = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes), "yes" if t.fits else "no",
-             f"{t.seconds:.2f}") for t in result.trials]
-    lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), rows))
+    if any(t.allocated_bytes is not None for t in result.trials):
+        rows = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes),
+                 "-" if t.allocated_bytes is None else format_bytes(t.allocated_bytes),
+                 "-" if t.retries is None else str(t.retries), "yes" if t.fits else "no", f"{t.seconds:.2f}")
+                for t in result.trials]
+        lines.append(text_table(("batch", "source", "reserved", "allocated", "retries", "fits", "seconds"), rows))
+    else:
+        plain = [(str(t.batch), t.source, "OOM" if t.oom else format_bytes(t.peak_bytes), "yes" if t.fits else "no",
+                  f"{t.seconds:.2f}") for t in result.trials]
+        lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), plain))
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Devices: ``cpu``, ``cuda:N`` and ``estimate``, behind one interface (see base.Device).
+"""Devices: ``cpu``, ``cuda:N``, ``estimate`` and ``estimate:GPU``, behind one interface (see base.Device).
 
 The device classes load on first use: ``list_devices`` (``autotune devices``)
 answers from NVML and /proc without importing torch.
@@ -16,16 +16,17 @@ from .host import ram_bytes, torch_build
 from .nvml import load_nvml
 
 if TYPE_CHECKING:
+    from .allocator import CachingAllocator
     from .base import Device, Measurement, Session
     from .cpu import CpuDevice
     from .cuda import CudaDevice
     from .estimate import CUDA_CONTEXT_ALLOWANCE, EstimateDevice
 
-__all__ = ["CUDA_CONTEXT_ALLOWANCE", "CpuDevice", "CudaDevice", "Device", "EstimateDevice", "Measurement", "Session",
-           "get_device", "list_devices"]
+__all__ = ["CUDA_CONTEXT_ALLOWANCE", "CachingAllocator", "CpuDevice", "CudaDevice", "Device", "EstimateDevice",
+           "Measurement", "Session", "get_device", "list_devices"]
 
 _LAZY = {"Device": "base", "Measurement": "base", "Session": "base", "CpuDevice": "cpu", "CudaDevice": "cuda",
-         "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate"}
+         "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate", "CachingAllocator": "allocator"}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,7 +37,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate"
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate, estimate:GPU"
 
 
 def _cuda_names(cuda) -> list[str]:
@@ -48,10 +49,13 @@ def _cuda_names(cuda) -> list[str]:
 
 
 def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=None, nvml=True) -> Device:
-    """The device called ``name``: auto | cpu | cuda | cuda:N | estimate.
+    """The device called ``name``: auto | cpu | cuda | cuda:N | estimate | estimate:GPU.
 
     ``auto`` is ``cuda:0`` when a CUDA GPU is usable, else ``cpu``. ``estimate``
     needs ``memory_budget``: the memory of the GPU you are planning for.
+    ``estimate:GPU`` names one (``estimate:H100-80GB``; see
+    :mod:`autotune.devices.presets`): its memory as NVML reports it, unless
+    ``memory_budget`` is given, and its compute capability for the kernel choices.
     """
     from .cpu import CpuDevice
     from .cuda import CudaDevice
@@ -62,6 +66,12 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
 
         cuda = torch.cuda
     text = str(name).strip().lower()
+    if text.startswith("estimate:"):
+        from .presets import find_preset
+
+        preset = find_preset(str(name).strip()[len("estimate:"):])
+        _check_allowance(memory_budget, preset.allowance_bytes)
+        return EstimateDevice.for_preset(preset, memory_budget)
     if text == "auto":
         text = "cuda:0" if _cuda_names(cuda) else "cpu"
     if text == "cpu":
@@ -72,11 +82,7 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
             raise DeviceError(
                 "device='estimate' needs memory_budget: the memory of the GPU you are planning for, e.g. 80GiB"
             )
-        if memory_budget <= CUDA_CONTEXT_ALLOWANCE:
-            raise DeviceError(
-                f"memory_budget {memory_budget} bytes is smaller than the "
-                f"{CUDA_CONTEXT_ALLOWANCE // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
-            )
+        _check_allowance(memory_budget, CUDA_CONTEXT_ALLOWANCE)
         return EstimateDevice.for_gpu(memory_budget)
     match = re.fullmatch(r"cuda(?::(\d+))?", text)
     if match is None:
@@ -92,6 +98,14 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
     if index >= len(present):
         raise DeviceError(f"cuda:{index} does not exist: devices here are cpu, {', '.join(present)}, estimate")
     return CudaDevice(index, memory_budget=memory_budget, cuda=cuda, nvml=nvml)
+
+
+def _check_allowance(memory_budget: int | None, allowance: int) -> None:
+    if memory_budget is not None and memory_budget <= allowance:
+        raise DeviceError(
+            f"memory_budget {memory_budget} bytes is smaller than the "
+            f"{allowance // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
+        )
 
 
 def _check_ram(memory_budget: int | None) -> None:

@@ -29,7 +29,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
-    """Peak device memory of one piece of work, and where it went at the peak."""
+    """Peak device memory of one piece of work, and where it went at the peak.
+
+    ``peak_bytes`` decides whether the work fits: the live tensor bytes on the
+    CPU, the caching allocator's reserved peak on CUDA (measured on a GPU,
+    simulated by an estimate standing in for one). ``tracked_peak_bytes`` is
+    the peak of live tensor-storage bytes the tracker counted (``breakdown``
+    and ``timeline`` are of those). Where a caching allocator decides,
+    ``allocated_peak_bytes`` is its allocated peak (blocks handed to tensors
+    and kernels) and ``alloc_retries`` how often it had to free its cache and
+    retry a cudaMalloc; None elsewhere. ``notes``: what an estimate bounded or
+    assumed. ``replay_seconds``: the part of ``seconds`` an estimate spent
+    replaying its trace through the allocator simulation.
+    """
 
     peak_bytes: int
     tracked_peak_bytes: int
@@ -37,10 +49,16 @@ class Measurement:
     seconds: float
     timeline: tuple[int, ...] = field(repr=False, default=())
     unknown_reads: int = 0  # values an estimate had to guess in the forward and backward
+    allocated_peak_bytes: int | None = None
+    alloc_retries: int | None = None
+    notes: tuple[str, ...] = ()
+    replay_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.tracked_peak_bytes < 0 or self.seconds < 0:
             raise ValueError(f"measurement figures must be >= 0: {self}")
+        if (self.allocated_peak_bytes or 0) < 0 or (self.alloc_retries or 0) < 0:
+            raise ValueError(f"allocator figures must be >= 0: {self}")
 
 
 class Device(Protocol):

@@ -1,18 +1,25 @@
-"""A CUDA GPU: the caching allocator's reserved peak decides; NVML says what is free."""
+"""A CUDA GPU: the caching allocator's reserved peak decides; NVML says what is free.
+
+A measurement records ``torch.cuda.max_memory_reserved`` (what decides),
+``max_memory_allocated`` and the allocator's release-and-retry count
+(``num_alloc_retries`` of ``torch.cuda.memory_stats``) over the work, each trial
+starting as a fresh process would: garbage collected, cuBLAS workspaces
+dropped, cache emptied, peaks reset.
+"""
 
 from __future__ import annotations
 
 import gc
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .base import Measurement, Session, T, timed_measure
-from .estimate import CUDA_ROUNDING
 from .nvml import GpuInfo, Nvml, load_nvml
 from .tracker import LiveStorageTracker
 
@@ -48,6 +55,8 @@ class CudaDevice:
         self.nvml = nvml or None
         self._info: GpuInfo | None = None
         self._capacity, self._free, self._total = self._read_capacity()
+        # The allocator this process runs with: torch reads it once, at its first CUDA allocation.
+        self.alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
     def _nvml_index(self) -> int:
         try:
@@ -74,7 +83,8 @@ class CudaDevice:
         self.cleanup()
         self.cuda.synchronize(self.index)
         self.cuda.reset_peak_memory_stats(self.index)
-        tracker = LiveStorageTracker(round_to=CUDA_ROUNDING)
+        retries_before = self._retries()
+        tracker = LiveStorageTracker()
         device = torch.device("cuda", self.index)
         session = Session(tracker, move=lambda t: t.to(device, non_blocking=True), move_model=lambda m: m.to(device),
                           cuda_like=True, torch_device=device)
@@ -83,18 +93,42 @@ class CudaDevice:
             self.cuda.synchronize(self.index)
             return int(self.cuda.max_memory_reserved(self.index))
 
-        return timed_measure(tracker, session, work, peak=peak)
+        result, m = timed_measure(tracker, session, work, peak=peak)
+        return result, replace(m, allocated_peak_bytes=int(self.cuda.max_memory_allocated(self.index)),
+                               alloc_retries=self._retries() - retries_before)
+
+    def _retries(self) -> int:
+        """``num_alloc_retries`` so far (a counter that reset_peak_memory_stats leaves alone)."""
+        return int(self.cuda.memory_stats(self.index).get("num_alloc_retries", 0))
 
     def cleanup(self) -> None:
-        """Give memory back after a trial or an OOM: drop garbage, empty the cache."""
+        """Give memory back after a trial or an OOM: drop garbage and the cuBLAS workspaces (the next
+        trial allocates them again, as a fresh process does), empty the cache."""
         gc.collect()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None and self.cuda is torch.cuda:
+            clear()
         self.cuda.empty_cache()
 
+    def capability(self) -> tuple[int, int]:
+        props = self.cuda.get_device_properties(self.index)
+        return int(props.major), int(props.minor)
+
     def estimator(self) -> EstimateDevice:
+        """The estimate that stands in for this GPU: its capacity, compute capability, cuDNN and CUDA
+        versions, and this process's PYTORCH_CUDA_ALLOC_CONF."""
+        from .cudakernels import CudaTarget
         from .estimate import EstimateDevice
 
-        return EstimateDevice(capacity=self._capacity, round_to=CUDA_ROUNDING, cuda_like=True,
-                              name=f"estimate ({self.name})")
+        versions: dict[str, Any] = {}
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if cudnn:
+            versions["cudnn_version"] = int(cudnn)
+        if torch.version.cuda:
+            versions["cuda_version"] = tuple(int(x) for x in torch.version.cuda.split(".")[:2])
+        return EstimateDevice(capacity=self._capacity, cuda_like=True, name=f"estimate ({self.name})",
+                              target=CudaTarget.from_environment(self.capability(), **versions),
+                              alloc_conf=self.alloc_conf, device_total=self._total)
 
     def describe(self) -> DeviceInfo:
         props = None
@@ -117,7 +151,9 @@ class CudaDevice:
             torch=torch.__version__, model=name, total_bytes=self._total, free_bytes=self._free,
             other_processes=self._info.other_processes if self._info else None,
             driver=self.nvml.driver_version() if self.nvml is not None else None,
-            allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            allocator_conf=self.alloc_conf,
+            compute_capability=f"{props.major}.{props.minor}" if props is not None and hasattr(props, "major")
+            else None,
             note=None if self.nvml is not None else
             self.nvml_note + "; free memory read from torch.cuda.mem_get_info instead",
         )

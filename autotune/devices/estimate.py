@@ -13,17 +13,29 @@ counts what the real device would hold. Two engines run the fit rule:
   on a CPU tensor) falls back to it, once, and stays there; the description
   says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it the default.
 
-Standing in for a CUDA device (``cuda_like``), every allocation is rounded up
-to 512 bytes as CUDA's caching allocator does, optimizers left at
-``foreach=None`` take the multi-tensor path CUDA would pick, and a stated
-allowance for the CUDA context and library workspaces is taken off the budget.
+Standing in for a CUDA device (``cuda_like``):
+
+- the allocation trace (every storage created and freed, with its exact size)
+  is replayed through :class:`~autotune.devices.allocator.CachingAllocator`, a
+  simulation of CUDA's caching allocator, with the GPU's capacity and the
+  ``PYTORCH_CUDA_ALLOC_CONF`` read when the device was made; the simulated
+  *reserved* peak is the peak that decides (``Measurement.peak_bytes``), next to
+  the allocated peak and the release-and-retry count;
+- the kernels CUDA would choose run instead of the CPU's
+  (:mod:`autotune.devices.cudakernels`: attention backends, cuBLAS workspaces,
+  backward scratch buffers);
+- optimizers left at ``foreach=None`` take the multi-tensor path CUDA would pick,
+  and a stated allowance for the CUDA context and libraries is taken off the
+  GPU's memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,32 +44,55 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from ..errors import BadInput
 from ..results.device import DeviceInfo
 from ..units import format_bytes
+from .allocator import AllocatorConfig
 from .base import Measurement, Session, T, _move_module, timed_measure
+from .cudakernels import CudaKernelChoices, CudaTarget
 from .meta import CpuKernelChoices, MetaKernels
+from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .quiet import quiet_torch_logs
+from .replay import replay
 from .tracker import LiveStorageTracker
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
-#: cuDNN handles and workspaces. Typical of torch 2.x with lazy module loading.
-CUDA_CONTEXT_ALLOWANCE = 640 * 1024**2
-CUDA_ROUNDING = 512
+#: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
+CUDA_CONTEXT_ALLOWANCE = CONTEXT_ALLOWANCE
+CUDA_ROUNDING = 512  # the caching allocator's smallest block (kMinBlockSize), which the simulation applies
+CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 ENGINES = ("meta", "fake")
 ENGINE_VARIABLE = "AUTOTUNE_ESTIMATE_ENGINE"
 _MEASURED_BY = {
     "meta": "live tensor-storage bytes of meta tensors (no real compute)",
     "fake": "live tensor-storage bytes under FakeTensorMode (no real compute)",
 }
+_SIMULATED_BY = {
+    "meta": "reserved peak of a simulated CUDA caching allocator replaying the allocations of meta tensors "
+            "(no real compute)",
+    "fake": "reserved peak of a simulated CUDA caching allocator replaying the allocations of FakeTensorMode "
+            "tensors (no real compute)",
+}
 
 
 class EstimateDevice:
-    """A device that exists only as an estimate (``estimated = True``)."""
+    """A device that exists only as an estimate (``estimated = True``).
+
+    ``capacity`` is the memory of the device stood in for, ``allowance`` what is
+    taken off it for memory outside PyTorch's allocator. With ``cuda_like`` it
+    stands in for a CUDA GPU: ``target`` (compute capability, library versions,
+    cuBLAS settings) picks the kernels, and unless ``simulate`` is False the
+    allocation trace is replayed through the caching-allocator simulation under
+    ``alloc_conf`` (default: ``$PYTORCH_CUDA_ALLOC_CONF`` when the device is made),
+    ``device_total`` being the GPU's whole memory. ``model`` names the GPU (a
+    preset); ``budget_given``: the capacity is the user's memory budget.
+    """
 
     estimated = True
 
     torch_device = torch.device("meta")  # where the work's tensors live; no allocator can run out
 
-    def __init__(self, *, capacity: int, round_to: int = CUDA_ROUNDING, cuda_like: bool = True,
-                 allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0):
+    def __init__(self, *, capacity: int, round_to: int = 1, cuda_like: bool = True,
+                 allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0,
+                 target: CudaTarget | None = None, alloc_conf: str | None = None, device_total: int | None = None,
+                 model: str | None = None, budget_given: bool = True, simulate: bool = True):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
@@ -74,21 +109,52 @@ class EstimateDevice:
         self.engine = engine
         self.fallback: str | None = None  # why the meta engine gave way to FakeTensorMode
         self.guess = guess  # which answers unknown values get (see LiveStorageTracker)
+        self.target = target if target is not None else CudaTarget.from_environment(DEFAULT_CAPABILITY)
+        self.model = model
+        self.budget_given = budget_given
+        self.device_total = device_total if device_total is not None else capacity
+        # PYTORCH_CUDA_ALLOC_CONF as it is now: the allocator the training process will run with.
+        self.alloc_conf = os.environ.get(CONF_VARIABLE, "") if alloc_conf is None else alloc_conf
+        self.allocator: AllocatorConfig | None = None
+        self.not_simulated: str | None = None  # why the allocator is not simulated, when it is not
+        self.simulate = simulate
+        if cuda_like and simulate:
+            self.allocator, self.not_simulated = _allocator_config(self.alloc_conf)
+        if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
+            self.round_to = max(round_to, CUDA_ROUNDING)
         self._kernels = MetaKernels()
+
+    def _settings(self) -> dict[str, Any]:
+        return dict(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
+                    name=self.name, engine=self.engine, target=self.target, alloc_conf=self.alloc_conf,
+                    device_total=self.device_total, model=self.model, budget_given=self.budget_given,
+                    simulate=self.simulate)
 
     def with_other_guesses(self) -> EstimateDevice:
         """This estimate, answering every value it cannot know differently: when a run's peak
         changes with the answers, the values decide shapes and the estimate cannot be trusted."""
-        other = EstimateDevice(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like,
-                               allowance=self.allowance, name=self.name, engine=self.engine, guess=1 - self.guess)
+        other = EstimateDevice(**self._settings(), guess=1 - self.guess)
         other.fallback = self.fallback
         return other
 
     @classmethod
     def for_gpu(cls, budget: int, engine: str | None = None) -> EstimateDevice:
         """The ``estimate`` device of the CLI: a CUDA GPU with ``budget`` bytes of memory."""
-        return cls(capacity=budget, round_to=CUDA_ROUNDING, cuda_like=True, allowance=CUDA_CONTEXT_ALLOWANCE,
-                   engine=engine)
+        return cls(capacity=budget, cuda_like=True, allowance=CUDA_CONTEXT_ALLOWANCE, engine=engine)
+
+    @classmethod
+    def for_preset(cls, preset: GpuPreset, memory_budget: int | None = None,
+                   engine: str | None = None) -> EstimateDevice:
+        """``estimate:NAME``: the GPU ``preset`` (its NVML memory, or ``memory_budget`` when given)."""
+        total = memory_budget if memory_budget is not None else preset.total_bytes
+        return cls(capacity=total, cuda_like=True, allowance=preset.allowance_bytes, engine=engine,
+                   name=f"estimate:{preset.name}", target=CudaTarget.from_environment(preset.capability),
+                   device_total=preset.total_bytes, model=preset.model, budget_given=memory_budget is not None)
+
+    @property
+    def simulates(self) -> bool:
+        """Does the caching-allocator simulation decide the peak?"""
+        return self.allocator is not None
 
     def capacity_bytes(self) -> int:
         return self.budget - self.allowance
@@ -107,9 +173,33 @@ class EstimateDevice:
             return result
         return self._measure_fake(work)
 
+    def _tracker(self, **kwargs: Any) -> LiveStorageTracker:
+        return LiveStorageTracker(round_to=self.round_to, fake_scalars=True, guess=self.guess,
+                                  record=self.simulates, **kwargs)
+
+    def _kernel_choices(self, tracker: LiveStorageTracker, *, attention: bool) -> Any:
+        """CUDA's kernel choices when standing in for a GPU; the CPU's on the meta engine otherwise."""
+        if self.cuda_like:
+            return CudaKernelChoices(tracker, self.target, attention=attention)
+        return CpuKernelChoices(tracker.paused) if attention else contextlib.nullcontext()
+
+    def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any) -> Measurement:
+        """The simulated allocator's figures for the recorded trace, and what the kernels bounded."""
+        notes = tuple(getattr(choices, "notes", ()))
+        if self.not_simulated:
+            notes += (self.not_simulated,)
+        if tracker.trace is None or self.allocator is None:
+            return replace(m, notes=notes)
+        r = replay(tracker.trace, capacity=self.capacity_bytes(), conf=self.allocator,
+                   device_total=self.device_total)
+        if r.out_of_memory:
+            notes += (f"the simulated caching allocator runs out of memory at {format_bytes(self.capacity_bytes())}"
+                      f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)
+        return replace(m, peak_bytes=r.reserved_peak, allocated_peak_bytes=r.allocated_peak, alloc_retries=r.retries,
+                       notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds)
+
     def _measure_meta(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
-        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, kernel=self._kernels,
-                                     guess=self.guess)
+        tracker = self._tracker(kernel=self._kernels)
 
         def build_model(factory: Callable[[], Any]) -> Any:
             with torch.device("meta"):
@@ -125,12 +215,14 @@ class EstimateDevice:
 
         session = Session(tracker, move=_meta_copy, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
-        with CpuKernelChoices(tracker.paused):
-            return timed_measure(tracker, session, work)
+        choices = self._kernel_choices(tracker, attention=True)
+        with choices:
+            result, m = timed_measure(tracker, session, work)
+        return result, self._finish(m, tracker, choices)
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        tracker = LiveStorageTracker(round_to=self.round_to, fake_scalars=True, guess=self.guess)
+        tracker = self._tracker()
 
         def move(t: torch.Tensor) -> torch.Tensor:
             # A copy, as moving to a real device makes: a view of a host dataset
@@ -171,8 +263,13 @@ class EstimateDevice:
 
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
-        with fake_mode:
-            return timed_measure(tracker, session, work)
+        choices = self._kernel_choices(tracker, attention=False)  # FakeTensorMode runs the CPU's attention
+        with fake_mode, choices:
+            result, m = timed_measure(tracker, session, work)
+        if self.cuda_like:
+            m = replace(m, notes=m.notes + ("scaled_dot_product_attention estimated as the CPU runs it "
+                                            "(FakeTensorMode), not with CUDA's backends",))
+        return result, self._finish(m, tracker, choices)
 
     def cleanup(self) -> None:
         gc.collect()
@@ -181,19 +278,48 @@ class EstimateDevice:
         return self
 
     def describe(self) -> DeviceInfo:
-        lines = [f"estimate for a {'CUDA GPU' if self.cuda_like else 'device'} with {format_bytes(self.budget)}"]
+        if self.model is not None:
+            what = f"{self.model} ({format_bytes(self.device_total)} as NVML reports it"
+            what += f", planned with a memory budget of {format_bytes(self.budget)})" if self.budget_given else ")"
+            lines = [f"estimate for {what}"]
+        else:
+            lines = [f"estimate for a {'CUDA GPU' if self.cuda_like else 'device'} with {format_bytes(self.budget)}"]
+        if self.cuda_like:
+            lines[0] += f", compute capability {self.target.capability[0]}.{self.target.capability[1]}"
         if self.allowance:
-            lines.append(f"{format_bytes(self.allowance)} allowed for the CUDA context and library workspaces")
-        if self.round_to > 1:
+            lines.append(f"{format_bytes(self.allowance)} allowed for the CUDA context and libraries")
+        if self.simulates:
+            lines.append("CUDA's caching allocator simulated (" + (f"{CONF_VARIABLE}={self.alloc_conf}"
+                                                                   if self.alloc_conf else f"{CONF_VARIABLE} unset")
+                         + ")")
+        elif self.round_to > 1:
             lines.append(f"allocations rounded up to {self.round_to} bytes")
         lines.append("not confirmed on a real device")
+        source = "memory budget" if self.budget_given else "NVML total of the GPU"
+        measured_by = (_SIMULATED_BY if self.simulates else _MEASURED_BY)[self.engine]
         return DeviceInfo(
             name=self.name, kind="estimate", estimated=True, capacity_bytes=self.capacity_bytes(),
-            capacity_source="memory budget" + (" less the CUDA context allowance" if self.allowance else ""),
-            budget_bytes=self.budget, measured_by=_MEASURED_BY[self.engine], summary="; ".join(lines),
-            torch=torch.__version__, allowance_bytes=self.allowance, round_to=self.round_to,
-            cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback,
+            capacity_source=source + (" less the CUDA context allowance" if self.allowance else ""),
+            budget_bytes=self.budget if self.budget_given else None, measured_by=measured_by,
+            summary="; ".join(lines), torch=torch.__version__, allowance_bytes=self.allowance, round_to=self.round_to,
+            cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback, model=self.model,
+            total_bytes=self.device_total if self.cuda_like else None,
+            allocator_conf=self.alloc_conf if self.cuda_like else None,
+            compute_capability=f"{self.target.capability[0]}.{self.target.capability[1]}" if self.cuda_like else None,
+            note=self.not_simulated,
         )
+
+
+def _allocator_config(conf: str) -> tuple[AllocatorConfig | None, str | None]:
+    """The conf the simulation runs with, or None and why it cannot simulate this one (a conf torch
+    itself would refuse is refused here, naming the variable)."""
+    try:
+        return AllocatorConfig.parse(conf), None
+    except BadInput as exc:
+        if "cudaMallocAsync" in conf:
+            return None, (f"{CONF_VARIABLE}={conf}: CUDA's own pool allocator (cudaMallocAsync) is not simulated; "
+                          "the estimate counts live tensor bytes rounded to 512 bytes")
+        raise BadInput(f"{CONF_VARIABLE}={conf!r} cannot be used: {exc}") from None
 
 
 def default_engine() -> str:

@@ -14,6 +14,14 @@ rest (activations and temporaries, the input batch included).
 
 With ``capacity`` set it emulates a device of that size: an allocation that would
 take live bytes past it raises ``torch.OutOfMemoryError`` instead.
+
+With ``record=True`` it also keeps the allocation trace a CUDA caching allocator
+would see (:attr:`LiveStorageTracker.trace`): one ``(key, nbytes, stream)`` per
+storage created (its exact byte count, unrounded), ``(key, -1, 0)`` when it dies,
+and the device memory kernels take that no tensor shows (a library's workspace,
+a kernel's scratch buffers), which :mod:`autotune.devices.cudakernels` adds
+through :meth:`LiveStorageTracker.device_alloc` and :meth:`LiveStorageTracker.scratch`.
+Those are in the trace only: the live bytes count tensors.
 """
 
 from __future__ import annotations
@@ -71,12 +79,13 @@ class Snapshot:
 
 
 class _Entry:
-    __slots__ = ("serial", "nbytes", "ref")
+    __slots__ = ("nbytes", "ref", "serial", "tkey")
 
     def __init__(self, serial: int, nbytes: int, ref: weakref.ref):
         self.serial = serial
         self.nbytes = nbytes
         self.ref = ref
+        self.tkey = serial  # its key in the trace (a resize makes a new allocation)
 
 
 class LiveStorageTracker(TorchDispatchMode):
@@ -93,10 +102,13 @@ class LiveStorageTracker(TorchDispatchMode):
     answers (0 or 1), so that a second run shows whether they changed anything.
     ``kernel``: runs each op, ``kernel(func, args, kwargs)``; by default the op
     itself (estimates on ``meta`` pass :class:`autotune.devices.meta.MetaKernels`).
+    ``record``: keep the allocation trace (see the module docstring); ``stream``
+    is the CUDA stream its allocations are recorded on; ``after_op(func, args,
+    kwargs, out)``, when set, is called after each counted op.
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
-                 kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0):
+                 kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False):
         super().__init__()
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
@@ -118,6 +130,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self.timeline: list[int] = []
         self._peak_live: list[tuple[int, int]] | None = []
         self._peak_pending = False
+        self.trace: list[tuple[int, int, int]] | None = [] if record else None
+        self.stream = 0
+        self.after_op: Callable[[Any, tuple, dict, Any], None] | None = None
 
     # -- counting -------------------------------------------------------------------
 
@@ -136,6 +151,8 @@ class LiveStorageTracker(TorchDispatchMode):
         del self._live[key]
         self.current_bytes -= entry.nbytes
         self.timeline.append(self.current_bytes)
+        if self.trace is not None and entry.nbytes:
+            self.trace.append((entry.tkey, -1, 0))
 
     def _add(self, storage: torch.UntypedStorage, category: str | None = None) -> None:
         key = id(storage)
@@ -144,6 +161,12 @@ class LiveStorageTracker(TorchDispatchMode):
             n = self._size(storage)
             if n != entry.nbytes:  # resized in place
                 self._grow(n - entry.nbytes)
+                if self.trace is not None:  # a CUDA storage grows into a new block, then frees the old one
+                    self._serial += 1
+                    self.trace.append((self._serial, n, self.stream))
+                    if entry.nbytes:
+                        self.trace.append((entry.tkey, -1, 0))
+                    entry.tkey = self._serial
                 entry.nbytes = n
             if category is not None:
                 self._set_category(entry.serial, category)
@@ -161,6 +184,8 @@ class LiveStorageTracker(TorchDispatchMode):
                 tracker._on_death(key)
 
         self._live[key] = _Entry(self._serial, n, weakref.ref(storage, died))
+        if self.trace is not None and n:
+            self.trace.append((self._serial, n, self.stream))
         if category is not None:
             self._set_category(self._serial, category)
 
@@ -214,6 +239,8 @@ class LiveStorageTracker(TorchDispatchMode):
                 for leaf, alias in zip(leaves, flags):
                     if isinstance(leaf, torch.Tensor):
                         self._seen(leaf, alias)
+            if self.after_op is not None:
+                self.after_op(func, args, kwargs or {}, out)
         return out
 
     def _seen(self, t: torch.Tensor, alias: bool) -> None:
@@ -244,6 +271,25 @@ class LiveStorageTracker(TorchDispatchMode):
                 entry = self._live.get(id(t.untyped_storage()))
                 if entry is not None:
                     self._set_category(entry.serial, category)
+
+    def device_alloc(self, nbytes: int) -> int:
+        """Record device memory that no tensor holds (a library's workspace), live from now on; returns its key."""
+        self._serial += 1
+        if self.trace is not None and nbytes > 0:
+            self.trace.append((self._serial, nbytes, self.stream))
+        return self._serial
+
+    def device_free(self, key: int) -> None:
+        if self.trace is not None:
+            self.trace.append((key, -1, 0))
+
+    def scratch(self, sizes: Iterable[int]) -> None:
+        """Record a kernel's scratch buffers: allocated in order, all freed when the kernel returns."""
+        if self.trace is None:
+            return
+        keys = [self.device_alloc(n) for n in sizes if n > 0]
+        for key in keys:
+            self.device_free(key)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -108,8 +108,10 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     with _user_rng_untouched(device):
         est = _Trials(device.estimator(), workload, usable, "estimate", trials, data_parallel)
         # With a real device to confirm on, the curve's prediction is checked by the real run
-        # (fake runs cost more than real ones there); an estimate alone checks it with fake runs.
-        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, check=device.estimated)
+        # (fake runs cost more than real ones there); an estimate alone checks it with fake runs, and so
+        # does a simulated allocator, whose reserved peak the live-bytes curve only approximates.
+        check = device.estimated or getattr(est.device, "simulates", False)
+        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, check=check)
         fallback = getattr(est.device, "fallback", None)
         if fallback:
             notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
@@ -143,13 +145,15 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             if final == 0:
                 raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
             measured = real(final)
+            if getattr(est.device, "simulates", False) and curve is not None:
+                est(final)  # the simulation's figures beside the real ones at the answer
     assert measured.peak_bytes is not None and measured.measurement is not None
     predicted = estimate_at(final)
     error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
     upto = max(final + final // 2, max(est.done, default=1), 4)
-    points = curve.points(min(upto, max_batch) if final < max_batch else upto) if curve else []
-    points = sorted({**dict(points), **{b: a.peak_bytes for b, a in est.done.items()
-                                        if a.peak_bytes is not None}}.items()) if curve else []
+    sizes = [b for b, _ in curve.points(min(upto, max_batch) if final < max_batch else upto)] if curve else []
+    points = sorted({b: p for b in {*sizes, *est.done} if (p := estimate_at(b)) is not None}.items())
+    notes.extend(_allocator_notes(est, measured))
     return ProbeResult(
         workload=workload.name,
         device=device.describe(),
@@ -166,11 +170,14 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         estimate_error=error,
         notes=tuple(notes),
         curve=tuple(points),
-        curve_lines=tuple(curve.lines()) if curve else (),
+        curve_lines=tuple((a + _offset(est, curve, final), c) for a, c in curve.lines()) if curve else (),
         trials=tuple(trials),
         seconds=time.perf_counter() - start,
         options=dict(workload.chosen),
         data_parallel=data_parallel,
+        allocated_peak_bytes=measured.measurement.allocated_peak_bytes,
+        alloc_retries=measured.measurement.alloc_retries,
+        predicted_allocated_peak_bytes=_simulated_allocated(est, final),
     )
 
 
@@ -197,17 +204,55 @@ def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, 
 
 
 def _estimate_at(est: _Trials, curve: PeakCurve | None) -> Callable[[int], int | None]:
-    """The estimated peak at a size: from a fake run at that size, else from the curve
-    (None when the estimate could not be used)."""
+    """The estimated peak at a size: from a fake run at that size, else from the curve, shifted by what
+    the fake run nearest that size measured above it (None when the estimate could not be used).
+
+    On the CPU the curve is exact and the shift 0. Standing in for a GPU, the runs measure the simulated
+    allocator's reserved peak and the curve counts live tensor bytes: the shift is the allocator's
+    rounding, cache and workspaces at the nearest size run."""
 
     def at(b: int) -> int | None:
         if curve is None:
             return None
         if b in est.done and est.done[b].peak_bytes is not None:
             return est.done[b].peak_bytes
-        return curve.peak(b)
+        return curve.peak(b) + _offset(est, curve, b)
 
     return at
+
+
+def _offset(est: _Trials, curve: PeakCurve, b: int) -> int:
+    """Measured minus curve at the fake run nearest ``b`` (the larger one on a tie)."""
+    done = [(abs(s - b), -s, a.peak_bytes) for s, a in est.done.items() if a.peak_bytes is not None]
+    if not done:
+        return 0
+    _, s, peak = min(done)
+    return peak - curve.peak(-s)
+
+
+def _simulated_allocated(est: _Trials, batch: int) -> int | None:
+    attempt = est.done.get(batch)
+    return attempt.trial.allocated_bytes if attempt is not None else None
+
+
+def _allocator_notes(est: _Trials, measured: Attempt) -> list[str]:
+    """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry."""
+    notes = [n for a in est.done.values() if a.measurement is not None for n in a.measurement.notes]
+    peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
+    drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
+    if drop is not None and getattr(est.device, "simulates", False):
+        b1, p1, b2, p2 = drop
+        notes.append(f"the simulated reserved peak is not monotone in the micro-batch: {b1} needs "
+                     f"{format_bytes(p1)}, {b2} only {format_bytes(p2)} (the caching allocator's segment sizes "
+                     "change with the tensors' sizes); a micro-batch below the max can need more than the max")
+    trial = measured.trial
+    if trial.retries:
+        how = "in the simulation of the caching allocator" if trial.source == "estimate" else "on the device"
+        notes.append(f"micro-batch {trial.batch} fits only through release-and-retry {how}: "
+                     f"{trial.retries} time(s) per fit-rule run a cudaMalloc failed and the allocator "
+                     "synchronised and freed its cache before trying again; it runs, but slower every step "
+                     "(a smaller micro-batch avoids it)")
+    return list(dict.fromkeys(notes))
 
 
 def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
@@ -285,12 +330,14 @@ def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: 
     curve = PeakCurve.try_fit(2, first.measurement.timeline, 3, second.measurement.timeline)
 
     def guess(lo: int, hi: int) -> int:
-        # The curve's prediction, scaled by how the last run compared with it
-        # (exact on the CPU; rounding makes it slightly off for a CUDA stand-in).
+        # The curve's prediction, shifted by how the run nearest the usable line compared with it
+        # (exact on the CPU, where the shift is 0; for a CUDA stand-in, the simulated allocator's
+        # rounding, cache and workspaces there).
         assert curve is not None
-        last = est.last()
-        scale = last.peak_bytes / max(1, curve.peak(last.trial.batch)) if last.peak_bytes else 1.0
-        return curve.max_fitting(int(usable / max(scale, 1e-9)), limit=max_batch)
+        near = min((a for b in (lo, hi) if (a := est.done.get(b)) is not None and a.peak_bytes is not None),
+                   key=lambda a: abs(usable - (a.peak_bytes or 0)), default=est.last())
+        shift = near.peak_bytes - curve.peak(near.trial.batch) if near.peak_bytes is not None else 0
+        return curve.max_fitting(usable - shift, limit=max_batch)
 
     low = 3 if second.fits else 2
     if curve is not None and not check and curve.max_fitting(usable, limit=max_batch) >= low:

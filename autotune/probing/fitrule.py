@@ -137,7 +137,7 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
     fits = m.peak_bytes <= usable
     why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
     return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
-                         why=why), m)
+                         why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -96,6 +96,9 @@ def summary(s: Subject) -> Section:
              + ("(estimated)" if p.estimated else f"measured; estimate {format_bytes(p.predicted_peak_bytes)}"
                 + ("" if p.estimate_error is None else f", off by {p.estimate_error:+.1%}"))),
         ]
+        allocator = p.allocator_line()
+        if allocator is not None:
+            rows.append(("Caching allocator", allocator[0].upper() + allocator[1:]))
     if plan is not None:
         if p is None:
             rows.append(("Max micro-batch", f"{plan.max_micro_batch} (given; no probe result in this plan)"))

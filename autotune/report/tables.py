@@ -35,18 +35,27 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
 
 
 def trials(items: Sequence[Trial]) -> pd.DataFrame:
-    """One row per fit-rule run of the probe, in the order they ran."""
+    """One row per fit-rule run of the probe, in the order they ran; where a caching allocator decided,
+    its reserved peak, allocated peak and release-and-retries."""
+    allocator = any(getattr(t, "allocated_bytes", None) is not None for t in items)
     rows = [{
         "#": str(i),
         "micro-batch": str(t.batch),
         "source": t.source,
         "peak": "OOM" if t.oom else format_bytes(t.peak_bytes),
+        "allocated": "" if t.allocated_bytes is None else format_bytes(t.allocated_bytes),
+        "retries": "" if t.retries is None else str(t.retries),
         "fits": yes_no(t.fits),
         "OOM": yes_no(t.oom),
         "seconds": number(t.seconds, ".2f"),
         "why not": t.why or "",
     } for i, t in enumerate(items, start=1)]
-    return pd.DataFrame(rows, columns=["#", "micro-batch", "source", "peak", "fits", "OOM", "seconds", "why not"])
+    columns = ["#", "micro-batch", "source", "peak", "fits", "OOM", "seconds", "why not"]
+    if allocator:
+        columns[3:4] = ["reserved peak", "allocated", "retries"]
+        for row in rows:
+            row["reserved peak"] = row["peak"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def breakdown(bars: Sequence[tuple[str, dict[str, int]]]) -> pd.DataFrame:

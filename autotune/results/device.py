@@ -46,6 +46,7 @@ class DeviceInfo:
     cuda_like: bool | None = None
     engine: str | None = None
     engine_fallback: str | None = None
+    compute_capability: str | None = None  # "9.0": the GPU an estimate stood in for, or the GPU measured
     note: str | None = None
 
     def __post_init__(self) -> None:

@@ -131,12 +131,17 @@ class Plan:
     def _memory_lines(self, probe: ProbeResult) -> list[str]:
         status = "estimated, not confirmed on a real device" if probe.estimated else "confirmed by a real run"
         device = probe.device.summary
-        return [
-            f"memory: peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
+        peak = "reserved peak" if probe.allocated_peak_bytes is not None else "peak"
+        lines = [
+            f"memory: {peak} {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
             f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "
             f"(margin {probe.margin:.0%})",
             f"probed: {probe.workload} on {device}; max micro-batch {probe.max_micro_batch} ({status})",
         ]
+        allocator = probe.allocator_line()
+        if allocator is not None:
+            lines.append(f"at micro-batch {probe.max_micro_batch}, {allocator}")
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return envelope("Plan", {

@@ -18,7 +18,10 @@ class Trial:
 
     ``peak_bytes`` is None when the run stopped before finishing (an
     out-of-memory error, ``oom``); ``why`` says why a run that does not fit
-    did not, in words.
+    did not, in words. On CUDA (measured, or simulated by an estimate standing
+    in for a GPU) ``peak_bytes`` is the caching allocator's reserved peak,
+    ``allocated_bytes`` its allocated peak and ``retries`` how often it freed
+    its cache to retry a cudaMalloc; both None where no caching allocator decides.
     """
 
     batch: int
@@ -28,6 +31,8 @@ class Trial:
     seconds: float
     oom: bool = False
     why: str | None = None
+    allocated_bytes: int | None = None
+    retries: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
@@ -63,6 +68,13 @@ class ProbeResult:
     ``curve`` holds (batch, estimated peak bytes) pairs, ``curve_lines`` the
     (intercept, slope) lines whose maximum is the estimated peak at any size;
     ``trials`` one row per run.
+
+    Where a CUDA caching allocator decides (a GPU, or an estimate standing in
+    for one), ``peak_bytes`` is its *reserved* peak, ``allocated_peak_bytes``
+    its allocated peak at ``max_micro_batch`` and ``alloc_retries`` its
+    release-and-retry count there (measured on a GPU, simulated by an
+    estimate); ``predicted_allocated_peak_bytes`` is the simulation's allocated
+    peak when a GPU measured the rest. All None where no allocator decides.
     """
 
     workload: str
@@ -87,6 +99,9 @@ class ProbeResult:
     source: str | None = None  # how to load the workload again (probe file or module), when known
     ranks: tuple[int, ...] = ()  # under torchrun: every rank's own max micro-batch, in rank order
     data_parallel: bool = False  # the fit rule held DDP's gradient buckets (plans for world size > 1)
+    allocated_peak_bytes: int | None = None
+    alloc_retries: int | None = None
+    predicted_allocated_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -113,6 +128,11 @@ class ProbeResult:
         return self.usable_bytes - self.peak_bytes
 
     @property
+    def fragmentation_bytes(self) -> int | None:
+        """Reserved but not allocated at the peak (cached, unsplit or rounded memory): reserved - allocated."""
+        return None if self.allocated_peak_bytes is None else self.peak_bytes - self.allocated_peak_bytes
+
+    @property
     def real_runs(self) -> int:
         return sum(t.source == "real" for t in self.trials)
 
@@ -134,11 +154,27 @@ class ProbeResult:
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
         limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else "memory"
+        peak = "reserved peak" if self.allocated_peak_bytes is not None else "peak"
         return (
             f"max micro-batch {self.max_micro_batch} on {self.device.name} ({status}; limited by {limit}): "
-            f"peak {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "
+            f"{peak} {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "
             f"({format_bytes(self.capacity_bytes)} capacity, margin {self.margin:.0%})"
         )
+
+    def allocator_line(self) -> str | None:
+        """The caching allocator's figures at the max micro-batch, in words (None where none decides)."""
+        if self.allocated_peak_bytes is None:
+            return None
+        how = "simulated" if self.estimated else "measured"
+        frag = self.fragmentation_bytes or 0
+        share = f" ({frag / self.peak_bytes:.1%} of reserved)" if self.peak_bytes else ""
+        text = (f"caching allocator ({how}): reserved {format_bytes(self.peak_bytes)}, allocated "
+                f"{format_bytes(self.allocated_peak_bytes)}, fragmentation {format_bytes(frag)}{share}, "
+                f"{self.alloc_retries or 0} release-and-retries")
+        if not self.estimated and self.predicted_allocated_peak_bytes is not None:
+            text += (f"; simulated: reserved {format_bytes(self.predicted_peak_bytes)}, allocated "
+                     f"{format_bytes(self.predicted_allocated_peak_bytes)}")
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return envelope("ProbeResult", {
@@ -167,12 +203,16 @@ class ProbeResult:
             "source": self.source,
             "ranks": list(self.ranks),
             "data_parallel": self.data_parallel,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "alloc_retries": self.alloc_retries,
+            "predicted_allocated_peak_bytes": self.predicted_allocated_peak_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
         })
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> ProbeResult:
         _, body = open_envelope(data, "ProbeResult", source=source)
-        for derived in ("headroom_bytes", "real_runs", "real_ooms"):
+        for derived in ("headroom_bytes", "real_runs", "real_ooms", "fragmentation_bytes"):
             body.pop(derived, None)
         body = read_fields(cls, body, kind="ProbeResult", source=source)
         body["device"] = DeviceInfo.from_dict(body["device"], kind="ProbeResult", source=source)

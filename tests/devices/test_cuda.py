@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from autotune.devices import CpuDevice, CudaDevice, EstimateDevice, get_device, list_devices
-from autotune.devices.estimate import CUDA_ROUNDING
 from autotune.devices.nvml import GpuInfo, Nvml, load_nvml
 from autotune.devices.oom import is_oom
 from autotune.errors import BadInput, DeviceError
@@ -31,15 +30,23 @@ class FakeCuda:
     """The ``torch.cuda`` calls autotune makes, over a toy caching allocator.
 
     ``allocated`` is memory in tensors, ``cached`` is freed memory the allocator
-    keeps; reserved = allocated + cached, and ``peak`` is the reserved peak
-    since the last ``reset_peak_memory_stats``. ``calls`` logs what was called.
+    keeps; reserved = allocated + cached. ``peak`` is the reserved peak and
+    ``peak_allocated`` the allocated peak since the last
+    ``reset_peak_memory_stats``; ``retries`` counts release-and-retries (an
+    allocation that would take reserved past ``limit`` frees the cache first),
+    and is never reset, as in torch. ``calls`` logs what was called.
     """
 
     def __init__(self, count: int = 2, *, free: int = 70 * GiB, total: int = 80 * GiB, allocated: int = 0,
-                 cached: int = 0, peak: int | None = None, name: str = "Fake H100"):
+                 cached: int = 0, peak: int | None = None, name: str = "Fake H100", limit: int | None = None,
+                 retries: int = 0, capability: tuple[int, int] = (9, 0)):
         self.count, self.free, self.total, self.name = count, free, total, name
         self.allocated, self.cached = allocated, cached
         self.peak = self.reserved if peak is None else peak
+        self.peak_allocated = allocated
+        self.limit = limit
+        self.retries = retries
+        self.capability = capability
         self.calls: list[str] = []
 
     @property
@@ -51,8 +58,14 @@ class FakeCuda:
         self.calls.append(f"alloc {n}")
         if self.cached >= n:  # fits in a cached block: no new reservation
             self.cached -= n
+        elif self.limit is not None and self.reserved + n > self.limit:
+            self.retries += 1  # cudaMalloc failed: free the cache and try again
+            self.cached = 0
+            if self.reserved + n > self.limit:
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes")
         self.allocated += n
         self.peak = max(self.peak, self.reserved)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def free_(self, n: int) -> None:
         self.calls.append(f"free {n}")
@@ -78,17 +91,26 @@ class FakeCuda:
     def reset_peak_memory_stats(self, index: int = 0) -> None:
         self.calls.append("reset_peak_memory_stats")
         self.peak = self.reserved
+        self.peak_allocated = self.allocated
 
     def max_memory_reserved(self, index: int = 0) -> int:
         self.calls.append("max_memory_reserved")
         return self.peak
+
+    def max_memory_allocated(self, index: int = 0) -> int:
+        return self.peak_allocated
+
+    def memory_stats(self, index: int = 0) -> dict[str, int]:
+        return {"num_alloc_retries": self.retries, "reserved_bytes.all.peak": self.peak,
+                "allocated_bytes.all.peak": self.peak_allocated}
 
     def empty_cache(self) -> None:
         self.calls.append("empty_cache")
         self.cached = 0
 
     def get_device_properties(self, index: int = 0):
-        return SimpleNamespace(name=self.name, total_memory=self.total)
+        return SimpleNamespace(name=self.name, total_memory=self.total, major=self.capability[0],
+                               minor=self.capability[1])
 
     def get_device_name(self, index: int = 0) -> str:
         return self.name
@@ -221,11 +243,18 @@ def test_nvml_that_cannot_load_falls_back_to_mem_get_info():
     assert "NVML could not load" in dev.describe().note
 
 
-def test_estimator_stands_in_for_this_gpu():
-    est = CudaDevice(1, cuda=FakeCuda(allocated=2 * GiB), nvml=FakeNvml(free=60 * GiB)).estimator()
+def test_estimator_stands_in_for_this_gpu(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    dev = CudaDevice(1, cuda=FakeCuda(allocated=2 * GiB, capability=(8, 6)), nvml=FakeNvml(free=60 * GiB))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")  # read when the device was made
+    est = dev.estimator()
     assert isinstance(est, EstimateDevice) and est.estimated
-    assert (est.name, est.capacity_bytes(), est.round_to, est.cuda_like) == (
-        "estimate (cuda:1)", 62 * GiB, CUDA_ROUNDING, True)
+    assert (est.name, est.capacity_bytes(), est.round_to, est.cuda_like, est.simulates) == (
+        "estimate (cuda:1)", 62 * GiB, 1, True, True)
+    assert (est.target.capability, est.device_total, est.alloc_conf) == ((8, 6), 80 * GiB, "expandable_segments:True")
+    assert est.allocator is not None and est.allocator.expandable_segments
+    assert dev.describe().allocator_conf == "expandable_segments:True"
+    assert dev.describe().compute_capability == "8.6"
 
 
 # -- measurement with the allocator's statistics ------------------------------------------
@@ -256,8 +285,10 @@ def test_measure_reports_the_reserved_peak_of_the_work_alone():
     assert cuda.calls == ["empty_cache", "synchronize", "reset_peak_memory_stats", "work",
                           f"alloc {3 * GiB}", f"free {1 * GiB}", f"alloc {512 * MiB}", f"free {2 * GiB + 512 * MiB}",
                           "synchronize", "max_memory_reserved"]
-    assert m.tracked_peak_bytes == CUDA_ROUNDING
+    assert m.tracked_peak_bytes == 3 * 4  # exact bytes: the allocator's rounding is in the reserved peak
     assert sum(m.breakdown.values()) == m.tracked_peak_bytes
+    assert m.allocated_peak_bytes == 1 * GiB + 3 * GiB  # what the tensors held at most
+    assert m.alloc_retries == 0
     assert session.cuda_like and session.torch_device == torch.device("cuda", 0)
 
 
@@ -271,6 +302,33 @@ def test_peak_check_catches_a_missing_empty_cache_or_reset(monkeypatch, fault, p
     monkeypatch.setattr(dev if fault == "cleanup" else cuda, fault, lambda *args: None)
     _, m = dev.measure(allocator_work(cuda))
     assert m.peak_bytes == peak != 4 * GiB
+
+
+def cached_then_grown(cuda):
+    def work(session):
+        cuda.alloc(1 * GiB)  # kept
+        cuda.alloc(1 * GiB)
+        cuda.free_(1 * GiB)  # cached: 1 GiB
+        cuda.alloc(3 * GiB // 2)  # too big for the cached GiB: a new block
+        cuda.free_(3 * GiB // 2)
+
+    return work
+
+
+def test_measure_records_the_allocated_peak_beside_the_reserved_one():
+    cuda = FakeCuda()
+    _, m = CudaDevice(0, cuda=cuda, nvml=FakeNvml()).measure(cached_then_grown(cuda))
+    # reserved: 1 kept + 1 cached + 1.5 new; allocated: 1 kept + 1.5 new
+    assert (m.peak_bytes, m.allocated_peak_bytes, m.alloc_retries) == (7 * GiB // 2, 5 * GiB // 2, 0)
+
+
+def test_measure_counts_only_the_works_own_release_and_retries():
+    # Three retries happened before (torch never resets the counter); with 3 GiB the new
+    # 1.5 GiB block needs the cached GiB freed first: one retry of the work's own.
+    cuda = FakeCuda(limit=3 * GiB, retries=3)
+    _, m = CudaDevice(0, cuda=cuda, nvml=FakeNvml()).measure(cached_then_grown(cuda))
+    assert (m.peak_bytes, m.allocated_peak_bytes, m.alloc_retries) == (5 * GiB // 2, 5 * GiB // 2, 1)
+    assert cuda.retries == 4
 
 
 def test_measure_reraises_and_cleanup_returns_the_memory():
@@ -340,7 +398,7 @@ TWO_GPUS = "devices here are cpu, cuda:0, cuda:1, estimate"
         ("cuda:3", {"cuda": FakeCuda(count=2)}, rf"^cuda:3 does not exist: {TWO_GPUS}$"),
         ("cuda:2", {"cuda": FakeCuda(count=2)}, rf"^cuda:2 does not exist: {TWO_GPUS}$"),
         ("cuda", {"cuda": FakeCuda(count=0)}, r"^cuda:0 is not available"),
-        ("tpu", {}, r"^unknown device 'tpu': use one of auto, cpu, cuda, cuda:N, estimate$"),
+        ("tpu", {}, r"^unknown device 'tpu': use one of auto, cpu, cuda, cuda:N, estimate, estimate:GPU$"),
         ("cuda:x", {}, r"^unknown device 'cuda:x'"),
         ("estimate", {}, r"^device='estimate' needs memory_budget"),
         ("estimate", {"memory_budget": 512 * MiB}, r"smaller than the 640 MiB a CUDA context takes"),

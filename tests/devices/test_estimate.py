@@ -90,22 +90,32 @@ def test_estimates_never_emulate_an_oom():
     assert m.peak_bytes > 1024
 
 
-def test_gpu_estimate_rounds_like_the_caching_allocator():
+def test_gpu_estimate_counts_exact_bytes_and_replays_them_through_the_allocator():
     workload = load_workload("mlp")
     _, exact = CpuDevice(memory_budget=GiB).estimator().measure(fit_rule_work(workload, 3))
     _, gpu = get_device("estimate", memory_budget=24 * GiB).measure(fit_rule_work(workload, 3))
-    steps = [b - a for a, b in zip((0,) + gpu.timeline, gpu.timeline)]
-    assert all(step % CUDA_ROUNDING == 0 for step in steps)
+    params = sum(p.numel() * 4 for p in workload.model().parameters())
     rounded = sum(-(-p.numel() * 4 // CUDA_ROUNDING) * CUDA_ROUNDING for p in workload.model().parameters())
-    assert rounded == 340_480 != 340_008  # the 10-float bias takes a whole 512-byte block
-    assert gpu.breakdown["parameters"] == gpu.breakdown["gradients"] == rounded
-    assert gpu.breakdown["optimizer_state"] == 2 * rounded + 6 * CUDA_ROUNDING  # + six 4-byte steps
+    assert (params, rounded) == (340_008, 340_480)  # the 10-float bias takes a whole 512-byte block
+    # The tracker counts exact bytes; the simulated allocator does the rounding.
+    assert gpu.breakdown["parameters"] == gpu.breakdown["gradients"] == params
+    assert gpu.breakdown["optimizer_state"] == 2 * params + 6 * 4  # + six 4-byte steps
     # Standing in for CUDA, AdamW takes the foreach path, whose peak temporary
     # is ``_foreach_sqrt(exp_avg_sqs)``: one copy of every parameter at once. The
     # CPU's per-tensor loop instead peaks at two copies of the largest one.
-    assert gpu.breakdown["activations"] == rounded
+    assert gpu.breakdown["activations"] == params
     assert exact.breakdown["activations"] == 2 * 256 * 256 * 4 + 256 * 4
-    assert sum(gpu.breakdown.values()) == gpu.peak_bytes
+    assert sum(gpu.breakdown.values()) == gpu.tracked_peak_bytes
+    # Allocated at the peak (get_allocation_size, round_size of CUDACachingAllocator.cpp, the workspaces of
+    # CublasHandlePool.cpp on sm80): the five parameter-sized sets and six steps in 512-byte blocks, two
+    # cuBLAS workspaces of 4096 KiB x 2 + 16 KiB x 8 (forward and backward handles), one 1 MiB cuBLASLt
+    # workspace (the forward's addmm with a bias).
+    cublas, lt = 4096 * 1024 * 2 + 16 * 1024 * 8, 1024 * 1024
+    assert gpu.allocated_peak_bytes == 5 * rounded + 6 * CUDA_ROUNDING + 2 * cublas + lt
+    # Reserved: everything up to 1 MiB (the tensors and the cuBLASLt workspace, 2.6 MiB) in two 2 MiB
+    # small-pool segments; the workspaces (under 10 MiB) in one 20 MiB segment, the second split from it.
+    assert gpu.peak_bytes == 2 * 2 * MiB + 20 * MiB
+    assert gpu.alloc_retries == 0
 
 
 def test_batches_whose_shape_depends_on_values_are_built_for_real_then_faked():
@@ -131,12 +141,15 @@ def test_estimate_device_for_a_gpu(budget, capacity):
     dev = get_device("estimate", memory_budget=budget)
     assert isinstance(dev, EstimateDevice) and dev.estimated
     assert dev.capacity_bytes() == capacity
-    assert (dev.round_to, dev.cuda_like, dev.allowance) == (CUDA_ROUNDING, True, 640 * MiB)
+    assert (dev.round_to, dev.cuda_like, dev.allowance, dev.simulates) == (1, True, 640 * MiB, True)
     assert dev.estimator() is dev
     desc = dev.describe().to_dict()
     assert desc["summary"] == (
-        f"estimate for a CUDA GPU with {budget // GiB}.0 GiB; 640.0 MiB allowed for the CUDA context and "
-        "library workspaces; allocations rounded up to 512 bytes; not confirmed on a real device")
+        f"estimate for a CUDA GPU with {budget // GiB}.0 GiB, compute capability 8.0; 640.0 MiB allowed for the "
+        "CUDA context and libraries; CUDA's caching allocator simulated (PYTORCH_CUDA_ALLOC_CONF unset); "
+        "not confirmed on a real device")
+    assert desc["compute_capability"] == "8.0" and desc["allocator_conf"] == ""
+    assert desc["measured_by"].startswith("reserved peak of a simulated CUDA caching allocator")
 
 
 def test_budget_that_leaves_nothing_after_the_allowance():
