@@ -100,7 +100,7 @@ class ReduceScatterCounter:
                 import torch.distributed as dist
 
                 counts[self.key] = counts.get(self.key, 0) + 1
-                return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op, group=group,
                                                   async_op=async_op)
 
         for module in model.modules():

@@ -74,8 +74,8 @@ def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, it
     acc_model = copy.deepcopy(model)
     dropout_off(acc_model)
     acc_model.zero_grad(set_to_none=True)
-    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped
     runner = wrap(acc_model) if wrap is not None else acc_model
+    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped; over the parameters wrap made (FSDP's)
     acc = accumulator_cls(runner, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
                           precision=precision)
     acc.backward(batch)
