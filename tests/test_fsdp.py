@@ -216,6 +216,19 @@ def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_ro
     assert "set_requires_gradient_sync(False)" in check.message
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precision):
+    from autotune.training.fsdp import wrap
+    from autotune.training.verify import gradient_check
+
+    batch = gpt.make_batch(8, torch.Generator().manual_seed(0))
+    with fake_mesh(1) as mesh:  # one rank: FSDP moves no data, the values are the real ones
+        check = gradient_check(gpt.make_model(), [3, 5], batch, loss=gpt.loss, items=gpt.items, precision=precision,
+                               wrap=lambda m: wrap(m, gpt, mesh, precision))
+    assert check.passed, check.message  # fp16: the scaler unscales the gradients FSDP made
+
+
 # -- results, API, command line ----------------------------------------------------------------------
 
 
