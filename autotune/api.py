@@ -18,6 +18,7 @@ from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
 from .probing import finder
+from .probing.fsdp import FsdpRule
 from .results.probe import ProbeResult
 from .training import distributed
 from .units import plural
@@ -54,19 +55,33 @@ def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[W
 
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
-          data_parallel: bool | None = None) -> ProbeResult:
+          data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
+          world_size: int | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
-    ``data_parallel``: the plan runs under DDP (the fit rule then holds its
-    gradient buckets); by default, whether a process group of several ranks
-    is active. Under torchrun the ranks agree on the smallest maximum.
+    ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
+    sharded with ``fully_shard`` over ``world_size`` ranks: the process group's
+    under torchrun, else ``world_size``, $WORLD_SIZE or 1; the fit rule is then
+    one rank's, measured on a fake process group of that size). ``data_parallel``:
+    under DDP, the fit rule holds DDP's gradient buckets; by default, whether
+    there are several ranks. Under torchrun the ranks agree on the smallest maximum.
     """
     margin = options.margin(margin)
     max_batch = options.whole(max_batch, "max_batch")
+    parallel = options.parallel(parallel)
+    if world_size is not None:
+        world_size = options.whole(world_size, "world_size")
+    world, _ = _world_size(world_size, None)
     wl, dev = resolve(workload, device, memory_budget)
-    log.progress(f"probing {wl.name} on {dev.describe().summary}")
-    data_parallel = distributed.active() if data_parallel is None else bool(data_parallel)
-    result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
+    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
+                 (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
+    sharding = FsdpRule(world, distributed.rank()) if parallel == "fsdp" else None
+    if sharding is not None:
+        data_parallel = False
+    elif data_parallel is None:
+        data_parallel = distributed.active() or (world_size or 1) > 1
+    result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=bool(data_parallel),
+                          sharding=sharding)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
@@ -102,9 +117,12 @@ def _portable(spec: str) -> str:
 def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
-         storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None) -> Plan:
+         storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
+         parallel: str = options.DEFAULT_PARALLEL) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
+    ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
+    ``fully_shard`` (the probe then measures one rank of exactly that many).
     The probe never searches past the per-rank target, since a plan never needs more.
     ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True
     equal micro-batches within twice the fewest steps (else NoUniformPlan, a PlanError that
@@ -120,6 +138,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     margin = options.margin(margin)
     multiple_of = options.whole(multiple_of, "multiple_of")
     trials = options.whole(trials, "trials")
+    parallel = options.parallel(parallel)
     if world_size is not None:
         world_size = options.whole(world_size, "world_size")
     if uniform not in UNIFORM:
@@ -130,6 +149,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     if not tune and (storage is not None or study_name is not None):
         raise BadInput("storage and study_name are for tune=True: pass tune=True, or leave them out")
     per_rank = math.ceil(target_batch / world)
+    if tune and parallel == "fsdp":
+        raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
     if tune:
         from .training.study import check_storage
         from .training.tune import tune as run_tune
@@ -145,8 +166,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         assert tuned.probe is not None
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
-    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin,
-                       max_batch=per_rank, data_parallel=world > 1)
+    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
+                   data_parallel=world > 1, parallel=parallel, world_size=world)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
     return replace(made, notes=made.notes + _measured_or_assumed(result, world, source))
@@ -190,17 +211,26 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
-        max_norm: float | None = None) -> RunResult:
-    """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
+        max_norm: float | None = None, parallel: str | None = None) -> RunResult:
+    """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
+
+    ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
+    given says how it runs itself, and ``parallel``, if given, must agree.
+    """
     from .training.runner import run_plan
 
     steps = options.whole(steps, "steps")
+    if parallel is not None:
+        parallel = options.parallel(parallel)
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)
     if (plan is None) == (target_batch is None):
         raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
+    if plan is not None and parallel is not None and parallel != plan.parallel:
+        raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
+                       f"again with parallel {parallel}")
     if plan is not None:
         probed = plan.probe
         if workload is None and probed is not None:
@@ -213,5 +243,6 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     if plan is None:
         assert target_batch is not None
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
-                                 multiple_of=multiple_of, uniform=uniform)
+                               multiple_of=multiple_of, uniform=uniform,
+                               parallel=parallel or options.DEFAULT_PARALLEL)
     return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)

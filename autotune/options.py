@@ -27,6 +27,9 @@ STEPS = 20
 TRIALS = 12
 DEVICE = "auto"
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: How the ranks share the training: DDP (every rank holds the whole model) or FSDP (fully_shard).
+PARALLEL = ("ddp", "fsdp")
+DEFAULT_PARALLEL = "ddp"
 #: How ``autotune plan`` prints a plan: for people, as JSON, or as a framework's settings.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
@@ -102,6 +105,10 @@ def choice(value: Any, choices: Sequence[str], name: str) -> str:
 
 def precision(value: Any, name: str = "precision") -> str:
     return choice(value, PRECISIONS, name)
+
+
+def parallel(value: Any, name: str = "parallel") -> str:
+    return choice(value, PARALLEL, name)
 
 
 def seconds(value: Any, name: str) -> float:

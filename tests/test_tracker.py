@@ -315,6 +315,57 @@ def test_resize_check_catches_a_tracker_that_ignores_resizes():
     assert grown == small != real
 
 
+class IgnoresStorageResize(LiveStorageTracker):
+    """Fault: a storage resized outside any op (as FSDP frees and refills its unsharded parameters) is
+    never counted again."""
+
+    def resized(self, storage):
+        pass
+
+
+def storage_resize_figures(tracker_cls):
+    tracker = tracker_cls()
+    with tracker:
+        t = torch.empty(100)
+        full = tracker.current_bytes
+        t.untyped_storage().resize_(0)
+        freed = tracker.current_bytes
+        t.untyped_storage().resize_(800)
+        refilled = tracker.current_bytes
+        with tracker.paused():
+            uncounted = torch.empty(50)
+        uncounted.untyped_storage().resize_(0)
+        untouched = tracker.current_bytes
+    return full, freed, refilled, untouched
+
+
+def test_a_storage_resized_outside_any_op_counts_at_its_new_size():
+    resize = torch.UntypedStorage.resize_
+    assert storage_resize_figures(LiveStorageTracker) == (100 * FLOAT, 0, 200 * FLOAT, 200 * FLOAT)
+    assert torch.UntypedStorage.resize_ is resize  # watched only while a tracker is active
+
+
+def test_storage_resize_check_catches_a_tracker_that_ignores_them():
+    full, freed, _, _ = storage_resize_figures(IgnoresStorageResize)
+    assert freed == full
+
+
+def test_dtensor_ops_count_the_local_shards_they_run_on():
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from autotune.probing.fsdp import fake_mesh, shape_propagation_uncounted
+
+    with fake_mesh(4) as mesh:
+        whole = distribute_tensor(torch.zeros(64, 8), mesh, [Shard(0)], src_data_rank=None)
+        tracker = LiveStorageTracker()
+        with tracker, shape_propagation_uncounted(tracker):  # DTensor's own shape work is no device memory
+            doubled = whole * 2
+            assert tracker.current_bytes == 16 * 8 * FLOAT  # this rank's shard, not 64 x 8
+            tracker.register([doubled], "parameters")
+            tracker.tag([doubled], "gradients")
+        assert tracker.breakdown()["parameters"] == 16 * 8 * FLOAT
+
+
 def test_frees_are_counted_and_the_peak_kept():
     tracker = LiveStorageTracker()
     with tracker:

@@ -22,6 +22,8 @@ examples:
   autotune devices
   autotune plan --target-batch 1024
   autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --probe gpt:build_1b
+  autotune plan --target-batch 4096 --parallel fsdp --world-size 64 --device estimate --memory-budget 80GiB \
+      --probe gpt:build_1b
   autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
 
 exit codes: 0 done, 1 the work failed (e.g. a verification check), 2 bad input,
@@ -128,7 +130,7 @@ def _reader_gone(fd: int) -> bool:
 
 #: Library parameters the command line sets with a flag of the same name: errors name the flag.
 FLAG_PARAMETERS = ("memory_budget", "multiple_of", "world_size", "target_batch", "max_batch", "max_norm",
-                   "study_name", "dist_timeout")
+                   "study_name", "dist_timeout", "parallel")
 FLAG_SWITCHES = ("uniform", "force", "tune")
 _PARAMETER = re.compile(r"\b(" + "|".join(FLAG_PARAMETERS) + r")\b")
 _SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")

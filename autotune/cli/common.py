@@ -70,6 +70,17 @@ def add_schedule_flags(p: argparse.ArgumentParser) -> None:
                         "target is not a multiple of the ranks x --multiple-of)")
 
 
+def add_parallel(p: argparse.ArgumentParser, *, world_size: bool = False) -> None:
+    """--parallel (and, where the schedule flags do not give it, --world-size)."""
+    p.add_argument("--parallel", choices=options.PARALLEL, default=options.DEFAULT_PARALLEL,
+                   help="how the ranks share the model: ddp (each holds all of it) or fsdp (fully_shard: each holds "
+                        "its shard; the probe measures one rank of the world size)")
+    if world_size:
+        p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
+                       help="data-parallel ranks: fsdp shards over them, ddp holds its gradient buckets when "
+                            "more than 1 (default: the process group's, else $WORLD_SIZE, else 1)")
+
+
 def add_distributed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist-timeout", type=flag(options.seconds, "--dist-timeout"), default=options.DIST_TIMEOUT_S,
                    metavar="SECONDS",

@@ -13,6 +13,7 @@ from .common import (
     add_common,
     add_device,
     add_distributed,
+    add_parallel,
     add_report,
     add_schedule_flags,
     check_output,
@@ -37,6 +38,8 @@ examples:
   autotune plan --target-batch 4096 --world-size 8 --format deepspeed > ds_batch.json
   autotune plan --target-batch 1024 --format lightning     # {"trainer": {...}, "datamodule": {"batch_size": ...}}
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --probe gpt:build_1b
+  autotune plan --target-batch 4096 --parallel fsdp --world-size 64 --device estimate --memory-budget 80GiB \
+      --probe gpt:build_1b                                              # one rank of 64, sharded
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
 """
@@ -73,6 +76,7 @@ def add_plan_flags(p) -> None:
                    help="effective batch per optimizer step, over all ranks")
     add_device(p)
     add_schedule_flags(p)
+    add_parallel(p)
 
 
 def check_plannable(args) -> None:
@@ -123,7 +127,8 @@ def _plan(args, *, lead: bool) -> int:
         plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                              memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                              multiple_of=args.multiple_of, uniform=uniform_choice(args),
-                             tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name)
+                             tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
+                             parallel=args.parallel)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
     if not lead:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import options
-from .common import Formatter, add_common, add_device, check_output, positive_int, write_output
+from .common import Formatter, add_common, add_device, add_parallel, check_output, positive_int, write_output
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -16,6 +16,7 @@ examples:
   autotune probe --probe mlp --device cpu --memory-budget 64MiB
   autotune probe --probe gpt:build_1b --device estimate --memory-budget 80GiB
   autotune probe --probe gpt:build_100m --device estimate:A100-40GB
+  autotune probe --probe gpt:build_1b --parallel fsdp --world-size 8 --device estimate --memory-budget 80GiB
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
 """
 
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("probe", help="find the largest micro-batch that fits the device", description=EXAMPLES,
                        formatter_class=Formatter)
     add_device(p)
+    add_parallel(p, world_size=True)
     p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
                    help="never search past this micro-batch size")
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
@@ -37,7 +39,8 @@ def run(args) -> int:
 
     check_output(args.output)
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
-                            margin=args.margin, max_batch=args.max_batch)
+                            margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
+                            world_size=args.world_size)
     text = dumps(result.to_dict())
     if args.json:
         print(text, end="")

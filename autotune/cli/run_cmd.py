@@ -34,6 +34,8 @@ examples:
   autotune run --plan plan.json --report reports/my-run
   autotune run --target-batch 256 --probe convnet --memory-budget 64MiB    # BatchNorm is flagged
   torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe mlp --device cpu --memory-budget 3MB
+  torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe gpt --device cpu --memory-budget 8MB \
+      --parallel fsdp
 """
 
 
@@ -45,6 +47,8 @@ def add_parser(sub) -> None:
                    help="plan for this effective batch first (when no --plan)")
     add_device(p)
     add_schedule_flags(p)
+    p.add_argument("--parallel", choices=options.PARALLEL, default=None,
+                   help="ddp or fsdp (fully_shard) when planning now (default ddp); a --plan runs as it was made")
     p.add_argument("--steps", type=positive_int("--steps"), default=options.STEPS, help="optimizer steps to train")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check gradient equivalence, memory and sample counts")
@@ -77,7 +81,8 @@ def _run(args, *, lead: bool) -> int:
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
-                          verify=args.verify, precision=args.precision, max_norm=args.max_norm)
+                          verify=args.verify, precision=args.precision, max_norm=args.max_norm,
+                          parallel=args.parallel)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())

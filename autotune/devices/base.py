@@ -116,13 +116,17 @@ class Session:
         self.tracker.register(leaf for leaf in tree_flatten(moved)[0] if isinstance(leaf, torch.Tensor))
         return moved
 
-    def model(self, factory: Callable[[], nn.Module]) -> nn.Module:
-        """Build a model on the host (not counted), move it, count its parameters and buffers."""
+    def host_model(self, factory: Callable[[], nn.Module]) -> nn.Module:
+        """Build a model on the host, not counted (an estimate builds it on ``meta``)."""
         with self.tracker.paused():
             model = self._build_model(factory) if self._build_model is not None else factory()
         if not isinstance(model, nn.Module):
             raise TypeError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
-        model = self._move_model(model)
+        return model
+
+    def model(self, factory: Callable[[], nn.Module]) -> nn.Module:
+        """Build a model on the host (not counted), move it, count its parameters and buffers."""
+        model = self._move_model(self.host_model(factory))
         self.tracker.register(_tensors(model), "parameters")
         return model
 

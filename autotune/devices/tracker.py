@@ -4,7 +4,10 @@ A ``TorchDispatchMode`` that sees every aten op, counts the bytes of every
 tensor storage an op creates and subtracts them when the storage dies. Storages
 are keyed by the identity of their (preserved) Python storage object and watched
 through weak references, so the count works under ``FakeTensorMode`` too, where
-``data_ptr()`` is 0. Outputs that alias an input (views, in-place and out= ops,
+``data_ptr()`` is 0. Ops on wrapper subclasses (DTensor) are counted as the
+plain tensors they run on, and storages resized in place outside any op
+(``UntypedStorage.resize_``, as FSDP frees and refills its unsharded
+parameters) are counted at their new size. Outputs that alias an input (views, in-place and out= ops,
 as the op's schema says) share the input's storage: never counted again, and
 never counted at all when the input lives outside the device (a host batch).
 
@@ -33,7 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_flatten
 
 from ..units import format_bytes
@@ -46,6 +53,7 @@ _IGNORED = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
 
 
 _ALIASED: dict = {}
+_WRAPPER: dict[type, bool] = {}
 _CREATES = {torch.ops.aten.lift_fresh.default}  # torch.tensor(...) data enters through it
 
 
@@ -57,6 +65,40 @@ def _aliased_returns(func) -> tuple[bool, ...]:
         flags = tuple(r.alias_info is not None and func not in _CREATES for r in returns) or (False,)
         _ALIASED[func] = flags
     return flags
+
+
+def _wraps(types: Any) -> bool:
+    """Is one of ``types`` a wrapper subclass (DTensor), which runs its op on plain tensors inside?"""
+    for t in types:
+        flag = _WRAPPER.get(t)
+        if flag is None:
+            flag = _WRAPPER[t] = is_traceable_wrapper_subclass_type(t)
+        if flag:
+            return True
+    return False
+
+
+def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors holding ``t``'s data: ``t`` itself, or a wrapper subclass's inner tensors."""
+    if is_traceable_wrapper_subclass(t):
+        for attr in t.__tensor_flatten__()[0]:
+            inner = getattr(t, attr)
+            if isinstance(inner, torch.Tensor):  # DTensor also names its device mesh
+                yield from _plain(inner)
+    else:
+        yield t
+
+
+_RESIZE = torch.UntypedStorage.resize_
+_WATCHING: list[LiveStorageTracker] = []
+
+
+def _watched_resize(storage: torch.UntypedStorage, size: int) -> Any:
+    """``UntypedStorage.resize_``, which no dispatch mode sees, told to every active tracker."""
+    out = _RESIZE(storage, size)
+    for tracker in _WATCHING:
+        tracker.resized(storage)
+    return out
 
 
 def _unknown_scalar(dtype: torch.dtype, guess: int) -> bool | float | int:
@@ -213,9 +255,32 @@ class LiveStorageTracker(TorchDispatchMode):
         if old is None or _PRECEDENCE[category] < _PRECEDENCE[old]:
             self._category[serial] = category
 
+    def __enter__(self) -> LiveStorageTracker:
+        if not _WATCHING:
+            setattr(torch.UntypedStorage, "resize_", _watched_resize)  # noqa: B010
+        _WATCHING.append(self)
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._unwatch()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        _WATCHING.remove(self)
+        if not _WATCHING:
+            setattr(torch.UntypedStorage, "resize_", _RESIZE)  # noqa: B010
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _IGNORED:
             return func(*args, **(kwargs or {}))
+        if _wraps(types):
+            return NotImplemented  # the subclass runs the op on plain tensors, which come back here
         if func is _SCALAR and self.fake_scalars:
             if not args[0].is_meta:
                 try:
@@ -260,7 +325,15 @@ class LiveStorageTracker(TorchDispatchMode):
         """Count storages that already exist (parameters, a batch moved to the device)."""
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self._add(t.untyped_storage(), category)
+                for plain in _plain(t):
+                    self._add(plain.untyped_storage(), category)
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """A counted storage was resized in place: count its new size (a storage the tracker
+        never counted stays uncounted)."""
+        entry = self._live.get(id(storage))
+        if entry is not None and entry.ref() is storage:
+            self._add(storage)
 
     def tag(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
         """Name what live storages are (gradients, optimizer state) for the breakdown."""
@@ -268,9 +341,10 @@ class LiveStorageTracker(TorchDispatchMode):
             raise ValueError(f"unknown category {category!r}; one of {CATEGORIES}")
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                entry = self._live.get(id(t.untyped_storage()))
-                if entry is not None:
-                    self._set_category(entry.serial, category)
+                for plain in _plain(t):
+                    entry = self._live.get(id(plain.untyped_storage()))
+                    if entry is not None:
+                        self._set_category(entry.serial, category)
 
     def device_alloc(self, nbytes: int) -> int:
         """Record device memory that no tensor holds (a library's workspace), live from now on; returns its key."""

@@ -177,6 +177,8 @@ def _split(units: int, world: int, steps: int, q: int) -> tuple[tuple[int, ...],
 def _build(target: int, m: int, world: int, q: int, steps: int, **fields) -> Plan:
     schedule = _split(target // q, world, steps, q)
     sizes = _counts(target // q, world, steps, q)
+    probe = fields.get("probe")
+    fields.setdefault("parallel", probe.parallel if probe is not None else "ddp")  # FSDP plans follow their probe
     return Plan(target_batch=target, world_size=world, micro_batch=max(sizes), accumulation_steps=steps,
                 schedule=schedule, uniform=len(sizes) == 1, multiple_of=q, max_micro_batch=m, **fields)
 

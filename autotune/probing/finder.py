@@ -36,6 +36,7 @@ from ..results.probe import ProbeResult, Trial
 from ..units import format_bytes
 from ..workload import Workload
 from .fitrule import Attempt, isolate, run_trial
+from .fsdp import FsdpRule, fake_engine, sharding_note
 from .search import PeakCurve, search_max
 
 #: Relative difference between estimated and real peak worth a note.
@@ -51,9 +52,9 @@ class _Trials:
     """Runs and remembers fit-rule trials of one source (estimate or real)."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], data_parallel: bool):
+                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
-        self.data_parallel = data_parallel
+        self.data_parallel, self.sharding = data_parallel, sharding
         self.log = log
         self.done: dict[int, Attempt] = {}
 
@@ -72,7 +73,7 @@ class _Trials:
             # trial never takes more than the budget; estimates measure the whole step.
             attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                on_step=on_step)
+                                sharding=self.sharding, on_step=on_step)
             self.done[batch] = attempt
             self.log.append(attempt.trial)
             trial = attempt.trial
@@ -89,11 +90,14 @@ class _Trials:
 
 
 def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
-          max_batch: int = options.MAX_BATCH, data_parallel: bool = False) -> ProbeResult:
+          max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
+          sharding: FsdpRule | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
-    then also holds DDP's gradient buckets. When the estimate cannot run the
+    then also holds DDP's gradient buckets. ``sharding``: the plan runs under
+    FSDP; the fit rule is this rank's of a sharded model (estimated under
+    FakeTensorMode, see :mod:`autotune.probing.fsdp`). When the estimate cannot run the
     workload, or its peak depends on values it cannot know (``.item()`` in the
     forward), the search runs on the device alone: from micro-batch 1, never
     more than doubling the largest size that fitted.
@@ -106,7 +110,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     trials: list[Trial] = []
     notes: list[str] = []
     with _user_rng_untouched(device):
-        est = _Trials(device.estimator(), workload, usable, "estimate", trials, data_parallel)
+        estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
+        est = _Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding)
         # With a real device to confirm on, the curve's prediction is checked by the real run
         # (fake runs cost more than real ones there); an estimate alone checks it with fake runs, and so
         # does a simulated allocator, whose reserved peak the live-bytes curve only approximates.
@@ -117,6 +122,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
         if data_parallel:
             notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
+        if sharding is not None:
+            notes.append(sharding_note(sharding))
         if isinstance(estimate, str):  # why the estimate cannot be used
             if device.estimated:
                 raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate}; "
@@ -135,7 +142,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             measured = est(est_max)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = _Trials(device, workload, usable, "real", trials, data_parallel)
+            real = _Trials(device, workload, usable, "real", trials, data_parallel, sharding)
             if isinstance(estimate, str):
                 final = search_max(real.fits, low=0, high=max_batch, guess=_from_real_runs(real, usable),
                                    growth=GROWTH)
@@ -178,7 +185,10 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         allocated_peak_bytes=measured.measurement.allocated_peak_bytes,
         alloc_retries=measured.measurement.alloc_retries,
         predicted_allocated_peak_bytes=_simulated_allocated(est, final),
+        parallel="fsdp" if sharding is not None else options.DEFAULT_PARALLEL,
+        world_size=sharding.world_size if sharding is not None else None,
     )
+
 
 
 def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, *,
@@ -266,7 +276,8 @@ def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: in
     if first.measurement.unknown_reads:
         assert isinstance(est.device, EstimateDevice)
         other = run_trial(est.device.with_other_guesses(), est.workload, first.trial.batch, usable,
-                          source="estimate", capacity_guard=False, data_parallel=est.data_parallel)
+                          source="estimate", capacity_guard=False, data_parallel=est.data_parallel,
+                          sharding=est.sharding)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
             return (f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads of "
                     ".item(), .tolist() or a truth value in the forward and backward) and the memory it holds "

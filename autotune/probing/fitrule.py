@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -25,6 +26,9 @@ from ..errors import AutotuneError, WorkloadError
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
+
+if TYPE_CHECKING:
+    from .fsdp import FsdpRule
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2
@@ -58,12 +62,14 @@ OnStep = Callable[[int, int], None]
 
 
 def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
-                  on_step: OnStep | None = None) -> Callable[[Session], None]:
+                  sharding: FsdpRule | None = None, on_step: OnStep | None = None) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
     ``data_parallel``: the plan runs under DDP, which holds one gradient-sized
     communication buffer (its buckets) for as long as the model lives; the
-    fit rule then holds such a buffer too. ``on_step(done, total)`` is called
+    fit rule then holds such a buffer too. ``sharding``: the plan runs under
+    FSDP; the model is sharded (see :mod:`autotune.probing.fsdp`) and gradients
+    synchronise on the last micro-step only. ``on_step(done, total)`` is called
     after every micro-step (progress of a long real run).
     """
     total = OPTIMIZER_STEPS * MICRO_STEPS
@@ -71,24 +77,32 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     def work(session: Session) -> None:
         with torch.random.fork_rng(devices=[]):  # the same model, whatever ran before
             torch.manual_seed(seed)
-            steps(session)
+            if sharding is None:
+                steps(session, session.model(workload.make_model))
+                return
+            with sharding.scope(session) as place:
+                steps(session, place(workload))
 
-    def steps(session: Session) -> None:
+    def steps(session: Session, model: torch.nn.Module) -> None:
         generator = torch.Generator().manual_seed(seed)
-        model = session.model(workload.make_model)
         model.train()
         buckets = ddp_buckets(model, session.torch_device) if data_parallel else None
         opt = session.optimizer(workload.optimizer, model)
         done = 0
         for _ in range(OPTIMIZER_STEPS):
-            for _ in range(MICRO_STEPS):
+            for i in range(MICRO_STEPS):
+                if sharding is not None:
+                    sharding.sync(model, last=i == MICRO_STEPS - 1)
                 micro = session.batch(workload.make_batch, batch, generator)
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:
                 # the weight's value does not change what memory the step holds.
                 loss = workload.loss(model, micro) * item_weight(n, n * MICRO_STEPS)
                 loss.backward()
-                session.tag_gradients(model)
+                if sharding is None:
+                    session.tag_gradients(model)
+                else:
+                    sharding.tag_gradients(session, model)
                 del micro, loss
                 done += 1
                 if on_step is not None:
@@ -109,7 +123,8 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
-              capacity_guard: bool = True, data_parallel: bool = False, on_step: OnStep | None = None) -> Attempt:
+              capacity_guard: bool = True, data_parallel: bool = False, sharding: FsdpRule | None = None,
+              on_step: OnStep | None = None) -> Attempt:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
@@ -119,8 +134,8 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
     """
     start = time.perf_counter()
     try:
-        _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel, on_step=on_step),
-                              enforce_capacity=capacity_guard)
+        _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel, sharding=sharding,
+                                            on_step=on_step), enforce_capacity=capacity_guard)
     except AutotuneError:
         raise
     except Exception as exc:

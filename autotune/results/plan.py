@@ -15,7 +15,7 @@ from ..errors import ResultFileError
 from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
 from ..units import plural as _plural
-from .probe import ProbeResult
+from .probe import PARALLEL, ProbeResult
 from .tuning import Tuning
 
 MAX_TARGET_BATCH = 1_000_000_000
@@ -32,7 +32,9 @@ class Plan:
     largest size in the schedule, ``uniform`` True when all sizes are equal.
     ``world_size_source`` says where ``world_size`` came from ("flag",
     "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` is what
-    the throughput tuner measured, when it chose this plan.
+    the throughput tuner measured, when it chose this plan. ``parallel``: how
+    the ranks share the model, "ddp" (each holds all of it) or "fsdp"
+    (``fully_shard``; its probe then sharded over exactly ``world_size`` ranks).
     """
 
     target_batch: int
@@ -47,6 +49,7 @@ class Plan:
     probe: ProbeResult | None = None
     notes: tuple[str, ...] = ()
     tuning: Tuning | None = None
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
@@ -85,6 +88,14 @@ class Plan:
             raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(sizes)}")
         if not isinstance(self.world_size_source, str):
             raise ValueError(f"world_size_source must be a string, got {self.world_size_source!r}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        probed = self.probe.parallel if self.probe is not None else self.parallel
+        if probed != self.parallel:
+            raise ValueError(f"a plan for {self.parallel} needs a probe made for {self.parallel}, not {probed}")
+        if self.parallel == "fsdp" and self.probe is not None and self.probe.world_size != self.world_size:
+            raise ValueError(f"the FSDP probe sharded over {self.probe.world_size} ranks, the plan has "
+                             f"{self.world_size}: probe again for world_size={self.world_size}")
 
     @property
     def per_rank_batch(self) -> tuple[int, ...]:
@@ -117,6 +128,8 @@ class Plan:
 
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
+        if self.parallel == "fsdp":
+            lines.append(f"FSDP: the model sharded over {_plural(self.world_size, 'rank')} (fully_shard)")
         if self.world_size_source != "default":
             where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(
                 self.world_size_source, self.world_size_source)
@@ -148,6 +161,7 @@ class Plan:
             "target_batch": self.target_batch,
             "world_size": self.world_size,
             "world_size_source": self.world_size_source,
+            "parallel": self.parallel,
             "micro_batch": self.micro_batch,
             "accumulation_steps": self.accumulation_steps,
             "multiple_of": self.multiple_of,

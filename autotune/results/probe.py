@@ -10,6 +10,7 @@ from ..units import format_bytes
 from .device import DeviceInfo
 
 SOURCES = ("estimate", "real")
+PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,8 @@ class ProbeResult:
     allocated_peak_bytes: int | None = None
     alloc_retries: int | None = None
     predicted_allocated_peak_bytes: int | None = None
+    parallel: str = "ddp"  # "fsdp": the fit rule of one rank of a model sharded over world_size ranks
+    world_size: int | None = None  # the ranks an FSDP probe sharded over (its figures hold for that many)
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -112,6 +115,10 @@ class ProbeResult:
             raise ValueError(f"usable {self.usable_bytes} must be in (0, capacity {self.capacity_bytes}]")
         if self.limited_by not in ("memory", "max_batch"):
             raise ValueError(f"limited_by must be 'memory' or 'max_batch', got {self.limited_by!r}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        if self.parallel == "fsdp" and (not isinstance(self.world_size, int) or self.world_size < 1):
+            raise ValueError(f"an FSDP probe needs the world size it sharded over, got {self.world_size!r}")
         if not isinstance(self.device, DeviceInfo):
             raise ValueError(f"device must be a DeviceInfo, got {type(self.device).__name__}")
         object.__setattr__(self, "trials", tuple(self.trials))
@@ -207,6 +214,8 @@ class ProbeResult:
             "alloc_retries": self.alloc_retries,
             "predicted_allocated_peak_bytes": self.predicted_allocated_peak_bytes,
             "fragmentation_bytes": self.fragmentation_bytes,
+            "parallel": self.parallel,
+            "world_size": self.world_size,
         })
 
     @classmethod

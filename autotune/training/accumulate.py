@@ -58,7 +58,8 @@ class Accumulator:
     ``backward(loss)`` is the framework's backward where it has one
     (``accelerator.backward``, a LightningModule's ``manual_backward``);
     ``no_sync()`` the context in which gradients are not synchronised across
-    ranks (default: the model's own, as DDP and FSDP have). With several ranks
+    ranks (default: the model's own: DDP's ``no_sync()``, or for a model sharded
+    by ``fully_shard`` gradient sync off via ``set_requires_gradient_sync``). With several ranks
     the model must synchronise gradients (DDP, FSDP) unless ``external_sync``
     says the caller does.
 
@@ -100,7 +101,7 @@ class Accumulator:
         self.device_type = _device_type(model)
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
-        self._no_sync = no_sync if no_sync is not None else getattr(model, "no_sync", None)  # DDP's
+        self._no_sync = no_sync if no_sync is not None else _own_no_sync(model)
         self.skipped_steps = 0
         self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
 
@@ -283,6 +284,18 @@ def _synchronises(model: nn.Module) -> bool:
     from torch.nn.parallel import DistributedDataParallel
 
     return isinstance(model, DistributedDataParallel) or _sharded(model)
+
+
+def _own_no_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+    """The model's own context without gradient synchronisation, if it has one."""
+    own: Any = getattr(model, "no_sync", None)  # DDP, FSDP1
+    if own is not None:
+        return own
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        from .fsdp import gradient_sync_off
+
+        return lambda: gradient_sync_off(model)
+    return None
 
 
 def _rank_and_world(rank: int | None, world: int | None, group: Any) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 Verification before training: one effective batch's accumulated gradient
 against a one-pass reference over the same samples (under DDP: the
 synchronised gradient against the single-process gradient over the union of
-the ranks' samples). During training: peak
+the ranks' samples; under FSDP: the gradient gathered from the shards). During training: peak
 memory over the whole run (the device's own measure) and, for every step, the
 samples and items fed to the loss. The run fails (exit code 1 in the CLI) when
 any check does not hold.
@@ -11,6 +11,7 @@ any check does not hold.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
 from . import distributed
+from . import fsdp as sharded
 from .accumulate import Accumulator
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 
@@ -37,8 +39,9 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
 
     Inside a process group (torchrun), this rank trains its share of every
-    effective batch in DistributedDataParallel; the checks then also count the
-    all-reduce rounds per step and compare parameters across ranks.
+    effective batch in DistributedDataParallel, or sharded by ``fully_shard``
+    for a plan made for FSDP; the checks then also count the gradient
+    all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -53,11 +56,15 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
     usable = plan.probe.usable_bytes if plan.probe is not None else \
         options.usable_bytes(device.capacity_bytes(), options.MARGIN)
-    wrap = (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
+    fsdp = plan.parallel == "fsdp"
+    scope = contextlib.ExitStack()
+    mesh = scope.enter_context(sharded.mesh(device.torch_device)) if fsdp else None
+    wrap = (lambda m: sharded.wrap(m, workload, mesh, precision)) if fsdp else \
+        (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
     where = _Where(workload, device, plan)
     rng = [device.torch_device.index or 0] if device.torch_device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng), where("while building the model"):
+    with scope, torch.random.fork_rng(devices=rng), where("while building the model"):
         torch.manual_seed(seed)
         host_model = workload.make_model()
         data = torch.Generator().manual_seed(seed)
@@ -80,11 +87,17 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         noise: list[NoiseScaleEstimate] = []
 
         def work(session: Session) -> None:
-            model = session.model(lambda: copy.deepcopy(host_model))
+            if fsdp:
+                scope.enter_context(sharded.measured(session))
+                model = trained = sharded.place(session, host_model, workload, mesh, precision)
+            else:
+                model = session.model(lambda: copy.deepcopy(host_model))
+                trained = wrap(model) if wrap else model
             model.train()
             opt = session.optimizer(workload.optimizer, model)
-            trained = wrap(model) if wrap else model
-            counter = distributed.RoundCounter(trained) if ddp else None
+            counter: Any = None
+            if ddp:
+                counter = sharded.ReduceScatterCounter(trained) if fsdp else distributed.RoundCounter(trained)
             acc = Accumulator(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
                                   max_norm=max_norm, precision=precision)
             for step in range(steps):
@@ -102,7 +115,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                 if counter is not None:
                     with session.tracker.paused():
                         rounds.append(counter.take())
-                        in_sync.append(len(set(distributed.gather_ints(distributed.parameter_digest(model)))) == 1)
+                        digest = sharded.gathered_digest(model) if fsdp else distributed.parameter_digest(model)
+                        in_sync.append(len(set(distributed.gather_ints(digest))) == 1)
                 log.progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
             if acc.noise_scale is not None:
                 noise.append(acc.noise_scale.estimate(unit="samples" if workload.items is None else "items"))
@@ -114,7 +128,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
     checks.append(count_check(consumed, per_rank, expected_items))
     if ddp:
-        checks += [rounds_check(rounds), sync_check(in_sync)]
+        checks += [rounds_check(rounds, collective="reduce-scatter" if fsdp else "all-reduce"), sync_check(in_sync)]
     timed = seconds[1:] if len(seconds) > 1 else seconds
     per_step = sum(timed) / len(timed)
     verification = None
@@ -133,6 +147,9 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
     if ddp:
         notes.append(f"rank {rank} of {world}: this rank's figures; checks agreed over all ranks")
+    if fsdp:
+        notes.append(f"FSDP: the model sharded over {plural(world, 'rank')} with fully_shard ({precision} policy); "
+                     "gradients and parameters compared as gathered from the shards")
     return RunResult(
         plan=plan, workload=workload.name, device=described, precision=precision,
         losses=tuple(losses), step_seconds=tuple(seconds),

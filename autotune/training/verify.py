@@ -53,7 +53,11 @@ def dropout_off(model: nn.Module) -> list[str]:
 
 
 def flat_grad(model: nn.Module) -> torch.Tensor:
-    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu().flatten()
+    """Every trainable parameter's gradient as one float64 vector on the CPU; a sharded (FSDP)
+    gradient is gathered from every rank's shard first."""
+    from .fsdp import full
+
+    parts = [full(p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu().flatten()
              for p in model.parameters() if p.requires_grad]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
@@ -70,8 +74,8 @@ def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, it
     acc_model = copy.deepcopy(model)
     dropout_off(acc_model)
     acc_model.zero_grad(set_to_none=True)
-    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped
     runner = wrap(acc_model) if wrap is not None else acc_model
+    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped; over the parameters wrap made (FSDP's)
     acc = accumulator_cls(runner, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
                           precision=precision, noise_scale=False)
     acc.backward(batch)
@@ -167,15 +171,17 @@ def _other_partition(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def rounds_check(rounds: Sequence[int]) -> Check:
-    """DDP synchronised the gradients once per optimizer step, not once per micro-step."""
+def rounds_check(rounds: Sequence[int], *, collective: str = "all-reduce") -> Check:
+    """The gradients were synchronised once per optimizer step, not once per micro-step: DDP's
+    all-reduce, or FSDP's reduce-scatter (``collective="reduce-scatter"``)."""
     worst = max(rounds) if rounds else 0
     ok = bool(rounds) and all(r == 1 for r in rounds)
-    text = (f"1 gradient all-reduce round per optimizer step over {plural(len(rounds), 'step')}" if ok else
-            f"{worst} gradient all-reduce rounds in an optimizer step, expected 1: micro-steps before the last "
-            f"must run inside no_sync()")
-    return Check(name="allreduce_rounds", passed=ok, value=worst, limit=1, message=text,
-                 details={"rounds_per_step": list(rounds)})
+    fix = "no_sync()" if collective == "all-reduce" else "no_sync() (FSDP2: set_requires_gradient_sync(False))"
+    text = (f"1 gradient {collective} round per optimizer step over {plural(len(rounds), 'step')}" if ok else
+            f"{worst} gradient {collective} rounds in an optimizer step, expected 1: micro-steps before the last "
+            f"must run inside {fix}")
+    name = {"all-reduce": "allreduce_rounds", "reduce-scatter": "reduce_scatter_rounds"}[collective]
+    return Check(name=name, passed=ok, value=worst, limit=1, message=text, details={"rounds_per_step": list(rounds)})
 
 
 def sync_check(agree: Sequence[bool]) -> Check:

@@ -37,7 +37,9 @@ class Workload:
     ``items(batch)`` counts the items that mean is over (e.g. real target tokens);
     by default the batch size. ``options`` names knobs ``--tune`` may try, e.g.
     ``{"checkpointing": [False, True]}``; a chosen value is passed as a keyword
-    to every factory that takes it.
+    to every factory that takes it. ``shard(model)`` names the submodules FSDP
+    shards as units of their own, in order (the root is always the last unit);
+    by default every block of the model's largest ``nn.ModuleList``.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Workload:
     items: Callable[[Any], int] | None = None
     options: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     chosen: Mapping[str, Any] = field(default_factory=dict)
+    shard: Callable[[nn.Module], Iterable[nn.Module]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -55,8 +58,9 @@ class Workload:
         for attr in ("model", "batch", "loss", "optimizer"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"Workload.{attr} must be callable, got {type(getattr(self, attr)).__name__}")
-        if self.items is not None and not callable(self.items):
-            raise ValueError("Workload.items must be callable or None")
+        for attr in ("items", "shard"):
+            if getattr(self, attr) is not None and not callable(getattr(self, attr)):
+                raise ValueError(f"Workload.{attr} must be callable or None")
         for key, values in self.options.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
                 raise ValueError(f"Workload.options[{key!r}] must be a non-empty list of values")
@@ -115,6 +119,23 @@ class Workload:
                 return int(leaf.shape[0])
         raise ValueError(f"workload {self.name!r}: cannot tell the batch size of a batch with no tensor")
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules of ``model`` FSDP shards as units of their own (the root comes after them):
+        ``shard(model)``, checked, else every block of the largest ``nn.ModuleList``."""
+        if self.shard is None:
+            return largest_module_list(model)
+        try:
+            units = list(self.shard(model))
+        except Exception as exc:
+            raise WorkloadError(f"workload {self.name!r}: shard(model) failed: {type(exc).__name__}: {exc}",
+                                workload=self.name) from exc
+        inside = {id(m) for m in model.modules()}
+        for unit in units:
+            if not isinstance(unit, nn.Module) or id(unit) not in inside or unit is model:
+                raise ProbeFileError(f"workload {self.name!r}: shard(model) must return submodules of the model "
+                                     f"(the root is sharded last on its own), got {type(unit).__name__}")
+        return units
+
     def choices(self) -> list[dict[str, Any]]:
         """Every combination of ``options`` (one empty dict when there are none)."""
         keys = list(self.options)
@@ -129,6 +150,16 @@ class Workload:
         bound: dict[str, Any] = {attr: _bind(getattr(self, attr), choice)
                                  for attr in ("model", "batch", "loss", "optimizer")}
         return replace(self, **bound, chosen={**self.chosen, **choice})
+
+
+def largest_module_list(model: nn.Module) -> list[nn.Module]:
+    """Every block of the ``nn.ModuleList`` holding the most parameters (a transformer's layers);
+    none when the model has no ModuleList."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    best = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(best)
 
 
 def _bind(fn: Callable, choice: Mapping[str, Any]) -> Callable:

@@ -1,0 +1,368 @@
+"""FSDP (``fully_shard``): the fit rule per rank of a sharded model, for any world size, from one process.
+
+Under FSDP each rank holds its shard of the parameters, gradients and optimizer
+state, and for a while the whole parameters of the units in flight (the one
+computing and the next one being all-gathered), the reduce-scatter buffers,
+and between micro-steps that do not synchronise, the unsharded gradients. The
+fit rule runs PyTorch's own ``fully_shard`` (FSDP2), so every buffer FSDP holds
+is counted where FSDP allocates it; only the gradient synchronisation differs
+from the plain rule: off for every micro-step but the last.
+
+The process group. Memory per rank depends on the world size, not on what the
+other ranks send, so the rule runs on a private fake process group of the
+planned size (PyTorch's ``FakeProcessGroup``: every collective completes at once
+and moves no data), made for one measurement and gone after it. It is never the
+default group: an estimate on a laptop leaves no process group behind, and under
+torchrun it sits beside the real group without touching it (no ``new_group``,
+so no rank waits for another). Every rank thus probes on its own, and a rank
+that runs out of memory cannot leave the others waiting in a collective.
+``real_group=True`` runs the rule on the real default group instead: the
+per-rank measurement under torchrun that the estimate is checked against.
+
+Shape-only estimates run under ``FakeTensorMode`` (``fully_shard`` refuses
+``meta`` parameters), on the CPU device FSDP sees there. A real run with the
+fake group computes on all-gathered parameters whose other ranks' parts are
+left unset: the values are meaningless, the memory is the rank's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from .. import options
+from ..devices.base import Session
+from ..devices.estimate import EstimateDevice
+from ..devices.meta import NeedsFakeTensors
+from ..workload import Workload
+
+_FAKE_GROUPS: dict[str, list[Any]] = {}  # name -> [group, blocks using it]
+_QUIET: list[Any] = []  # trackers that do not count DTensor's shape propagation
+
+
+@contextlib.contextmanager
+def shape_propagation_uncounted(tracker: Any) -> Iterator[None]:
+    """While the block runs, ``tracker`` does not count the fake tensors DTensor makes to work out
+    an op's output shape (once per op and shapes): they are no device memory.
+
+    DTensor runs each new op once on fake global-shape tensors, inside whatever
+    ``FakeTensorMode`` is active (an estimate's own) or a fresh one, and every
+    dispatch mode sees those ops.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    if not _QUIET:
+        original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def quiet(self: Any, op_schema: Any) -> Any:
+            with contextlib.ExitStack() as stack:
+                for t in _QUIET:
+                    stack.enter_context(t.paused())
+                return original(self, op_schema)
+
+        quiet.original = original  # type: ignore[attr-defined]
+        setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", quiet)  # noqa: B010
+    _QUIET.append(tracker)
+    try:
+        yield
+    finally:
+        _QUIET.remove(tracker)
+        if not _QUIET:
+            patched: Any = ShardingPropagator._propagate_tensor_meta_non_cached
+            setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", patched.original)  # noqa: B010
+
+
+@contextlib.contextmanager
+def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Iterator[Any]:
+    """A one-dimensional DeviceMesh of ``world_size`` ranks on a private fake process group.
+
+    The group is registered (DTensor finds groups by name) for as long as the
+    block runs, under a name of its own per world size, rank and device type,
+    and never becomes the default group. The mesh's dimension is named
+    ``autotune_fake``, so DTensor's caches never confuse it with a real mesh
+    of the same ranks, and a later fake mesh of the same shape, which shares
+    those caches, finds its own group under the same name.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not dist.is_available():
+        raise NeedsFakeTensors("this torch build has no torch.distributed, which FSDP needs")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size}")
+    c10d: Any = torch._C._distributed_c10d
+    name: Any = f"autotune-fake-{world_size}-{rank}-{device_type}"
+    entry = _FAKE_GROUPS.get(name)
+    if entry is None:
+        group = c10d.ProcessGroup(rank, world_size)
+        backend = c10d.FakeProcessGroup._create_internal(rank, world_size)
+        group._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
+        for kind in {"cpu", device_type}:
+            group._register_backend(torch.device(kind), c10d.ProcessGroup.BackendType.CUSTOM, backend)
+        group._set_group_name(name)
+        c10d._register_process_group(name, group)
+        entry = _FAKE_GROUPS[name] = [group, 0]
+    entry[1] += 1
+    try:
+        with unset_fake_temporarily():
+            mesh = DeviceMesh(device_type, torch.arange(world_size), mesh_dim_names=("autotune_fake",),
+                              _init_backend=False, _rank=rank)
+        mesh._dim_group_names = [name]
+        mesh._pg_registry[name] = entry[0]
+        yield mesh
+    finally:
+        entry[1] -= 1
+        if not entry[1]:
+            del _FAKE_GROUPS[name]
+            c10d._unregister_process_group(name)
+
+
+def fake_groups() -> list[str]:
+    """Names of the fake process groups registered now (none outside a measurement)."""
+    return sorted(_FAKE_GROUPS)
+
+
+def real_mesh(device_type: str) -> Any:
+    """The DeviceMesh of the active default process group (under torchrun)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with unset_fake_temporarily():
+        world: Any = dist.group.WORLD
+        return DeviceMesh.from_group(world, device_type)
+
+
+def mixed_precision(precision: str) -> Any:
+    """FSDP's policy for ``precision``: all-gathered parameters and compute in bf16/fp16, gradients
+    reduced and kept in fp32; fp32 is no policy at all."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    precision = options.precision(precision)
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard(model: nn.Module, units: list[nn.Module], mesh: Any, precision: str = "fp32") -> nn.Module:
+    """``fully_shard`` every unit, then the root: the usual FSDP2 wrapping, in place."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = mixed_precision(precision)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def skeleton(host: nn.Module, device: torch.device | str = "meta") -> nn.Module:
+    """A copy of ``host`` (ties kept) whose parameters and buffers are new, unset tensors on ``device``
+    (``meta`` by default): what FSDP shards before the shards are allocated."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(host.parameters(), host.buffers()):
+        empty = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    return copy.deepcopy(host, memo)
+
+
+def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Callable[[nn.Module], list[nn.Module]],
+                  mesh: Any, precision: str = "fp32") -> nn.Module:
+    """A model sharded by ``fully_shard`` with only this rank's shards on the session's device.
+
+    The model is built on the host and sharded on ``meta`` (no dispatch mode
+    sees that: it is not device work); then only the shards and the buffers
+    are allocated on the device, counted as parameters, and filled with this
+    rank's part of the host model's values (an estimate has none: its device
+    tensors are fakes of the session's ``FakeTensorMode``).
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    tracker, device = session.tracker, session.torch_device
+    host = session.host_model(factory)
+    estimate = any(p.is_meta for p in itertools.chain(host.parameters(), host.buffers()))
+    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if estimate and fake_mode is None:
+        raise NeedsFakeTensors("fully_shard refuses meta parameters: FSDP estimates run under FakeTensorMode")
+    with _disable_current_modes():
+        model = skeleton(host)
+        shard(model, units(model), mesh, precision)
+    with _fakes_of_meta(fake_mode):
+        model.to_empty(device=device)
+    if not estimate:
+        with tracker.paused(), torch.no_grad():
+            _copy_values(host, model, mesh.get_coordinate()[0], mesh.size())
+    del host
+    tracker.register(itertools.chain(model.parameters(), model.buffers()), "parameters")
+    return model
+
+
+@contextlib.contextmanager
+def _fakes_of_meta(fake_mode: Any) -> Iterator[None]:
+    """Let ``fake_mode`` (if any) make fakes from ``meta`` tensors: ``to_empty`` reads only their shapes."""
+    if fake_mode is None or fake_mode.allow_non_fake_inputs:
+        yield
+        return
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        yield
+    finally:
+        fake_mode.allow_non_fake_inputs = False
+
+
+def _copy_values(host: nn.Module, model: nn.Module, rank: int, world_size: int) -> None:
+    """This rank's part of every host parameter (FSDP's dim-0 chunks) and every buffer, into ``model``."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(host.named_parameters())
+    for name, p in model.named_parameters():
+        value = params[name].detach()
+        target: torch.Tensor = p
+        if isinstance(p, DTensor):
+            chunks = torch.chunk(value, world_size, dim=0) if value.dim() else (value,)
+            value = chunks[rank] if rank < len(chunks) else value[:0]
+            target = p.to_local()
+        target.copy_(value)
+    buffers = dict(host.named_buffers())
+    for name, b in model.named_buffers():
+        b.copy_(buffers[name])
+
+
+@dataclass(frozen=True)
+class FsdpRule:
+    """The fit rule's FSDP part: how the model is placed and when gradients synchronise.
+
+    ``world_size`` ranks, measured as ``rank``; ``precision`` picks the
+    mixed-precision policy; ``real_group``: shard over the active default
+    process group instead of a private fake one (its size and rank then hold).
+    """
+
+    world_size: int
+    rank: int = 0
+    precision: str = "fp32"
+    real_group: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} must be in [0, world_size={self.world_size})")
+
+    @contextlib.contextmanager
+    def scope(self, session: Session) -> Iterator[Callable[[Workload], nn.Module]]:
+        """For one measurement: a process group and a function placing a workload's model, sharded.
+
+        When the work fails (an out-of-memory error mid-step), every model placed
+        here gives back what FSDP holds beyond its shards before the error
+        leaves: the unsharded parameters, unsharded gradients, communication
+        buffers; a probe's next trial starts from the baseline.
+        """
+        device = session.torch_device
+        placed: list[nn.Module] = []
+        with contextlib.ExitStack() as stack:
+            if device.type == "cuda":
+                stack.enter_context(torch.cuda.device(device))
+            stack.enter_context(shape_propagation_uncounted(session.tracker))
+            with session.tracker.paused():
+                mesh = real_mesh(device.type) if self.real_group else \
+                    stack.enter_context(fake_mesh(self.world_size, self.rank, device.type))
+
+            def place(workload: Workload) -> nn.Module:
+                model = sharded_model(session, workload.make_model, workload.shard_units, mesh, self.precision)
+                placed.append(model)
+                return model
+
+            try:
+                yield place
+            except BaseException:
+                for model in placed:
+                    release(model)
+                raise
+            finally:
+                placed.clear()
+
+    @staticmethod
+    def sync(model: nn.Module, *, last: bool) -> None:
+        """Gradients are reduce-scattered on the last micro-step only."""
+        model.set_requires_gradient_sync(last)  # type: ignore[operator]
+
+    @staticmethod
+    def tag_gradients(session: Session, model: nn.Module) -> None:
+        """The sharded gradients and the unsharded ones kept between micro-steps."""
+        session.tag_gradients(model)
+        session.tracker.tag(_unsharded_gradients(model), "gradients")
+
+
+def _param_groups(model: nn.Module) -> Iterator[Any]:
+    """FSDP's parameter groups of every sharded module of ``model`` (FSDP2 internals)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            yield from getattr(state, "_fsdp_param_groups", ())
+
+
+def _unsharded_gradients(model: nn.Module) -> Iterator[torch.Tensor | None]:
+    for group in _param_groups(model):
+        for param in group.fsdp_params:
+            yield getattr(param, "unsharded_accumulated_grad", None)
+            unsharded = getattr(param, "_unsharded_param", None)
+            yield None if unsharded is None else unsharded.grad
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes FSDP holds for ``model`` beyond its shards: unsharded parameters and gradients."""
+    total = 0
+    for group in _param_groups(model):
+        for param in group.fsdp_params:
+            for t in getattr(param, "all_gather_outputs", ()):
+                total += t.untyped_storage().nbytes()
+    for grad in _unsharded_gradients(model):
+        if grad is not None:
+            total += grad.untyped_storage().nbytes()
+    return total
+
+
+def release(model: nn.Module) -> None:
+    """Give back what FSDP holds beyond the shards after a step that did not finish: reshard
+    every unit, drop unsharded and sharded gradients, all-gather results and reduce-scatter buffers."""
+    for group in _param_groups(model):
+        with contextlib.suppress(Exception):
+            group.reshard()
+        group._all_gather_result = None
+        context = getattr(group, "comm_ctx", None)
+        if context is not None:
+            context.all_gather_state = None
+            getattr(context, "reduce_scatter_states", []).clear()
+        for param in group.fsdp_params:
+            param.unsharded_accumulated_grad = None
+            unsharded = getattr(param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+            with contextlib.suppress(Exception):
+                param.free_unsharded_param()
+    for p in model.parameters():
+        p.grad = None
+
+
+def fake_engine(device: EstimateDevice) -> EstimateDevice:
+    """``device`` estimating under FakeTensorMode, which FSDP needs (it refuses ``meta`` parameters)."""
+    if device.engine == "fake":
+        return device
+    other = copy.copy(device)
+    other.engine = "fake"
+    return other
+
+
+def sharding_note(rule: FsdpRule) -> str:
+    """What the probe's figures are, under FSDP."""
+    group = "the process group" if rule.real_group else "a fake process group"
+    return (f"FSDP: the fit rule of rank {rule.rank} of {rule.world_size} with fully_shard ({group}): its shards of "
+            "the parameters, gradients and optimizer state, the unsharded units in flight, the unsharded gradients "
+            "kept until the last micro-step synchronises, the reduce-scatter buffers")

@@ -1,0 +1,104 @@
+"""Run under torchrun by tests/test_fsdp_distributed.py: FSDP on two gloo ranks.
+
+Prints (rank 0) one JSON object: every rank's peak of the FSDP fit rule measured
+on the real process group; the runner's checks for the correct accumulation and
+two planted faults; a probe where rank 1 has less memory than rank 0 (its real
+trials run out of memory mid-forward, with units all-gathered) and what was
+left alive after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import sys
+from dataclasses import replace
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from autotune import api as pipeline
+from autotune.devices import get_device
+from autotune.probing.fitrule import fit_rule_work
+from autotune.probing.fsdp import FsdpRule, fake_groups
+from autotune.training import distributed, runner
+from autotune.training.accumulate import Accumulator
+from autotune.training.runner import run_plan
+from autotune.workload import load_workload
+
+
+class SyncsEveryMicroStep(Accumulator):
+    """Fault: gradient sync stays on, so FSDP reduce-scatters after every micro-step (right result, k rounds)."""
+
+    def _sync(self, last):
+        return contextlib.nullcontext()
+
+
+class NoWorldFactor(Accumulator):
+    """Fault: the loss is not multiplied by the world size, so FSDP's averaging reduce-scatter shrinks it."""
+
+    def weight(self, n_items, total_items):
+        return n_items / total_items
+
+
+def out_of_memory_on_rank_1(limit: int):
+    """The gpt loss, but rank 1's real runs above ``limit`` samples run out of memory in the last
+    block's forward (FSDP has all-gathered it by then)."""
+    from autotune.probes.gpt import loss
+
+    def planted(model, batch):
+        last = model.blocks[-1]
+        if not getattr(last, "planted", False):
+            last.register_forward_pre_hook(oom)
+            last.planted = True
+        return loss(model, batch)
+
+    def oom(module, args):
+        x = args[0]
+        if distributed.rank() == 1 and not isinstance(x, FakeTensor) and not x.is_meta and x.shape[0] > limit:
+            raise torch.OutOfMemoryError(f"planted: rank 1 has no memory for {x.shape[0]} samples")
+
+    return planted
+
+
+def live_fsdp_params() -> int:
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    gc.collect()
+    return sum(isinstance(o, FSDPParam) for o in gc.get_objects())
+
+
+def main() -> None:
+    batch, budget, target, limit = (int(a) for a in sys.argv[1:5])
+    with distributed.process_group(60):
+        rank, world = distributed.rank(), distributed.world_size()
+        gpt = load_workload("gpt")
+        cpu = get_device("cpu", memory_budget=budget)
+        _, measured = cpu.measure(fit_rule_work(gpt, batch, sharding=FsdpRule(world, rank, real_group=True)))
+        out: dict = {"peaks": distributed.gather_ints(measured.peak_bytes)}
+
+        plan = pipeline.plan(target, workload=gpt, device=cpu, parallel="fsdp")
+        out["schedule"] = [list(r) for r in plan.schedule]
+        for name, cls in (("correct", Accumulator), ("syncs_every_micro_step", SyncsEveryMicroStep),
+                          ("no_world_factor", NoWorldFactor)):
+            runner.Accumulator = cls  # the accumulation the runner trains and verifies with
+            result = run_plan(plan, gpt, cpu, steps=2)
+            out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
+                         for c in result.verification.to_dict()["checks"]}
+            out[name]["passed"] = result.passed
+        runner.Accumulator = Accumulator
+
+        # Rank 1 runs out of memory above ``limit`` samples, where rank 0 fits.
+        planted = replace(gpt, loss=out_of_memory_on_rank_1(limit))
+        probed = pipeline.probe(planted, device=cpu, parallel="fsdp")
+        out["probe"] = {"max": distributed.gather_ints(probed.max_micro_batch), "ranks": list(probed.ranks),
+                        "real_ooms": distributed.gather_ints(probed.real_ooms),
+                        "live_fsdp_params_after": distributed.gather_ints(live_fsdp_params()),
+                        "fake_groups_after": distributed.gather_ints(len(fake_groups()))}
+        if rank == 0:
+            print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

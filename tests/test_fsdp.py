@@ -1,0 +1,281 @@
+"""FSDP in one process: the sharding units, the private fake process group, the fit rule per rank and its
+estimate, what an out-of-memory error leaves behind, gradient sync, and the results that record it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.devices import get_device
+from autotune.errors import BadInput, ProbeFileError, WorkloadError
+from autotune.probing import fsdp
+from autotune.probing.fitrule import fit_rule_work, run_trial
+from autotune.probing.fsdp import FsdpRule, fake_engine, fake_groups, fake_mesh, held_bytes
+from autotune.workload import Workload
+
+MIB = 1024**2
+
+
+def _measure(device, workload, batch, rule):
+    return device.measure(fit_rule_work(workload, batch, sharding=rule), enforce_capacity=False)[1]
+
+
+# -- units -------------------------------------------------------------------------------------------
+
+
+def test_default_units_are_the_blocks_of_the_largest_module_list(gpt):
+    model = gpt.make_model()
+    assert gpt.shard_units(model) == list(model.blocks)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = nn.ModuleList([nn.Linear(2, 2)] * 3)
+            self.big = nn.ModuleList([nn.Linear(64, 64), nn.Linear(64, 64)])
+
+    two = Two()
+    assert gpt.shard_units(two) == list(two.big)
+    assert gpt.shard_units(nn.Linear(3, 3)) == []  # the root alone
+
+
+def test_a_shard_hook_names_the_units_and_is_checked(gpt):
+    model = gpt.make_model()
+    assert replace(gpt, shard=lambda m: [m.blocks[0]]).shard_units(model) == [model.blocks[0]]
+    with pytest.raises(ProbeFileError, match="submodules of the model"):
+        replace(gpt, shard=lambda m: [nn.Linear(2, 2)]).shard_units(model)
+    with pytest.raises(ProbeFileError, match="submodules of the model"):
+        replace(gpt, shard=lambda m: [m]).shard_units(model)
+    with pytest.raises(WorkloadError, match="shard\\(model\\) failed: KeyError"):
+        replace(gpt, shard=lambda m: {}["x"]).shard_units(model)
+    with pytest.raises(ValueError, match="Workload.shard must be callable"):
+        replace(gpt, shard=3)
+
+
+# -- the fake process group -------------------------------------------------------------------------
+
+
+def test_the_fake_group_is_private_and_gone_after_the_block():
+    from torch._C._distributed_c10d import _resolve_process_group
+
+    with fake_mesh(8, 3) as mesh:
+        assert mesh.size() == 8 and tuple(mesh.get_coordinate()) == (3,) and not dist.is_initialized()
+        (name,) = fake_groups()
+        assert _resolve_process_group(name).size() == 8
+        with fake_mesh(8, 3):  # the same shape nested: one group, kept until the outer block ends
+            assert fake_groups() == [name]
+        assert fake_groups() == [name]
+    assert fake_groups() == [] and not dist.is_initialized()
+    with pytest.raises(RuntimeError):
+        _resolve_process_group(name)
+    with pytest.raises(KeyError), fake_mesh(2):
+        raise KeyError("fails inside")
+    assert fake_groups() == []
+
+
+@pytest.mark.slow
+def test_an_estimate_leaves_no_process_group_and_no_patch_behind(gpt):
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    resize = torch.UntypedStorage.resize_
+    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+    estimate = fake_engine(get_device("cpu").estimator())
+    m = _measure(estimate, gpt, 2, FsdpRule(4))
+    assert m.peak_bytes > 0
+    assert fake_groups() == [] and not dist.is_initialized()
+    assert torch.UntypedStorage.resize_ is resize
+    assert ShardingPropagator._propagate_tensor_meta_non_cached is propagate
+
+
+@pytest.mark.slow
+def test_estimating_inside_a_real_process_group_leaves_it_alone(gpt, tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        world = dist.group.WORLD
+        m = _measure(fake_engine(get_device("cpu").estimator()), gpt, 2, FsdpRule(4, 2))
+        assert m.peak_bytes > 0 and dist.group.WORLD is world and dist.get_world_size() == 1
+        assert fake_groups() == []
+    finally:
+        dist.destroy_process_group()
+
+
+# -- the fit rule per rank -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt):
+    real = _measure(get_device("cpu"), gpt, 4, FsdpRule(2))
+    est = _measure(fake_engine(get_device("cpu").estimator()), gpt, 4, FsdpRule(2))
+    assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
+    assert est.breakdown == real.breakdown
+
+
+@pytest.mark.slow
+def test_shards_shrink_with_the_world_size_and_unsharded_gradients_wait_for_the_last_micro_step(gpt):
+    cpu = get_device("cpu")
+    one, four = (_measure(cpu, gpt, 4, FsdpRule(w)).breakdown for w in (1, 4))
+    full = sum(p.numel() * 4 for p in gpt.make_model().parameters())
+    assert one["parameters"] == pytest.approx(full, rel=0.01)
+    assert four["parameters"] == pytest.approx(full / 4, rel=0.05)
+    assert four["optimizer_state"] == pytest.approx(one["optimizer_state"] / 4, rel=0.05)
+    # Between micro-steps every rank keeps the whole gradient, unsharded, until the last one synchronises.
+    assert four["gradients"] == pytest.approx(full, rel=0.01)
+
+
+@pytest.mark.slow
+def test_the_meta_engine_gives_way_to_fake_tensors(gpt):
+    from autotune.devices.estimate import EstimateDevice
+
+    meta = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine="meta")
+    assert fake_engine(meta).engine == "fake" and meta.engine == "meta"
+    m = _measure(meta, gpt, 2, FsdpRule(2))  # fully_shard refuses meta parameters: the fallback runs it
+    assert meta.engine == "fake" and "FakeTensorMode" in meta.fallback
+    assert m.peak_bytes == _measure(get_device("cpu"), gpt, 2, FsdpRule(2)).peak_bytes
+
+
+def _mlp(width: int) -> Workload:
+    """A small MLP of a width no other test uses: DTensor has not worked out its ops' shapes yet."""
+    return Workload(name=f"mlp{width}", model=lambda: nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(),
+                                                                      nn.Linear(2 * width, 3)),
+                    batch=lambda n, g: torch.randn(n, width, generator=g), loss=lambda m, x: m(x).square().mean())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("uncounted", [True, False])
+def test_dtensor_shape_propagation_is_not_counted(monkeypatch, uncounted):
+    if not uncounted:  # the planted fault: the global-shape fakes DTensor makes once per op are counted
+        monkeypatch.setattr(fsdp, "shape_propagation_uncounted", lambda tracker: contextlib.nullcontext())
+    workload = _mlp(37 if uncounted else 41)
+    estimate = fake_engine(get_device("cpu").estimator())  # DTensor propagates in the estimate's own fake mode
+    first, again = (_measure(estimate, workload, 2, FsdpRule(2)) for _ in range(2))
+    assert (first.timeline == again.timeline) is uncounted
+
+
+# -- an out-of-memory error mid-step ------------------------------------------------------------------
+
+
+def _keeps_model_and_runs_out_of_memory(gpt: Workload, kept: list, above: int) -> Workload:
+    """The gpt workload, but the loss keeps the model (as a user's global would) and real runs above
+    ``above`` samples run out of memory in the last block's forward, with units all-gathered."""
+
+    def oom(module, args):
+        if not isinstance(args[0], torch._subclasses.fake_tensor.FakeTensor) and args[0].shape[0] > above:
+            raise torch.OutOfMemoryError("planted: out of memory mid-forward")
+
+    def loss(model, batch):
+        kept.append(model)
+        model.blocks[-1].register_forward_pre_hook(oom)
+        return gpt.loss(model, batch)
+
+    return replace(gpt, loss=loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("released", [True, False])
+def test_an_oom_mid_step_gives_back_everything_beyond_the_shards(gpt, monkeypatch, released):
+    kept: list[nn.Module] = []
+    workload = _keeps_model_and_runs_out_of_memory(gpt, kept, above=3)
+    if not released:  # the planted fault: the sharded state is not released after the error
+        monkeypatch.setattr(fsdp, "release", lambda model: None)
+    attempt = run_trial(get_device("cpu"), workload, 4, 10 * MIB, source="real", sharding=FsdpRule(2))
+    assert attempt.oom and not attempt.fits
+    held = held_bytes(kept[-1])
+    assert (held == 0) if released else held > 0
+    assert fake_groups() == []
+
+
+@pytest.mark.slow
+def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_round(gpt):
+    from autotune.training.accumulate import Accumulator
+    from autotune.training.fsdp import ReduceScatterCounter
+    from autotune.training.verify import rounds_check
+
+    class SyncsEveryMicroStep(Accumulator):
+        def _sync(self, last):
+            return contextlib.nullcontext()
+
+    batch = gpt.make_batch(6, torch.Generator().manual_seed(0))
+    rounds = {}
+    for cls in (Accumulator, SyncsEveryMicroStep):
+        with fake_mesh(2) as mesh:
+            model = fsdp.shard(m := gpt.make_model(), gpt.shard_units(m), mesh)
+            counter = ReduceScatterCounter(model)
+            acc = cls(model, torch.optim.SGD(model.parameters(), lr=0.0), [2, 2, 2], loss=gpt.loss,
+                      items=gpt.items)
+            acc.backward(batch)
+            rounds[cls] = counter.take()
+    assert rounds == {Accumulator: 1, SyncsEveryMicroStep: 3}
+    check = rounds_check([rounds[SyncsEveryMicroStep]], collective="reduce-scatter")
+    assert check.name == "reduce_scatter_rounds" and not check.passed
+    assert "set_requires_gradient_sync(False)" in check.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precision):
+    from autotune.training.fsdp import wrap
+    from autotune.training.verify import gradient_check
+
+    batch = gpt.make_batch(8, torch.Generator().manual_seed(0))
+    with fake_mesh(1) as mesh:  # one rank: FSDP moves no data, the values are the real ones
+        check = gradient_check(gpt.make_model(), [3, 5], batch, loss=gpt.loss, items=gpt.items, precision=precision,
+                               wrap=lambda m: wrap(m, gpt, mesh, precision))
+    assert check.passed, check.message  # fp16: the scaler unscales the gradients FSDP made
+
+
+# -- results, API, command line ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
+    from autotune import api
+    from autotune.results.plan import Plan
+    from autotune.serial import dumps
+
+    plan = api.plan(16, workload="gpt", device="estimate", memory_budget="4GiB", parallel="fsdp", world_size=4)
+    assert plan.parallel == "fsdp" and plan.probe.parallel == "fsdp" and plan.probe.world_size == 4
+    assert "FSDP: the model sharded over 4 ranks" in plan.summary()
+    data = json.loads(dumps(plan.to_dict()))
+    assert Plan.from_dict(data) == plan
+    old = {k: v for k, v in data.items() if k != "parallel"}
+    old["probe"] = {k: v for k, v in data["probe"].items() if k not in ("parallel", "world_size")}
+    assert Plan.from_dict(old).parallel == "ddp" and Plan.from_dict(old).probe.parallel == "ddp"
+    with pytest.raises(ValueError, match="sharded over 4 ranks, the plan has 8"):
+        replace(plan, world_size=8, schedule=((2,),) * 8, micro_batch=2)
+    with pytest.raises(ValueError, match="a plan for ddp needs a probe made for ddp"):
+        replace(plan, parallel="ddp")
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(plan.to_dict()))
+    with pytest.raises(BadInput, match="parallel ddp but the plan was made for fsdp"):
+        api.run(plan=path, device="cpu", parallel="ddp")
+
+
+def test_bad_parallel_values_name_the_parameter_and_the_flag(capsys):
+    from autotune import api
+    from autotune.cli import main
+
+    with pytest.raises(BadInput, match="parallel 'zero3' must be one of ddp, fsdp"):
+        api.probe("mlp", device="cpu", parallel="zero3")
+    with pytest.raises(BadInput, match="plan with parallel fsdp without tune=True"):
+        api.plan(64, workload="mlp", device="cpu", parallel="fsdp", tune=True)
+    assert main(["plan", "--target-batch", "64", "--parallel", "fsdp", "--tune", "--probe", "mlp"]) == 2
+    assert "plan with --parallel fsdp without --tune" in capsys.readouterr().err
+    assert main(["probe", "--parallel", "zero3"]) == 2
+    assert "invalid choice: 'zero3'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_probe_command_shards_over_the_world_size_given(capsys):
+    from autotune.cli import main
+
+    code = main(["probe", "--probe", "gpt", "--device", "estimate", "--memory-budget", "2GiB", "--parallel", "fsdp",
+                 "--world-size", "8", "--max-batch", "4", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["parallel"] == "fsdp" and data["world_size"] == 8 and not data["data_parallel"]
+    assert any(note.startswith("FSDP: the fit rule of rank 0 of 8") for note in data["notes"])
