@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
@@ -26,8 +26,12 @@ from .workload import DEFAULT_PROBE, Workload, load_workload
 if TYPE_CHECKING:
     from .results.plan import Plan
     from .results.run import RunResult
+    from .store import Store
 
 Spec = Workload | str | None
+StoreSpec: TypeAlias = "Store | str | Literal[False] | None"
+#: The plan store used when none is given.
+STORE_VARIABLE = "AUTOTUNE_STORE"
 
 
 def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[Workload, Device]:
@@ -53,22 +57,53 @@ def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[W
 
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
-          data_parallel: bool | None = None) -> ProbeResult:
+          data_parallel: bool | None = None, world_size: int | None = None, store: StoreSpec = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
-    ``data_parallel``: the plan runs under DDP (the fit rule then holds its
-    gradient buckets); by default, whether a process group of several ranks
-    is active. Under torchrun the ranks agree on the smallest maximum.
+    ``world_size``: the ranks the plan runs on (the process group's under torchrun,
+    else ``world_size``, $WORLD_SIZE or 1). ``data_parallel``: the plan runs under
+    DDP (the fit rule then holds its gradient buckets); by default, whether there
+    are several ranks. Under torchrun the ranks agree on the smallest maximum.
+    ``store``: a plan store's URL (``sqlite:///plans.db``, any SQLAlchemy URL) or
+    a Store: a probe it has seen is answered from it (on a real device, after one
+    confirm run), a new one is kept there; by default ``$AUTOTUNE_STORE`` when
+    set, and ``False`` for none.
     """
     margin = options.margin(margin)
     max_batch = options.whole(max_batch, "max_batch")
+    if world_size is not None:
+        world_size = options.whole(world_size, "world_size")
+    kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
     log.progress(f"probing {wl.name} on {dev.describe().summary}")
-    data_parallel = distributed.active() if data_parallel is None else bool(data_parallel)
-    result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel)
+    if data_parallel is None:
+        data_parallel = distributed.active() or (world_size or 1) > 1
+    rule = {"data_parallel": bool(data_parallel)}
+    if kept is None:
+        result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
+    else:
+        from .store import cached
+
+        world, _ = _world_size(world_size, None)
+        result = cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
+
+
+def _open_store(store: StoreSpec) -> Store | None:
+    """The plan store to use: ``store`` itself, the one at its URL, ``$AUTOTUNE_STORE``'s when None, none when False."""
+    if store is None:
+        store = os.environ.get(STORE_VARIABLE, "").strip() or False
+    if store is False:
+        return None
+    if isinstance(store, str):
+        from .store import open_store
+
+        return open_store(store)
+    if not all(hasattr(store, a) for a in ("entry", "put", "record")):
+        raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
+    return store
 
 
 def agree_across_ranks(result: ProbeResult) -> ProbeResult:
@@ -101,7 +136,8 @@ def _portable(spec: str) -> str:
 def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: bool | None = None, tune: bool = False, trials: int = options.TRIALS,
-         storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None) -> Plan:
+         storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
+         store: StoreSpec = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     The probe never searches past the per-rank target, since a plan never needs more.
@@ -109,6 +145,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     the workload's options) against the untuned plan, and the fastest wins unless it is
     within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
+    ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     """
     from .planning.planner import check_plan, make_plan
 
@@ -126,6 +163,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     if not tune and (storage is not None or study_name is not None):
         raise BadInput("storage and study_name are for tune=True: pass tune=True, or leave them out")
     per_rank = math.ceil(target_batch / world)
+    kept = _open_store(store)
     if tune:
         from .training.study import check_storage
         from .training.tune import tune as run_tune
@@ -135,17 +173,23 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
             raise BadInput("tuning times one process: tune without torchrun, with "
                            f"world_size={world}")
         wl, dev = resolve(workload, device, memory_budget)
+        if kept is not None:
+            log.progress("the plan store is not used with tune=True: tuning measures throughput here")
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
                          margin=margin, trials=trials, storage=storage, study_name=study_name,
                          world_size_source=source)
         assert tuned.probe is not None
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
-    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin,
-                       max_batch=per_rank, data_parallel=world > 1)
+    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
+                   data_parallel=world > 1, world_size=world, store=kept if kept is not None else False)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
-    return replace(made, notes=made.notes + _measured_or_assumed(result, world, source))
+    stored = tuple(n for n in result.notes[:1] if result.from_store)
+    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, world, source))
+    if kept is not None and result.fingerprint is not None:
+        kept.put_plan(result.fingerprint, made)
+    return made
 
 
 def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
@@ -186,8 +230,11 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: bool | None = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
-        max_norm: float | None = None) -> RunResult:
-    """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``."""
+        max_norm: float | None = None, store: StoreSpec = None) -> RunResult:
+    """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
+
+    ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
+    """
     from .training.runner import run_plan
 
     steps = options.whole(steps, "steps")
@@ -203,11 +250,21 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
             workload = probed.source or probed.workload
         if memory_budget is None and probed is not None and probed.device.budget_bytes is not None:
             memory_budget = probed.device.budget_bytes  # run under the budget the plan was made for
+    kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
     if dev.estimated:
         raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
     if plan is None:
         assert target_batch is not None
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
-                                 multiple_of=multiple_of, uniform=uniform)
-    return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)
+                                 multiple_of=multiple_of, uniform=uniform, store=kept if kept is not None else False)
+    planned = plan
+
+    def train() -> RunResult:
+        return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)
+
+    if kept is None:
+        return train()
+    from .store import cached
+
+    return cached.record_run(kept, planned, wl, dev, precision, train)

@@ -87,6 +87,8 @@ class ProbeResult:
     source: str | None = None  # how to load the workload again (probe file or module), when known
     ranks: tuple[int, ...] = ()  # under torchrun: every rank's own max micro-batch, in rank order
     data_parallel: bool = False  # the fit rule held DDP's gradient buckets (plans for world size > 1)
+    fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
+    from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -167,6 +169,8 @@ class ProbeResult:
             "source": self.source,
             "ranks": list(self.ranks),
             "data_parallel": self.data_parallel,
+            "fingerprint": self.fingerprint,
+            "from_store": self.from_store,
         })
 
     @classmethod

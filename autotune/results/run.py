@@ -74,6 +74,7 @@ class RunResult:
     skipped_steps: int = 0
     verification: Verification | None = None
     notes: tuple[str, ...] = ()
+    allocated_peak_bytes: int | None = None  # live tensor bytes at the peak (about max_memory_allocated on CUDA)
 
     def __post_init__(self) -> None:
         if len(self.losses) != len(self.step_seconds) or not self.losses:
@@ -137,6 +138,7 @@ class RunResult:
             "verification": None if self.verification is None else self.verification.to_dict(),
             "passed": self.passed,
             "notes": list(self.notes),
+            "allocated_peak_bytes": self.allocated_peak_bytes,
             "plan": self.plan.to_dict(),
         })
 

@@ -135,6 +135,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
+        allocated_peak_bytes=measured.tracked_peak_bytes,
     )
 
 
