@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -108,6 +109,22 @@ def write_report(args, result) -> None:
     folder = write(result, args.report or None, force=args.force)
     print(f"report: {folder}", file=sys.stderr if args.json or getattr(args, "format", "table") != "table"
           else sys.stdout)
+
+
+def add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="plan store shared by jobs: a probe made before is answered from it (a real device still "
+                        "confirms it with one real run), a new one is kept, and what real runs measure is recorded; "
+                        "sqlite:///plans.db or any SQLAlchemy URL (default: $AUTOTUNE_STORE, when set)")
+
+
+def check_store(args) -> None:
+    """Fail on an unusable --store (or $AUTOTUNE_STORE) before any long work."""
+    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip() or None
+    if url is not None:
+        from ..training.study import check_storage
+
+        check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -15,8 +15,10 @@ from .common import (
     add_distributed,
     add_report,
     add_schedule_flags,
+    add_store,
     check_output,
     check_report,
+    check_store,
     positive_int,
     write_output,
     write_report,
@@ -35,6 +37,7 @@ examples:
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --probe gpt:build_1b
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
+  autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
 """
 
 
@@ -55,6 +58,7 @@ def add_parser(sub) -> None:
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     p.add_argument("--study-name", metavar="NAME", default=None,
                    help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
+    add_store(p)
     add_report(p)
     add_distributed(p)
     add_common(p)
@@ -92,6 +96,7 @@ def run(args) -> int:
     check_report(args)
     check_plannable(args)
     check_tune_flags(args)
+    check_store(args)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
@@ -106,7 +111,8 @@ def _plan(args, *, lead: bool) -> int:
     plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
                          memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                          multiple_of=args.multiple_of, uniform=True if args.uniform else None,
-                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name)
+                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
+                         store=args.store)
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())

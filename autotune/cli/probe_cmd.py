@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import options
-from .common import Formatter, add_common, add_device, check_output, positive_int, write_output
+from .common import Formatter, add_common, add_device, add_store, check_output, check_store, positive_int, write_output
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -16,6 +16,7 @@ examples:
   autotune probe --probe mlp --device cpu --memory-budget 64MiB
   autotune probe --probe gpt:build_1b --device estimate --memory-budget 80GiB
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
+  autotune probe --probe gpt --device estimate --memory-budget 24GiB --store sqlite:///plans.db
 """
 
 
@@ -26,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
                    help="never search past this micro-batch size")
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
+    add_store(p)
     add_common(p)
     p.set_defaults(handler=run)
 
@@ -35,8 +37,9 @@ def run(args) -> int:
     from ..serial import dumps
 
     check_output(args.output)
+    check_store(args)
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
-                            margin=args.margin, max_batch=args.max_batch)
+                            margin=args.margin, max_batch=args.max_batch, store=args.store)
     text = dumps(result.to_dict())
     if args.json:
         print(text, end="")
