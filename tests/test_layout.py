@@ -21,8 +21,9 @@ LAYERS = [
     {"probing"},
     {"training"},
     {"report"},
+    {"store"},
     {"integrations", "api"},
-    {"cli", "__main__", "__init__"},
+    {"cli", "serve", "__main__", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
