@@ -122,7 +122,7 @@ def check_store(args) -> None:
     """Fail on an unusable --store (or $AUTOTUNE_STORE) before any long work."""
     url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip() or None
     if url is not None:
-        from ..training.study import check_storage
+        from ..dburl import check_storage
 
         check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
 

@@ -86,7 +86,7 @@ def check_tune_flags(args) -> None:
         if value is not None and not args.tune:
             raise BadInput(f"{flag} needs --tune: add --tune, or drop {flag}")
     if args.storage is not None:
-        from ..training.study import check_storage
+        from ..dburl import check_storage
 
         check_storage(args.storage, "--storage")
 

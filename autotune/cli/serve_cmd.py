@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
     if not url:
         raise BadInput("autotune serve needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
-    from ..training.study import check_storage
+    from ..dburl import check_storage
 
     check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
     try:

@@ -55,7 +55,7 @@ _OPEN_LOCK = threading.Lock()
 def open_store(url: str, *, name: str = "store") -> Store:
     """The store at ``url`` (made if new), one per URL and process; BadInput naming ``name`` when
     the URL cannot be used."""
-    from ..training.study import check_storage
+    from ..dburl import check_storage
 
     check_storage(url, name)
     with _OPEN_LOCK:
@@ -82,7 +82,7 @@ class Store:
     """One database holding probe results, plans and measurements (see :mod:`autotune.store.schema`)."""
 
     def __init__(self, url: str, *, name: str = "store"):
-        from ..training.study import shown_url
+        from ..dburl import shown_url
 
         self.url = url
         self.shown = shown_url(url) or url
