@@ -36,7 +36,7 @@ from ..units import format_bytes
 from ..workload import Workload
 from .fingerprint import Untraceable, fingerprint
 from .schema import Entry, Observation, when
-from .store import Store, device_label
+from .store import Store, device_label, owner_words
 
 #: A confirm run whose peak differs from the stored one by more than this share disagrees with it.
 CONFIRM_TOLERANCE = 0.05
@@ -65,7 +65,8 @@ def probe(store: Store, workload: Workload, device: Device, *, margin: float, ma
         return served
 
     def waiting(holder: str) -> None:
-        log.progress(f"waiting for {holder}, which is probing the same workload (fingerprint {fp.short})")
+        log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
+                     f"{fp.short})")
 
     with store.single_flight(fp.digest, on_wait=waiting) as waited:
         if waited:

@@ -78,6 +78,13 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
+def owner_words(owner: str) -> str:
+    """A claim's owner as people read it: ``process 4242 on gpu-node-3``."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return f"process {pid} on {host}" if pid.isdigit() else owner
+
+
 class Store:
     """One database holding probe results, plans and measurements (see :mod:`autotune.store.schema`)."""
 
