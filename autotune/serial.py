@@ -22,7 +22,9 @@ from typing import Any
 
 from .errors import BadInput, ResultFileError
 
-SCHEMA_VERSION = 1
+#: 2: typed device, verification, tuning and noise-scale records; files of schema 1 still read (their
+#: memory budget from the old capacity source, their tuning record without a baseline).
+SCHEMA_VERSION = 2
 KINDS = ("ProbeResult", "Plan", "RunResult")
 WRITTEN_BY = {"ProbeResult": "autotune probe --output", "Plan": "autotune plan --output",
               "RunResult": "autotune run --output"}

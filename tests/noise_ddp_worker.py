@@ -17,7 +17,7 @@ from test_noise import NoisyAccumulator  # tests/ is this script's folder
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.noise import GradientNoiseScale
+from autotune.training.noise import GradientNoiseScale
 
 CASES = {"accumulating": [[20, 17], [19, 8]], "one_micro_step_per_rank": [[32], [32]]}
 STEPS = 4

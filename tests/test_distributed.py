@@ -1,4 +1,4 @@
-"""Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync."""
+"""Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end."""
 
 from __future__ import annotations
 
@@ -18,20 +18,25 @@ BUDGET = "2.6MB"  # max micro-batch ~112 with DDP's buckets: 255 -> 2 micro-step
 
 def torchrun(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([*TORCHRUN, *argv], capture_output=True, text=True, timeout=timeout, env=env,
+    return subprocess.run([*TORCHRUN, *argv], check=False, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=HERE.parent)
 
 
 @pytest.fixture(scope="module")
-def cli_run():
-    return torchrun("-m", "autotune", "run", "--target-batch", "255", "--probe", "mlp", "--device", "cpu",
-                    "--memory-budget", BUDGET, "--steps", "3", "--json", "--quiet")
+def cli_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("cli_run") / "result.json"
+    done = torchrun("-m", "autotune", "run", "--target-batch", "255", "--probe", "mlp", "--device", "cpu",
+                    "--memory-budget", BUDGET, "--steps", "3", "--json", "--quiet", "--output", str(output))
+    return done, output
 
 
 @pytest.mark.slow
 def test_two_ranks_match_the_single_process_gradient(cli_run):
+    cli_run, output = cli_run
     assert cli_run.returncode == 0, cli_run.stderr[-2000:]
+    assert "terminate called" not in cli_run.stderr
     result = json.loads(cli_run.stdout)
+    assert json.loads(output.read_text()) == result  # written in full before the ranks ended
     plan = result["plan"]
     assert plan["world_size"] == 2 and plan["world_size_source"] == "process group"
     assert plan["per_rank_batch"] == [127, 128]  # a target not divisible by the world size, exactly
@@ -73,3 +78,61 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     assert done.returncode != 0
     assert "[rank 1] autotune run: error: probe" in done.stderr and "no data shard for this rank" in done.stderr
     assert time.monotonic() - start < 90
+
+
+@pytest.mark.slow
+def test_ranks_leave_the_group_with_no_thread_left_behind():
+    # The GIL handed over every 0.5 s: a communication thread left alive after the group is gone
+    # would still wait for it at finalization and abort the rank (SIGABRT, torchrun exit 1).
+    for _ in range(2):
+        done = torchrun(str(HERE / "ddp_teardown.py"), "0.5")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "terminate called" not in done.stderr
+        ranks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert sorted(r["rank"] for r in ranks) == [0, 1]
+        for r in ranks:
+            assert r["threads_inside"] > r["threads_before"]  # the group's threads ran ...
+            assert r["threads_after"] == r["threads_before"], r  # ... and are joined when it is left
+            assert r["rounds"] == [1, 1, 1]  # one all-reduce round per step, however many micro-steps
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_at_the_end_is_named_by_the_ranks_waiting_to_leave():
+    start = time.monotonic()
+    done = torchrun(str(HERE / "ddp_teardown.py"), "0.005", "--rank0-fails", timeout=120)
+    assert done.returncode != 0
+    errors = {r["rank"]: r["error"] for r in map(json.loads, filter(None, done.stdout.splitlines()))}
+    assert errors[0] == "ValueError: planted failure after the last collective"
+    assert errors[1].startswith("AutotuneError: rank 1 finished its work but another rank stopped before the end; "
+                                "that rank's error says why (")
+    assert "\n" not in errors[1] and "terminate called" not in done.stderr
+    assert time.monotonic() - start < 90  # no rank waits for its timeout
+
+
+CLI_UNDER_TORCHRUN = """
+import atexit, sys
+atexit.register(lambda: print("interpreter finalized", file=sys.stderr, flush=True))
+from autotune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv, code, out, err", [
+    (["--version"], 0, "autotune ", ""),
+    (["run", "--target-batch", "8", "--max-norm", "-1"], 2, "", "[rank 1] autotune run: error: --max-norm"),
+    (["run", "--steps", "0"], 2, "", "--steps 0"),
+])
+def test_a_torchrun_rank_ends_with_its_exit_code_without_finalizing(argv, code, out, err):
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-c", CLI_UNDER_TORCHRUN, *argv], check=False, capture_output=True,
+                          text=True, timeout=60, env=env, cwd=HERE.parent)
+    assert done.returncode == code, done.stderr
+    assert done.stdout.startswith(out) and err in done.stderr  # written out before the end
+    assert "interpreter finalized" not in done.stderr
+
+
+def test_outside_torchrun_the_command_ends_the_ordinary_way():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, "-c", CLI_UNDER_TORCHRUN, "--version"], check=False, capture_output=True,
+                          text=True, timeout=60, env=env, cwd=HERE.parent)
+    assert done.returncode == 0 and "interpreter finalized" in done.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -17,14 +16,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from autotune.accumulate import Accumulator, StepOutcome, batch_size
-from autotune.noise import (
-    GradientNoiseScale,
-    NoiseScaleEstimate,
-    SmoothedNoiseScale,
-    describe,
-    two_batch_estimate,
-)
+from autotune.results.noise import NoiseScaleEstimate, describe
+from autotune.training.accumulate import Accumulator
+from autotune.training.noise import GradientNoiseScale, SmoothedNoiseScale, two_batch_estimate
 
 HERE = Path(__file__).parent
 
@@ -33,49 +27,17 @@ HERE = Path(__file__).parent
 
 
 class NoisyAccumulator(Accumulator):
-    """``Accumulator(..., noise_scale=True)``: the calls marked ``# noise`` are all the integration there is."""
+    """``Accumulator`` measuring with ``noise_cls`` (a planted fault's class, or the real one)."""
 
     noise_cls = GradientNoiseScale
 
-    def __init__(self, *args, noise_scale: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.noise_scale = (self.noise_cls(self.model.parameters(), world_size=self.world_size,  # noise
-                                           process_group=self.process_group) if noise_scale else None)
+    def __init__(self, model, optimizer, schedule, *, noise_scale=True, **kwargs):
+        import torch.distributed as dist
 
-    def backward(self, batch):
-        micros = self.split(batch)
-        sizes = [batch_size(m) for m in micros]
-        counts = [self.count_items(m, n) if n else 0 for m, n in zip(micros, sizes)]
-        total = self.total_items(sum(counts))
-        noise = self.noise_scale
-        if noise is not None:
-            noise.begin_step(total)  # noise
-        loss_sum = None
-        last = len(micros) - 1
-        for i, (micro, n) in enumerate(zip(micros, counts)):
-            if not sizes[i]:
-                continue
-            with self._sync(i == last):
-                micro = self.move(micro)
-                with self.autocast():
-                    loss = self.loss_fn(self.model, micro)
-                weight = self.weight(n, total)
-                weighted = (loss if loss.dtype == torch.float32 else loss.float()) * weight
-                with noise.micro_step(n, weight) if noise is not None else contextlib.nullcontext():  # noise
-                    (self.scaler.scale(weighted) if self.scaler else weighted).backward()
-            share = weighted.detach()
-            loss_sum = share if loss_sum is None else loss_sum + share
-            del micro, loss, weighted
-        norm = self._finish(noise)
-        return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
-                           total_items=total, micro_steps=len(micros), grad_norm=norm)
-
-    def _finish(self, noise):
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if noise is not None:
-            noise.end_step(scale=self.scaler.get_scale() if self.scaler else 1.0)  # noise: after unscale, before clip
-        return self.clip()
+        world = kwargs.get("world_size") or (dist.get_world_size() if dist.is_initialized() else 1)
+        measurer = self.noise_cls(model.parameters(), world_size=world, process_group=kwargs.get("process_group")) \
+            if noise_scale else False
+        super().__init__(model, optimizer, schedule, noise_scale=measurer, **kwargs)
 
 
 # -- planted faults -------------------------------------------------------------------------------
@@ -480,14 +442,13 @@ def test_backwards_outside_micro_steps_are_not_measured():
 def test_the_clip_norm_passed_in_equals_the_norm_taken_before_clipping():
     """end_step(grad_norm=...) with clip_grad_norm_'s return (the norm before clipping) saves one pass."""
 
-    class AfterClip(NoisyAccumulator):
+    class NormFromGrad(NoisyAccumulator):  # end_step takes the norm from .grad itself, before clipping
         def _finish(self, noise):
-            norm = self.clip()
-            noise.end_step(grad_norm=norm)
-            return norm
+            noise.end_step()
+            return self.clip()
 
     runs = []
-    for cls in (NoisyAccumulator, AfterClip):
+    for cls in (NoisyAccumulator, NormFromGrad):
         model = small_mlp()
         acc = cls(model, torch.optim.SGD(model.parameters(), lr=0.1), [3, 5, 4], loss=mlp_loss, max_norm=0.01)
         for step in range(3):
@@ -585,10 +546,12 @@ def test_estimate_serialises():
     acc = NoisyAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), [2, 3, 3], loss=mlp_loss)
     for step in range(4):
         acc.step(mlp_batch(8, step))
-    out = json.loads(json.dumps(acc.noise_scale.estimate().to_dict()))
-    assert set(out) == {"b_simple", "low", "high", "grad_sq", "trace_cov", "steps", "skipped", "items_per_step",
-                        "reason"}
-    assert out["steps"] == 4 and out["items_per_step"] == 8
+    estimate = acc.noise_scale.estimate()
+    out = json.loads(json.dumps(estimate.to_dict()))
+    assert {"b_simple", "low", "high", "grad_sq", "trace_cov", "steps", "unit", "history"} <= set(out)
+    assert out["steps"] == 4 and out["items_per_step"] == 8 and len(out["history"]) == 4
+    again = NoiseScaleEstimate.from_dict(out, kind="RunResult", source="x.json")
+    assert again == estimate
 
 
 # -- the word to the user ----------------------------------------------------------------------------
@@ -601,7 +564,8 @@ def estimate(**kw):
 
 
 @pytest.mark.parametrize("kw,batch,says", [
-    ({}, 1024, ["target 1024 is 4.1x the measured noise scale (~250 samples, 95% 210–300, from 40 optimizer steps)",
+    ({}, 1024, ["target 1024 samples is 4.1x the measured noise scale (~250 samples, 95% 210–300, "
+                "from 40 optimizer steps)",
                 "about 1.2x the fewest optimizer steps (1.2–1.3) for 5.1x the fewest samples (4.4–5.9)",
                 "a batch near 250 (210–300) trades them evenly", "re-measure later"]),
     ({}, 64, ["0.26x the measured noise scale", "about 4.9x the fewest optimizer steps", "1.3x the fewest samples"]),
@@ -610,7 +574,7 @@ def estimate(**kw):
     ({"low": None, "high": None, "steps": 3}, 1024, ["~250 samples from 3 optimizer steps, too noisy yet to bound",
                                                      "measure more steps"]),
     ({"b_simple": None, "grad_sq": -0.1, "low": 3000.0, "high": None}, 1024,
-     ["|G|² is estimated at -0.1 <= 0", "probably well above the target 1024 (95%: above ~3000 samples)"]),
+     ["|G|² is estimated at -0.1 <= 0", "probably well above the target 1024 samples (95%: above ~3000 samples)"]),
     ({"b_simple": None, "trace_cov": -5.0, "low": None, "high": None}, 1024,
      ["tr(Σ) is estimated at -5 <= 0", "not independent samples"]),
     ({"steps": 0, "b_simple": None, "low": None, "high": None, "grad_sq": None, "trace_cov": None,
@@ -624,7 +588,9 @@ def test_the_word_says_no_more_than_the_data(kw, batch, says):
 
 def test_the_word_uses_the_estimates_items():
     text = describe(estimate(b_simple=5000.0, low=4000.0, high=6000.0, items_per_step=20000.0), unit="tokens")
-    assert "target 20000 is 4x the measured noise scale (~5000 tokens" in text and "fewest tokens" in text
+    assert "target 20000 tokens is 4x the measured noise scale (~5000 tokens" in text and "fewest tokens" in text
+    measured = estimate(b_simple=5000.0, low=4000.0, high=6000.0, items_per_step=20000.0, unit="items")
+    assert "target 20000 items is 4x the measured noise scale (~5000 items" in describe(measured)
 
 
 # -- DDP: two gloo ranks under torchrun --------------------------------------------------------------

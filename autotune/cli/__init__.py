@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 import traceback
+from typing import NoReturn
 
 from ..errors import AutotuneError
 from . import devices_cmd, plan_cmd, probe_cmd
-from .common import Formatter, Parser
+from .common import Formatter, Parser, rank_prefix
 from .progress import progress_on_stderr
 
 DESCRIPTION = """\
@@ -59,6 +61,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if rank_prefix():
+        _end_without_finalizing(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     debug = getattr(args, "debug", False)
-    where = f"[rank {os.environ['RANK']}] " if _under_torchrun() else ""
+    where = rank_prefix()
     quiet = (getattr(args, "quiet", False) or getattr(args, "json", False)
              or getattr(args, "format", "table") != "table" or os.environ.get("RANK", "0") != "0")
     try:
@@ -137,5 +146,19 @@ def in_flag_terms(message: str) -> str:
     return re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
 
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+def _end_without_finalizing(code: int) -> NoReturn:
+    """End a torchrun rank with ``code`` once its output is out, without finalizing the interpreter.
+
+    Files the command wrote are closed by now; this flushes the logs and the
+    standard streams and ends the process. Finalizing instead would end any
+    thread a communication library left behind at its next request for the GIL,
+    and a C++ thread ended that way aborts the whole process (SIGABRT) after the
+    work succeeded.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be written
+            pass
+    os._exit(code)

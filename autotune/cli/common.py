@@ -19,8 +19,14 @@ class Parser(argparse.ArgumentParser):
         head, _, rest = message.partition(": ")
         if head.startswith("argument ") and rest.startswith(head.removeprefix("argument ").split("/")[0]):
             message = rest  # our own messages already name the flag
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{rank_prefix()}{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+
+def rank_prefix() -> str:
+    """``[rank N] `` under torchrun (several ranks write to one terminal), else nothing."""
+    under_torchrun = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    return f"[rank {os.environ['RANK']}] " if under_torchrun else ""
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -30,6 +30,8 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
         sections.append(runs.run_section(s.run))
         if s.run.verification is not None:
             sections.append(runs.verification_section(s.run))
+        if s.run.noise_scale is not None:
+            sections.append(runs.noise_section(s.run))
     if s.probe is not None:
         sections.append(Section("trials", "Trials", (
             Text("Every run of the fit rule the probe made, in order: estimates with fake tensors, then real runs "

@@ -156,3 +156,28 @@ def throughput(points: Sequence[tuple[int, float | None, bool, bool, str]]) -> b
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     return _png(fig)
+
+
+def noise_scale(history: Sequence[tuple[int, float | None, float | None, float | None]], *, batch: float,
+                unit: str) -> bytes:
+    """The smoothed noise scale after each optimizer step (step, B_simple, low, high), its 95% band, and the
+    effective batch it was measured at, for comparison."""
+    fig = _new(3.6)
+    ax = fig.add_subplot()
+    pts = [(t, b) for t, b, _, _ in history if b is not None]
+    band = [(t, lo, hi) for t, _, lo, hi in history if lo is not None]
+    if band:
+        top = max([b for _, b in pts] + [batch]) * 4
+        xs = [t for t, _, _ in band]
+        ax.fill_between(xs, [lo for _, lo, _ in band], [hi if hi is not None else top for _, _, hi in band],
+                        color="#4c72b0", alpha=0.2, lw=0, label="95% interval")
+    if pts:
+        ax.plot([t for t, _ in pts], [b for _, b in pts], color="#4c72b0", lw=2, label="noise scale B_simple")
+    ax.axhline(batch, color="#ff7f0e", ls="--", lw=1.5, label=f"effective batch ({batch:,.0f} {unit})")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"{unit} (log scale)")
+    ax.set_title("Gradient noise scale over the run", fontsize=11)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)

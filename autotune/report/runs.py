@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..results.noise import describe
 from ..results.run import Check, RunResult
 from ..units import format_bytes, plural
-from . import tables
-from .blocks import Block, Bullets, Code, Rows, Section, Table, Text
+from . import plots, tables
+from .blocks import Block, Bullets, Code, Image, Rows, Section, Table, Text
 from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
 from .subject import Subject, status
 
@@ -26,6 +27,26 @@ def run_section(run: RunResult) -> Section:
     if run.skipped_steps:
         rows.append(("Skipped steps", f"{run.skipped_steps} (GradScaler found inf/nan gradients)"))
     return Section("run", "Training run", (Rows(tuple(rows)), Table(tables.steps(run.losses, run.step_seconds))))
+
+
+NOISE_PLOT = "noise_scale.png"
+
+
+def noise_section(run: RunResult) -> Section:
+    """The gradient noise scale the run's micro-steps measured, over the steps, and what it means."""
+    est = run.noise_scale
+    assert est is not None
+    word = describe(est)
+    text = ("The gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018) predicts the critical batch: "
+            "well below it a larger batch buys almost proportionally fewer optimizer steps, well above it extra "
+            f"samples buy almost nothing. Measured from the run's micro-steps ({plural(est.steps, 'step')}"
+            f"{', ' + plural(est.skipped, 'step') + ' without an estimate' if est.skipped else ''}).")
+    blocks: list[Block] = [Text(text), Text(word[0].upper() + word[1:], "muted" if est.b_simple is None else None)]
+    history = [(h.step + 1, h.b_simple, h.low, h.high) for h in est.history]
+    if any(b is not None for _, b, _, _ in history) and est.items_per_step:
+        png = plots.noise_scale(history, batch=est.items_per_step, unit=est.unit)
+        blocks.append(Image(NOISE_PLOT, "Gradient noise scale over the run", png))
+    return Section("noise", "Gradient noise scale", tuple(blocks))
 
 
 def warnings(checks: Sequence[Check]) -> list[str]:
@@ -110,6 +131,9 @@ def files(s: Subject) -> Section:
                   ("trials.csv", "the probe's trials (sizes in bytes)")]
     if s.plan is not None and s.plan.tuning is not None and s.plan.tuning.candidates:
         names.append((THROUGHPUT_PLOT, "throughput vs micro-batch"))
+    if s.run is not None and s.run.noise_scale is not None and any(h.b_simple is not None
+                                                                    for h in s.run.noise_scale.history):
+        names.append((NOISE_PLOT, "the gradient noise scale over the run"))
     names.append((s.json_name, f"the full {s.kind} as JSON (schema in reports/README.md)"))
     return Section("files", "Files", (
         Bullets(tuple(f"{name}: {what}" for name, what in names)),

@@ -8,6 +8,7 @@ from typing import Any
 from ..serial import envelope, invalid, open_envelope, read_dataclass, read_fields
 from ..units import format_bytes, plural
 from .device import DeviceInfo
+from .noise import NoiseScaleEstimate, describe
 from .plan import Plan
 
 
@@ -57,8 +58,8 @@ class Verification:
 
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
-    """A run of a Plan: per-step losses, throughput, peak memory, and the verification
-    (None when the run was not verified)."""
+    """A run of a Plan: per-step losses, throughput, peak memory, the verification (None when the run
+    was not verified) and the gradient noise scale its micro-steps measured (None when off)."""
 
     plan: Plan
     workload: str
@@ -74,6 +75,7 @@ class RunResult:
     skipped_steps: int = 0
     verification: Verification | None = None
     notes: tuple[str, ...] = ()
+    noise_scale: NoiseScaleEstimate | None = None
     allocated_peak_bytes: int | None = None  # live tensor bytes at the peak (about max_memory_allocated on CUDA)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,9 @@ class RunResult:
                 lines.append(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.message}")
                 if check.details.get("dropout"):
                     lines.append(f"       ({check.details['dropout']})")
+        if self.noise_scale is not None:  # against the effective batch it was measured at (its items)
+            word = describe(self.noise_scale)
+            lines.append(word if word.startswith("noise scale") else f"noise scale: {word}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -140,6 +145,7 @@ class RunResult:
             "notes": list(self.notes),
             "allocated_peak_bytes": self.allocated_peak_bytes,
             "plan": self.plan.to_dict(),
+            "noise_scale": None if self.noise_scale is None else self.noise_scale.to_dict(),
         })
 
     @classmethod
@@ -152,6 +158,8 @@ class RunResult:
         if body.get("verification") is not None:
             body["verification"] = _read_verification(body["verification"], source)
         body["plan"] = Plan.from_dict(body["plan"], source=f"{source} (its plan)")
+        if body.get("noise_scale") is not None:
+            body["noise_scale"] = NoiseScaleEstimate.from_dict(body["noise_scale"], kind="RunResult", source=source)
         try:
             return cls(**body)
         except (TypeError, ValueError) as exc:

@@ -1,9 +1,10 @@
 """Exact gradient accumulation for your own training loop.
 
-    plan = autotune.Plan.from_dict(json.load(open("plan.json")))
+    plan = autotune.load_plan("plan.json")
     step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, items=count_tokens)
     for batch in loader:                 # batches of plan.per_rank_batch[rank] samples
         loss = step(batch)               # k micro-steps, one optimizer step
+    step.noise_scale.b_simple            # the gradient noise scale, measured on the way
 
 Each micro-step's mean loss is weighted ``n_i / N`` (``n_i`` items in the
 micro-batch, ``N`` in the whole effective batch over all ranks), so the
@@ -29,6 +30,7 @@ from torch.utils._pytree import tree_map
 from .. import options
 from ..errors import BadInput
 from ..workload.batches import batch_size, item_weight, split_batch
+from .noise import GradientNoiseScale
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +62,12 @@ class Accumulator:
     the model must synchronise gradients (DDP, FSDP) unless ``external_sync``
     says the caller does.
 
+    ``noise_scale`` (on by default) measures the gradient noise scale from the
+    micro-steps' own gradients as they arrive (one norm per parameter and
+    micro-step, no copy): ``accumulator.noise_scale.b_simple`` and friends, see
+    :mod:`autotune.training.noise`. Pass False to measure nothing (no hooks), or
+    a ``GradientNoiseScale`` of your own (e.g. measuring every n-th step).
+
     A batch of another size than the schedule's total (the last batch of a
     ``DataLoader`` without ``drop_last``) is split into the fewest micro-batches
     of at most the schedule's largest, as even as possible, and weighted over
@@ -73,7 +81,7 @@ class Accumulator:
                  precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
                  process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
                  no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-                 external_sync: bool = False):
+                 external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
         self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
@@ -94,6 +102,7 @@ class Accumulator:
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
         self._no_sync = no_sync if no_sync is not None else getattr(model, "no_sync", None)  # DDP's
         self.skipped_steps = 0
+        self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
 
     # -- the pieces a step is made of --------------------------------------------------
 
@@ -135,9 +144,14 @@ class Accumulator:
         return int(t.item())
 
     def clip(self) -> float | None:
+        norm = self._clip()
+        return None if norm is None else float(norm)
+
+    def _clip(self) -> torch.Tensor | None:
+        """Clip the accumulated gradient to ``max_norm``; its norm before clipping (a tensor: no host sync)."""
         if self.max_norm is None:
             return None
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm))
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
 
     def autocast(self):
         if self.precision == "fp32":
@@ -153,6 +167,9 @@ class Accumulator:
         sizes = [batch_size(m) for m in micros]  # what is fed to the loss, as split
         counts = [self.count_items(m, n) if n else 0 for m, n in zip(micros, sizes)]
         total = self.total_items(sum(counts))
+        noise = self.noise_scale
+        if noise is not None:
+            noise.begin_step(total)
         loss_sum = None  # summed on the device: one host sync per step, not per micro-step
         last = len(micros) - 1
         for i, (micro, n) in enumerate(zip(micros, counts)):
@@ -162,17 +179,28 @@ class Accumulator:
                 micro = self.move(micro)
                 with self.autocast():
                     loss = self.loss_fn(self.model, micro)
-                weighted = (loss if loss.dtype == torch.float32 else loss.float()) * self.weight(n, total)
-                self._backward(self.scaler.scale(weighted) if self.scaler else weighted)
+                weight = self.weight(n, total)
+                weighted = (loss if loss.dtype == torch.float32 else loss.float()) * weight
+                with noise.micro_step(n, weight) if noise is not None else contextlib.nullcontext():
+                    self._backward(self.scaler.scale(weighted) if self.scaler else weighted)
             share = weighted.detach()
             loss_sum = share if loss_sum is None else loss_sum + share
             del micro, loss, weighted
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        norm = self.clip()
+        norm = self._finish(noise)
         assert loss_sum is not None  # the last micro-batch always holds samples
         return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
-                           total_items=total, micro_steps=len(micros), grad_norm=norm)
+                           total_items=total, micro_steps=len(micros),
+                           grad_norm=None if norm is None else float(norm))
+
+    def _finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | float | None:
+        """After the last micro-step: unscale (fp16), clip once, and close the noise scale's step with the
+        unscaled, unclipped gradient; returns its norm before clipping (None without clipping)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = self._clip()
+        if noise is not None:
+            noise.end_step(scale=self.scaler.get_scale() if self.scaler is not None else 1.0, grad_norm=norm)
+        return norm
 
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
@@ -231,17 +259,30 @@ def _sizes_for(schedule: Any, rank: int) -> list[int]:
     return sizes
 
 
-def _synchronises(model: nn.Module) -> bool:
-    """Does ``model`` synchronise gradients across ranks itself (DDP, FSDP1, FSDP2)?"""
-    from torch.nn.parallel import DistributedDataParallel
+def _noise_scale(setting: bool | GradientNoiseScale, model: nn.Module, world_size: int,
+                 group: Any) -> GradientNoiseScale | None:
+    """The noise-scale measurement an Accumulator makes: a given one, a new one, or none (off, or an FSDP
+    model, whose gradients arrive sharded)."""
+    if isinstance(setting, GradientNoiseScale):
+        return setting
+    if not setting or _sharded(model) or not any(p.requires_grad for p in model.parameters()):
+        return None
+    return GradientNoiseScale(model.parameters(), world_size=world_size, process_group=group)
 
-    if isinstance(model, DistributedDataParallel):
-        return True
+
+def _sharded(model: nn.Module) -> bool:
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     except ImportError:
         return False
     return isinstance(model, (FSDPModule, FullyShardedDataParallel))
+
+
+def _synchronises(model: nn.Module) -> bool:
+    """Does ``model`` synchronise gradients across ranks itself (DDP, FSDP1, FSDP2)?"""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(model, DistributedDataParallel) or _sharded(model)
 
 
 def _rank_and_world(rank: int | None, world: int | None, group: Any) -> tuple[int, int]:

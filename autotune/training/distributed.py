@@ -10,8 +10,10 @@ synchronised the gradients and that every rank holds the same parameters.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..errors import AutotuneError
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -48,6 +52,12 @@ def process_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[bool]:
 
     Yields True when a group was joined here. A rank waiting for another that
     failed gives up after ``timeout_s`` seconds instead of hanging.
+
+    When the block ends normally the ranks leave together (a barrier), and the
+    group is destroyed for real: its threads are joined before this returns, so
+    the interpreter never finalizes under a communication thread that may still
+    need the GIL to release what it holds. When the block raises, the rank
+    leaves at once (the others are stopped by torchrun or their timeout).
     """
     if not launched_by_torchrun() or (dist.is_available() and dist.is_initialized()):
         yield False
@@ -55,11 +65,44 @@ def process_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[bool]:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _import_group_defaults()
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     try:
         yield True
+    except BaseException:
+        _leave(together=False)
+        raise
+    _leave(together=True)
+
+
+def _leave(*, together: bool) -> None:
+    try:
+        if together:
+            try:
+                dist.barrier()
+            except RuntimeError as exc:  # a rank that stopped with an error has closed its connections
+                raise AutotuneError(f"rank {rank()} finished its work but another rank stopped before the end; "
+                                    f"that rank's error says why ({_first_sentence(exc)})") from exc
     finally:
+        gc.collect()  # DDP wrappers left in reference cycles still hold the group
         dist.destroy_process_group()
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """A library error's first sentence, without the source location gloo puts in front."""
+    text = next(iter(str(exc).strip().splitlines()), "") or type(exc).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0].rstrip(".")
+
+
+def _import_group_defaults() -> None:
+    """Import the modules that take the world group as a default argument, before there is one.
+
+    ``torch.distributed.nn.functional`` (imported by DistributedDataParallel,
+    through ``torch._dynamo``) evaluates ``group=group.WORLD`` at import time;
+    imported inside a process group, it keeps that group alive for good, and
+    ``destroy_process_group`` then leaves its threads running.
+    """
+    import torch.distributed.nn  # noqa: F401
 
 
 def local_device_name() -> str:
@@ -106,22 +149,35 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 class RoundCounter:
-    """Counts gradient all-reduce rounds of a DDP model through a communication hook.
+    """Counts the gradient all-reduce rounds of a DDP model: backward passes that communicated.
 
-    A round is one synchronising backward: its first bucket (index 0) goes out once.
+    A round is one backward through the model's output during which the process
+    group issued collectives (DDP's bucket all-reduces), read from the group's
+    collective sequence number when that backward starts and when it ends. It is
+    all observed on the thread that runs the backward: DDP's communication keeps
+    its built-in C++ path, with no Python callback on the process group's threads.
     """
 
-    def __init__(self, ddp_model: Any):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
+    def __init__(self, ddp_model: nn.Module):
         self.rounds = 0
+        group: Any = getattr(ddp_model, "process_group", None) or dist.group.WORLD
+        self._sequence = group._get_sequence_number_for_group
+        ddp_model.register_forward_hook(self._watch)
 
-        def hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
-            if bucket.index() == 0:
-                self.rounds += 1
-            return default_hooks.allreduce_hook(state, bucket)
+    def _watch(self, module: nn.Module, inputs: object, output: object) -> None:
+        from torch.utils._pytree import tree_leaves
 
-        ddp_model.register_comm_hook(None, hook)
+        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if tensors:
+            torch.autograd.graph.register_multi_grad_hook(tensors, self._backward_starts, mode="any")
+
+    def _backward_starts(self, grad: torch.Tensor) -> None:
+        start = self._sequence()
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_ends(start))
+
+    def _backward_ends(self, start: int) -> None:
+        if self._sequence() != start:
+            self.rounds += 1
 
     def take(self) -> int:
         """Rounds since the last call."""

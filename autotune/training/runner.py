@@ -22,6 +22,7 @@ from .. import log, options
 from ..devices.base import Device, Session
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
+from ..results.noise import NoiseScaleEstimate
 from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
@@ -76,6 +77,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         rounds: list[int] = []
         in_sync: list[bool] = []
         skipped = [0]
+        noise: list[NoiseScaleEstimate] = []
 
         def work(session: Session) -> None:
             model = session.model(lambda: copy.deepcopy(host_model))
@@ -102,6 +104,9 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                         rounds.append(counter.take())
                         in_sync.append(len(set(distributed.gather_ints(distributed.parameter_digest(model)))) == 1)
                 log.progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
+            if acc.noise_scale is not None:
+                noise.append(acc.noise_scale.estimate(unit="samples" if workload.items is None else "items"))
+                acc.noise_scale.close()
 
         _, measured = device.measure(work)
 
@@ -135,6 +140,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
+        noise_scale=noise[0] if noise else None,
         allocated_peak_bytes=measured.tracked_peak_bytes,
     )
 

@@ -73,7 +73,7 @@ def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, it
     opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped
     runner = wrap(acc_model) if wrap is not None else acc_model
     acc = accumulator_cls(runner, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
-                          precision=precision)
+                          precision=precision, noise_scale=False)
     acc.backward(batch)
     return flat_grad(acc_model)
 

@@ -67,7 +67,7 @@ def test_plan_table_and_json(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--target-batch", "1021", *MLP, "--output", str(path))
     assert code == 0 and "1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank" in out and "headroom" in out
     saved = json.loads(path.read_text())
-    assert saved["kind"] == "autotune.Plan" and saved["schema_version"] == 1
+    assert saved["kind"] == "autotune.Plan" and saved["schema_version"] == 2
     code, out, _ = run(capsys, "plan", "--target-batch", "1024", *MLP, "--json")
     assert json.loads(out)["accumulation_steps"] == 4
 

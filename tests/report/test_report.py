@@ -89,7 +89,7 @@ def entries(folder: Path) -> set[str]:
 def test_report_folders_hold_every_file(reports):
     common = {"report.html", "report.md", "trials.csv", "peak_vs_batch.png", "memory_breakdown.png"}
     assert entries(reports["plan"]) == common | {"plan.json"}
-    assert entries(reports["run"]) == common | {"result.json"}
+    assert entries(reports["run"]) == common | {"result.json", "noise_scale.png"}
 
 
 @pytest.mark.parametrize("which", ["plan", "run"])
@@ -98,7 +98,7 @@ def test_every_embedded_image_is_a_sensible_png_and_matches_its_file(reports, wh
     page, md = read(folder)
     embedded = [base64.b64decode(b64, validate=True) for b64 in DATA_URI.findall(page)]
     files = sorted(folder.glob("*.png"))
-    assert len(embedded) == len(files) == 2
+    assert len(embedded) == len(files) == {"plan": 2, "run": 3}[which]
     for png in embedded:
         width, height = png_size(png)
         assert width > 200 and height > 200, (width, height)
@@ -414,3 +414,11 @@ def test_a_crash_while_writing_leaves_no_half_report(plan, tmp_path, monkeypatch
     assert entries(tmp_path) == ({"rep"} if existing else set())
     if existing:
         assert {name: (out / name).read_bytes() for name in entries(out)} == old
+
+
+def test_the_noise_scale_section_shows_the_runs_estimate(reports, run_result):
+    page, md = read(reports["run"])
+    est = run_result.noise_scale
+    assert est is not None and est.steps == len(est.history) == run_result.steps
+    assert "## Gradient noise scale" in md and "(noise_scale.png)" in md
+    assert f"from {est.steps} optimizer steps" in md_unescape(md)

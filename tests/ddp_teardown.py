@@ -1,0 +1,74 @@
+"""Run under torchrun by tests/test_distributed.py: DDP training, then the rank leaves and finalizes at once.
+
+Each rank prints one JSON line: its thread count before joining the process
+group, inside it and after leaving it, and the all-reduce rounds counted for
+optimizer steps of 1, 2 and 3 micro-steps (all but the last in ``no_sync()``).
+Then the script ends the ordinary way, through interpreter finalization, right
+after its last collective.
+
+``python ddp_teardown.py SECONDS [--rank0-fails]``: the interpreter hands the GIL to a waiting
+thread only every SECONDS (default 0.005, Python's own). At 0.5 a
+communication thread that asks for the GIL to release what it holds nearly
+always still waits when the main thread finalizes: what a loaded machine does
+by chance, made the rule. A process group that leaves such a thread alive ends
+the rank with ``terminate called without an active exception`` (SIGABRT).
+With ``--rank0-fails``, rank 0 raises after its last collective, before the
+ranks leave together; each rank prints its error instead, and rank 0 lingers a
+few seconds so that torchrun does not stop rank 1 before it has spoken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+from autotune.errors import AutotuneError
+from autotune.training import distributed
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def train() -> list[int]:
+    torch.manual_seed(0)
+    model = distributed.wrap(nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]), torch.device("cpu"))
+    counter = distributed.RoundCounter(model)
+    x = torch.randn(16, 64)
+    rounds = []
+    for micro_steps in (1, 2, 3):
+        for i in range(micro_steps):
+            with model.no_sync() if i < micro_steps - 1 else contextlib.nullcontext():
+                model(x).sum().backward()
+        rounds.append(counter.take())
+    return rounds
+
+
+def main() -> int:
+    sys.setswitchinterval(float(sys.argv[1]) if len(sys.argv) > 1 else 0.005)
+    rank = int(os.environ["RANK"])
+    before = threads()
+    try:
+        with distributed.process_group(60):
+            inside = threads()
+            rounds = train()  # its last collective, then straight out (a syscall here would let waiting threads in)
+            if "--rank0-fails" in sys.argv and rank == 0:
+                raise ValueError("planted failure after the last collective")
+    except (ValueError, AutotuneError) as exc:
+        print(json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        if rank == 0:
+            time.sleep(3)
+        return 1
+    print(json.dumps({"rank": rank, "threads_before": before, "threads_inside": inside,
+                      "threads_after": threads(), "rounds": rounds}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
