@@ -29,7 +29,8 @@ examples:
 def add_parser(sub) -> None:
     p = sub.add_parser("store", help="look inside a plan store (ls, show) and prune it (rm, gc)",
                        description=EXAMPLES, formatter_class=Formatter)
-    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True,
+                               help="ls, show, rm or gc")
     ls = actions.add_parser("ls", help="every entry: fingerprint, workload, device, max micro-batch, when, hits",
                             formatter_class=Formatter)
     show = actions.add_parser("show", help="one entry in full, or per device how far estimates were from "
