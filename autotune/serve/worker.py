@@ -71,7 +71,11 @@ def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
 
 def _main(conn: Connection, store_url: str) -> None:
     """A worker's life: import, say it is ready, then answer jobs until the server goes."""
+    import signal
+
     import autotune.api  # noqa: F401  (torch and the stages load here, before the first job's clock starts)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops its workers
 
     conn.send({"ready": True})
     while True:
