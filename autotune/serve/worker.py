@@ -75,6 +75,9 @@ def _main(conn: Connection, store_url: str) -> None:
 
     import autotune.api  # noqa: F401  (torch and the stages load here, before the first job's clock starts)
 
+    from ..devices.base import _load_dispatch_machinery
+
+    _load_dispatch_machinery()  # PyTorch's compiler stack, which the first traced op would load
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops its workers
 
     conn.send({"ready": True})

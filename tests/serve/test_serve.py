@@ -100,7 +100,7 @@ def probes_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, probes_dir) -> Iterator[Server]:
     running = Server(tmp_path_factory.mktemp("serve"), extra=("--probes", str(probes_dir), "--workers", "2",
-                                                             "--probe-timeout", "5"))
+                                                             "--probe-timeout", "15"))
     yield running
     running.stop()
 
@@ -228,8 +228,8 @@ def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_ser
         assert "the loss of this probe is broken" in failing.json()["detail"]
         start = time.monotonic()
         sleepy = http.post("/v1/plan", json={**PLAN, "probe": "sleepy"})
-        assert sleepy.status_code == 504 and "5 s limit" in sleepy.json()["detail"]
-        assert time.monotonic() - start < 60
+        assert sleepy.status_code == 504 and "15 s limit" in sleepy.json()["detail"]
+        assert time.monotonic() - start < 90
         dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
         assert dies.status_code == 500 and "worker died (exit code 3)" in dies.json()["detail"]
         after = http.post("/v1/plan", json={**PLAN, "target_batch": 128})
