@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
@@ -28,8 +28,12 @@ if TYPE_CHECKING:
     from .planning.planner import Uniform
     from .results.plan import Plan
     from .results.run import RunResult
+    from .store import Store
 
 Spec = Workload | str | None
+StoreSpec: TypeAlias = "Store | str | Literal[False] | None"
+#: The plan store used when none is given.
+STORE_VARIABLE = "AUTOTUNE_STORE"
 
 
 def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[Workload, Device]:
@@ -56,7 +60,7 @@ def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[W
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
-          world_size: int | None = None) -> ProbeResult:
+          world_size: int | None = None, store: StoreSpec = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
     ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
@@ -65,6 +69,10 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     one rank's, measured on a fake process group of that size). ``data_parallel``:
     under DDP, the fit rule holds DDP's gradient buckets; by default, whether
     there are several ranks. Under torchrun the ranks agree on the smallest maximum.
+    ``store``: a plan store's URL (``sqlite:///plans.db``, any SQLAlchemy URL) or
+    a Store: a probe it has seen is answered from it (on a real device, after one
+    confirm run), a new one is kept there; by default ``$AUTOTUNE_STORE`` when
+    set, and ``False`` for none.
     """
     margin = options.margin(margin)
     max_batch = options.whole(max_batch, "max_batch")
@@ -72,6 +80,7 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     if world_size is not None:
         world_size = options.whole(world_size, "world_size")
     world, _ = _world_size(world_size, None)
+    kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
     log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                  (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
@@ -80,11 +89,32 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
         data_parallel = False
     elif data_parallel is None:
         data_parallel = distributed.active() or (world_size or 1) > 1
-    result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, data_parallel=bool(data_parallel),
-                          sharding=sharding)
+    rule: dict[str, Any] = {"data_parallel": bool(data_parallel)} if sharding is None else {"sharding": sharding}
+    if kept is None:
+        result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
+    else:
+        from .store import cached
+
+        result = cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
+                              parallel=parallel)
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
+
+
+def _open_store(store: StoreSpec) -> Store | None:
+    """The plan store to use: ``store`` itself, the one at its URL, ``$AUTOTUNE_STORE``'s when None, none when False."""
+    if store is None:
+        store = os.environ.get(STORE_VARIABLE, "").strip() or False
+    if store is False:
+        return None
+    if isinstance(store, str):
+        from .store import open_store
+
+        return open_store(store)
+    if not all(hasattr(store, a) for a in ("entry", "put", "record")):
+        raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
+    return store
 
 
 def agree_across_ranks(result: ProbeResult) -> ProbeResult:
@@ -118,7 +148,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
-         parallel: str = options.DEFAULT_PARALLEL) -> Plan:
+         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -131,6 +161,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     the workload's options) against the untuned plan, and the fastest wins unless it is
     within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
+    ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     """
     from .planning.planner import UNIFORM, check_plan, make_plan
 
@@ -151,6 +182,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     per_rank = math.ceil(target_batch / world)
     if tune and parallel == "fsdp":
         raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
+    kept = _open_store(store)
     if tune:
         from .training.study import check_storage
         from .training.tune import tune as run_tune
@@ -160,6 +192,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
             raise BadInput("tuning times one process: tune without torchrun, with "
                            f"world_size={world}")
         wl, dev = resolve(workload, device, memory_budget)
+        if kept is not None:
+            log.progress("the plan store is not used with tune=True: tuning measures throughput here")
         tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
                          margin=margin, trials=trials, storage=storage, study_name=study_name,
                          world_size_source=source)
@@ -167,10 +201,15 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
     result = probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
-                   data_parallel=world > 1, parallel=parallel, world_size=world)
+                   data_parallel=world > 1, parallel=parallel, world_size=world,
+                   store=kept if kept is not None else False)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
-    return replace(made, notes=made.notes + _measured_or_assumed(result, world, source))
+    stored = tuple(n for n in result.notes[:1] if result.from_store)
+    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, world, source))
+    if kept is not None and result.fingerprint is not None:
+        kept.put_plan(result.fingerprint, made)
+    return made
 
 
 def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
@@ -211,11 +250,12 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
-        max_norm: float | None = None, parallel: str | None = None) -> RunResult:
+        max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
     given says how it runs itself, and ``parallel``, if given, must agree.
+    ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
     """
     from .training.runner import run_plan
 
@@ -237,6 +277,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
             workload = probed.source or probed.workload
         if memory_budget is None and probed is not None and probed.device.budget_bytes is not None:
             memory_budget = probed.device.budget_bytes  # run under the budget the plan was made for
+    kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
     if dev.estimated:
         raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
@@ -244,5 +285,15 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         assert target_batch is not None
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
                                multiple_of=multiple_of, uniform=uniform,
-                               parallel=parallel or options.DEFAULT_PARALLEL)
-    return run_plan(plan, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)
+                               parallel=parallel or options.DEFAULT_PARALLEL,
+                               store=kept if kept is not None else False)
+    planned = plan
+
+    def train() -> RunResult:
+        return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)
+
+    if kept is None:
+        return train()
+    from .store import cached
+
+    return cached.record_run(kept, planned, wl, dev, precision, train)

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 
 #: Lower layers first: a module may import from its own layer and the layers below, never above.
 LAYERS = [
-    {"errors", "units", "options", "log", "serial"},
+    {"errors", "units", "options", "log", "serial", "dburl"},
     {"results"},
     {"planning"},
     {"workload"},
@@ -21,8 +21,9 @@ LAYERS = [
     {"probing"},
     {"training"},
     {"report"},
+    {"store"},
     {"integrations", "api"},
-    {"cli", "__main__", "__init__"},
+    {"cli", "serve", "__main__", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

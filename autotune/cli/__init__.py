@@ -1,4 +1,4 @@
-"""The ``autotune`` command: devices, probe, plan, run, report."""
+"""The ``autotune`` command: devices, probe, plan, run, report, store, serve."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ examples:
   autotune plan --target-batch 4096 --parallel fsdp --world-size 64 --device estimate --memory-budget 80GiB \
       --probe gpt:build_1b
   autotune probe --probe mlp --device cpu --memory-budget 64MiB --json
+  autotune plan --target-batch 1024 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
+  autotune serve --store sqlite:///plans.db
 
 exit codes: 0 done, 1 the work failed (e.g. a verification check), 2 bad input,
   141 the reader of the output left early (autotune plan | head -1)
@@ -33,6 +35,8 @@ environment:
   AUTOTUNE_ESTIMATE_ENGINE=meta|fake   how estimates run: on meta tensors (default;
                                        falls back to fake where it must) or under
                                        FakeTensorMode from the start
+  AUTOTUNE_STORE=URL                   the plan store probe, plan, run, store and serve
+                                       use when --store is not given
 """
 
 PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: the status a shell shows for a tool stopped by a closed pipe
@@ -41,7 +45,7 @@ COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}
 
 
 def _optional_commands() -> None:
-    for name, module in (("run", "run_cmd"), ("report", "report_cmd")):
+    for name, module in (("run", "run_cmd"), ("report", "report_cmd"), ("store", "store_cmd"), ("serve", "serve_cmd")):
         try:
             COMMANDS[name] = __import__(f"{__name__}.{module}", fromlist=[module])
         except ImportError:

@@ -129,6 +129,22 @@ def write_report(args, result) -> None:
           else sys.stdout)
 
 
+def add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="plan store shared by jobs: a probe made before is answered from it (a real device still "
+                        "confirms it with one real run), a new one is kept, and what real runs measure is recorded; "
+                        "sqlite:///plans.db or any SQLAlchemy URL (default: $AUTOTUNE_STORE, when set)")
+
+
+def check_store(args) -> None:
+    """Fail on an unusable --store (or $AUTOTUNE_STORE) before any long work."""
+    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip() or None
+    if url is not None:
+        from ..dburl import check_storage
+
+        check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress stays on stderr)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr (warnings only)")

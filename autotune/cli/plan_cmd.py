@@ -16,8 +16,10 @@ from .common import (
     add_parallel,
     add_report,
     add_schedule_flags,
+    add_store,
     check_output,
     check_report,
+    check_store,
     positive_int,
     write_output,
     write_report,
@@ -42,6 +44,7 @@ examples:
       --probe gpt:build_1b                                              # one rank of 64, sharded
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
+  autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
 """
 
 
@@ -64,6 +67,7 @@ def add_parser(sub) -> None:
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     p.add_argument("--study-name", metavar="NAME", default=None,
                    help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
+    add_store(p)
     add_report(p)
     add_distributed(p)
     add_common(p)
@@ -99,7 +103,7 @@ def check_tune_flags(args) -> None:
         if value is not None and not args.tune:
             raise BadInput(f"{flag} needs --tune: add --tune, or drop {flag}")
     if args.storage is not None:
-        from ..training.study import check_storage
+        from ..dburl import check_storage
 
         check_storage(args.storage, "--storage")
 
@@ -109,6 +113,7 @@ def run(args) -> int:
     check_report(args)
     check_plannable(args)
     check_tune_flags(args)
+    check_store(args)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
@@ -128,7 +133,7 @@ def _plan(args, *, lead: bool) -> int:
                              memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                              multiple_of=args.multiple_of, uniform=uniform_choice(args),
                              tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
-                             parallel=args.parallel)
+                             parallel=args.parallel, store=args.store)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
     if not lead:

@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import options
-from .common import Formatter, add_common, add_device, add_parallel, check_output, positive_int, write_output
+from .common import (
+    Formatter,
+    add_common,
+    add_device,
+    add_parallel,
+    add_store,
+    check_output,
+    check_store,
+    positive_int,
+    write_output,
+)
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -18,6 +28,7 @@ examples:
   autotune probe --probe gpt:build_100m --device estimate:A100-40GB
   autotune probe --probe gpt:build_1b --parallel fsdp --world-size 8 --device estimate --memory-budget 80GiB
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
+  autotune probe --probe gpt --device estimate --memory-budget 24GiB --store sqlite:///plans.db
 """
 
 
@@ -29,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
                    help="never search past this micro-batch size")
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
+    add_store(p)
     add_common(p)
     p.set_defaults(handler=run)
 
@@ -38,9 +50,10 @@ def run(args) -> int:
     from ..serial import dumps
 
     check_output(args.output)
+    check_store(args)
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
                             margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
-                            world_size=args.world_size)
+                            world_size=args.world_size, store=args.store)
     text = dumps(result.to_dict())
     if args.json:
         print(text, end="")

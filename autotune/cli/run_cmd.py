@@ -13,8 +13,10 @@ from .common import (
     add_distributed,
     add_report,
     add_schedule_flags,
+    add_store,
     check_output,
     check_report,
+    check_store,
     flag,
     positive_int,
     write_output,
@@ -57,6 +59,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-norm", type=flag(options.max_norm, "--max-norm"), default=None, metavar="X",
                    help="clip the accumulated gradient to this norm, once per optimizer step")
     p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
+    add_store(p)
     add_report(p)
     add_distributed(p)
     add_common(p)
@@ -70,6 +73,7 @@ def run(args) -> int:
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
     check_output(args.output)
     check_report(args)
+    check_store(args)
     with distributed.process_group(args.dist_timeout):
         return _run(args, lead=distributed.rank() == 0)
 
@@ -82,7 +86,7 @@ def _run(args, *, lead: bool) -> int:
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
-                          parallel=args.parallel)
+                          parallel=args.parallel, store=args.store)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())

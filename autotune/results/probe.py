@@ -105,6 +105,8 @@ class ProbeResult:
     predicted_allocated_peak_bytes: int | None = None
     parallel: str = "ddp"  # "fsdp": the fit rule of one rank of a model sharded over world_size ranks
     world_size: int | None = None  # the ranks an FSDP probe sharded over (its figures hold for that many)
+    fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
+    from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -216,6 +218,8 @@ class ProbeResult:
             "fragmentation_bytes": self.fragmentation_bytes,
             "parallel": self.parallel,
             "world_size": self.world_size,
+            "fingerprint": self.fingerprint,
+            "from_store": self.from_store,
         })
 
     @classmethod

@@ -76,6 +76,7 @@ class RunResult:
     verification: Verification | None = None
     notes: tuple[str, ...] = ()
     noise_scale: NoiseScaleEstimate | None = None
+    allocated_peak_bytes: int | None = None  # live tensor bytes at the peak (about max_memory_allocated on CUDA)
 
     def __post_init__(self) -> None:
         if len(self.losses) != len(self.step_seconds) or not self.losses:
@@ -142,6 +143,7 @@ class RunResult:
             "verification": None if self.verification is None else self.verification.to_dict(),
             "passed": self.passed,
             "notes": list(self.notes),
+            "allocated_peak_bytes": self.allocated_peak_bytes,
             "plan": self.plan.to_dict(),
             "noise_scale": None if self.noise_scale is None else self.noise_scale.to_dict(),
         })

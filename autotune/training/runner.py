@@ -158,6 +158,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
         noise_scale=noise[0] if noise else None,
+        allocated_peak_bytes=measured.tracked_peak_bytes,
     )
 
 

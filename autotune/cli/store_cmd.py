@@ -1,0 +1,165 @@
+"""``autotune store``: look inside a plan store (ls, show), and prune it (rm, gc)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ..errors import BadInput
+from .common import Formatter, Parser, add_common, flag
+
+EXAMPLES = """\
+A plan store keeps probe results by fingerprint (what the answer depends on:
+the workload's graph, the device, torch, the allocator settings, precision,
+world size, margin), the plans made from them, and what real runs measured.
+`autotune probe|plan|run --store URL` fill it; `autotune serve` shares it.
+
+examples:
+  autotune store ls --store sqlite:///plans.db
+  autotune store show --store sqlite:///plans.db                 # per device: estimate vs measured
+  autotune store show 3fa9c2e1b7d0 --store sqlite:///plans.db    # one entry, its plans and measurements
+  autotune store rm 3fa9c2e1b7d0 --store sqlite:///plans.db
+  autotune store gc --older-than 30 --store sqlite:///plans.db   # also entries unused for 30 days
+  AUTOTUNE_STORE=sqlite:///plans.db autotune store ls --json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("store", help="look inside a plan store (ls, show) and prune it (rm, gc)",
+                       description=EXAMPLES, formatter_class=Formatter)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True,
+                               help="ls, show, rm or gc")
+    ls = actions.add_parser("ls", help="every entry: fingerprint, workload, device, max micro-batch, when, hits",
+                            formatter_class=Formatter)
+    show = actions.add_parser("show", help="one entry in full, or per device how far estimates were from "
+                                           "measurements", formatter_class=Formatter)
+    show.add_argument("fingerprint", nargs="?", metavar="FINGERPRINT",
+                      help="an entry's fingerprint, or its first digits (at least 6)")
+    rm = actions.add_parser("rm", help="remove entries with their plans and measurements", formatter_class=Formatter)
+    rm.add_argument("fingerprints", nargs="+", metavar="FINGERPRINT", help="fingerprints, or their first digits")
+    gc = actions.add_parser("gc", help="remove invalidated entries and stale claims (and, with --older-than, what "
+                                       "was not used for that long)", formatter_class=Formatter)
+    gc.add_argument("--older-than", type=flag(_days, "--older-than"), default=None, metavar="DAYS",
+                    help="also remove entries neither made nor served for DAYS days, and older measurements")
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    for action in (ls, show, rm, gc):
+        action.add_argument("--store", metavar="URL", default=None,
+                            help="the store, e.g. sqlite:///plans.db (default: $AUTOTUNE_STORE)")
+        add_common(action)
+        action.set_defaults(handler=run)
+    p.set_defaults(handler=run)
+
+
+def _days(text: str, name: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:
+        raise BadInput(f"{name} {text} must be a number of days >= 0, e.g. 30")
+    return days
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
+    if not url:
+        raise BadInput("autotune store needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
+    store = open_store(url, name="--store" if args.store else "$AUTOTUNE_STORE")
+    data, text = ACTIONS[args.action](store, args)
+    print(json.dumps(data, indent=2) if args.json else text)
+    return 0
+
+
+def _ls(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    from ..store.schema import when
+    from .probe_cmd import text_table
+
+    entries = store.entries()
+    rows = [(e.short, e.workload, e.device, str(e.max_micro_batch), e.limited_by, when(e.created_at), str(e.hits),
+             "served" if e.valid else "invalidated") for e in entries]
+    text = text_table(("fingerprint", "workload", "device", "max micro-batch", "limited by", "measured", "hits",
+                       "status"), rows) if rows else f"{store.shown} holds no entries"
+    return [e.to_dict() for e in entries], text
+
+
+def _show(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.fingerprint is None:
+        counts, table = store.counts(), store.accuracy()
+        text = (f"{store.shown}: {counts['entries']} entries, {counts['plans']} plans, "
+                f"{counts['measurements']} measurements\n" + accuracy_text(table))
+        return {"store": store.shown, **counts, "accuracy": table}, text
+    entry = store.find(args.fingerprint)
+    return _entry(store, entry)
+
+
+def _entry(store: Any, entry: Any) -> tuple[Any, str]:
+    from ..results.plan import Plan
+    from ..store.schema import when
+    from ..units import format_bytes
+    from .probe_cmd import text_table
+
+    probe = entry.probe()
+    plans = store.plans(entry.fingerprint)
+    observed = store.observations(entry.fingerprint)
+    lines = [f"fingerprint {entry.fingerprint}",
+             f"measured {when(entry.created_at)} on {entry.device}; served {entry.hits} times"
+             + (f", last {when(entry.last_hit_at)}" if entry.last_hit_at else ""),
+             probe.summary()]
+    if not entry.valid:
+        lines.append(f"invalidated {when(entry.invalidated_at)}: {entry.invalid_reason}")
+    lines.append("fingerprint parts:")
+    lines += [f"  {k}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(entry.components.items())]
+    if plans:
+        lines.append("plans made from it:")
+        lines += [f"  {Plan.from_dict(p, source='the store').arithmetic}" for p in plans]
+    if observed:
+        lines.append("measurements:")
+        rows = [(when(o.recorded_at), o.source, o.device, str(o.batch),
+                 "OOM" if o.oom else format_bytes(o.peak_reserved_bytes),
+                 format_bytes(o.peak_allocated_bytes) if o.peak_allocated_bytes is not None else "-",
+                 format_bytes(o.estimated_peak_bytes) if o.estimated_peak_bytes is not None else "-",
+                 f"{o.error:+.1%}" if o.error is not None else "-", o.note or "") for o in observed]
+        lines.append(text_table(("recorded", "source", "device", "batch", "reserved", "allocated", "estimated",
+                                 "error", "note"), rows))
+        lines.append(accuracy_text(store.accuracy(entry.fingerprint)))
+    data = {**entry.to_dict(probe=True), "plans": plans, "measurements": [o.to_dict() for o in observed]}
+    return data, "\n".join(lines)
+
+
+def accuracy_text(table: list[dict[str, Any]]) -> str:
+    """Per device: measurements, OOMs, and how far the estimates were from them."""
+    from .probe_cmd import text_table
+
+    if not table:
+        return "no real runs measured yet: autotune probe, plan or run on a real device with --store records them"
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.1%}"
+
+    rows = [(a["device"], str(a["measurements"]), str(a["ooms"]), str(a["compared"]), pct(a["mean_error"]),
+             "-" if a["mean_abs_error"] is None else f"{a['mean_abs_error']:.1%}", pct(a["worst_error"]),
+             pct(a["allocated_mean_error"])) for a in table]
+    return ("measured vs estimated peak, per device (error = (measured - estimated) / estimated):\n"
+            + text_table(("device", "runs", "OOMs", "compared", "mean error", "mean |error|", "worst",
+                          "allocated mean error"), rows))
+
+
+def _rm(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    entries = [store.find(f) for f in args.fingerprints]
+    gone = store.remove([e.fingerprint for e in entries])
+    return {"removed": [e.fingerprint for e in entries]}, \
+        f"removed {gone} {'entry' if gone == 1 else 'entries'}: {', '.join(e.short for e in entries)}"
+
+
+def _gc(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    older = None if args.older_than is None else args.older_than * 86400.0
+    counts = store.gc(older_than_s=older, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    return counts, f"{verb} " + ", ".join(f"{n} {what}" for what, n in counts.items())
+
+
+ACTIONS = {"ls": _ls, "show": _show, "rm": _rm, "gc": _gc}

@@ -1,0 +1,58 @@
+"""Database URLs (optuna's tuning storage, the plan store): checked before any work, shown without passwords.
+
+No torch here: the command line checks a URL before torch loads, and the service reads its store without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import BadInput
+
+
+def check_storage(url: str | None, name: str = "storage") -> None:
+    """BadInput (one line, naming ``name``) unless ``url`` is a database URL SQLAlchemy can use here:
+    a dialect SQLAlchemy knows, its driver installed, an SQLite file's folder present. Connects to nothing."""
+    if url is None:
+        return
+    if not isinstance(url, str) or not url.strip():
+        raise BadInput(f"{name} {url!r} must be a database URL such as sqlite:///tune.db")
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise BadInput(f"{name} {url!r} is not a database URL: use e.g. sqlite:///{url}") from None
+    shown = shown_url(url)
+    try:
+        create_engine(parsed).dispose()
+    except NoSuchModuleError:
+        raise BadInput(f"{name} {shown!r} names no database driver SQLAlchemy knows ({parsed.drivername}): "
+                       "use e.g. sqlite:///tune.db, postgresql://HOST/DB or mysql://HOST/DB") from None
+    except ImportError as exc:
+        raise BadInput(f"{name} {shown!r} needs the Python driver {exc.name or exc}, which is not installed: "
+                       "install it, or use sqlite:///FILE") from None
+    except (SQLAlchemyError, ValueError, TypeError) as exc:  # any other refusal of the URL
+        raise BadInput(f"{name} {shown!r} cannot be used: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    database = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:") and not database.startswith("file:"):
+        path = Path(database)
+        if not path.parent.is_dir():
+            raise BadInput(f"{name} {shown!r}: folder {path.parent} does not exist; create it or choose another path")
+        if path.is_dir():
+            raise BadInput(f"{name} {shown!r}: {path} is a folder, not a database file; name a file in it")
+
+
+def shown_url(url: str | None) -> str | None:
+    """``url`` as it may be printed and saved: any password replaced by ***."""
+    if url is None:
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return url

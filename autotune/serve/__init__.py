@@ -1,0 +1,9 @@
+"""``autotune serve``: plans over HTTP from a shared plan store (FastAPI on uvicorn, the ``serve`` extra).
+
+- :mod:`.app`: the FastAPI application, its request bodies and the token and size guard;
+- :mod:`.probes`: the probes a service may run (built-in ones, and files in folders its operator named);
+- :mod:`.worker`: the worker processes that run probes, one at a time each, with a time limit.
+
+Layer: beside the command line, above the API and the store. The server process
+never imports torch; its workers do.
+"""

@@ -1,0 +1,115 @@
+"""The probes a service runs: the built-in ones and those in the folders its operator named.
+
+A probe is code, so a request names one of these and nothing else: ``NAME`` or
+``NAME:FUNCTION``, letters, digits and underscores only, never a path or a
+module. ``NAME`` is a built-in probe (mlp, gpt, convnet) or a ``NAME.py`` file
+directly inside a ``--probes`` folder (built-in names first, then the folders in
+the order given); ``FUNCTION`` (default ``build``) a function defined at the top
+of that file that takes no arguments. Files are read with :mod:`ast` here, never
+imported: the service's worker process imports them when a request needs one.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BadInput
+
+#: How a request names a probe.
+PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z][A-Za-z0-9_]{0,63})?$"
+_NAME = re.compile(PATTERN)
+
+
+class UnknownProbe(BadInput):
+    """A request named a probe this service does not run."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe the service runs: its name, file, and the functions a request may call."""
+
+    name: str
+    path: Path
+    builtin: bool
+    functions: tuple[str, ...]
+
+    def spec(self, function: str) -> str:
+        """What :func:`autotune.workload.load_workload` loads for ``function``."""
+        return f"{self.name}:{function}" if self.builtin else f"{self.path}:{function}"
+
+
+class Catalogue:
+    """The built-in probes and the ``*.py`` files in ``folders``, looked up afresh on every request
+    (a file the operator adds or edits is served as it is now)."""
+
+    def __init__(self, folders: Sequence[str | Path] = ()):
+        self.folders = tuple(Path(f).resolve() for f in folders)
+        for folder in self.folders:
+            if not folder.is_dir():
+                raise BadInput(f"--probes {folder} is not a folder: give folders holding probe files (NAME.py)")
+        self.builtins = tuple(sorted(p.stem for p in _builtin_dir().glob("*.py") if not p.name.startswith("_")))
+
+    def find(self, name: str) -> Probe | None:
+        if name in self.builtins:
+            path = _builtin_dir() / f"{name}.py"
+            return Probe(name=name, path=path, builtin=True, functions=functions(path))
+        for folder in self.folders:
+            path = folder / f"{name}.py"
+            if path.is_file():
+                return Probe(name=name, path=path, builtin=False, functions=functions(path))
+        return None
+
+    def resolve(self, text: str) -> tuple[Probe, str]:
+        """The probe and function a request names; UnknownProbe when this service has no such probe."""
+        if not isinstance(text, str) or not _NAME.match(text):
+            raise UnknownProbe(f"probe {text!r} is not a probe name: use NAME or NAME:FUNCTION (letters, digits, "
+                               "underscores); GET /v1/probes lists them")
+        name, _, function = text.partition(":")
+        probe = self.find(name)
+        if probe is None:
+            raise UnknownProbe(f"probe {name!r} is not served here: GET /v1/probes lists the probes this service "
+                               f"runs ({', '.join(p.name for p in self.all())})")
+        function = function or "build"
+        if function not in probe.functions:
+            raise UnknownProbe(f"probe {name!r} has no function {function!r} that builds a workload without "
+                               f"arguments; it has {', '.join(probe.functions) or 'none'}")
+        return probe, function
+
+    def all(self) -> list[Probe]:
+        """Every probe served, built-in ones first, each name once."""
+        seen: dict[str, Probe] = {}
+        names = list(self.builtins) + [p.stem for f in self.folders for p in sorted(f.glob("*.py"))]
+        for name in names:
+            if name not in seen and _NAME.match(name) and (probe := self.find(name)) is not None:
+                seen[name] = probe
+        return list(seen.values())
+
+
+def functions(path: Path) -> tuple[str, ...]:
+    """Public functions defined at the top of ``path`` that can be called without arguments."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            if len(args.defaults) == len(positional) and all(d is not None for d in args.kw_defaults):
+                out.append(node.name)
+    return tuple(out)
+
+
+def _builtin_dir() -> Path:
+    """Where the built-in probes are: the installed ``autotune.probes`` package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("autotune.probes")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the built-in probes (autotune.probes) are not installed")
+    return Path(next(iter(spec.submodule_search_locations)))

@@ -1,0 +1,32 @@
+"""The plan store: probe results kept by fingerprint, shared by every job that can reach the database.
+
+- :mod:`.schema`: the tables and their typed rows (Entry, Observation); no torch.
+- :mod:`.store`: :func:`open_store` and :class:`Store` (entries, plans, measurements, claims); no torch.
+- :mod:`.fingerprint`: what a probe's answer depends on, traced on shape-only tensors.
+- :mod:`.cached`: probing through the store, and recording what real runs measured.
+
+Layer: above the stages it keeps results of (results, workload, devices, probing,
+training), below the API, the command line and the service.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .schema import Entry, Observation
+    from .store import Store, open_store
+
+__all__ = ["Entry", "Observation", "Store", "open_store"]
+
+_LAZY = {"Entry": "schema", "Observation": "schema", "Store": "store", "open_store": "store"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,229 @@
+"""Probing through the plan store, and recording what real runs measured.
+
+A probe with a store first takes the fingerprint (:mod:`autotune.store.fingerprint`).
+When the store holds an answer for it:
+
+- on an estimate, that answer is the result: nothing is estimated again;
+- on a real device, one confirm run of the fit rule at the stored max runs. It must
+  fit the usable memory now, peak within :data:`CONFIRM_TOLERANCE` of the stored
+  peak, and leave no room for one more (when memory set the max); otherwise the
+  entry is invalidated with the reason, and the probe runs in full.
+
+Otherwise the probe runs, once for all processes asking at the same time (the
+others wait for its answer), and its result is stored. Every real fit-rule run
+is recorded as a measurement against the fingerprint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .. import log, options
+from ..devices.base import Device
+from ..errors import DoesNotFit
+from ..probing import finder
+from ..probing.fitrule import Attempt, isolate, run_trial
+from ..probing.fsdp import FsdpRule
+from ..results.device import DeviceInfo
+from ..results.plan import Plan
+from ..results.probe import ProbeResult
+from ..results.run import RunResult
+from ..units import format_bytes
+from ..workload import Workload
+from .fingerprint import Untraceable, fingerprint
+from .schema import Entry, Observation, when
+from .store import Store, device_label, owner_words
+
+#: A confirm run whose peak differs from the stored one by more than this share disagrees with it.
+CONFIRM_TOLERANCE = 0.05
+#: How a result served from the store begins its notes.
+FROM_STORE = "from the store"
+
+
+def probe(store: Store, workload: Workload, device: Device, *, margin: float, max_batch: int, world_size: int,
+          rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32") -> ProbeResult:
+    """:func:`autotune.probing.finder.probe`, answered from ``store`` when it can be (see the module).
+
+    ``rule``: how the fit rule runs (``data_parallel`` or ``sharding``), as :func:`~autotune.probing.finder.probe`
+    and :func:`~autotune.probing.fitrule.run_trial` take it; part of the fingerprint.
+    """
+    try:
+        fp = fingerprint(workload, device, margin=margin, world_size=world_size, rule=rule, parallel=parallel,
+                         precision=precision)
+    except Untraceable as exc:
+        result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
+        return replace(result, notes=result.notes + (
+            f"not kept in the store: the workload cannot be built on shape-only tensors to take its "
+            f"fingerprint ({exc})",))
+    log.detail(f"fingerprint {fp.short} ({fp.seconds:.2f} s)")
+    served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+    if served is not None:
+        return served
+
+    def waiting(holder: str) -> None:
+        log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
+                     f"{fp.short})")
+
+    with store.single_flight(fp.digest, on_wait=waiting) as waited:
+        if waited:
+            served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+            if served is not None:
+                return served
+        result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
+        result = replace(result, fingerprint=fp.digest)
+        kept = store.put(fp.digest, fp.components, result)
+    store.record(*probe_observations(result))
+    if kept:
+        log.detail(f"stored as fingerprint {fp.short} in {store.shown}")
+    return result
+
+
+def _lookup(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
+            rule: dict[str, Any]) -> ProbeResult | None:
+    entry = store.entry(digest)
+    if entry is None or not entry.answers(max_batch):
+        return None
+    return serve(store, entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+
+
+def serve(store: Store, entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
+          rule: dict[str, Any]) -> ProbeResult | None:
+    """The stored answer, confirmed by one real run on a real device; None (and the entry
+    invalidated, with the reason) when the confirm run disagrees."""
+    start = time.perf_counter()
+    stored = entry.probe()
+    m = stored.max_micro_batch
+    note = f"{FROM_STORE} (fingerprint {entry.short}, measured {when(entry.created_at)} on {entry.device})"
+    stored = replace(stored, max_batch=max_batch, limited_by="max_batch" if m == max_batch else "memory",
+                     fingerprint=entry.fingerprint, from_store=True)
+    if device.estimated:
+        store.served(entry.fingerprint)
+        log.progress(note)
+        return replace(stored, notes=(note,) + stored.notes, seconds=time.perf_counter() - start)
+    capacity = device.capacity_bytes()
+    usable = options.usable_bytes(capacity, margin)
+    log.progress(f"{note}; confirming micro-batch {m} with one real run ...")
+    attempt = _confirm_run(device, workload, m, usable, rule)
+    why = disagreement(stored, attempt, usable, max_batch)
+    store.record(observation(attempt, stored, entry.fingerprint, device.describe(), "confirm", note=why))
+    if why is not None:
+        store.invalidate(entry.fingerprint, why)
+        log.progress(f"the store's entry {entry.short} no longer holds: {why}; probing again")
+        return None
+    store.served(entry.fingerprint)
+    assert attempt.measurement is not None and attempt.peak_bytes is not None
+    predicted = stored.predicted_peak_at(m) or stored.predicted_peak_bytes
+    log.progress(f"real at micro-batch {m}: peak {format_bytes(attempt.peak_bytes)}, fits, as stored")
+    return replace(
+        stored, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
+        peak_bytes=attempt.peak_bytes, breakdown=dict(attempt.measurement.breakdown),
+        estimate_error=(attempt.peak_bytes - predicted) / predicted if predicted else None,
+        trials=stored.trials + (attempt.trial,), notes=(f"{note}; confirmed by one real run",) + stored.notes,
+        seconds=time.perf_counter() - start)
+
+
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: dict[str, Any]) -> Attempt:
+    """One real run of the fit rule at ``batch``, the user's random state left as it was."""
+    name = getattr(device, "name", "")
+    with torch.random.fork_rng(devices=[int(name.split(":")[1])] if name.startswith("cuda:") else []):
+        return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True, **rule)
+
+
+def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: int) -> str | None:
+    """Why a confirm run at the stored max does not bear the stored result out, or None when it does."""
+    m, peak = stored.max_micro_batch, attempt.peak_bytes
+    if attempt.oom or peak is None:
+        return f"micro-batch {m} ran out of memory in the confirm run ({attempt.trial.why})"
+    if peak > usable:
+        return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, over the "
+                f"{format_bytes(usable)} usable now")
+    if stored.peak_bytes and abs(peak - stored.peak_bytes) > CONFIRM_TOLERANCE * stored.peak_bytes:
+        change = (peak - stored.peak_bytes) / stored.peak_bytes
+        return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, {abs(change):.1%} "
+                f"{'above' if change > 0 else 'below'} the stored {format_bytes(stored.peak_bytes)}")
+    if stored.limited_by == "memory" and m < max_batch:
+        at_m, at_next = stored.predicted_peak_at(m), stored.predicted_peak_at(m + 1)
+        if at_m and at_next and peak / at_m * at_next <= usable:
+            return (f"micro-batch {m + 1} would fit the {format_bytes(usable)} usable now (about "
+                    f"{format_bytes(int(peak / at_m * at_next))}); it was stored with "
+                    f"{format_bytes(stored.usable_bytes)} usable")
+    return None
+
+
+def observation(attempt: Attempt, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
+                retries: int = 0, note: str | None = None) -> Observation:
+    """A measurement from one real fit-rule run, against the stored estimate."""
+    m = attempt.measurement
+    return Observation(
+        fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
+        batch=attempt.trial.batch, peak_reserved_bytes=attempt.peak_bytes,
+        peak_allocated_bytes=m.tracked_peak_bytes if m is not None else None,
+        estimated_peak_bytes=stored.predicted_peak_at(attempt.trial.batch), oom=attempt.oom, retries=retries,
+        seconds=attempt.seconds, note=note)
+
+
+def probe_observations(result: ProbeResult) -> list[Observation]:
+    """A measurement per real fit-rule run of a probe (none for an estimate)."""
+    if result.estimated or result.fingerprint is None:
+        return []
+    device = device_label(result.device)
+    real = [t for t in result.trials if t.source == "real"]
+    out = []
+    for i, t in enumerate(real):
+        at_max = t.batch == result.max_micro_batch and t.peak_bytes == result.peak_bytes
+        out.append(Observation(
+            fingerprint=result.fingerprint, source="probe", device=device, device_kind=result.device.kind,
+            batch=t.batch, peak_reserved_bytes=t.peak_bytes,
+            peak_allocated_bytes=sum(result.breakdown.values()) if at_max and result.breakdown else None,
+            estimated_peak_bytes=result.predicted_peak_at(t.batch), oom=t.oom, retries=i, seconds=t.seconds,
+            note=t.why))
+    return out
+
+
+def run_observation(result: RunResult, digest: str) -> Observation:
+    """The measurement of a run of a plan: its peaks against the plan's prediction (when the run
+    trained in fp32, as the probe measures), and its throughput."""
+    return Observation(
+        fingerprint=digest, source="run", device=device_label(result.device), device_kind=result.device.kind,
+        batch=result.plan.micro_batch, peak_reserved_bytes=result.peak_bytes,
+        peak_allocated_bytes=result.allocated_peak_bytes,
+        estimated_peak_bytes=result.predicted_peak_bytes if result.precision == "fp32" else None,
+        throughput=result.samples_per_s, seconds=sum(result.step_seconds),
+        note=None if result.precision == "fp32" else f"trained in {result.precision}")
+
+
+def oom_observation(plan: Plan, digest: str, device: Device, why: str) -> Observation:
+    """The measurement of a run of a plan that ran out of memory."""
+    info = device.describe()
+    return Observation(fingerprint=digest, source="run", device=device_label(info), device_kind=info.kind,
+                       batch=plan.micro_batch, estimated_peak_bytes=plan.predicted_peak_bytes, oom=True, note=why)
+
+
+def record_run(store: Store, plan: Plan, workload: Workload, device: Device, precision: str,
+               train: Callable[[], RunResult]) -> RunResult:
+    """``train()``, with what it measured (or that it ran out of memory) recorded in ``store`` against
+    the fingerprint of the plan's probe (taken here when the plan has none)."""
+    digest = plan.probe.fingerprint if plan.probe is not None else None
+    if digest is None:
+        margin = plan.probe.margin if plan.probe is not None else options.MARGIN
+        try:
+            rule = {"data_parallel": plan.world_size > 1} if plan.parallel == "ddp" else \
+                {"sharding": FsdpRule(plan.world_size)}
+            digest = fingerprint(workload, device, margin=margin, world_size=plan.world_size, rule=rule,
+                                 parallel=plan.parallel, precision=precision).digest
+        except Untraceable as exc:
+            log.progress(f"the run is not recorded in the store: the workload cannot be built on shape-only "
+                         f"tensors to take its fingerprint ({exc})")
+            return train()
+    try:
+        result = train()
+    except DoesNotFit as exc:
+        store.record(oom_observation(plan, digest, device, str(exc)))
+        raise
+    store.record(run_observation(result, digest))
+    return result

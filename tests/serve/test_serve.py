@@ -1,0 +1,278 @@
+"""autotune serve, tested as it runs: a real server process on a free localhost port, a real HTTP client,
+SQLite stores in a temporary folder."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PLAN = {"target_batch": 512, "probe": "mlp", "device": "estimate", "memory_budget": "1GiB"}
+TOKEN = "s3cret-token-for-the-tests-0123456789"
+
+PROBES = {
+    "sleepy.py": "import time\n\ndef build():\n    time.sleep(3600)\n",
+    "dies.py": "import os\n\ndef build():\n    os._exit(3)\n",
+    "failing.py": (
+        "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+        "def loss(model, batch):\n    raise ValueError('the loss of this probe is broken')\n\n"
+        "def build():\n    return Workload(name='failing', model=lambda: nn.Linear(4, 1),\n"
+        "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n"),
+    "small.py": (
+        "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+        "def build(width=8):\n    return Workload(name='small', model=lambda: nn.Linear(4, width),\n"
+        "                    batch=lambda n, g: torch.randn(n, 4, generator=g),\n"
+        "                    loss=lambda m, b: m(b).pow(2).mean())\n\n"
+        "def build_wide():\n    return build(64)\n\n"
+        "def helper(x):\n    return x\n"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``autotune serve`` in a process of its own."""
+
+    def __init__(self, tmp: Path, *, db: str = "plans.db", extra: tuple[str, ...] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = f"sqlite:///{tmp / db}"
+        self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "serve", "--store", self.store, "--port", str(self.port), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, Path(self.log.name).read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError(f"the server did not start: {Path(self.log.name).read_text()}")
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=300, **kwargs)
+
+    def kill(self) -> None:
+        """SIGKILL the server and everything it started."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+        self.log.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # workers left behind, if any
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def probes_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("probes")
+    for name, text in PROBES.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, probes_dir) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("serve"), extra=("--probes", str(probes_dir), "--workers", "2",
+                                                             "--probe-timeout", "15"))
+    yield running
+    running.stop()
+
+
+def test_healthz_and_the_api_description(server):
+    with server.client() as http:
+        health = http.get("/healthz").json()
+        assert health["status"] == "ok" and health["store"] == server.store and health["workers"] == 2
+        paths = http.get("/openapi.json").json()["paths"]
+        assert {"/v1/plan", "/v1/plans", "/v1/plans/{fingerprint}", "/v1/plans/{fingerprint}/report",
+                "/v1/measurements", "/healthz"} <= set(paths)
+
+
+def test_the_second_identical_request_is_answered_from_the_store(server):
+    with server.client() as http:
+        first = http.post("/v1/plan", json=PLAN)
+        assert first.status_code == 200, first.text
+        second = http.post("/v1/plan", json=PLAN)
+        assert second.status_code == 200, second.text
+    a, b = first.json(), second.json()
+    assert (a["cached"], b["cached"]) == (False, True)
+    assert a["fingerprint"] == b["fingerprint"] and len(a["fingerprint"]) == 64
+    assert a["plan"]["schedule"] == b["plan"]["schedule"] and a["plan"]["target_batch"] == 512
+    assert b["plan"]["probe"]["from_store"] and b["plan"]["probe"]["source"] == "mlp"
+    assert b["plan"]["notes"][0].startswith("from the store (fingerprint ")
+
+
+def test_concurrent_requests_for_one_fingerprint_probe_once(server):
+    body = {**PLAN, "margin": 0.25}  # a fingerprint no other test asks for
+    with server.client() as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: http.post("/v1/plan", json=body), range(4)))
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    assert sorted(a.json()["cached"] for a in answers) == [False, True, True, True]
+    assert len({a.json()["fingerprint"] for a in answers}) == 1
+
+
+def test_entries_plans_reports_and_measurements(server):
+    with server.client() as http:
+        made = http.post("/v1/plan", json={**PLAN, "target_batch": 300}).json()
+        fp = made["fingerprint"]
+        listed = http.get("/v1/plans").json()["plans"]
+        assert fp in [e["fingerprint"] for e in listed]
+        entry = http.get(f"/v1/plans/{fp[:10]}").json()
+        assert entry["entry"]["fingerprint"] == fp and entry["entry"]["probe"]["workload"] == "mlp"
+        assert 300 in [p["target_batch"] for p in entry["plans"]]
+        report = http.get(f"/v1/plans/{fp}/report")
+        assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
+        assert "<html" in report.text and "mlp" in report.text
+        measured = {"fingerprint": fp, "device": "NVIDIA H100 80GB HBM3", "batch": 64,
+                    "peak_reserved_bytes": 2_000_000, "peak_allocated_bytes": 1_800_000, "throughput": 5000.0}
+        answer = http.post("/v1/measurements", json=measured)
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["estimated_peak_bytes"] > 0 and answer.json()["error"] is not None
+        rows = http.get(f"/v1/plans/{fp}").json()["measurements"]
+        assert rows[-1]["device"] == "NVIDIA H100 80GB HBM3" and rows[-1]["source"] == "reported"
+        assert http.get(f"/v1/plans/{'0' * 64}").status_code == 404
+        assert http.post("/v1/measurements", json={**measured, "fingerprint": "0" * 64}).status_code == 404
+        assert http.post("/v1/measurements", json={**measured, "peak_reserved_bytes": -1}).status_code == 422
+        assert http.post("/v1/measurements", json={**measured, "peak_reserved_bytes": None}).status_code == 422
+
+
+def test_only_served_probes_run(server):
+    with server.client() as http:
+        names = {p["name"]: p for p in http.get("/v1/probes").json()["probes"]}
+        assert {"mlp", "gpt", "convnet", "small", "sleepy"} <= set(names)
+        assert names["small"]["functions"] == ["build", "build_wide"] and not names["small"]["builtin"]
+        wide = http.post("/v1/plan", json={**PLAN, "probe": "small:build_wide"})
+        assert wide.status_code == 200, wide.text
+        assert wide.json()["plan"]["probe"]["source"] == "small:build_wide"
+        for probe in ("nope", "../probes/small", "/etc/passwd", "autotune.probes.mlp", "small.py", "small:helper",
+                      "small:_private", "os:system"):
+            answer = http.post("/v1/plan", json={**PLAN, "probe": probe})
+            assert answer.status_code == 404, (probe, answer.text)
+            assert "/v1/probes" in answer.json()["detail"] or "no function" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({**PLAN, "target_batch": -5}, 422, "target_batch -5"),
+    ({**PLAN, "target_batch": 0}, 422, "target_batch"),
+    ({**PLAN, "target_batch": 10**12}, 422, "target_batch"),
+    ({**PLAN, "target_batch": "512"}, 422, "valid integer"),
+    ({k: v for k, v in PLAN.items() if k != "target_batch"}, 422, "target_batch is missing"),
+    ({**PLAN, "margin": 1.5}, 422, "margin"),
+    ({**PLAN, "world_size": 0}, 422, "world_size"),
+    ({**PLAN, "device": "cpu"}, 422, "device"),
+    ({**PLAN, "device": "cuda:0"}, 422, "device"),
+    ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
+    ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
+    ({**PLAN, "memory_budget": "100MiB"}, 422, "smaller than the 640 MiB"),
+    ({**PLAN, "precision": "bf16"}, 422, "precision 'bf16' cannot be planned"),
+    ({**PLAN, "precision": "fp8"}, 422, "precision"),
+    ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
+    ({**PLAN, "target_batch": 7, "uniform": True, "multiple_of": 2}, 422, ""),
+])
+def test_bad_requests_get_one_clear_error(server, body, status, words):
+    with server.client() as http:
+        answer = http.post("/v1/plan", json=body)
+    assert answer.status_code == status, answer.text
+    detail = answer.json()["detail"]
+    assert isinstance(detail, str) and "\n" not in detail and words in detail
+
+
+def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
+    with server.client() as http:
+        huge = http.post("/v1/plan", content=b'{"target_batch": 8, "pad": "' + b"x" * 100_000 + b'"}',
+                         headers={"content-type": "application/json"})
+        assert huge.status_code == 413 and "over" in huge.json()["detail"]
+
+        def chunks():  # no Content-Length: the size is counted as the body arrives
+            yield b'{"target_batch": 8, "pad": "'
+            for _ in range(40):
+                yield b"x" * 1024
+            yield b'"}'
+
+        streamed = http.post("/v1/plan", content=chunks(), headers={"content-type": "application/json"})
+        assert streamed.status_code == 413
+        broken = http.post("/v1/plan", content=b"{not json", headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and "not JSON" in broken.json()["detail"]
+
+
+def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_service(server):
+    with server.client() as http:
+        failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
+        assert failing.status_code in (422, 500), failing.text
+        assert "the loss of this probe is broken" in failing.json()["detail"]
+        start = time.monotonic()
+        sleepy = http.post("/v1/plan", json={**PLAN, "probe": "sleepy"})
+        assert sleepy.status_code == 504 and "15 s limit" in sleepy.json()["detail"]
+        assert time.monotonic() - start < 90
+        dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
+        assert dies.status_code == 500 and "worker died (exit code 3)" in dies.json()["detail"]
+        after = http.post("/v1/plan", json={**PLAN, "target_batch": 128})
+        assert after.status_code == 200, after.text
+        assert http.get("/healthz").json()["status"] == "ok"
+
+
+def test_a_token_is_required_when_given_and_compared_exactly(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    running = Server(tmp_path, extra=("--token-file", str(token)))
+    try:
+        with running.client() as http:
+            assert http.get("/healthz").status_code == 200  # liveness needs no token
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}x"},
+                            {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}):
+                answer = http.post("/v1/plan", json=PLAN, headers=headers)
+                assert answer.status_code == 401, headers
+                assert answer.headers["www-authenticate"] == "Bearer"
+            assert http.get("/v1/plans").status_code == 401
+            assert http.get("/openapi.json").status_code == 401
+            good = {"Authorization": f"Bearer {TOKEN}"}
+            assert http.get("/v1/plans", headers=good).status_code == 200
+            assert http.post("/v1/plan", json=PLAN, headers=good).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_a_killed_server_restarts_with_its_store_intact(tmp_path):
+    first = Server(tmp_path, db="kept.db")
+    try:
+        with first.client() as http:
+            made = http.post("/v1/plan", json=PLAN)
+            assert made.status_code == 200 and made.json()["cached"] is False
+    finally:
+        first.kill()
+    second = Server(tmp_path, db="kept.db")
+    try:
+        with second.client() as http:
+            again = http.post("/v1/plan", json=PLAN)
+            assert again.status_code == 200 and again.json()["cached"] is True
+            assert again.json()["fingerprint"] == made.json()["fingerprint"]
+            assert [e["fingerprint"] for e in http.get("/v1/plans").json()["plans"]] == [made.json()["fingerprint"]]
+    finally:
+        second.stop()

@@ -1,0 +1,275 @@
+"""The plan store as a database: entries, plans, measurements, claims, pruning, and several writers at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from autotune.errors import BadInput
+from autotune.results.device import DeviceInfo
+from autotune.results.plan import Plan
+from autotune.results.probe import ProbeResult, Trial
+from autotune.store import Observation, open_store
+from autotune.store.schema import STORE_SCHEMA
+from autotune.store.store import Store, accuracy, owner_id
+
+FP = "ab" * 32
+OTHER = "cd" * 32
+
+
+def probe_result(*, max_micro_batch: int = 48, max_batch: int = 1024, limited_by: str = "memory",
+                 kind: str = "cuda", peak: int = 900) -> ProbeResult:
+    device = DeviceInfo(name="cuda:0", kind=kind, estimated=kind == "estimate", capacity_bytes=1000,
+                        capacity_source="test", measured_by="test", summary="cuda:0 (Test GPU)", torch="2",
+                        model="Test GPU")
+    return ProbeResult(workload="mlp", device=device, estimated=kind == "estimate", max_micro_batch=max_micro_batch,
+                       max_batch=max_batch, capacity_bytes=1000, usable_bytes=900, margin=0.1, peak_bytes=peak,
+                       predicted_peak_bytes=peak, breakdown={"activations": peak}, limited_by=limited_by,
+                       curve_lines=((100.0, 16.0),),
+                       trials=(Trial(batch=max_micro_batch, source="real", peak_bytes=peak, fits=True, seconds=0.1),),
+                       fingerprint=FP)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'plans.db'}")
+
+
+def test_an_entry_round_trips_with_its_probe_result_and_parts(store):
+    result = probe_result()
+    assert store.entry(FP) is None
+    assert store.put(FP, {"margin": 0.1}, result)
+    entry = store.entry(FP)
+    assert entry is not None and entry.valid and entry.hits == 0
+    assert entry.probe() == result and entry.components == {"margin": 0.1}
+    assert (entry.device, entry.device_kind, entry.max_micro_batch) == ("Test GPU", "cuda", 48)
+    store.served(FP)
+    store.served(FP)
+    assert store.entry(FP).hits == 2 and store.entry(FP).last_hit_at is not None
+
+
+@pytest.mark.parametrize("limited_by,stored_max,asked,answers", [
+    ("memory", 48, 48, True),       # the limit equals the max memory set
+    ("memory", 48, 4096, True),     # memory set it: any larger limit has the same answer
+    ("memory", 48, 47, False),      # the limit would cut it: the probe must run
+    ("max_batch", 64, 64, True),    # the limit set it: the same limit only
+    ("max_batch", 64, 128, False),  # more might fit
+    ("max_batch", 64, 32, False),
+])
+def test_an_entry_answers_the_limits_its_answer_holds_for(store, limited_by, stored_max, asked, answers):
+    store.put(FP, {}, probe_result(max_micro_batch=stored_max, max_batch=stored_max if limited_by == "max_batch"
+                                   else 1024, limited_by=limited_by))
+    assert store.entry(FP).answers(asked) is answers
+
+
+def test_an_invalidated_entry_answers_nothing_and_says_why(store):
+    store.put(FP, {}, probe_result())
+    store.invalidate(FP, "micro-batch 48 ran out of memory")
+    entry = store.entry(FP)
+    assert not entry.valid and not entry.answers(4096)
+    assert entry.invalid_reason == "micro-batch 48 ran out of memory"
+    assert store.put(FP, {}, probe_result(max_micro_batch=40))  # a new probe replaces it
+    assert store.entry(FP).valid and store.entry(FP).max_micro_batch == 40
+
+
+def test_a_limited_result_never_replaces_one_that_memory_limited(store):
+    assert store.put(FP, {}, probe_result(max_micro_batch=48, limited_by="memory"))
+    assert not store.put(FP, {}, probe_result(max_micro_batch=16, max_batch=16, limited_by="max_batch"))
+    assert store.entry(FP).max_micro_batch == 48
+    assert store.put(FP, {}, probe_result(max_micro_batch=50, limited_by="memory"))
+    assert store.entry(FP).max_micro_batch == 50
+
+
+def test_plans_are_kept_per_target_and_replaced_when_made_again(store):
+    from autotune.planning.planner import make_plan
+
+    store.put(FP, {}, probe_result())
+    for target in (100, 200, 100):
+        store.put_plan(FP, make_plan(target, 48))
+    made = [Plan.from_dict(p) for p in store.plans(FP)]
+    assert sorted(p.target_batch for p in made) == [100, 200]
+    assert made[0].target_batch == 100  # the most recent first
+
+
+def test_measurements_and_how_far_the_estimates_were(store):
+    rows = [
+        Observation(fingerprint=FP, source="probe", device="H100", device_kind="cuda", batch=8,
+                    peak_reserved_bytes=110, peak_allocated_bytes=100, estimated_peak_bytes=100),
+        Observation(fingerprint=FP, source="confirm", device="H100", device_kind="cuda", batch=8,
+                    peak_reserved_bytes=130, estimated_peak_bytes=100),
+        Observation(fingerprint=FP, source="probe", device="H100", device_kind="cuda", batch=9, oom=True,
+                    estimated_peak_bytes=120, retries=1),
+        Observation(fingerprint=OTHER, source="run", device="A100", device_kind="cuda", batch=4,
+                    peak_reserved_bytes=90, estimated_peak_bytes=100, throughput=250.0),
+    ]
+    ids = store.record(*rows)
+    assert len(ids) == 4 and len(set(ids)) == 4
+    assert [o.batch for o in store.observations(FP)] == [8, 8, 9]
+    table = {a["device"]: a for a in store.accuracy()}
+    assert table["H100"]["measurements"] == 3 and table["H100"]["ooms"] == 1
+    assert table["H100"]["compared"] == 2
+    assert table["H100"]["mean_error"] == pytest.approx(0.2)
+    assert table["H100"]["worst_error"] == pytest.approx(0.3)
+    assert table["H100"]["allocated_mean_error"] == pytest.approx(0.0)
+    assert table["H100"]["ooms_estimated_to_fit"] == 1
+    assert table["A100"]["mean_error"] == pytest.approx(-0.1)
+    assert store.observations(OTHER)[0].throughput == 250.0
+
+
+def test_accuracy_ignores_rows_without_both_figures():
+    rows = [Observation(fingerprint=FP, source="run", device="cpu", device_kind="cpu", batch=2,
+                        peak_reserved_bytes=100)]
+    assert accuracy(rows)[0]["compared"] == 0 and accuracy(rows)[0]["mean_error"] is None
+
+
+def test_observations_are_validated():
+    with pytest.raises(ValueError, match="source"):
+        Observation(fingerprint=FP, source="guess", device="x", device_kind="cuda", batch=1)
+    with pytest.raises(ValueError, match="batch"):
+        Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=0)
+    with pytest.raises(ValueError, match="peak_reserved_bytes"):
+        Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=1, peak_reserved_bytes=-1)
+
+
+def test_find_takes_a_unique_prefix(store):
+    store.put(FP, {}, probe_result())
+    store.put("ab" * 31 + "ff", {}, probe_result())
+    with pytest.raises(BadInput, match="several"):
+        store.find("ababab")
+    assert store.find(FP[:-1]).fingerprint == FP
+    with pytest.raises(BadInput, match="no entry"):
+        store.find("0123456")
+    with pytest.raises(BadInput, match="at least 6 hex"):
+        store.find("ab")
+
+
+def test_rm_and_gc(store):
+    store.put(FP, {}, probe_result())
+    store.put(OTHER, {}, probe_result())
+    store.put_plan(FP, Plan.from_dict(_plan_dict()))
+    store.record(Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=1,
+                             peak_reserved_bytes=1))
+    assert store.remove([FP]) == 1
+    assert store.entry(FP) is None and store.plans(FP) == [] and store.observations(FP) == []
+    store.invalidate(OTHER, "the confirm run disagreed")
+    assert store.gc(dry_run=True)["entries"] == 1 and store.entry(OTHER) is not None
+    assert store.gc()["entries"] == 1 and store.entry(OTHER) is None
+    store.put(FP, {}, probe_result())
+    assert store.gc(older_than_s=3600)["entries"] == 0
+    assert store.gc(older_than_s=0)["entries"] == 1
+
+
+def _plan_dict() -> dict:
+    from autotune.planning.planner import make_plan
+
+    return make_plan(96, 48).to_dict()
+
+
+def test_a_store_written_by_a_newer_autotune_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    store = Store(url)
+    from sqlalchemy import update
+
+    from autotune.store import schema
+
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value=str(STORE_SCHEMA + 1)))
+    store.engine.dispose()
+    with pytest.raises(BadInput, match="newer"):
+        Store(url)
+
+
+@pytest.mark.parametrize("url,match", [
+    ("not a url", "not a database URL"),
+    ("nosuchdb://x/y", "names no database driver"),
+    ("sqlite:////no/such/folder/plans.db", "does not exist"),
+])
+def test_unusable_urls_are_refused_naming_the_parameter(url, match):
+    with pytest.raises(BadInput, match=f"^store .*{match}"):
+        open_store(url)
+
+
+def test_a_claim_is_held_once_and_taken_over_from_a_dead_process(store):
+    assert store.claim(FP, "me") is None
+    assert store.claim(FP, "someone-else:1:1") == "me"  # "me" is no host:pid: assumed alive
+    store.release(FP, "me")
+    assert store.claim(FP, "someone-else:1:1") is None
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = f"{socket.gethostname()}:{dead.stdout.strip()}:1"
+    store.release(FP, "someone-else:1:1")
+    assert store.claim(FP, gone) is None
+    assert store.claim(FP, "alive") is None, "a claim whose process is gone is taken over"
+    assert store.claim(OTHER, "x", lease_s=-1) is None
+    assert store.claim(OTHER, "y") is None, "a claim whose lease ran out is taken over"
+
+
+def test_single_flight_makes_the_second_wait_for_the_first(store):
+    order: list[str] = []
+    inside = threading.Event()
+
+    def first() -> None:
+        with store.single_flight(FP) as waited:
+            assert not waited
+            inside.set()
+            time.sleep(0.5)
+            order.append("first done")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait(5)
+    waits: list[str] = []
+    with store.single_flight(FP, on_wait=waits.append, poll_s=0.02) as waited:
+        order.append("second in")
+    thread.join()
+    assert waited and order == ["first done", "second in"] and len(waits) == 1
+    assert store.claim(FP, owner_id()) is None  # released
+
+
+_WRITER = """
+import sys, time
+from autotune.store.store import Store
+from autotune.store.schema import Observation
+from autotune.planning.planner import make_plan
+url, me, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+store = Store(url)
+time.sleep(max(0.0, start - time.time()))  # both write from the same moment
+for i in range(n):
+    store.record(Observation(fingerprint=me * 32, source="reported", device=me, device_kind="cuda", batch=i + 1,
+                             peak_reserved_bytes=i))
+    store.put_plan(me * 32, make_plan(i + 1, 8))
+    store.claim("ee" * 32, me) is None and store.release("ee" * 32, me)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_writing_one_store_at_once_lose_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    n = 150
+    Store(url)  # made once; the writers open it concurrently
+    start = str(time.time() + 3)
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, me, str(n), start], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for me in ("aa", "bb")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    store = Store(url)
+    for me in ("aa", "bb"):
+        assert [o.batch for o in store.observations(me * 32)] == list(range(1, n + 1))
+        assert sorted(json.loads(json.dumps(p))["target_batch"] for p in store.plans(me * 32)) == \
+            list(range(1, n + 1))
+    assert store.counts()["measurements"] == 2 * n
+
+
+def test_the_store_modules_load_without_torch():
+    code = ("import sys\nfrom autotune.store.store import Store\nfrom autotune.store.schema import Entry\n"
+            "Store('sqlite://')\n"
+            "assert 'torch' not in sys.modules, 'torch'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
