@@ -33,7 +33,7 @@ def test_the_accumulator_with_accelerators_backward_matches_full_batch_sgd():
     calls: list[float] = []
 
     def backward(loss):
-        calls.append(float(loss))
+        calls.append(float(loss.detach()))
         accelerator.backward(loss)
 
     step = Accumulator(model, optimizer, PLAN, loss=token_loss, items=tokens, backward=backward)
