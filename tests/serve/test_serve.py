@@ -128,6 +128,18 @@ def test_the_second_identical_request_is_answered_from_the_store(server):
     assert b["plan"]["notes"][0].startswith("from the store (fingerprint ")
 
 
+def test_an_fsdp_request_is_planned_sharded_and_kept_apart_from_ddp(server):
+    body = {**PLAN, "world_size": 2, "margin": 0.3}
+    with server.client() as http:
+        ddp = http.post("/v1/plan", json=body)
+        fsdp = http.post("/v1/plan", json={**body, "parallel": "fsdp"})
+    assert ddp.status_code == 200 and fsdp.status_code == 200, (ddp.text, fsdp.text)
+    a, b = ddp.json(), fsdp.json()
+    assert (a["plan"]["parallel"], b["plan"]["parallel"]) == ("ddp", "fsdp")
+    assert b["plan"]["probe"]["parallel"] == "fsdp" and b["plan"]["probe"]["world_size"] == 2
+    assert a["fingerprint"] != b["fingerprint"] and not b["cached"]
+
+
 def test_concurrent_requests_for_one_fingerprint_probe_once(server):
     body = {**PLAN, "margin": 0.25}  # a fingerprint no other test asks for
     with server.client() as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
