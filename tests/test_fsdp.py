@@ -279,3 +279,15 @@ def test_probe_command_shards_over_the_world_size_given(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["parallel"] == "fsdp" and data["world_size"] == 8 and not data["data_parallel"]
     assert any(note.startswith("FSDP: the fit rule of rank 0 of 8") for note in data["notes"])
+
+
+@pytest.mark.slow
+def test_a_run_under_fsdp_says_why_it_has_no_noise_scale():
+    from autotune import api
+
+    result = api.run(target_batch=12, workload="gpt", device="cpu", memory_budget="64MB", parallel="fsdp",
+                     steps=1)
+    assert result.verification.passed
+    assert result.noise_scale is not None and result.noise_scale.steps == 0
+    assert "not measured under FSDP" in (result.noise_scale.reason or "")
+    assert "noise scale: no estimate (not measured under FSDP" in result.summary()
