@@ -334,13 +334,15 @@ class CudaKernelChoices:
     choose, and the tracker's trace gets the memory CUDA's kernels take through the caching allocator.
 
     ``tracker`` is the estimate's :class:`~autotune.devices.tracker.LiveStorageTracker` (it must record
-    a trace); ``notes`` collects what was bounded or assumed, in words.
+    a trace); ``notes`` collects what was bounded or assumed, in words. ``key``: the autograd dispatch
+    key of the tensors the estimate runs on (``AutogradCPU`` for FakeTensorMode's CPU-faked tensors).
     """
 
-    def __init__(self, tracker: Any, target: CudaTarget, *, attention: bool = True):
+    def __init__(self, tracker: Any, target: CudaTarget, *, attention: bool = True, key: str = "AutogradMeta"):
         self.tracker = tracker
         self.target = target
         self.attention = attention
+        self.key = key
         self.notes: dict[str, None] = {}
         self.backends: dict[str, int] = {}
         self._workspaces: dict[tuple[str, str, int], int] = {}
@@ -351,10 +353,11 @@ class CudaKernelChoices:
         if self.attention:  # above autograd, where the composite would decompose (see meta.CpuKernelChoices)
             library = torch.library.Library("aten", "IMPL")
             try:
-                library.impl("scaled_dot_product_attention", self._attention, "AutogradMeta")
-                for name in _RECURRENT:
-                    for overload in ("input", "data"):
-                        library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
+                library.impl("scaled_dot_product_attention", self._attention, self.key)
+                if self.key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot
+                    for name in _RECURRENT:
+                        for overload in ("input", "data"):
+                            library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
             except BaseException:
                 library._destroy()
                 raise

@@ -177,11 +177,12 @@ class EstimateDevice:
         return LiveStorageTracker(round_to=self.round_to, fake_scalars=True, guess=self.guess,
                                   record=self.simulates, **kwargs)
 
-    def _kernel_choices(self, tracker: LiveStorageTracker, *, attention: bool) -> Any:
-        """CUDA's kernel choices when standing in for a GPU; the CPU's on the meta engine otherwise."""
+    def _kernel_choices(self, tracker: LiveStorageTracker, *, fake: bool) -> Any:
+        """CUDA's kernel choices when standing in for a GPU (on FakeTensorMode's CPU-faked tensors too);
+        the CPU's on the meta engine otherwise (FakeTensorMode makes the CPU's itself)."""
         if self.cuda_like:
-            return CudaKernelChoices(tracker, self.target, attention=attention)
-        return CpuKernelChoices(tracker.paused) if attention else contextlib.nullcontext()
+            return CudaKernelChoices(tracker, self.target, key="AutogradCPU" if fake else "AutogradMeta")
+        return contextlib.nullcontext() if fake else CpuKernelChoices(tracker.paused)
 
     def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any) -> Measurement:
         """The simulated allocator's figures for the recorded trace, and what the kernels bounded."""
@@ -215,7 +216,7 @@ class EstimateDevice:
 
         session = Session(tracker, move=_meta_copy, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
-        choices = self._kernel_choices(tracker, attention=True)
+        choices = self._kernel_choices(tracker, fake=False)
         with choices:
             result, m = timed_measure(tracker, session, work)
         return result, self._finish(m, tracker, choices)
@@ -263,12 +264,9 @@ class EstimateDevice:
 
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
-        choices = self._kernel_choices(tracker, attention=False)  # FakeTensorMode runs the CPU's attention
+        choices = self._kernel_choices(tracker, fake=True)
         with fake_mode, choices:
             result, m = timed_measure(tracker, session, work)
-        if self.cuda_like:
-            m = replace(m, notes=m.notes + ("scaled_dot_product_attention estimated as the CPU runs it "
-                                            "(FakeTensorMode), not with CUDA's backends",))
         return result, self._finish(m, tracker, choices)
 
     def cleanup(self) -> None:

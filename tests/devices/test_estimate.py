@@ -181,3 +181,19 @@ def test_a_batch_sliced_from_a_host_dataset_counts_as_its_own_elements():
     real = run_trial(cpu, sliced, 8, 2**40, source="real", capacity_guard=False).peak_bytes
     fake = run_trial(cpu.estimator(), sliced, 8, 2**40, source="estimate").peak_bytes
     assert fake == real < data.numel() * 4  # not the 12.8 MB dataset the slices are views of
+
+
+@pytest.mark.slow
+def test_fake_tensors_standing_in_for_a_gpu_run_cudas_attention_as_the_meta_engine_does():
+    # FSDP estimates run under FakeTensorMode: its peak for a GPU must be the meta engine's, attention included
+    # (the CPU's attention kernels would keep more for backward at this size: 736 MiB against 552 MiB)
+    from autotune.probes.gpt import Config, _workload
+
+    workload = _workload("gpt-10m", Config(vocab=16000, seq_len=256, d_model=256, heads=8, layers=8, min_len=64))
+    meta = get_device("estimate:A100-80GB").estimator()
+    fake = get_device("estimate:A100-80GB").estimator()
+    fake.engine = "fake"
+    _, on_meta = meta.measure(fit_rule_work(workload, 4))
+    _, on_fake = fake.measure(fit_rule_work(workload, 4))
+    assert on_fake.peak_bytes == on_meta.peak_bytes
+    assert any("as CUDA runs it on sm80: memory-efficient attention" in n for n in on_fake.notes), on_fake.notes
