@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .errors import BadInput
 from .units import parse_size
@@ -26,10 +26,12 @@ STEPS = 20
 #: Throughput measurements ``--tune`` makes.
 TRIALS = 12
 DEVICE = "auto"
-PRECISIONS = ("fp32", "bf16", "fp16")
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 #: How the ranks share the training: DDP (every rank holds the whole model) or FSDP (fully_shard).
-PARALLEL = ("ddp", "fsdp")
-DEFAULT_PARALLEL = "ddp"
+Parallel = Literal["ddp", "fsdp"]
+PARALLEL: tuple[str, ...] = get_args(Parallel)
+DEFAULT_PARALLEL: Parallel = "ddp"
 #: How ``autotune plan`` prints a plan: for people, as JSON, or as a framework's settings.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]

@@ -10,7 +10,7 @@ import traceback
 from typing import NoReturn
 
 from ..errors import AutotuneError
-from . import devices_cmd, plan_cmd, probe_cmd
+from . import devices_cmd, plan_cmd, probe_cmd, report_cmd, run_cmd, serve_cmd, store_cmd
 from .common import Formatter, Parser, rank_prefix
 from .progress import progress_on_stderr
 
@@ -41,19 +41,11 @@ environment:
 
 PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: the status a shell shows for a tool stopped by a closed pipe
 
-COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd}
-
-
-def _optional_commands() -> None:
-    for name, module in (("run", "run_cmd"), ("report", "report_cmd"), ("store", "store_cmd"), ("serve", "serve_cmd")):
-        try:
-            COMMANDS[name] = __import__(f"{__name__}.{module}", fromlist=[module])
-        except ImportError:
-            pass
+COMMANDS = {"devices": devices_cmd, "probe": probe_cmd, "plan": plan_cmd, "run": run_cmd, "report": report_cmd,
+            "store": store_cmd, "serve": serve_cmd}
 
 
 def build_parser() -> Parser:
-    _optional_commands()
     parser = Parser(prog="autotune", description=DESCRIPTION, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"autotune {__import__('autotune').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

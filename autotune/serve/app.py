@@ -33,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from .. import options
 from ..errors import BadInput
 from ..store import open_store
 from .probes import Catalogue, UnknownProbe
@@ -75,9 +76,9 @@ class PlanRequest(BaseModel):
                                              "estimate:NAME")] = "estimate"
     memory_budget: Annotated[str | StrictInt | None, Field(description="the GPU's memory, e.g. 80GiB")] = None
     world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    margin: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    parallel: options.Parallel = options.DEFAULT_PARALLEL
+    margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
+    precision: options.Precision = "fp32"
     multiple_of: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET)] = 1
     uniform: StrictBool | None = None
 
