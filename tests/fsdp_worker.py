@@ -31,8 +31,8 @@ from autotune.workload import load_workload
 class SyncsEveryMicroStep(Accumulator):
     """Fault: gradient sync stays on, so FSDP reduce-scatters after every micro-step (right result, k rounds)."""
 
-    def _sync(self, last):
-        return contextlib.nullcontext()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "no_sync": contextlib.nullcontext})
 
 
 class NoWorldFactor(Accumulator):
