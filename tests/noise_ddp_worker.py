@@ -1,8 +1,10 @@
-"""Run under torchrun by tests/test_noise.py: the noise scale under DDP against one process on the same samples.
+"""Run under torchrun by tests/test_noise.py: the noise scale under DDP and FSDP against one process on the same
+samples.
 
 Every rank builds the same model and the same global batches; rank r trains on its share. Rank 0 also runs
 one process over the whole batch with all ranks' micro-batches in a row. Prints, from rank 0, the per-step
-(|G|², tr(Σ)) of: the single process, every DDP rank, and DDP ranks that do not pool their micro-batch norms.
+(|G|², tr(Σ)) of: the single process, every DDP rank, DDP ranks that do not pool their micro-batch norms, and
+every FSDP rank.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import torch
 import torch.distributed as dist
 from test_noise import NoisyAccumulator  # tests/ is this script's folder
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from autotune.training.accumulate import Accumulator
 from autotune.training.noise import GradientNoiseScale
 
 CASES = {"accumulating": [[20, 17], [19, 8]], "one_micro_step_per_rank": [[32], [32]]}
@@ -65,9 +70,16 @@ def main() -> None:
                             batches, share)
         ranks: list = [None] * world
         dist.all_gather_object(ranks, ddp)
+        sharded = copy.deepcopy(base)
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in sharded[::2]:
+            fully_shard(layer, mesh=mesh)
+        fsdp = steps_of(Accumulator, fully_shard(sharded, mesh=mesh), schedule[rank], batches, share)
+        fsdp_ranks: list = [None] * world
+        dist.all_gather_object(fsdp_ranks, fsdp)
         single = steps_of(NoisyAccumulator, copy.deepcopy(base), [m for r in schedule for m in r], batches,
                           slice(0, n), rank=0, world_size=1) if rank == 0 else None
-        out[name] = {"single": single, "ranks": ranks, "unpooled": unpooled}
+        out[name] = {"single": single, "ranks": ranks, "unpooled": unpooled, "fsdp": fsdp_ranks}
     if rank == 0:
         print(json.dumps(out))
     dist.destroy_process_group()

@@ -281,13 +281,38 @@ def test_probe_command_shards_over_the_world_size_given(capsys):
     assert any(note.startswith("FSDP: the fit rule of rank 0 of 8") for note in data["notes"])
 
 
+def noise_history(model, workload, batches, precision="fp32"):
+    from autotune.training.accumulate import Accumulator
+
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [5, 4, 3], loss=workload.loss,
+                      items=workload.items, precision=precision)
+    torch.manual_seed(5)  # the same dropout masks for both models
+    for batch in batches:
+        acc.step(batch)
+    return [(h.grad_sq, h.trace_cov) for h in acc.noise_scale.history]
+
+
 @pytest.mark.slow
-def test_a_run_under_fsdp_says_why_it_has_no_noise_scale():
+def test_the_noise_scale_under_fsdp_equals_the_unsharded_models(gpt):
+    import copy
+
+    batches = [gpt.make_batch(12, torch.Generator().manual_seed(s)) for s in range(3)]
+    torch.manual_seed(0)
+    plain = gpt.make_model()
+    copied = copy.deepcopy(plain)
+    with fake_mesh(1) as mesh:
+        sharded = noise_history(fsdp.shard(copied, gpt.shard_units(copied), mesh), gpt, batches)
+    expected = noise_history(plain, gpt, batches)
+    assert len(expected) == 3
+    assert sharded == [pytest.approx(e, rel=1e-4) for e in expected]
+
+
+@pytest.mark.slow
+def test_a_run_under_fsdp_measures_the_noise_scale():
     from autotune import api
 
-    result = api.run(target_batch=12, workload="gpt", device="cpu", memory_budget="64MB", parallel="fsdp",
-                     steps=1)
-    assert result.verification.passed
-    assert result.noise_scale is not None and result.noise_scale.steps == 0
-    assert "not measured under FSDP" in (result.noise_scale.reason or "")
-    assert "noise scale: no estimate (not measured under FSDP" in result.summary()
+    result = api.run(target_batch=61, workload="gpt", device="cpu", memory_budget="8MB", parallel="fsdp",
+                     steps=2)
+    assert result.verification.passed and result.plan.accumulation_steps > 1
+    assert result.noise_scale is not None and result.noise_scale.steps == 2, result.noise_scale
+    assert "noise scale:" in result.summary()

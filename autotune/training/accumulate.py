@@ -262,13 +262,20 @@ def _sizes_for(schedule: Any, rank: int) -> list[int]:
 
 def _noise_scale(setting: bool | GradientNoiseScale, model: nn.Module, world_size: int,
                  group: Any) -> GradientNoiseScale | None:
-    """The noise-scale measurement an Accumulator makes: a given one, a new one, or none (off, or an FSDP
-    model, whose gradients arrive sharded)."""
+    """The noise-scale measurement an Accumulator makes: a given one, a new one, or none (off, or FSDP1,
+    whose flat parameters hide each parameter's gradient); under FSDP2 on the unsharded parameters."""
     if isinstance(setting, GradientNoiseScale):
         return setting
-    if not setting or _sharded(model) or not any(p.requires_grad for p in model.parameters()):
+    if not setting or not any(p.requires_grad for p in model.parameters()):
         return None
-    return GradientNoiseScale(model.parameters(), world_size=world_size, process_group=group)
+    if not _sharded(model):
+        return GradientNoiseScale(model.parameters(), world_size=world_size, process_group=group)
+    if not hasattr(model, "unshard"):  # FSDP1: its flat parameters hide each parameter's gradient
+        return None
+    from .fsdp import unsharded_parameters
+
+    return GradientNoiseScale(unsharded_parameters(model), world_size=world_size, process_group=group,
+                              totals=model.parameters())
 
 
 def _sharded(model: nn.Module) -> bool:

@@ -114,6 +114,23 @@ class ReduceScatterCounter:
         return n
 
 
+def unsharded_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters FSDP2's units compute with: the leaves autograd gives each micro-step's gradient to,
+    before FSDP reduce-scatters it. FSDP makes them at a unit's first all-gather and keeps them (their
+    storage freed while resharded), so each unit is unsharded and resharded once here, one at a time.
+    Every rank must call this (it all-gathers)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    found: list[nn.Parameter] = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+            found += [p for p in module.parameters() if p.requires_grad and not isinstance(p, DTensor)]
+            module.reshard()
+    return list(dict.fromkeys(found))
+
+
 def full(t: torch.Tensor) -> torch.Tensor:
     """A DTensor gathered from every rank's shard (a collective), any other tensor as it is."""
     from torch.distributed.tensor import DTensor

@@ -38,10 +38,12 @@ tokens. Under DDP the micro-step norms are local
 (``n_i`` items of this rank's micro-batch), ``G_N`` is the synchronised
 gradient over all ranks' ``N`` items, and one all-reduce of two numbers per
 step pools the ``k · W`` micro-batches of all ranks, so the estimate equals a
-single process's over the same micro-batches. Parameters must receive their
-gradient in one piece per backward (reentrant checkpointing of a parameter
-used in two segments breaks that; such steps are dropped). FSDP's sharded
-gradients are not covered.
+single process's over the same micro-batches. Under FSDP the hooks sit on the
+unsharded parameters the units compute with (``totals``: the sharded ones,
+whose gradient shards after the last micro-step add up to ``|G_N|²`` over the
+ranks). Parameters must receive their gradient in one piece per backward
+(reentrant checkpointing of a parameter used in two segments breaks that; such
+steps are dropped).
 
 What a run reports (:class:`NoiseScaleEstimate`) and the word to the user
 (:func:`autotune.results.noise.describe`) live with the results.
@@ -224,14 +226,18 @@ class GradientNoiseScale:
     per parameter; ``close()`` removes them. ``beta``: EMA decay of the per-step
     estimates. ``every``: measure every ``every``-th optimizer step only (the
     others cost one no-op hook call per parameter and micro-step).
-    ``world_size``/``process_group``: under DDP, ranks pool their micro-batch
+    ``world_size``/``process_group``: under DDP and FSDP, ranks pool their micro-batch
     norms with one all-reduce per measured step (every rank calls every method).
+    ``totals``: the parameters whose ``.grad`` holds the synchronised gradient when
+    it is not ``parameters`` (FSDP's sharded ones: each rank holds a shard, and the
+    shards' squares are summed over the ranks); default ``parameters``.
     Values on the device are read back lazily (when a property is read, or every
     ``PENDING_LIMIT`` steps), so a step adds no host synchronisation.
     """
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], *, beta: float = BETA, every: int = 1,
-                 world_size: int = 1, process_group: Any = None):
+                 world_size: int = 1, process_group: Any = None,
+                 totals: Iterable[torch.nn.Parameter] | None = None):
         if every < 1:
             raise ValueError(f"every is {every}; measure every step (1) or every n-th (n > 1)")
         self.smoothed = SmoothedNoiseScale(beta)
@@ -239,6 +245,7 @@ class GradientNoiseScale:
         if not self.params:
             raise ValueError("the model has no parameters that require gradients: no noise scale to measure")
         self.every, self.world_size, self.process_group = every, world_size, process_group
+        self._totals = None if totals is None else [p for p in dict.fromkeys(totals) if p.requires_grad]
         self._device = self.params[0].device
         self._one_device = all(p.device == self._device for p in self.params)
         self._active = False
@@ -290,6 +297,8 @@ class GradientNoiseScale:
         self._step += 1
         if not self._measuring:
             return
+        if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # clipping FSDP's shards: a DTensor
+            grad_norm = grad_norm.full_tensor()
         total_sq = self._total_sq() if grad_norm is None else grad_norm ** 2
         weighted: torch.Tensor | float = 0.0
         if self._norms:
@@ -408,6 +417,8 @@ class GradientNoiseScale:
         return t
 
     def _total_sq(self) -> torch.Tensor | float:
+        if self._totals is not None:
+            return self._sharded_total_sq(self._totals)
         grads = [p.grad.coalesce()._values() if p.grad.is_sparse else p.grad for p in self.params
                  if p.grad is not None]
         if not grads:
@@ -417,6 +428,14 @@ class GradientNoiseScale:
         else:
             norms = torch.stack([torch.linalg.vector_norm(g).float().to(self._device) for g in grads])
         return torch.dot(norms, norms)
+
+    def _sharded_total_sq(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """|G_N|² from gradient shards: this rank's squares, summed over the ranks."""
+        local = [g.to_local() if hasattr(g, "to_local") else g for p in params if (g := p.grad) is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self._device)
+        for g in local:
+            sq = sq + torch.linalg.vector_norm(g.to(self._device), dtype=torch.float32).double() ** 2
+        return self._all_reduce(sq.reshape(1))[0] if self.world_size > 1 else sq
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []

@@ -121,11 +121,6 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             if acc.noise_scale is not None:
                 noise.append(acc.noise_scale.estimate(unit="samples" if workload.items is None else "items"))
                 acc.noise_scale.close()
-            elif fsdp:
-                noise.append(NoiseScaleEstimate(
-                    b_simple=None, low=None, high=None, grad_sq=None, trace_cov=None, steps=0, skipped=steps,
-                    items_per_step=None, reason="not measured under FSDP: each rank holds only shards of the "
-                    "gradients; run the same plan under DDP to measure it"))
 
         _, measured = device.measure(work)
 
