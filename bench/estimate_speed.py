@@ -225,7 +225,7 @@ def main(argv=None) -> int:
               f"({r['t_sim'] / r['t_nosim'] - 1:+.1%}, recording included; noisier: separate evaluations)")
     target = next((r for r in rows if r["name"] == "gpt-100m"), None)
     if target is not None:
-        print(f"issue 3 target, 'the estimate must stay under {TARGET_SECONDS:.0f} s for 100M parameters on this "
+        print(f"target, 'the estimate must stay under {TARGET_SECONDS:.0f} s for 100M parameters on this "
               f"machine':")
         for label, seconds in [("one fit-rule evaluation", target["t_meta"]),
                                ("the curve every probe starts from (2 evaluations)", target["t_two"]),
