@@ -131,10 +131,13 @@ def timed(fn, repeat: int):
 
 def with_and_without_replay(workload, repeat: int) -> dict:
     """The simulation's cost, measured in one run: evaluations with the simulation (its replay timed inside
-    each) and without it (no trace recorded, no replay), interleaved so that both see the same machine."""
+    each) and without it (no trace recorded, no replay), interleaved in alternating order after one warm-up
+    evaluation of each, so that both see the same machine."""
     with_sim, without, replays, shares = [], [], [], []
-    for _ in range(repeat):
-        for simulate in (True, False):
+    one_eval(workload, "meta", True)  # warm: the first evaluation of a model pays for cold code paths
+    one_eval(workload, "meta", False)
+    for i in range(repeat):
+        for simulate in ((True, False) if i % 2 == 0 else (False, True)):  # neither always goes first
             start = time.process_time()  # CPU seconds: other work on a shared machine does not count
             trial = one_eval(workload, "meta", simulate)
             (with_sim if simulate else without).append(time.process_time() - start)
