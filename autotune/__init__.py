@@ -14,8 +14,9 @@ them to the Hugging Face Trainer, Lightning and Accelerate (each optional).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import exports
 
 __version__ = "0.1.0"
 
@@ -63,13 +64,7 @@ __all__ = ["Accumulator", "AutotuneError", "BadInput", "DeviceError", "DoesNotFi
     "load_result", "load_workload", "parse_size", "plan", "probe", "run", "write_report", "__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -9,13 +9,16 @@ left alive after it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import sys
 from dataclasses import replace
 
 import torch
+
+# the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
+# factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
+from ddp_worker import NoWorldFactor, SyncsEveryMicroStep  # tests/ is this script's folder
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -26,20 +29,6 @@ from autotune.training import distributed, runner
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
 from autotune.workload import load_workload
-
-
-class SyncsEveryMicroStep(Accumulator):
-    """Fault: gradient sync stays on, so FSDP reduce-scatters after every micro-step (right result, k rounds)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{**kwargs, "no_sync": contextlib.nullcontext})
-
-
-class NoWorldFactor(Accumulator):
-    """Fault: the loss is not multiplied by the world size, so FSDP's averaging reduce-scatter shrinks it."""
-
-    def weight(self, n_items, total_items):
-        return n_items / total_items
 
 
 def out_of_memory_on_rank_1(limit: int):

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 
 #: Lower layers first: a module may import from its own layer and the layers below, never above.
 LAYERS = [
-    {"errors", "units", "options", "log", "serial", "dburl"},
+    {"errors", "units", "options", "log", "serial", "dburl", "lazy"},
     {"results"},
     {"planning"},
     {"workload"},

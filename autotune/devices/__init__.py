@@ -10,12 +10,12 @@ units, options, log, serial), results, planning, workload, and torch; never prob
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
+from ..lazy import exports
 from .host import ram_bytes, torch_build
 from .nvml import load_nvml
 
@@ -33,13 +33,7 @@ _LAZY = {"Device": "base", "Measurement": "base", "Session": "base", "CpuDevice"
          "EstimateDevice": "estimate", "CUDA_CONTEXT_ALLOWANCE": "estimate", "CachingAllocator": "allocator"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _LAZY, globals())
 
 DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate, estimate:GPU"
 

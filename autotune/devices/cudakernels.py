@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .meta import _RECURRENT, _recurrent
+from .meta import attention_library
 
 MiB = 1024**2
 FLASH, EFFICIENT, CUDNN, MATH = "flash", "efficient", "cudnn", "math"
@@ -350,18 +350,8 @@ class CudaKernelChoices:
         self._library: torch.library.Library | None = None
 
     def __enter__(self) -> CudaKernelChoices:
-        if self.attention:  # above autograd, where the composite would decompose (see meta.CpuKernelChoices)
-            library = torch.library.Library("aten", "IMPL")
-            try:
-                library.impl("scaled_dot_product_attention", self._attention, self.key)
-                if self.key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot
-                    for name in _RECURRENT:
-                        for overload in ("input", "data"):
-                            library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
-            except BaseException:
-                library._destroy()
-                raise
-            self._library = library
+        if self.attention:
+            self._library = attention_library(self._attention, self.key)
         self.tracker.after_op = self.after_op
         return self
 

@@ -185,18 +185,7 @@ class CpuKernelChoices:
         self._library: torch.library.Library | None = None
 
     def __enter__(self) -> CpuKernelChoices:
-        # Above autograd, where the composite would decompose: the kernels chosen
-        # here record their own backward.
-        library = torch.library.Library("aten", "IMPL")
-        try:
-            library.impl("scaled_dot_product_attention", self._attention, "AutogradMeta")
-            for name in _RECURRENT:
-                for overload in ("input", "data"):
-                    library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
-        except BaseException:
-            library._destroy()
-            raise
-        self._library = library
+        self._library = attention_library(self._attention)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -231,6 +220,23 @@ class CpuKernelChoices:
         out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         return out
+
+
+def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta") -> torch.library.Library:
+    """``attention`` as ``scaled_dot_product_attention``'s kernel for tensors of the autograd dispatch ``key``,
+    above autograd, where the composite would decompose (the kernels it picks record their own backward); on
+    ``meta`` tensors recurrent layers raise :class:`NeedsFakeTensors`. Destroy the library to undo it."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("scaled_dot_product_attention", attention, key)
+        if key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot
+            for name in _RECURRENT:
+                for overload in ("input", "data"):
+                    library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
+    except BaseException:
+        library._destroy()
+        raise
+    return library
 
 
 def _recurrent(name: str) -> Callable[..., Any]:

@@ -11,8 +11,9 @@ training), below the API, the command line and the service.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import exports
 
 if TYPE_CHECKING:
     from .schema import Entry, Observation
@@ -23,10 +24,4 @@ __all__ = ["Entry", "Observation", "Store", "open_store"]
 _LAZY = {"Entry": "schema", "Observation": "schema", "Store": "store", "open_store": "store"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _LAZY, globals())
