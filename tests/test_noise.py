@@ -613,3 +613,11 @@ def test_ddp_and_fsdp_estimates_equal_the_single_process_one_on_the_same_samples
         assert case["fsdp"][0] == [pytest.approx(s, rel=1e-4, abs=1e-9) for s in single], name
         # the planted fault: ranks that do not pool their micro-batch norms (each sees k of k·W)
         assert case["unpooled"] != [pytest.approx(s, rel=0.05) for s in single], name
+
+
+@pytest.mark.parametrize(("value", "text"), [(250.4, "250"), (12345.0, "12000"), (4.14, "4.1"), (0.2612, "0.26"),
+                                             (99.6, "100"), (9.96, "10"), (float("inf"), "∞"), (None, "?")])
+def test_figures_are_written_with_two_significant_digits_never_in_e_notation(value, text):
+    from autotune.results.noise import _fmt
+
+    assert _fmt(value) == text

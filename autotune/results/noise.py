@@ -114,6 +114,5 @@ def _fmt(x: float | None) -> str:
     """Two significant digits, as much as an estimate holds: 250, 12000, 4.1, 0.26."""
     if x is None or not math.isfinite(x):
         return "∞" if x == math.inf else "?"
-    if abs(x) >= 100:
-        return f"{float(f'{x:.2g}'):.0f}"
-    return f"{x:.2g}"
+    rounded = float(f"{x:.2g}")  # first: 99.6 rounds to 100, which is written out, not as 1e+02
+    return f"{rounded:.0f}" if abs(rounded) >= 100 else f"{rounded:.2g}"
