@@ -99,7 +99,9 @@ def test_estimate_device_marks_the_result(gpt):
     result = probe(gpt, get_device("estimate", memory_budget=2 * 2**30), max_batch=4096)
     assert result.estimated and result.real_runs == 0
     assert any("not confirmed" in n for n in result.notes)
-    assert "not confirmed" in result.device.summary and "CUDA context" in result.device.summary
+    assert result.device.summary.startswith("estimate for") and "CUDA context" in result.device.summary
+    assert "(estimated, not confirmed on a real device" in result.summary()  # said once, not in the device too
+    assert result.summary().count("not confirmed") == 1
     assert result.peak_bytes <= result.usable_bytes
 
 

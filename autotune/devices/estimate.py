@@ -292,7 +292,6 @@ class EstimateDevice:
                          + ")")
         elif self.round_to > 1:
             lines.append(f"allocations rounded up to {self.round_to} bytes")
-        lines.append("not confirmed on a real device")
         source = "memory budget" if self.budget_given else "NVML total of the GPU"
         measured_by = (_SIMULATED_BY if self.simulates else _MEASURED_BY)[self.engine]
         return DeviceInfo(
