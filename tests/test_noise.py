@@ -621,3 +621,21 @@ def test_figures_are_written_with_two_significant_digits_never_in_e_notation(val
     from autotune.results.noise import _fmt
 
     assert _fmt(value) == text
+
+
+def test_an_accumulator_let_go_takes_its_hooks_with_it():
+    # a new Accumulator per epoch on the same model must not leave the old ones' hooks behind (each one
+    # would cost a call per parameter and micro-step, for good)
+    import gc
+
+    from autotune.training.accumulate import Accumulator
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x, y = torch.randn(12, 4), torch.randint(0, 2, (12,))
+    for _ in range(3):
+        acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [6, 6],
+                          loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+        acc.step((x, y))
+        del acc
+        gc.collect()
+    assert all(not p._backward_hooks for p in model.parameters())

@@ -52,6 +52,7 @@ What a run reports (:class:`NoiseScaleEstimate`) and the word to the user
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,6 +324,10 @@ class GradientNoiseScale:
             h.remove()
         self._handles = []
 
+    def __del__(self) -> None:
+        for h in getattr(self, "_handles", ()):  # also when __init__ raised before the hooks were registered
+            h.remove()
+
     # -- what it measured --------------------------------------------------------------
 
     @property
@@ -376,14 +381,17 @@ class GradientNoiseScale:
     # -- inside --------------------------------------------------------------------------
 
     def _hook(self, j: int, p: torch.Tensor):
-        """One torch call per gradient: inside a backward each distinct call pays for cold code paths."""
+        """One torch call per gradient: inside a backward each distinct call pays for cold code paths. The hook
+        holds this object weakly: once nothing else does, it is collected and its hooks leave the parameters."""
         norms, owner = self._norms, self._owner  # cleared in place, never rebound
         kwargs = {"dtype": torch.float32} if p.dtype in (torch.float16, torch.bfloat16) else {}
         device = self._device if p.device != self._device else None
         vector_norm = torch.linalg.vector_norm
+        measurer = weakref.ref(self)
 
         def hook(grad: torch.Tensor) -> None:
-            if not self._active:
+            noise = measurer()
+            if noise is None or not noise._active:
                 return
             try:
                 n = vector_norm(grad, **kwargs)
