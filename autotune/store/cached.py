@@ -33,6 +33,7 @@ from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.run import RunResult
+from ..training import distributed
 from ..units import format_bytes
 from ..workload import Workload
 from .fingerprint import Untraceable, fingerprint
@@ -213,7 +214,7 @@ def record_run(store: Store, plan: Plan, workload: Workload, device: Device, pre
         margin = plan.probe.margin if plan.probe is not None else options.MARGIN
         try:
             rule = {"data_parallel": plan.world_size > 1} if plan.parallel == "ddp" else \
-                {"sharding": FsdpRule(plan.world_size)}
+                {"sharding": FsdpRule(plan.world_size, distributed.rank())}
             digest = fingerprint(workload, device, margin=margin, world_size=plan.world_size, rule=rule,
                                  parallel=plan.parallel, precision=precision).digest
         except Untraceable as exc:

@@ -31,7 +31,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import torch
@@ -197,8 +197,8 @@ def _tree(batch: Any) -> dict[str, Any]:
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON that is the same in every process: tensors as shape and dtype,
-    objects as their class (never an address)."""
+    """``value`` as JSON that is the same in every process: tensors as shape and dtype, dataclasses as
+    their fields, other objects as their class (never an address)."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -213,6 +213,8 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted(str(plain(v)) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):  # e.g. FSDP's rule: its world size, rank, precision
+        return {_kind(value): {f.name: plain(getattr(value, f.name)) for f in fields(value)}}
     return f"<{_kind(value)}>"
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from autotune.devices import CpuDevice, CudaDevice, EstimateDevice
+from autotune.probing.fsdp import FsdpRule
 from autotune.store.fingerprint import Untraceable, device_part, fingerprint
 from autotune.workload import Workload, load_workload
 from tests.devices.test_cuda import FakeCuda
@@ -67,9 +68,19 @@ def test_the_same_probe_has_the_same_fingerprint_every_time():
     ("DDP's buckets in the fit rule", dict(rule={"data_parallel": True})),
     ("the parallel strategy", dict(parallel="fsdp")),
     ("the precision", dict(precision="bf16")),
+    ("FSDP's rank", dict(rule={"sharding": FsdpRule(2, 1)}, parallel="fsdp", world_size=2)),
+    ("FSDP's precision", dict(rule={"sharding": FsdpRule(2, 0, "bf16")}, parallel="fsdp", world_size=2)),
 ])
 def test_everything_the_answer_depends_on_changes_the_fingerprint(what, change):
-    assert digest(**change) != digest(), what
+    base = {"rule": {"sharding": FsdpRule(2, 0)}, "parallel": "fsdp", "world_size": 2} if "FSDP" in what else {}
+    assert digest(**change) != digest(**base), what
+
+
+def test_fsdps_rule_is_written_out_in_the_parts():
+    parts = fingerprint(tiny(), estimate(), margin=0.1, world_size=2, rule={"sharding": FsdpRule(2, 1)},
+                        parallel="fsdp").components
+    assert parts["rule"] == {"sharding": {"autotune.probing.fsdp.FsdpRule": {
+        "world_size": 2, "rank": 1, "precision": "fp32", "real_group": False}}}
 
 
 def test_the_allocator_settings_change_the_fingerprint(monkeypatch):
