@@ -248,7 +248,6 @@ class GradientNoiseScale:
         self.every, self.world_size, self.process_group = every, world_size, process_group
         self._totals = None if totals is None else [p for p in dict.fromkeys(totals) if p.requires_grad]
         self._device = self.params[0].device
-        self._one_device = all(p.device == self._device for p in self.params)
         self._active = False
         self._norms: list[torch.Tensor] = []   # this step's per-parameter contribution norms
         self._owner: list[int] = []            # which parameter each norm belongs to
@@ -325,8 +324,8 @@ class GradientNoiseScale:
         self._handles = []
 
     def __del__(self) -> None:
-        for h in getattr(self, "_handles", ()):  # also when __init__ raised before the hooks were registered
-            h.remove()
+        if hasattr(self, "_handles"):  # not when __init__ raised before the hooks were registered
+            self.close()
 
     # -- what it measured --------------------------------------------------------------
 
@@ -425,25 +424,20 @@ class GradientNoiseScale:
         return t
 
     def _total_sq(self) -> torch.Tensor | float:
-        if self._totals is not None:
-            return self._sharded_total_sq(self._totals)
-        grads = [p.grad.coalesce()._values() if p.grad.is_sparse else p.grad for p in self.params
-                 if p.grad is not None]
+        """|G_N|²: from the gradients of ``parameters``, or from this rank's shards of ``totals``' gradients
+        summed over the ranks."""
+        params = self.params if self._totals is None else self._totals
+        grads = [_local(p.grad) for p in params if p.grad is not None]
         if not grads:
             return 0.0
-        if self._one_device:
+        if all(g.device == self._device for g in grads):
             norms = torch.stack(torch._foreach_norm(grads)).float()
         else:
             norms = torch.stack([torch.linalg.vector_norm(g).float().to(self._device) for g in grads])
-        return torch.dot(norms, norms)
-
-    def _sharded_total_sq(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """|G_N|² from gradient shards: this rank's squares, summed over the ranks."""
-        local = [g.to_local() if hasattr(g, "to_local") else g for p in params if (g := p.grad) is not None]
-        sq = torch.zeros((), dtype=torch.float64, device=self._device)
-        for g in local:
-            sq = sq + torch.linalg.vector_norm(g.to(self._device), dtype=torch.float32).double() ** 2
-        return self._all_reduce(sq.reshape(1))[0] if self.world_size > 1 else sq
+        total = torch.dot(norms, norms)
+        if self._totals is not None and self.world_size > 1:
+            total = self._all_reduce(total.double().reshape(1))[0]
+        return total
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -472,6 +466,13 @@ class GradientNoiseScale:
             return ("each step ran one micro-batch in all (no accumulation, one rank): there is no smaller batch "
                     "to compare with; the noise scale needs at least 2 micro-batches per step")
         return f"{self._step} step(s), none usable: {most}"
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a gradient: a sparse one's values, a DTensor's local shard, else itself."""
+    if grad.is_sparse:
+        return grad.coalesce()._values()
+    return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
 def _t975(df: float) -> float:
