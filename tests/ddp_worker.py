@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
+
+from rank_exit import run_then_exit  # tests/ is this script's folder
 
 from autotune import api as pipeline
 from autotune.devices import get_device
@@ -47,9 +48,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    # As autotune's command line ends a torchrun rank: no interpreter finalization while gloo's threads may
-    # still hold what they release with the GIL (it can abort a rank at exit on a loaded machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)

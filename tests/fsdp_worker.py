@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 from dataclasses import replace
 
@@ -20,6 +19,7 @@ import torch
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
 from ddp_worker import NoWorldFactor, SyncsEveryMicroStep  # tests/ is this script's folder
+from rank_exit import run_then_exit  # tests/ is this script's folder
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -91,9 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    # As autotune's command line ends a torchrun rank: no interpreter finalization while gloo's threads may
-    # still hold what they release with the GIL (it can abort a rank at exit on a loaded machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from rank_exit import run_then_exit  # tests/ is this script's folder
 from test_noise import NoisyAccumulator  # tests/ is this script's folder
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -88,9 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    # As autotune's command line ends a torchrun rank: no interpreter finalization while gloo's threads may
-    # still hold what they release with the GIL (it can abort a rank at exit on a loaded machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)
