@@ -61,13 +61,19 @@ def main() -> int:
             if "--rank0-fails" in sys.argv and rank == 0:
                 raise ValueError("planted failure after the last collective")
     except (ValueError, AutotuneError) as exc:
-        print(json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        say({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         if rank == 0:
             time.sleep(3)
         return 1
-    print(json.dumps({"rank": rank, "threads_before": before, "threads_inside": inside,
-                      "threads_after": threads(), "rounds": rounds}), flush=True)
+    say({"rank": rank, "threads_before": before, "threads_inside": inside, "threads_after": threads(),
+         "rounds": rounds})
     return 0
+
+
+def say(record: dict) -> None:
+    """One JSON line in one write: both ranks share torchrun's stdout, and a line written in pieces can
+    interleave with the other rank's."""
+    os.write(1, (json.dumps(record) + "\n").encode())
 
 
 if __name__ == "__main__":
