@@ -1,10 +1,10 @@
 """Run under torchrun by tests/test_fsdp_distributed.py: FSDP on two gloo ranks.
 
 Prints (rank 0) one JSON object: every rank's peak of the FSDP fit rule measured
-on the real process group; the runner's checks for the correct accumulation and
-two planted faults; a probe where rank 1 has less memory than rank 0 (its real
-trials run out of memory mid-forward, with units all-gathered) and what was
-left alive after it.
+on the real process group; a probe where rank 1 has less memory than rank 0 (its
+real trials run out of memory mid-forward, with units all-gathered) and what was
+left alive after it; the runner's checks, on a plan made from that probe, for
+the correct accumulation and two planted faults.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
 from autotune.devices import get_device
+from autotune.planning.planner import make_plan
 from autotune.probing.fitrule import fit_rule_work
 from autotune.probing.fsdp import FsdpRule, fake_groups
 from autotune.training import distributed, runner
@@ -68,8 +69,18 @@ def main() -> None:
         _, measured = cpu.measure(fit_rule_work(gpt, batch, sharding=FsdpRule(world, rank, real_group=True)))
         out: dict = {"peaks": distributed.gather_ints(measured.peak_bytes)}
 
-        plan = pipeline.plan(target, workload=gpt, device=cpu, parallel="fsdp")
+        # Rank 1 runs out of memory above ``limit`` samples, where rank 0 fits.
+        planted = replace(gpt, loss=out_of_memory_on_rank_1(limit))
+        probed = pipeline.probe(planted, device=cpu, parallel="fsdp")
+        out["probe"] = {"max": distributed.gather_ints(probed.max_micro_batch), "ranks": list(probed.ranks),
+                        "real_ooms": distributed.gather_ints(probed.real_ooms),
+                        "live_fsdp_params_after": distributed.gather_ints(live_fsdp_params()),
+                        "fake_groups_after": distributed.gather_ints(len(fake_groups()))}
+
+        # The plan from that probe (the ranks agreed on rank 1's max), trained on the gpt workload.
+        plan = make_plan(target, probed.max_micro_batch, world_size=world, probe=probed)
         out["schedule"] = [list(r) for r in plan.schedule]
+        out["parallel"] = plan.parallel
         for name, cls in (("correct", Accumulator), ("syncs_every_micro_step", SyncsEveryMicroStep),
                           ("no_world_factor", NoWorldFactor)):
             runner.Accumulator = cls  # the accumulation the runner trains and verifies with
@@ -79,13 +90,6 @@ def main() -> None:
             out[name]["passed"] = result.passed
         runner.Accumulator = Accumulator
 
-        # Rank 1 runs out of memory above ``limit`` samples, where rank 0 fits.
-        planted = replace(gpt, loss=out_of_memory_on_rank_1(limit))
-        probed = pipeline.probe(planted, device=cpu, parallel="fsdp")
-        out["probe"] = {"max": distributed.gather_ints(probed.max_micro_batch), "ranks": list(probed.ranks),
-                        "real_ooms": distributed.gather_ints(probed.real_ooms),
-                        "live_fsdp_params_after": distributed.gather_ints(live_fsdp_params()),
-                        "fake_groups_after": distributed.gather_ints(len(fake_groups()))}
         if rank == 0:
             print(json.dumps(out))
 

@@ -84,16 +84,16 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 def test_ranks_leave_the_group_with_no_thread_left_behind():
     # The GIL handed over every 0.5 s: a communication thread left alive after the group is gone
     # would still wait for it at finalization and abort the rank (SIGABRT, torchrun exit 1).
-    for _ in range(2):
-        done = torchrun(str(HERE / "ddp_teardown.py"), "0.5")
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert "terminate called" not in done.stderr
-        ranks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        assert sorted(r["rank"] for r in ranks) == [0, 1]
-        for r in ranks:
-            assert r["threads_inside"] > r["threads_before"]  # the group's threads ran ...
-            assert r["threads_after"] == r["threads_before"], r  # ... and are joined when it is left
-            assert r["rounds"] == [1, 1, 1]  # one all-reduce round per step, however many micro-steps
+    # bench/torchrun_teardown.py repeats this 20 times beside CPU hogs.
+    done = torchrun(str(HERE / "ddp_teardown.py"), "0.5")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+    ranks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["threads_inside"] > r["threads_before"]  # the group's threads ran ...
+        assert r["threads_after"] == r["threads_before"], r  # ... and are joined when it is left
+        assert r["rounds"] == [1, 1, 1]  # one all-reduce round per step, however many micro-steps
 
 
 @pytest.mark.slow

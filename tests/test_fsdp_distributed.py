@@ -42,6 +42,7 @@ def test_two_ranks_verify_under_fsdp(worker):
     ratio = correct["memory"]["message"].split("measured/predicted ")[1].split()[0]
     assert abs(float(ratio) - 1) <= 0.03
     assert sum(map(sum, worker["schedule"])) == TARGET and len(worker["schedule"]) == 2
+    assert worker["parallel"] == "fsdp" and max(map(max, worker["schedule"])) == LIMIT  # planned from the probe
 
 
 @pytest.mark.slow
