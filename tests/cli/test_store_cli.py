@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -26,21 +25,16 @@ def url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'plans.db'}"
 
 
-def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *argv], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
-
-
 @pytest.mark.slow
-def test_plan_twice_answers_the_second_from_the_store_without_estimating(url):
-    first = _cli("plan", "--target-batch", "512", *ESTIMATE, "--store", url)
-    assert first.returncode == 0, first.stderr
-    assert "estimate at micro-batch" in first.stderr and "from the store" not in first.stdout
-    second = _cli("plan", "--target-batch", "512", *ESTIMATE, "--store", url)
-    assert second.returncode == 0, second.stderr
-    assert "estimate at micro-batch" not in second.stderr, "the second plan estimated again"
-    assert "from the store (fingerprint " in second.stdout and " measured " in second.stdout
-    assert first.stdout.splitlines()[0] == second.stdout.splitlines()[0]  # the same plan
+def test_plan_twice_answers_the_second_from_the_store_without_estimating(capsys, url):
+    code, first, err = run(capsys, "plan", "--target-batch", "512", *ESTIMATE, "--store", url)
+    assert code == 0, err
+    assert "estimate at micro-batch" in err and "from the store" not in first
+    code, second, err = run(capsys, "plan", "--target-batch", "512", *ESTIMATE, "--store", url)
+    assert code == 0, err
+    assert "estimate at micro-batch" not in err, "the second plan estimated again"
+    assert "from the store (fingerprint " in second and " measured " in second
+    assert first.splitlines()[0] == second.splitlines()[0]  # the same plan
 
 
 @pytest.mark.slow
