@@ -1,14 +1,11 @@
-"""Run under torchrun by tests/test_distributed_batches.py: ranks with batches of other sizes than planned."""
+"""A case of tests/torchrun_cases.py: under DDP, ranks with batches of other sizes than planned."""
 
 from __future__ import annotations
 
 import copy
-import json
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from rank_exit import run_then_exit  # tests/ is this script's folder
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -22,8 +19,8 @@ def loss(model, batch):
     return nn.functional.cross_entropy(model(batch[0]), batch[1])
 
 
-def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+def case() -> list:
+    """Every rank's micro-steps, samples, total items and gradient error against the whole batch."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
@@ -39,13 +36,6 @@ def main() -> None:
     error = relative_error(flat_grad(model), flat_grad(reference))
     report = {"rank": rank, "micro_steps": out.micro_steps, "samples": out.samples, "total_items": out.total_items,
               "error": error}
-    reports = [None] * dist.get_world_size()
+    reports: list = [None] * dist.get_world_size()
     dist.all_gather_object(reports, report)
-    if rank == 0:
-        print(json.dumps(reports))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    run_then_exit(main)
+    return reports

@@ -1,6 +1,6 @@
-"""Run under torchrun by tests/test_fsdp_distributed.py: FSDP on two gloo ranks.
+"""A case of tests/torchrun_cases.py: FSDP on two gloo ranks.
 
-Prints (rank 0) one JSON object: every rank's peak of the FSDP fit rule measured
+Returns every rank's peak of the FSDP fit rule measured
 on the real process group; a probe where rank 1 has less memory than rank 0 (its
 real trials run out of memory mid-forward, with units all-gathered) and what was
 left alive after it; the runner's checks, on a plan made from that probe, for
@@ -10,8 +10,6 @@ the correct accumulation and two planted faults.
 from __future__ import annotations
 
 import gc
-import json
-import sys
 from dataclasses import replace
 
 import torch
@@ -19,7 +17,6 @@ import torch
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
 from ddp_worker import NoWorldFactor, SyncsEveryMicroStep  # tests/ is this script's folder
-from rank_exit import run_then_exit  # tests/ is this script's folder
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -60,39 +57,36 @@ def live_fsdp_params() -> int:
     return sum(isinstance(o, FSDPParam) for o in gc.get_objects())
 
 
-def main() -> None:
-    batch, budget, target, limit = (int(a) for a in sys.argv[1:5])
-    with distributed.process_group(60):
-        rank, world = distributed.rank(), distributed.world_size()
-        gpt = load_workload("gpt")
-        cpu = get_device("cpu", memory_budget=budget)
-        _, measured = cpu.measure(fit_rule_work(gpt, batch, sharding=FsdpRule(world, rank, real_group=True)))
-        out: dict = {"peaks": distributed.gather_ints(measured.peak_bytes)}
-
-        # Rank 1 runs out of memory above ``limit`` samples, where rank 0 fits.
-        planted = replace(gpt, loss=out_of_memory_on_rank_1(limit))
-        probed = pipeline.probe(planted, device=cpu, parallel="fsdp")
-        out["probe"] = {"max": distributed.gather_ints(probed.max_micro_batch), "ranks": list(probed.ranks),
-                        "real_ooms": distributed.gather_ints(probed.real_ooms),
-                        "live_fsdp_params_after": distributed.gather_ints(live_fsdp_params()),
-                        "fake_groups_after": distributed.gather_ints(len(fake_groups()))}
-
-        # The plan from that probe (the ranks agreed on rank 1's max), trained on the gpt workload.
-        plan = make_plan(target, probed.max_micro_batch, world_size=world, probe=probed)
-        out["schedule"] = [list(r) for r in plan.schedule]
-        out["parallel"] = plan.parallel
-        for name, cls in (("correct", Accumulator), ("syncs_every_micro_step", SyncsEveryMicroStep),
-                          ("no_world_factor", NoWorldFactor)):
-            runner.Accumulator = cls  # the accumulation the runner trains and verifies with
-            result = run_plan(plan, gpt, cpu, steps=2)
-            out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
-                         for c in result.verification.to_dict()["checks"]}
-            out[name]["passed"] = result.passed
-        runner.Accumulator = Accumulator
-
-        if rank == 0:
-            print(json.dumps(out))
+# the fit rule's batch, each rank's budget, the target, and the most samples rank 1 holds in the probe
+BATCH, BUDGET, TARGET, LIMIT = 6, 8_000_000, 61, 5
 
 
-if __name__ == "__main__":
-    run_then_exit(main)
+def case() -> dict:
+    rank, world = distributed.rank(), distributed.world_size()
+    gpt = load_workload("gpt")
+    cpu = get_device("cpu", memory_budget=BUDGET)
+    _, measured = cpu.measure(fit_rule_work(gpt, BATCH, sharding=FsdpRule(world, rank, real_group=True)))
+    out: dict = {"batch": BATCH, "target": TARGET, "limit": LIMIT,
+                 "peaks": distributed.gather_ints(measured.peak_bytes)}
+
+    # Rank 1 runs out of memory above ``LIMIT`` samples, where rank 0 fits.
+    planted = replace(gpt, loss=out_of_memory_on_rank_1(LIMIT))
+    probed = pipeline.probe(planted, device=cpu, parallel="fsdp")
+    out["probe"] = {"max": distributed.gather_ints(probed.max_micro_batch), "ranks": list(probed.ranks),
+                    "real_ooms": distributed.gather_ints(probed.real_ooms),
+                    "live_fsdp_params_after": distributed.gather_ints(live_fsdp_params()),
+                    "fake_groups_after": distributed.gather_ints(len(fake_groups()))}
+
+    # The plan from that probe (the ranks agreed on rank 1's max), trained on the gpt workload.
+    plan = make_plan(TARGET, probed.max_micro_batch, world_size=world, probe=probed)
+    out["schedule"] = [list(r) for r in plan.schedule]
+    out["parallel"] = plan.parallel
+    for name, cls in (("correct", Accumulator), ("syncs_every_micro_step", SyncsEveryMicroStep),
+                      ("no_world_factor", NoWorldFactor)):
+        runner.Accumulator = cls  # the accumulation the runner trains and verifies with
+        result = run_plan(plan, gpt, cpu, steps=2)
+        out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
+                     for c in result.verification.to_dict()["checks"]}
+        out[name]["passed"] = result.passed
+    runner.Accumulator = Accumulator
+    return out

@@ -1,8 +1,8 @@
-"""Run under torchrun by tests/test_noise.py: the noise scale under DDP and FSDP against one process on the same
+"""A case of tests/torchrun_cases.py: the noise scale under DDP and FSDP against one process on the same
 samples.
 
 Every rank builds the same model and the same global batches; rank r trains on its share. Rank 0 also runs
-one process over the whole batch with all ranks' micro-batches in a row. Prints, from rank 0, the per-step
+one process over the whole batch with all ranks' micro-batches in a row. Returns the per-step
 (|G|², tr(Σ)) of: the single process, every DDP rank, DDP ranks that do not pool their micro-batch norms, and
 every FSDP rank.
 """
@@ -10,12 +10,9 @@ every FSDP rank.
 from __future__ import annotations
 
 import copy
-import json
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from rank_exit import run_then_exit  # tests/ is this script's folder
 from test_noise import NoisyAccumulator  # tests/ is this script's folder
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -51,8 +48,7 @@ def steps_of(acc_cls, model, sizes, batches, share, **kwargs):
     return [[h.grad_sq, h.trace_cov] for h in acc.noise_scale.history]
 
 
-def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+def case() -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, schedule in CASES.items():
@@ -81,10 +77,4 @@ def main() -> None:
         single = steps_of(NoisyAccumulator, copy.deepcopy(base), [m for r in schedule for m in r], batches,
                           slice(0, n), rank=0, world_size=1) if rank == 0 else None
         out[name] = {"single": single, "ranks": ranks, "unpooled": unpooled, "fsdp": fsdp_ranks}
-    if rank == 0:
-        print(json.dumps(out))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    run_then_exit(main)
+    return out

@@ -1,4 +1,6 @@
-"""Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end."""
+"""Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end;
+ranks with uneven batches; the noise scale under DDP and FSDP; FSDP: the estimate from one process, the
+runner's checks, probing with a rank that runs out of memory, and a rank that fails."""
 
 from __future__ import annotations
 
@@ -48,11 +50,18 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
     assert len(plan["probe"]["ranks"]) == 2 and plan["probe"]["data_parallel"]
 
 
+@pytest.fixture(scope="module")
+def cases():
+    """The library's cases under torchrun (tests/torchrun_cases.py), in one job."""
+    done = torchrun(str(HERE / "torchrun_cases.py"), "ddp_faults", "uneven_batches", "noise_scale", "fsdp",
+                    timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow
-def test_planted_ddp_faults_are_reported():
-    done = torchrun(str(HERE / "ddp_worker.py"), "2600000", "255")
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout)
+def test_planted_ddp_faults_are_reported(cases):
+    out = cases["ddp_faults"]
     assert out["correct"]["passed"]
     nosync = out["no_sync_missing"]
     assert nosync["gradient_equivalence"]["passed"]  # the right gradient ...
@@ -60,6 +69,27 @@ def test_planted_ddp_faults_are_reported():
     assert "no_sync" in nosync["allreduce_rounds"]["message"]
     factor = out["no_world_factor"]
     assert not factor["gradient_equivalence"]["passed"] and factor["gradient_equivalence"]["value"] > 0.4
+
+
+@pytest.mark.slow
+def test_ranks_with_uneven_batches_run_the_same_micro_steps_and_the_exact_gradient(cases):
+    reports = cases["uneven_batches"]
+    assert [r["micro_steps"] for r in reports] == [3, 3]  # the most any rank needs
+    assert [r["samples"] for r in reports] == [37, 5] and {r["total_items"] for r in reports} == {42}
+    assert max(r["error"] for r in reports) < 1e-6
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp_noise_scale_estimates_equal_the_single_process_one_on_the_same_samples(cases):
+    for name, case in cases["noise_scale"].items():
+        single, ranks = case["single"], case["ranks"]
+        assert len(single) == 4 and all(r == ranks[0] for r in ranks)  # every rank holds the same estimate
+        assert ranks[0] == [pytest.approx(s, rel=1e-4, abs=1e-9) for s in single], name
+        assert all(r == case["fsdp"][0] for r in case["fsdp"])  # FSDP: sharded gradients, the same estimate
+        assert case["fsdp"][0] == [pytest.approx(s, rel=1e-4, abs=1e-9) for s in single], name
+        # the planted fault: ranks that do not pool their micro-batch norms (each sees k of k·W)
+        assert case["unpooled"] != [pytest.approx(s, rel=0.05) for s in single], name
+    assert set(cases["noise_scale"]) == {"accumulating", "one_micro_step_per_rank"}
 
 
 @pytest.mark.slow
@@ -107,6 +137,86 @@ def test_a_rank_that_fails_at_the_end_is_named_by_the_ranks_waiting_to_leave():
                                 "that rank's error says why (")
     assert "\n" not in errors[1] and "terminate called" not in done.stderr
     assert time.monotonic() - start < 90  # no rank waits for its timeout
+
+
+@pytest.mark.slow
+def test_the_one_process_fsdp_estimate_matches_each_rank_measured_under_torchrun(cases, gpt):
+    worker = cases["fsdp"]
+    from autotune.devices import get_device
+    from autotune.probing.fitrule import fit_rule_work
+    from autotune.probing.fsdp import FsdpRule, fake_engine
+
+    estimate = fake_engine(get_device("cpu").estimator())
+    _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=FsdpRule(2, 0)))
+    for peak in worker["peaks"]:
+        assert abs(m.peak_bytes - peak) / peak <= 0.03, (m.peak_bytes, worker["peaks"])
+
+
+@pytest.mark.slow
+def test_two_ranks_verify_under_fsdp(cases):
+    worker = cases["fsdp"]
+    correct = worker["correct"]
+    assert correct["passed"]
+    assert correct["gradient_equivalence"]["value"] <= 1e-5
+    assert correct["reduce_scatter_rounds"]["value"] == 1
+    assert correct["parameters_in_sync"]["passed"] and correct["parameters_in_sync"]["value"] == 2
+    ratio = correct["memory"]["message"].split("measured/predicted ")[1].split()[0]
+    assert abs(float(ratio) - 1) <= 0.03
+    assert sum(map(sum, worker["schedule"])) == worker["target"] and len(worker["schedule"]) == 2
+    assert worker["parallel"] == "fsdp"
+    assert max(map(max, worker["schedule"])) == worker["limit"]  # planned from the probe, where rank 1 held the least
+
+
+@pytest.mark.slow
+def test_planted_fsdp_faults_are_caught(cases):
+    worker = cases["fsdp"]
+    every = worker["syncs_every_micro_step"]
+    assert every["gradient_equivalence"]["passed"]  # the right gradient ...
+    rounds = every["reduce_scatter_rounds"]
+    assert not rounds["passed"] and rounds["value"] == len(worker["schedule"][0])  # ... one round per micro-step
+    assert "set_requires_gradient_sync(False)" in rounds["message"]
+    factor = worker["no_world_factor"]
+    assert not factor["passed"] and factor["gradient_equivalence"]["value"] > 0.4
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_agree_on_the_smallest_max_and_an_oom_leaves_nothing_sharded_behind(cases):
+    worker, limit = cases["fsdp"], cases["fsdp"]["limit"]
+    probe = worker["probe"]
+    assert probe["max"] == [limit, limit]  # rank 1 ran out of memory above the limit; rank 0 fits more
+    assert probe["ranks"][1] == limit and probe["ranks"][0] > limit
+    assert probe["real_ooms"][1] >= 1 and probe["real_ooms"][0] == 0
+    assert probe["live_fsdp_params_after"] == [0, 0]
+    assert probe["fake_groups_after"] == [0, 0]
+
+
+@pytest.mark.slow
+def test_a_rank_failing_inside_fsdp_collectives_ends_the_job(tmp_path):
+    probe = tmp_path / "rank_probe.py"
+    probe.write_text(
+        "import os\n"
+        "from dataclasses import replace\n"
+        "from autotune.probes.gpt import build as gpt, loss\n"
+        "def failing(model, batch):\n"
+        "    mesh = next(model.parameters()).device_mesh\n"
+        "    if os.environ.get('RANK') == '1' and mesh.mesh_dim_names is None:  # sharded over the real group\n"
+        "        raise ValueError('no data shard for this rank')\n"
+        "    return loss(model, batch)\n"
+        "def build():\n"
+        "    return replace(gpt(), loss=failing)\n")
+    from autotune.results.plan import Plan
+    from autotune.serial import dumps
+
+    plan = tmp_path / "plan.json"  # made by hand: the job goes straight to training, no probe
+    plan.write_text(dumps(Plan(target_batch=16, world_size=2, micro_batch=4, accumulation_steps=2,
+                               schedule=((4, 4), (4, 4)), uniform=True, max_micro_batch=4,
+                               parallel="fsdp").to_dict()))
+    start = time.monotonic()
+    done = torchrun("-m", "autotune", "run", "--plan", str(plan), "--probe", str(probe), "--device", "cpu",
+                    "--steps", "1", "--dist-timeout", "30", timeout=150)
+    assert done.returncode != 0
+    assert "[rank 1] autotune run: error: workload" in done.stderr and "no data shard for this rank" in done.stderr
+    assert time.monotonic() - start < 120
 
 
 CLI_UNDER_TORCHRUN = """

@@ -1,0 +1,39 @@
+"""Run under torchrun by tests/test_distributed.py: several cases in one job, one process group.
+
+``python torchrun_cases.py CASE [CASE ...]`` runs each case on every rank, in order, inside one gloo
+process group (a job costs seconds to start; the cases share it). Rank 0 prints one JSON object:
+each case's name and what its ``case()`` returned there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import ddp_uneven_worker  # tests/ is this script's folder
+import ddp_worker
+import fsdp_worker
+import noise_ddp_worker
+from rank_exit import run_then_exit
+
+from autotune.training import distributed
+
+CASES: dict[str, Callable[[], object]] = {
+    "ddp_faults": ddp_worker.case,
+    "uneven_batches": ddp_uneven_worker.case,
+    "noise_scale": noise_ddp_worker.case,
+    "fsdp": fsdp_worker.case,
+}
+
+
+def main() -> None:
+    with distributed.process_group(60):
+        out = {name: CASES[name]() for name in sys.argv[1:]}
+        if distributed.rank() == 0:
+            os.write(1, (json.dumps(out) + "\n").encode())
+
+
+if __name__ == "__main__":
+    run_then_exit(main)
