@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import types
 import typing
 import uuid
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +75,23 @@ def read_fields(cls: type, body: dict[str, Any], *, kind: str, source: str) -> d
 
 def read_dataclass(cls: type, value: Any, *, kind: str, source: str, where: str = "") -> dict[str, Any]:
     """:func:`read_fields` for a dataclass nested ``where`` inside a ``kind`` (a trial, a check)."""
+    types_, required = _field_types(cls)
+    return read_record(value, types_, required=required, extra=False, kind=kind, source=source, where=where)
+
+
+@functools.cache
+def _field_types(cls: type) -> tuple[Mapping[str, Any], frozenset[str]]:
+    """The dataclass ``cls``'s field types, resolved once (resolving string annotations compiles each one),
+    and the names of the fields without a default."""
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
-    required = {f.name for f in fields if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}
-    return read_record(value, {f.name: hints[f.name] for f in fields}, required=required, extra=False, kind=kind,
-                       source=source, where=where)
+    required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+    return types.MappingProxyType({f.name: hints[f.name] for f in fields}), required
 
 
 def read_record(value: Any, types_: Mapping[str, Any], *, kind: str, source: str, where: str = "",
-                required: set[str] | None = None, extra: bool = True) -> dict[str, Any]:
+                required: AbstractSet[str] | None = None, extra: bool = True) -> dict[str, Any]:
     """A JSON object (``where`` inside a ``kind`` read from ``source``) checked field by field against
     ``types_`` (see :func:`read_fields`); ``required`` defaults to every field; ``extra`` lets fields
     not in ``types_`` through unchecked."""
