@@ -40,3 +40,13 @@ def pytest_configure(config):
     # The suite runs many tiny training steps: one intra-op thread avoids OpenMP
     # oversubscription (and its spin-waits) on small or shared machines.
     torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session):
+    # What collection imported (torch, transformers, lightning, ...) lives as long as the run: kept out of
+    # the cyclic garbage collector, a full collection (autotune's cleanup after a run, the tests' own) then
+    # walks only what the tests made, not a heap of every imported module.
+    import gc
+
+    gc.collect()
+    gc.freeze()
