@@ -29,18 +29,23 @@ class NoWorldFactor(Accumulator):
 BUDGET, TARGET = 2_600_000, 255  # max micro-batch ~112 with DDP's buckets: 255 -> 2 micro-steps per rank
 
 
-def case() -> dict:
-    """The plan's checks for the correct accumulation and for each planted fault."""
-    mlp = load_workload("mlp")
-    device = get_device("cpu", memory_budget=BUDGET)
-    plan = pipeline.plan(TARGET, workload=mlp, device=device)
-    out: dict = {"schedule": [list(r) for r in plan.schedule]}
-    for name, cls in (("correct", Accumulator), ("no_sync_missing", SyncsEveryMicroStep),
-                      ("no_world_factor", NoWorldFactor)):
+def checks(plan, workload, device, steps: int, faults: dict) -> dict:
+    """The run's checks, by name, for the correct accumulation ("correct") and for each planted fault."""
+    out: dict = {}
+    for name, cls in {"correct": Accumulator, **faults}.items():
         runner.Accumulator = cls  # the accumulation the runner trains and verifies with
-        result = run_plan(plan, mlp, device, steps=3)
+        result = run_plan(plan, workload, device, steps=steps)
         out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
                      for c in result.verification.to_dict()["checks"]}
         out[name]["passed"] = result.passed
     runner.Accumulator = Accumulator
     return out
+
+
+def case() -> dict:
+    """The plan's checks for the correct accumulation and for each planted fault."""
+    mlp = load_workload("mlp")
+    device = get_device("cpu", memory_budget=BUDGET)
+    plan = pipeline.plan(TARGET, workload=mlp, device=device)
+    return {"schedule": [list(r) for r in plan.schedule],
+            **checks(plan, mlp, device, 3, {"no_sync_missing": SyncsEveryMicroStep, "no_world_factor": NoWorldFactor})}

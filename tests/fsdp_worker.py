@@ -16,7 +16,7 @@ import torch
 
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
-from ddp_worker import NoWorldFactor, SyncsEveryMicroStep  # tests/ is this script's folder
+from ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks  # tests/ is this script's folder
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -24,9 +24,7 @@ from autotune.devices import get_device
 from autotune.planning.planner import make_plan
 from autotune.probing.fitrule import fit_rule_work
 from autotune.probing.fsdp import FsdpRule, fake_groups
-from autotune.training import distributed, runner
-from autotune.training.accumulate import Accumulator
-from autotune.training.runner import run_plan
+from autotune.training import distributed
 from autotune.workload import load_workload
 
 
@@ -81,12 +79,6 @@ def case() -> dict:
     plan = make_plan(TARGET, probed.max_micro_batch, world_size=world, probe=probed)
     out["schedule"] = [list(r) for r in plan.schedule]
     out["parallel"] = plan.parallel
-    for name, cls in (("correct", Accumulator), ("syncs_every_micro_step", SyncsEveryMicroStep),
-                      ("no_world_factor", NoWorldFactor)):
-        runner.Accumulator = cls  # the accumulation the runner trains and verifies with
-        result = run_plan(plan, gpt, cpu, steps=2)
-        out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
-                     for c in result.verification.to_dict()["checks"]}
-        out[name]["passed"] = result.passed
-    runner.Accumulator = Accumulator
+    out.update(checks(plan, gpt, cpu, 2, {"syncs_every_micro_step": SyncsEveryMicroStep,
+                                          "no_world_factor": NoWorldFactor}))
     return out
