@@ -32,13 +32,15 @@ BUDGET, TARGET = 2_600_000, 255  # max micro-batch ~112 with DDP's buckets: 255 
 def checks(plan, workload, device, steps: int, faults: dict) -> dict:
     """The run's checks, by name, for the correct accumulation ("correct") and for each planted fault."""
     out: dict = {}
-    for name, cls in {"correct": Accumulator, **faults}.items():
-        runner.Accumulator = cls  # the accumulation the runner trains and verifies with
-        result = run_plan(plan, workload, device, steps=steps)
-        out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
-                     for c in result.verification.to_dict()["checks"]}
-        out[name]["passed"] = result.passed
-    runner.Accumulator = Accumulator
+    try:
+        for name, cls in {"correct": Accumulator, **faults}.items():
+            runner.Accumulator = cls  # the accumulation the runner trains and verifies with
+            result = run_plan(plan, workload, device, steps=steps)
+            out[name] = {c["name"]: {"passed": c["passed"], "value": c["value"], "message": c["message"]}
+                         for c in result.verification.to_dict()["checks"]}
+            out[name]["passed"] = result.passed
+    finally:
+        runner.Accumulator = Accumulator
     return out
 
 

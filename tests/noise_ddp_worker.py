@@ -49,6 +49,7 @@ def steps_of(acc_cls, model, sizes, batches, share, **kwargs):
 
 
 def case() -> dict:
+    """Each schedule's per-step estimates: one process, every DDP rank, unpooled DDP ranks, every FSDP rank."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, schedule in CASES.items():

@@ -141,11 +141,11 @@ def test_a_rank_that_fails_at_the_end_is_named_by_the_ranks_waiting_to_leave():
 
 @pytest.mark.slow
 def test_the_one_process_fsdp_estimate_matches_each_rank_measured_under_torchrun(cases, gpt):
-    worker = cases["fsdp"]
     from autotune.devices import get_device
     from autotune.probing.fitrule import fit_rule_work
     from autotune.probing.fsdp import FsdpRule, fake_engine
 
+    worker = cases["fsdp"]
     estimate = fake_engine(get_device("cpu").estimator())
     _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=FsdpRule(2, 0)))
     for peak in worker["peaks"]:
@@ -181,8 +181,7 @@ def test_planted_fsdp_faults_are_caught(cases):
 
 @pytest.mark.slow
 def test_fsdp_ranks_agree_on_the_smallest_max_and_an_oom_leaves_nothing_sharded_behind(cases):
-    worker, limit = cases["fsdp"], cases["fsdp"]["limit"]
-    probe = worker["probe"]
+    probe, limit = cases["fsdp"]["probe"], cases["fsdp"]["limit"]
     assert probe["max"] == [limit, limit]  # rank 1 ran out of memory above the limit; rank 0 fits more
     assert probe["ranks"][1] == limit and probe["ranks"][0] > limit
     assert probe["real_ooms"][1] >= 1 and probe["real_ooms"][0] == 0
