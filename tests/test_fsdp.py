@@ -4,6 +4,7 @@ estimate, what an out-of-memory error leaves behind, gradient sync, and the resu
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from dataclasses import replace
 
@@ -219,13 +220,17 @@ def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_ro
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precision):
+    from autotune.training.accumulate import Accumulator
     from autotune.training.fsdp import wrap
     from autotune.training.verify import gradient_check
 
     batch = gpt.make_batch(8, torch.Generator().manual_seed(0))
     with fake_mesh(1) as mesh:  # one rank: FSDP moves no data, the values are the real ones
-        check = gradient_check(gpt.make_model(), [3, 5], batch, loss=gpt.loss, items=gpt.items, precision=precision,
-                               wrap=lambda m: wrap(m, gpt, mesh, precision))
+        model = gpt.make_model()
+        sharded = wrap(copy.deepcopy(model), gpt, mesh, precision)
+        acc = Accumulator(sharded, torch.optim.SGD(sharded.parameters(), lr=0.0), [3, 5], loss=gpt.loss,
+                          items=gpt.items, precision=precision, noise_scale=False)
+        check = gradient_check(acc, model, batch)
     assert check.passed, check.message  # fp16: the scaler unscales the gradients FSDP made
 
 

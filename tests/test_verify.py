@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.utils._pytree import tree_map
@@ -12,12 +14,15 @@ from autotune.training.verify import count_check, gradient_check, memory_check
 from autotune.workload import load_workload
 
 
-def check(workload, sizes, accumulator_cls=Accumulator, max_norm=None, seed=0):
+def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0):
+    """The gradient check of ``accumulation`` (autotune's, or a planted fault) over a copy of a fresh model."""
     torch.manual_seed(seed)
     model = workload.model()
     batch = workload.batch(sum(sizes), torch.Generator().manual_seed(seed))
-    return gradient_check(model, sizes, batch, loss=workload.loss, items=workload.items, max_norm=max_norm,
-                          accumulator_cls=accumulator_cls)
+    trained = copy.deepcopy(model)
+    acc = accumulation(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
+                       items=workload.items, max_norm=max_norm, noise_scale=False)
+    return gradient_check(acc, model, batch)
 
 
 # -- planted faults ------------------------------------------------------------------------
@@ -85,7 +90,7 @@ def test_correct_accumulation_passes_uniform_uneven_and_token_weighted(mlp, gpt)
     (CountsASampleTwice, "mlp", (30, 30, 34), "do not add up"),
 ])
 def test_planted_faults_are_caught(fault, workload, sizes, words):
-    result = check(load_workload(workload), list(sizes), accumulator_cls=fault)
+    result = check(load_workload(workload), list(sizes), accumulation=fault)
     assert not result.passed and result.value > result.limit
     assert words in result.message
 
@@ -93,13 +98,13 @@ def test_planted_faults_are_caught(fault, workload, sizes, words):
 def test_clipping_every_micro_step_is_caught(mlp):
     sizes = [40, 40, 48]
     assert check(mlp, sizes, max_norm=0.05).passed
-    result = check(mlp, sizes, accumulator_cls=ClipsEveryMicroStep, max_norm=0.05)
+    result = check(mlp, sizes, accumulation=ClipsEveryMicroStep, max_norm=0.05)
     assert not result.passed and "do not add up" in result.message
 
 
 def test_naive_weighting_is_right_when_sizes_and_items_are_equal(mlp):
     # 1/k equals n_i/N for equal micro-batches of samples: the check does not cry wolf.
-    assert check(mlp, [64, 64, 64, 64], accumulator_cls=NaiveOneOverK).passed
+    assert check(mlp, [64, 64, 64, 64], accumulation=NaiveOneOverK).passed
 
 
 def test_batchnorm_is_named_with_the_difference_and_fixes():
@@ -114,6 +119,19 @@ def test_batchnorm_is_named_with_the_difference_and_fixes():
 def test_dropout_is_disabled_for_the_check_and_said(gpt):
     result = check(gpt, [4, 4])
     assert result.passed and "dropout disabled for this check only" in result.details["dropout"]
+
+
+def test_the_check_leaves_the_accumulator_training_and_the_model_as_they_were(gpt):
+    torch.manual_seed(0)
+    model = gpt.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    trained = copy.deepcopy(model).train()
+    acc = Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.1), [3, 5], loss=gpt.loss,
+                      items=gpt.items, noise_scale=False)
+    assert gradient_check(acc, model, gpt.make_batch(8, torch.Generator().manual_seed(0))).passed
+    assert all(m.training for m in trained.modules())  # dropout back on for training
+    assert all(p.grad is None for p in trained.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_memory_check():
@@ -136,5 +154,21 @@ def test_the_on_device_reference_catches_the_same_faults(mlp, monkeypatch):
     sizes = [255, 255, 255, 256]
     good = check(mlp, sizes)
     assert good.passed and "different partition" in good.details["reference"]
-    bad = check(mlp, sizes, accumulator_cls=NaiveOneOverK)
+    bad = check(mlp, sizes, accumulation=NaiveOneOverK)
     assert not bad.passed and "do not add up" in bad.message
+
+
+class TwiceTheWeight(Accumulator):
+    """Fault: every micro-step weighted twice its share, in whatever partition."""
+
+    def weight(self, n_items, total_items):
+        return 2 * super().weight(n_items, total_items)
+
+
+def test_the_on_device_reference_is_autotunes_accumulation_not_the_one_under_test(mlp, monkeypatch):
+    # A fault that is wrong the same way in every partition would agree with itself.
+    import autotune.training.verify as verify
+
+    monkeypatch.setattr(verify, "FP64_REFERENCE_LIMIT", 0)
+    bad = check(mlp, [30, 30, 34], accumulation=TwiceTheWeight)
+    assert not bad.passed and bad.value == pytest.approx(1.0, rel=1e-4)

@@ -222,6 +222,14 @@ class Accumulator:
         """One accumulated optimizer step; returns the effective batch's loss."""
         return self.step(batch).loss
 
+    def repartitioned(self, sizes: list[int]) -> Accumulator:
+        """This accumulation (model, optimizer, loss, items, clipping, precision, synchronisation) over
+        other micro-batch sizes of this rank, as autotune's own ``Accumulator``, measuring no noise."""
+        return Accumulator(self.model, self.optimizer, sizes, loss=self.loss_fn, items=self.items_fn,
+                           move=self.move, max_norm=self.max_norm, precision=self.precision, rank=self.rank,
+                           world_size=self.world_size, process_group=self.process_group,
+                           backward=self._backward, no_sync=self._no_sync, external_sync=True, noise_scale=False)
+
     # -- helpers -------------------------------------------------------------------------
 
     def _most_steps(self, steps: int) -> int:

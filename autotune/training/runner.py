@@ -199,12 +199,15 @@ def share(batch: Any, start: int, size: int) -> Any:
 
 def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,
               precision, wrap) -> Check:
-    """The gradient check on a device copy of the initial model: this rank's share against all samples."""
+    """The gradient check of the run's accumulation, over a device copy of the initial model wrapped as the
+    run wraps it: this rank's share against all samples."""
     model = copy.deepcopy(host_model).to(device.torch_device)
     try:
-        return gradient_check(model, sizes, share(global_batch, start, sum(sizes)), loss=workload.loss,
-                              items=workload.items, max_norm=max_norm, precision=precision,
-                              accumulator_cls=Accumulator, wrap=wrap, reference_batch=global_batch)
+        trained = wrap(model) if wrap is not None else model
+        return gradient_check(
+            Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
+                        items=workload.items, max_norm=max_norm, precision=precision, noise_scale=False),
+            host_model, share(global_batch, start, sum(sizes)), reference_batch=global_batch)
     finally:
-        del model
+        model = trained = None  # the copy's memory is free before the cleanup
         device.cleanup()

@@ -8,9 +8,10 @@ micro-step, a sample dropped or counted twice) and see them caught.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -68,18 +69,26 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
 
 
-def _accumulated(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss, items, max_norm, precision,
-                 move, accumulator_cls=Accumulator, wrap: Callable[[nn.Module], nn.Module] | None = None
-                 ) -> torch.Tensor:
-    acc_model = copy.deepcopy(model)
-    dropout_off(acc_model)
-    acc_model.zero_grad(set_to_none=True)
-    runner = wrap(acc_model) if wrap is not None else acc_model
-    opt = torch.optim.SGD(acc_model.parameters(), lr=0.0)  # never stepped; over the parameters wrap made (FSDP's)
-    acc = accumulator_cls(runner, opt, list(sizes), loss=loss, items=items, move=move, max_norm=max_norm,
-                          precision=precision, noise_scale=False)
-    acc.backward(batch)
-    return flat_grad(acc_model)
+@contextlib.contextmanager
+def _without_dropout(model: nn.Module) -> Iterator[list[str]]:
+    """Dropout modules in eval mode (identity) for the block; their modes are restored after."""
+    modes = {m: m.training for m in model.modules()}
+    try:
+        yield dropout_off(model)
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+def _accumulated(acc: Accumulator, batch: Any) -> torch.Tensor:
+    """The gradient ``acc`` accumulates over ``batch`` from empty gradients, as one float64 vector;
+    ``acc``'s gradients are empty again after."""
+    acc.model.zero_grad(set_to_none=True)
+    try:
+        acc.backward(batch)
+        return flat_grad(acc.model)
+    finally:
+        acc.model.zero_grad(set_to_none=True)
 
 
 def _reference_fp64(model: nn.Module, batch: Any, *, loss, max_norm) -> tuple[torch.Tensor, bool]:
@@ -102,28 +111,31 @@ def _reference_fp64(model: nn.Module, batch: Any, *, loss, max_norm) -> tuple[to
     return flat_grad(ref), deterministic
 
 
-def gradient_check(model: nn.Module, sizes: Sequence[int], batch: Any, *, loss: Callable, items: Callable | None,
-                   max_norm: float | None = None, precision: str = "fp32", move: Callable | None = None,
-                   accumulator_cls=Accumulator, wrap: Callable[[nn.Module], nn.Module] | None = None,
-                   reference_batch: Any = None) -> Check:
-    """The accumulated gradient of one effective batch against a one-pass reference over the same samples.
+def gradient_check(acc: Accumulator, model: nn.Module, batch: Any, *, reference_batch: Any = None) -> Check:
+    """Does ``acc`` accumulate the full-batch gradient? Its gradient over one effective batch against a
+    one-pass reference over the same samples.
 
-    ``accumulator_cls`` is the accumulation under test (the runner's own by
-    default). Across ranks, ``wrap`` puts the model copy in DDP, ``batch`` is
+    ``acc`` is the accumulation under test, over a copy of ``model`` (on its
+    device; across ranks wrapped in DDP or FSDP); it is never stepped, and its
+    gradients are cleared before and after. ``model`` is the initial model the
+    reference is computed from; it is not changed. Across ranks ``batch`` is
     this rank's share and ``reference_batch`` the union of all ranks' shares:
     the synchronised gradient must equal the single-process full-batch gradient.
+    Dropout is off for the check only. The loss, clipping and precision are
+    ``acc``'s own.
     """
     reference_batch = batch if reference_batch is None else reference_batch
+    sizes, precision, max_norm = list(acc.sizes), acc.precision, acc.max_norm
     param_bytes = sum(p.numel() for p in model.parameters()) * 8
-    common = dict(loss=loss, items=items, max_norm=max_norm, precision=precision, move=move)
-    got = _accumulated(model, sizes, batch, accumulator_cls=accumulator_cls, wrap=wrap, **common)
-    if param_bytes <= FP64_REFERENCE_LIMIT:
-        want, deterministic = _reference_fp64(model, reference_batch, loss=loss, max_norm=max_norm)
-        how = "one float64 pass on the CPU over the same samples"
-    else:
-        # Too big for float64 on the host: the same samples, partitioned differently, on the device.
-        want = _accumulated(model, _other_partition(sizes), batch, wrap=wrap, **common)
-        deterministic, how = True, "the same samples in a different partition on the device"
+    with _without_dropout(acc.model):
+        got = _accumulated(acc, batch)
+        if param_bytes <= FP64_REFERENCE_LIMIT:
+            want, deterministic = _reference_fp64(model, reference_batch, loss=acc.loss_fn, max_norm=max_norm)
+            how = "one float64 pass on the CPU over the same samples"
+        else:
+            # Too big for float64 on the host: the same samples, partitioned differently, on the device.
+            want = _accumulated(acc.repartitioned(_other_partition(sizes)), batch)
+            deterministic, how = True, "the same samples in a different partition on the device"
     limit = TOLERANCE[precision]
     details: dict[str, Any] = {"reference": how, "micro_steps": len(sizes), "sizes": list(sizes)}
     bad = _not_finite(got, want)
