@@ -43,8 +43,8 @@ class NoisyAccumulator(Accumulator):
 class ForgetsTheWeight(GradientNoiseScale):
     """Fault: |g_i|² is the hook norm itself, the n_i/N weight of the micro-step's loss not undone."""
 
-    def _take_micro(self, start, items, weight):
-        super()._take_micro(start, items, 1.0)
+    def micro_step(self, items, weight):
+        return super().micro_step(items, 1.0)
 
 
 class NormsOfTheRunningSum(GradientNoiseScale):
@@ -62,7 +62,7 @@ class NormsOfTheRunningSum(GradientNoiseScale):
 class ScaleNotUndone(NoisyAccumulator):
     """Fault: micro-step norms of the GradScaler-scaled gradients (scale not undone)."""
 
-    def _finish(self, noise):
+    def finish(self, noise):
         self.scaler.unscale_(self.optimizer)
         noise.end_step(scale=1.0)
         return self.clip()
@@ -71,7 +71,7 @@ class ScaleNotUndone(NoisyAccumulator):
 class TotalBeforeUnscale(NoisyAccumulator):
     """Fault: the accumulated gradient's norm taken before GradScaler's unscale."""
 
-    def _finish(self, noise):
+    def finish(self, noise):
         noise.end_step(scale=self.scaler.get_scale())
         self.scaler.unscale_(self.optimizer)
         return self.clip()
@@ -80,7 +80,7 @@ class TotalBeforeUnscale(NoisyAccumulator):
 class TotalAfterClip(NoisyAccumulator):
     """Fault: the accumulated gradient's norm taken after clipping."""
 
-    def _finish(self, noise):
+    def finish(self, noise):
         self.scaler.unscale_(self.optimizer)
         norm = self.clip()
         noise.end_step(scale=self.scaler.get_scale())
@@ -308,7 +308,7 @@ def test_hooks_measure_each_micro_batchs_own_gradient(case):
 @pytest.mark.parametrize("fault", [WeightNotUndone, RunningSumNorms, "clipped"])
 def test_per_example_truth_catches_the_planted_faults(fault):
     class Clipped(NoisyAccumulator):
-        def _finish(self, noise):
+        def finish(self, noise):
             norm = self.clip()
             noise.end_step()
             return norm
@@ -440,7 +440,7 @@ def test_the_clip_norm_passed_in_equals_the_norm_taken_before_clipping():
     """end_step(grad_norm=...) with clip_grad_norm_'s return (the norm before clipping) saves one pass."""
 
     class NormFromGrad(NoisyAccumulator):  # end_step takes the norm from .grad itself, before clipping
-        def _finish(self, noise):
+        def finish(self, noise):
             noise.end_step()
             return self.clip()
 

@@ -25,7 +25,7 @@ class FrameworkAccumulator(Accumulator):
         super().__init__(*args, **kwargs)
         self.clip_with = clip_with
 
-    def _clip(self) -> torch.Tensor | None:
+    def clip(self) -> torch.Tensor | None:
         if self.max_norm is None:
             return None
         norm = self.clip_with(self.max_norm)

@@ -144,12 +144,9 @@ class Accumulator:
         dist.all_reduce(t, group=self.process_group)
         return int(t.item())
 
-    def clip(self) -> float | None:
-        norm = self._clip()
-        return None if norm is None else float(norm)
-
-    def _clip(self) -> torch.Tensor | None:
-        """Clip the accumulated gradient to ``max_norm``; its norm before clipping (a tensor: no host sync)."""
+    def clip(self) -> torch.Tensor | None:
+        """Clip the accumulated gradient to ``max_norm``; its norm before clipping (a tensor: no host sync),
+        None without ``max_norm``."""
         if self.max_norm is None:
             return None
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
@@ -159,6 +156,16 @@ class Accumulator:
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.device_type, dtype=dtype)
+
+    def finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | float | None:
+        """After the last micro-step: unscale (fp16), clip once, and close the noise scale's step with the
+        unscaled, unclipped gradient; returns its norm before clipping (None without clipping)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = self.clip()
+        if noise is not None:
+            noise.end_step(scale=self.scaler.get_scale() if self.scaler is not None else 1.0, grad_norm=norm)
+        return norm
 
     # -- a whole step ------------------------------------------------------------------
 
@@ -187,21 +194,11 @@ class Accumulator:
             share = weighted.detach()
             loss_sum = share if loss_sum is None else loss_sum + share
             del micro, loss, weighted
-        norm = self._finish(noise)
+        norm = self.finish(noise)
         assert loss_sum is not None  # the last micro-batch always holds samples
         return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
                            total_items=total, micro_steps=len(micros),
                            grad_norm=None if norm is None else float(norm))
-
-    def _finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | float | None:
-        """After the last micro-step: unscale (fp16), clip once, and close the noise scale's step with the
-        unscaled, unclipped gradient; returns its norm before clipping (None without clipping)."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        norm = self._clip()
-        if noise is not None:
-            noise.end_step(scale=self.scaler.get_scale() if self.scaler is not None else 1.0, grad_norm=norm)
-        return norm
 
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""

@@ -112,8 +112,10 @@ def test_no_backend_left_is_an_error():
 def test_a_planted_fault_in_the_selection_is_caught(monkeypatch):
     from autotune.devices import cudakernels
 
-    monkeypatch.setattr(cudakernels, "_between", lambda cc, low, high: True)  # every GPU runs every kernel
-    assert any(choose(cap, t, dict(a), c) != e for _, cap, t, a, c, e in SELECTION)
+    flash = cudakernels.can_use_flash
+    monkeypatch.setattr(cudakernels, "can_use_flash", lambda p, cc: flash(p, (9, 0)))  # flash on every GPU
+    wrong = [why for why, cap, t, a, c, e in SELECTION if choose(cap, t, dict(a), c) != e]
+    assert "flash needs sm80..sm121 (check_flash_attention_hardware_support)" in wrong
 
 
 # -- what each backend keeps, what its backward allocates -----------------------------------------------
