@@ -37,13 +37,11 @@ class CountsEveryOutput(LiveStorageTracker):
 
 
 class IgnoresResize(LiveStorageTracker):
-    """Fault: a storage it already knows keeps its first size."""
+    """Fault: a storage it already counts keeps its first size, resized by an op (``t.resize_``) or outside
+    any op (as FSDP frees and refills its unsharded parameters)."""
 
-    def _add(self, storage, category=None):
-        entry = self._live.get(id(storage))
-        if entry is not None and entry.ref() is storage:
-            return
-        super()._add(storage, category)
+    def resized(self, storage):
+        pass
 
 
 class NeverFrees(LiveStorageTracker):
@@ -315,14 +313,6 @@ def test_resize_check_catches_a_tracker_that_ignores_resizes():
     assert grown == small != real
 
 
-class IgnoresStorageResize(LiveStorageTracker):
-    """Fault: a storage resized outside any op (as FSDP frees and refills its unsharded parameters) is
-    never counted again."""
-
-    def resized(self, storage):
-        pass
-
-
 def storage_resize_figures(tracker_cls):
     tracker = tracker_cls()
     with tracker:
@@ -346,7 +336,7 @@ def test_a_storage_resized_outside_any_op_counts_at_its_new_size():
 
 
 def test_storage_resize_check_catches_a_tracker_that_ignores_them():
-    full, freed, _, _ = storage_resize_figures(IgnoresStorageResize)
+    full, freed, _, _ = storage_resize_figures(IgnoresResize)
     assert freed == full
 
 

@@ -312,12 +312,10 @@ class LiveStorageTracker(TorchDispatchMode):
         """An op's output: a new storage is counted; one that aliases an input (a view,
         an in-place or out= op) was either counted already or lives outside the device."""
         storage = t.untyped_storage()
-        if not alias:
-            self._add(storage)
+        if alias:
+            self.resized(storage)  # an in-place resize_ is the only way an alias changes the count
         else:
-            entry = self._live.get(id(storage))
-            if entry is not None and entry.ref() is storage:
-                self._add(storage)  # counted already: only a resize changes anything
+            self._add(storage)
 
     # -- public ---------------------------------------------------------------------
 
