@@ -50,3 +50,25 @@ def pytest_collection_finish(session):
 
     gc.collect()
     gc.freeze()
+
+
+#: A test that takes longer than this (setup, call and teardown together) belongs in the ``slow`` set.
+SLOW_SECONDS = 2.0
+_durations: dict[str, float] = {}
+_unmarked: set[str] = set()
+
+
+def pytest_runtest_logreport(report):
+    # Under xdist the controller sees every worker's reports, so the summary covers the whole run.
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if "slow" not in report.keywords:
+        _unmarked.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    over = sorted(((s, n) for n, s in _durations.items() if n in _unmarked and s > SLOW_SECONDS), reverse=True)
+    if over:
+        terminalreporter.section(f"tests over {SLOW_SECONDS:g} s without the slow marker")
+        for seconds, nodeid in over:
+            terminalreporter.line(f"{seconds:6.2f} s  {nodeid}")
+        terminalreporter.line("mark them @pytest.mark.slow (or make them faster): `-m \"not slow\"` is the inner loop")
