@@ -115,3 +115,12 @@ def test_every_package_is_listed_for_installation():
     listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {_module_name(p) for p in PACKAGE.rglob("__init__.py")} | {"autotune.probes"}
     assert found == listed
+
+
+def test_every_package_says_what_it_owns_and_what_it_may_import():
+    quiet = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = " ".join((ast.get_docstring(ast.parse(init.read_text())) or "").split())
+        if "Owns: " not in doc or "May import: " not in doc:
+            quiet.append(init.parent.name)
+    assert quiet == [], "their __init__ docstrings need an 'Owns: ...' and a 'May import: ...'"

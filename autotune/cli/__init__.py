@@ -1,6 +1,6 @@
 """The ``autotune`` command: devices, probe, plan, run, report, store, serve.
 
-Owns: argument parsing, the human and JSON output, exit codes, progress on stderr. May import
+Owns: argument parsing, the human and JSON output, exit codes, progress on stderr. May import:
 every layer below it (the work goes through autotune.api), and torch only when a command needs it.
 """
 

@@ -9,5 +9,7 @@ optimizer and loss, a real batch at its worst case), plans with the planner's
 rules, and hands back the framework's own settings. The frameworks are optional
 (``pip install autotune[hf]``, ``[lightning]``, ``[accelerate]``); importing
 autotune imports none of them, and each module here imports only its own.
-May import every stage below it and the api.
+
+Owns: the adapters to Hugging Face, Lightning and Accelerate, and what they share. May import:
+every stage below it and the api, and each module its own framework.
 """

@@ -4,6 +4,7 @@
 - :mod:`.probes`: the probes a service may run (built-in ones, and files in folders its operator named);
 - :mod:`.worker`: the worker processes that run probes, one at a time each, with a time limit.
 
-Layer: beside the command line, above the API and the store. The server process
-never imports torch; its workers do.
+Owns: the HTTP service, its probe workers and which probes it may run. May import: everything
+below it (the API and the store included), beside the command line; the server process never
+imports torch, its workers do.
 """

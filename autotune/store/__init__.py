@@ -5,8 +5,9 @@
 - :mod:`.fingerprint`: what a probe's answer depends on, traced on shape-only tensors.
 - :mod:`.cached`: probing through the store, and recording what real runs measured.
 
-Layer: above the stages it keeps results of (results, workload, devices, probing,
-training), below the API, the command line and the service.
+Owns: the store's tables, fingerprints, and probing through it. May import: the stages it keeps
+results of (the foundation, results, workload, devices, probing, training), never the API, the
+command line or the service above it.
 """
 
 from __future__ import annotations
