@@ -60,3 +60,18 @@ def test_bad_arguments_raise_autotunes_error_naming_the_parameter(call, name):
 
 def test_all_lists_exactly_the_lazy_exports():
     assert sorted(autotune.__all__) == sorted([*autotune._EXPORTS, "__version__"])
+
+
+@pytest.mark.parametrize("package,table", [("autotune", "_EXPORTS"), ("autotune.devices", "_LAZY"),
+                                           ("autotune.store", "_LAZY")])
+def test_what_type_checkers_see_is_what_the_lazy_exports_give(package, table):
+    """The ``if TYPE_CHECKING:`` imports name each lazy export from the module it is loaded from at run time."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(package)
+    tree = ast.parse(open(module.__file__).read())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+    assert seen == getattr(module, table)
