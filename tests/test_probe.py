@@ -31,6 +31,7 @@ def test_mlp_max_equals_exhaustive_real_bisection(mlp, budget):
     assert result.limited_by == "memory" and not result.estimated
 
 
+@pytest.mark.slow
 def test_gpt_max_equals_exhaustive_real_bisection(gpt):
     device = get_device("cpu", memory_budget=10 * 2**20)
     result = probe(gpt, device, max_batch=32)

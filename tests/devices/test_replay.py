@@ -296,6 +296,7 @@ class SimulatedGpu:
         return EstimateDevice(**self.inner._settings())
 
 
+@pytest.mark.slow
 def test_a_probe_confirming_on_a_gpu_records_real_and_simulated_allocator_figures():
     from autotune.workload import load_workload
 
