@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .errors import BadInput
+from .errors import BadInput, ProbeFileError
 from .units import parse_size
 
 #: Fraction of capacity kept free: usable = capacity x (1 - margin).
@@ -37,6 +39,39 @@ FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
 #: Under torchrun: seconds a rank waits for the others before giving up.
 DIST_TIMEOUT_S = 600.0
+#: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
+BUILTIN_PROBES = ("mlp", "gpt", "convnet")
+DEFAULT_PROBE = "gpt"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSpec:
+    """Where a probe spec's Workload comes from, read without importing anything."""
+
+    name: str       # the module or file as the user named it ("mlp", "my_probe.py", "pkg.mod")
+    module: str     # what to import: the name, or autotune.probes.<name> for a built-in one
+    function: str   # the function that builds the Workload
+    file: bool      # ``module`` is a path to a .py file (checked to exist)
+
+
+def probe_spec(spec: str | None) -> ProbeSpec:
+    """A probe spec read and checked before anything is imported: a built-in name (mlp, gpt, convnet),
+    a path to a ``.py`` file (which must exist), or ``package.module``; any of them optionally followed
+    by ``:function`` to call instead of ``build``. None means the default probe."""
+    spec = DEFAULT_PROBE if spec is None else str(spec).strip()
+    name, function = spec, "build"
+    if ":" in spec and not Path(spec).exists():
+        name, function = spec.rsplit(":", 1)
+        if not function.isidentifier():
+            raise ProbeFileError(f"probe {spec!r}: {function!r} after ':' is not a function name")
+    if name in BUILTIN_PROBES:
+        return ProbeSpec(name=name, module=f"autotune.probes.{name}", function=function, file=False)
+    path = Path(name)
+    if name.endswith(".py") or path.exists() or "/" in name or "\\" in name:
+        if not path.is_file():
+            raise ProbeFileError(f"probe file {name!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
+        return ProbeSpec(name=name, module=name, function=function, file=True)
+    return ProbeSpec(name=name, module=name, function=function, file=False)
 
 
 def usable_bytes(capacity: int, margin: float) -> int:

@@ -136,6 +136,12 @@ def add_store(p: argparse.ArgumentParser) -> None:
                         "sqlite:///plans.db or any SQLAlchemy URL (default: $AUTOTUNE_STORE, when set)")
 
 
+def check_probe(args) -> None:
+    """Fail on a --probe that names no built-in probe and a file that does not exist, before torch loads."""
+    if getattr(args, "probe", None) is not None:
+        options.probe_spec(args.probe)
+
+
 def check_store(args) -> None:
     """Fail on an unusable --store (or $AUTOTUNE_STORE) before any long work."""
     url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip() or None

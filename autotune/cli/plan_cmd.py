@@ -18,6 +18,7 @@ from .common import (
     add_schedule_flags,
     add_store,
     check_output,
+    check_probe,
     check_report,
     check_store,
     positive_int,
@@ -111,6 +112,7 @@ def check_tune_flags(args) -> None:
 def run(args) -> int:
     check_output(args.output)
     check_report(args)
+    check_probe(args)
     check_plannable(args)
     check_tune_flags(args)
     check_store(args)

@@ -12,6 +12,7 @@ from .common import (
     add_parallel,
     add_store,
     check_output,
+    check_probe,
     check_store,
     positive_int,
     write_output,
@@ -46,11 +47,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    check_output(args.output)
+    check_probe(args)
+    check_store(args)
     from .. import api as pipeline
     from ..serial import dumps
 
-    check_output(args.output)
-    check_store(args)
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
                             margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
                             world_size=args.world_size, store=args.store)

@@ -15,6 +15,7 @@ from .common import (
     add_schedule_flags,
     add_store,
     check_output,
+    check_probe,
     check_report,
     check_store,
     flag,
@@ -67,13 +68,14 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..training import distributed
-
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
     check_output(args.output)
     check_report(args)
+    check_probe(args)
     check_store(args)
+    from ..training import distributed
+
     with distributed.process_group(args.dist_timeout):
         return _run(args, lead=distributed.rank() == 0)
 

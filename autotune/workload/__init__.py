@@ -6,9 +6,10 @@ shares (sizes, splitting, the n_i / N weight). May import: errors, units, option
 
 from __future__ import annotations
 
+from ..options import BUILTIN_PROBES, DEFAULT_PROBE
 from .batches import batch_size, item_weight, split_batch
 from .core import Workload, default_optimizer
-from .loading import BUILTIN_PROBES, DEFAULT_PROBE, load_workload
+from .loading import load_workload
 
 __all__ = ["BUILTIN_PROBES", "DEFAULT_PROBE", "Workload", "batch_size", "default_optimizer", "item_weight",
            "load_workload", "split_batch"]

@@ -12,10 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import ProbeFileError
+from ..options import BUILTIN_PROBES, ProbeSpec, probe_spec
 from .core import Workload
-
-DEFAULT_PROBE = "gpt"
-BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 
 
 def load_workload(spec: str | None = None) -> Workload:
@@ -25,13 +23,9 @@ def load_workload(spec: str | None = None) -> Workload:
     file, or an importable ``package.module``; any of them optionally followed
     by ``:function`` to call instead of ``build``. None means the default probe.
     """
-    spec = DEFAULT_PROBE if spec is None else str(spec).strip()
-    target, func_name = spec, "build"
-    if ":" in spec and not Path(spec).exists():
-        target, func_name = spec.rsplit(":", 1)
-        if not func_name.isidentifier():
-            raise ProbeFileError(f"probe {spec!r}: {func_name!r} after ':' is not a function name")
-    module = _import(target)
+    where = probe_spec(spec)
+    target, func_name = where.name, where.function
+    module = _import(where)
     build = getattr(module, func_name, None)
     if build is None:
         raise ProbeFileError(f"probe {target!r} has no {func_name}() function: "
@@ -49,13 +43,10 @@ def load_workload(spec: str | None = None) -> Workload:
     return workload
 
 
-def _import(target: str) -> ModuleType:
-    if target in BUILTIN_PROBES:
-        target = f"autotune.probes.{target}"
-    path = Path(target)
-    if target.endswith(".py") or path.exists() or "/" in target or "\\" in target:
-        if not path.is_file():
-            raise ProbeFileError(f"probe file {target!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
+def _import(where: ProbeSpec) -> ModuleType:
+    target = where.module
+    if where.file:
+        path = Path(target)
         name = f"autotune_probe_{abs(hash(str(path.resolve())))}"
         added = _importable(path.resolve().parent)
         try:

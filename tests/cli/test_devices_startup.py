@@ -1,4 +1,5 @@
-"""``autotune devices`` answers from NVML and /proc: it imports none of the heavy libraries it does not need."""
+"""``autotune devices`` answers from NVML and /proc, and a bad --probe is refused at once: neither imports the
+heavy libraries it does not need."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def test_devices_imports_no_heavy_library():
         # torch is needed only to ask torch.cuda for GPUs that NVML cannot see, with a torch built for GPUs
         needs_torch = not seen["nvml"] and bool(torch.version.cuda or torch.version.hip)
         assert seen["heavy"] == (["torch"] if needs_torch else []), argv
+
+
+def test_a_probe_that_cannot_be_found_is_refused_before_torch_loads(tmp_path):
+    for command in (["plan", "--target-batch", "64"], ["probe"], ["run", "--target-batch", "64"]):
+        for probe in (str(tmp_path / "none.py"), "mlp:not-a-name"):
+            seen = _imports(*command, "--probe", probe)
+            assert seen["code"] == 2 and seen["heavy"] == [], (command, probe)
 
 
 def test_torch_build_is_read_without_importing_torch():
