@@ -50,13 +50,11 @@ class ForgetsTheWeight(GradientNoiseScale):
 class NormsOfTheRunningSum(GradientNoiseScale):
     """Fault: the norm of .grad after each micro-step (the running sum), not the micro-step's own gradient."""
 
-    def _take_micro(self, start, items, weight):
-        del self._norms[start:], self._owner[start:]
+    def _take_micro(self, items, weight):
         for j, p in enumerate(self.params):
             if p.grad is not None:
-                self._norms.append(torch.linalg.vector_norm(p.grad))
-                self._owner.append(j)
-        super()._take_micro(start, items, weight)
+                self._slots[j] = torch.linalg.vector_norm(p.grad)
+        super()._take_micro(items, weight)
 
 
 class ScaleNotUndone(NoisyAccumulator):

@@ -26,6 +26,7 @@ from ..errors import AutotuneError, WorkloadError
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
+from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
 
 if TYPE_CHECKING:
     from .fsdp import FsdpRule
@@ -88,8 +89,11 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
         model.train()
         buckets = ddp_buckets(model, session.torch_device) if data_parallel else None
         opt = session.optimizer(workload.optimizer, model)
+        trainable = len({id(p) for p in model.parameters() if p.requires_grad})
+        noise = noise_buffer(trainable, session.torch_device) if trainable else None  # the runner measures it
         done = 0
         for _ in range(OPTIMIZER_STEPS):
+            loss_sum = None
             for i in range(MICRO_STEPS):
                 if sharding is not None:
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
@@ -97,21 +101,26 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:
                 # the weight's value does not change what memory the step holds.
-                loss = workload.loss(model, micro) * item_weight(n, n * MICRO_STEPS)
-                loss.backward()
+                loss = workload.loss(model, micro)
+                weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
+                if loss_sum is None:
+                    loss_sum = loss_total(weighted)
+                weighted.backward()
+                loss_sum.add_(weighted.detach())
                 if sharding is None:
                     session.tag_gradients(model)
                 else:
                     sharding.tag_gradients(session, model)
-                del micro, loss
+                del micro, loss, weighted
                 done += 1
                 if on_step is not None:
                     on_step(done, total)
+            del loss_sum
             with session.tracker.values_do_not_shape():  # step counters, learning rates
                 opt.step()
             session.tag_optimizer(opt)
             opt.zero_grad(set_to_none=True)
-        del buckets
+        del buckets, noise
 
     return work
 

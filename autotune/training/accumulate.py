@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_map
 from .. import options
 from ..errors import BadInput
 from ..workload.batches import batch_size, item_weight, split_batch
+from ..workload.bookkeeping import loss_total, weighted_loss
 from .noise import GradientNoiseScale
 
 
@@ -188,11 +189,12 @@ class Accumulator:
                 with self.autocast():
                     loss = self.loss_fn(self.model, micro)
                 weight = self.weight(n, total)
-                weighted = (loss if loss.dtype == torch.float32 else loss.float()) * weight
+                weighted = weighted_loss(loss, weight)
+                if loss_sum is None:
+                    loss_sum = loss_total(weighted)
                 with noise.micro_step(n, weight) if noise is not None else contextlib.nullcontext():
                     self._backward(self.scaler.scale(weighted) if self.scaler else weighted)
-            share = weighted.detach()
-            loss_sum = share if loss_sum is None else loss_sum + share
+            loss_sum.add_(weighted.detach())
             del micro, loss, weighted
         norm = self.finish(noise)
         assert loss_sum is not None  # the last micro-batch always holds samples

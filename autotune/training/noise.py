@@ -60,9 +60,9 @@ from typing import Any
 import torch
 
 from ..results.noise import NoiseScaleEstimate, NoiseStep
+from ..workload.bookkeeping import PENDING_LIMIT, PENDING_VALUES, noise_buffer
 
 BETA = 0.99  # EMA decay: the estimate leans on about the last 100 steps
-PENDING_LIMIT = 64  # per-step device values read back in batches of at most this many
 
 
 def two_batch_estimate(micro_items: Sequence[int], micro_sq: Sequence[float],
@@ -187,28 +187,24 @@ class SmoothedNoiseScale:
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
-    """One measured step, values possibly still on the device: read back in ``_flush``."""
+    """One measured step whose values (Σ n_i |scaled g_i|² and k over all ranks, a negative k dropping the
+    step; |G_N|²; the scale) wait in the buffer's pending rows until ``_flush`` reads them back."""
 
     step: int
     total: int
-    weighted: torch.Tensor | float       # Σ n_i |scaled g_i|², all ranks
-    micro: torch.Tensor | int            # k, all ranks; negative: the step is dropped
-    total_sq: torch.Tensor | float       # |G_N|²
-    scale: torch.Tensor | float
 
 
 class _MicroStep:
     """``with noise.micro_step(n, w):`` hooks take norms only inside."""
 
-    __slots__ = ("items", "measure", "noise", "start", "weight")
+    __slots__ = ("items", "measure", "noise", "weight")
 
     def __init__(self, noise: GradientNoiseScale, items: int, weight: float, measure: bool):
         self.noise, self.items, self.weight, self.measure = noise, items, weight, measure
 
     def __enter__(self) -> None:
         if self.measure:
-            self.start = len(self.noise._norms)
-            self.noise._active = True
+            self.noise._start_micro()
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         if not self.measure:
@@ -217,7 +213,7 @@ class _MicroStep:
         if kind is not None:
             self.noise._broken = "backward failed"
             return
-        self.noise._take_micro(self.start, self.items, self.weight)
+        self.noise._take_micro(self.items, self.weight)
 
 
 class GradientNoiseScale:
@@ -233,7 +229,10 @@ class GradientNoiseScale:
     it is not ``parameters`` (FSDP's sharded ones: each rank holds a shard, and the
     shards' squares are summed over the ranks); default ``parameters``.
     Values on the device are read back lazily (when a property is read, or every
-    ``PENDING_LIMIT`` steps), so a step adds no host synchronisation.
+    ``PENDING_LIMIT`` steps), so a step adds no host synchronisation. What the
+    measurement keeps on the device is one buffer made here
+    (:func:`autotune.workload.bookkeeping.noise_buffer`): its memory does not grow
+    with micro-steps or steps, and the probe's fit rule holds the same buffer.
     """
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], *, beta: float = BETA, every: int = 1,
@@ -249,9 +248,12 @@ class GradientNoiseScale:
         self._totals = None if totals is None else [p for p in dict.fromkeys(totals) if p.requires_grad]
         self._device = self.params[0].device
         self._active = False
-        self._norms: list[torch.Tensor] = []   # this step's per-parameter contribution norms
-        self._owner: list[int] = []            # which parameter each norm belongs to
-        self._coef: list[float] = []           # n_i / w_i² of the micro-step each norm belongs to
+        buffer = noise_buffer(len(self.params), self._device)
+        count = len(self.params)
+        self._slots = buffer[:count]                 # this micro-step's contribution norm, per parameter
+        self._weighted = buffer[count]               # Σ n_i / w_i² · |scaled g_i|² over the step's micro-steps
+        self._rows = buffer[count + 1:].view(PENDING_LIMIT, PENDING_VALUES)  # measured steps not read back
+        self._arrived: set[int] = set()              # parameters whose gradient this micro-step has seen
         self._handles = [p.register_hook(self._hook(j, p)) for j, p in enumerate(self.params)]
         self._micro = 0
         self._items: int | None = None
@@ -269,7 +271,7 @@ class GradientNoiseScale:
         """Before the first micro-step: ``total_items`` is N, items over all micro-steps and ranks."""
         if total_items < 1:
             raise ValueError(f"total_items is {total_items}; an effective batch holds at least 1 item")
-        self._clear()
+        self._weighted.zero_()
         self._micro, self._items, self._broken = 0, total_items, None
         self._measuring = self._step % self.every == 0
 
@@ -290,8 +292,6 @@ class GradientNoiseScale:
         """
         if self._items is None:
             raise RuntimeError("end_step() without begin_step(total_items)")
-        if isinstance(scale, torch.Tensor):
-            scale = scale.detach().clone()
         total, micro, broken, step = self._items, self._micro, self._broken, self._step
         self._items = None
         self._step += 1
@@ -300,18 +300,16 @@ class GradientNoiseScale:
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # clipping FSDP's shards: a DTensor
             grad_norm = grad_norm.full_tensor()
         total_sq = self._total_sq() if grad_norm is None else grad_norm ** 2
-        weighted: torch.Tensor | float = 0.0
-        if self._norms:
-            sq = torch.stack(self._norms).square()
-            weighted = torch.dot(sq, torch.tensor(self._coef, dtype=sq.dtype, device=sq.device))
-        self._clear()
-        counted: torch.Tensor | int = micro if broken is None else -1
+        row = self._rows[len(self._pending)]  # written in place: the device copies, no host sync
         if self.world_size > 1:  # pool Σ n_i |g_i|² and k over ranks; -1 anywhere drops the step everywhere
-            stats = self._all_reduce(torch.stack([torch.as_tensor(weighted, dtype=torch.float64).to(self._device),
-                                                  torch.tensor(-1e30 if broken else micro, dtype=torch.float64,
-                                                               device=self._device)]))
-            weighted, counted = stats[0], stats[1]
-        self._pending.append(_Pending(step, total, weighted, counted, total_sq, scale))
+            counted = torch.tensor(-1e30 if broken else micro, dtype=torch.float64, device=self._device)
+            row[:2].copy_(self._all_reduce(torch.stack([self._weighted, counted])))
+        else:
+            row[0].copy_(self._weighted)
+            row[1].fill_(micro if broken is None else -1)
+        for column, value in ((2, total_sq), (3, scale)):  # the scale as it was: GradScaler updates it in place
+            row[column].copy_(value) if isinstance(value, torch.Tensor) else row[column].fill_(float(value))
+        self._pending.append(_Pending(step, total))
         if broken is not None:
             self.reasons[broken] = self.reasons.get(broken, 0) + 1
         if len(self._pending) >= PENDING_LIMIT:
@@ -380,11 +378,12 @@ class GradientNoiseScale:
     # -- inside --------------------------------------------------------------------------
 
     def _hook(self, j: int, p: torch.Tensor):
-        """One torch call per gradient: inside a backward each distinct call pays for cold code paths. The hook
-        holds this object weakly: once nothing else does, it is collected and its hooks leave the parameters."""
-        norms, owner = self._norms, self._owner  # cleared in place, never rebound
+        """One torch call per gradient, its norm written into the parameter's slot (nothing allocated): inside
+        a backward each distinct call pays for cold code paths. The hook holds this object weakly: once nothing
+        else does, it is collected and its hooks leave the parameters."""
+        slot, arrived = self._slots[j], self._arrived  # cleared in place, never rebound
         kwargs = {"dtype": torch.float32} if p.dtype in (torch.float16, torch.bfloat16) else {}
-        device = self._device if p.device != self._device else None
+        direct = p.device == self._device and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
         vector_norm = torch.linalg.vector_norm
         measurer = weakref.ref(self)
 
@@ -392,26 +391,27 @@ class GradientNoiseScale:
             noise = measurer()
             if noise is None or not noise._active:
                 return
-            try:
-                n = vector_norm(grad, **kwargs)
-            except RuntimeError:  # a sparse gradient (e.g. nn.Embedding(sparse=True))
-                n = vector_norm(grad.coalesce()._values(), **kwargs)
-            norms.append(n if device is None else n.to(device))
-            owner.append(j)
+            if j in arrived:
+                noise._broken = "a parameter's gradient arrived in several parts in one backward"
+            arrived.add(j)
+            if grad.is_sparse:  # e.g. nn.Embedding(sparse=True)
+                grad = grad.coalesce()._values()
+            if direct:
+                vector_norm(grad, out=slot, **kwargs)
+            else:  # float64, or on another device than the slots
+                slot.copy_(vector_norm(grad, **kwargs))
 
         return hook
 
-    def _clear(self) -> None:
-        self._norms.clear()
-        self._owner.clear()
-        self._coef.clear()
+    def _start_micro(self) -> None:
+        """Before a measured micro-step's backward: empty slots (a parameter without a gradient adds 0)."""
+        self._slots.zero_()
+        self._arrived.clear()
+        self._active = True
 
-    def _take_micro(self, start: int, items: int, weight: float) -> None:
-        """Close a micro-step whose contribution norms are ``_norms[start:]``: weigh their squares by ``n_i / w_i²``."""
-        owners = self._owner[start:]
-        if len(set(owners)) != len(owners):
-            self._broken = "a parameter's gradient arrived in several parts in one backward"
-        self._coef.extend([items / weight ** 2] * (len(self._norms) - start))
+    def _take_micro(self, items: int, weight: float) -> None:
+        """Close a measured micro-step: add its norms' squares, weighted by ``n_i / w_i²``, to the step's sum."""
+        self._weighted.add_(torch.dot(self._slots, self._slots), alpha=items / weight ** 2)
         self._micro += 1
 
     def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
@@ -441,12 +441,14 @@ class GradientNoiseScale:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for p in pending:
-            micro = float(p.micro)
+        if not pending:
+            return
+        rows = self._rows[:len(pending)].tolist()  # one host sync for every pending step
+        for p, (weighted, micro, total_sq, scale) in zip(pending, rows):
             if micro < 0:
                 self.skipped += 1  # its reason was counted at end_step
                 continue
-            est = _estimate(float(p.weighted) / float(p.scale) ** 2, round(micro), p.total, float(p.total_sq))
+            est = _estimate(weighted / scale ** 2, round(micro), p.total, total_sq)
             if est is None or not all(math.isfinite(v) for v in est):
                 self.skipped += 1
                 key = "one micro-batch per step" if est is None else "non-finite gradients"
