@@ -237,13 +237,12 @@ def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precisi
 # -- results, API, command line ----------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
     from autotune import api
     from autotune.results.plan import Plan
     from autotune.serial import dumps
 
-    plan = api.plan(16, workload="gpt", device="estimate", memory_budget="4GiB", parallel="fsdp", world_size=4)
+    plan = api.plan(16, workload="mlp", device="estimate", memory_budget="4GiB", parallel="fsdp", world_size=4)
     assert plan.parallel == "fsdp" and plan.probe.parallel == "fsdp" and plan.probe.world_size == 4
     assert "FSDP: the model sharded over 4 ranks" in plan.summary()
     data = json.loads(dumps(plan.to_dict()))

@@ -73,15 +73,14 @@ def test_run_result_json_round_trip(uneven):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload,budget,parallel", [("gpt", "8MB", "ddp"), ("gpt", "6MB", "ddp"),
-                                                      ("mlp", "2200KB", "fsdp")])
+@pytest.mark.parametrize("workload,budget,parallel", [("gpt", "6MB", "ddp"), ("mlp", "2200KB", "fsdp")])
 def test_a_run_holds_no_more_than_the_fit_rule_however_many_micro_steps(workload, budget, parallel):
     # The plan's micro-batch is the probe's max: the run holds exactly the fit rule's peak, whatever the number
-    # of micro-steps (8 to 16) and steps, so a plan with little room left still passes its memory check.
+    # of micro-steps (13, 16) and steps, so a plan with little room left still passes its memory check.
     from autotune import api
 
     result = api.run(target_batch=61, workload=workload, device="cpu", memory_budget=budget, parallel=parallel,
                      steps=3)
-    assert result.plan.accumulation_steps >= 8
+    assert result.plan.accumulation_steps >= 13
     assert result.peak_bytes == result.predicted_peak_bytes
     assert result.passed, [c.message for c in result.verification.checks if not c.passed]
