@@ -237,6 +237,7 @@ def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precisi
 # -- results, API, command line ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
     from autotune import api
     from autotune.results.plan import Plan
