@@ -18,7 +18,8 @@ store may answer the second with the first's result. The digest covers:
   other processes: a confirm run checks those);
 - torch's and autotune's versions, ``PYTORCH_CUDA_ALLOC_CONF``, the precision,
   world size, parallel strategy and how the fit rule runs (whether it holds
-  DDP's gradient buckets), the fit rule's steps, and the margin.
+  DDP's gradient buckets), the fit rule's steps and what it holds besides the
+  model (the runner's loss sum and noise-measurement buffer), and the margin.
 
 The probe's ``max_batch`` is not part of it: a maximum that memory set
 answers every larger limit (see :meth:`autotune.store.schema.Entry.answers`).
@@ -42,6 +43,7 @@ from ..devices.base import Device, Session
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
 from ..results.device import DeviceInfo
 from ..workload import Workload
+from ..workload.bookkeeping import noise_buffer_numel
 
 #: The micro-batches whose batch shapes are part of the fingerprint (the estimate's two sizes);
 #: the ops are traced at the first.
@@ -93,7 +95,8 @@ def fingerprint(workload: Workload, device: Device, *, margin: float, world_size
         "rule": plain(rule),
         "parallel": parallel,
         "margin": float(margin),
-        "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS},
+        "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS,
+                     "holds": {"loss_sum": True, "noise_buffer": noise_buffer_numel(0)}},
     }
     return Fingerprint(digest=_digest(components), components=components, seconds=time.perf_counter() - start)
 

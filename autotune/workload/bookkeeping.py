@@ -19,10 +19,15 @@ PENDING_LIMIT = 64
 PENDING_VALUES = 4
 
 
+def noise_buffer_numel(parameters: int) -> int:
+    """Values in the noise measurement's buffer for ``parameters`` parameter tensors: one norm slot per
+    parameter, the step's running weighted sum, and ``PENDING_LIMIT`` rows of pending values."""
+    return parameters + 1 + PENDING_LIMIT * PENDING_VALUES
+
+
 def noise_buffer(parameters: int, device: torch.device | str) -> torch.Tensor:
-    """The noise measurement's buffer for ``parameters`` parameter tensors: one norm slot per parameter,
-    the step's running weighted sum, and ``PENDING_LIMIT`` rows of pending values (float32, zeroed)."""
-    return torch.zeros(parameters + 1 + PENDING_LIMIT * PENDING_VALUES, dtype=torch.float32, device=device)
+    """The noise measurement's buffer for ``parameters`` parameter tensors (float32, zeroed)."""
+    return torch.zeros(noise_buffer_numel(parameters), dtype=torch.float32, device=device)
 
 
 def weighted_loss(loss: torch.Tensor, weight: float) -> torch.Tensor:

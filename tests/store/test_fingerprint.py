@@ -76,6 +76,14 @@ def test_everything_the_answer_depends_on_changes_the_fingerprint(what, change):
     assert digest(**change) != digest(**base), what
 
 
+def test_what_the_fit_rule_holds_besides_the_model_changes_the_fingerprint(monkeypatch):
+    from autotune.store import fingerprint as module
+
+    before = digest()
+    monkeypatch.setattr(module, "noise_buffer_numel", lambda parameters: parameters + 2)
+    assert digest() != before
+
+
 def test_fsdps_rule_is_written_out_in_the_parts():
     parts = fingerprint(tiny(), estimate(), margin=0.1, world_size=2, rule={"sharding": FsdpRule(2, 1)},
                         parallel="fsdp").components
