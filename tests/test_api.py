@@ -68,9 +68,10 @@ def test_what_type_checkers_see_is_what_the_lazy_exports_give(package, table):
     """The ``if TYPE_CHECKING:`` imports name each lazy export from the module it is loaded from at run time."""
     import ast
     import importlib
+    from pathlib import Path
 
     module = importlib.import_module(package)
-    tree = ast.parse(open(module.__file__).read())
+    tree = ast.parse(Path(module.__file__).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
             for alias in node.names}

@@ -158,7 +158,7 @@ class Accumulator:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.device_type, dtype=dtype)
 
-    def finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | float | None:
+    def finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | None:
         """After the last micro-step: unscale (fp16), clip once, and close the noise scale's step with the
         unscaled, unclipped gradient; returns its norm before clipping (None without clipping)."""
         if self.scaler is not None:

@@ -70,11 +70,12 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def _without_dropout(model: nn.Module) -> Iterator[list[str]]:
+def _without_dropout(model: nn.Module) -> Iterator[None]:
     """Dropout modules in eval mode (identity) for the block; their modes are restored after."""
     modes = {m: m.training for m in model.modules()}
+    dropout_off(model)
     try:
-        yield dropout_off(model)
+        yield
     finally:
         for module, training in modes.items():
             module.training = training
