@@ -1,12 +1,17 @@
-"""Shared fixtures. Tests run on the CPU; real-GPU tests carry the ``gpu`` marker."""
+"""Shared fixtures. Tests run on the CPU; real-GPU tests carry the ``gpu`` marker.
+
+torch is imported where tests run, never at this module's import: under xdist the
+controlling process loads this file too, and runs no test.
+"""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 def _has_gpu() -> bool:
+    import torch
+
     try:
         return torch.cuda.is_available() and torch.cuda.device_count() > 0
     except Exception:
@@ -36,9 +41,12 @@ def gpt():
     return load_workload("gpt")
 
 
-def pytest_configure(config):
+@pytest.fixture(autouse=True, scope="session")
+def _one_intra_op_thread():
     # The suite runs many tiny training steps: one intra-op thread avoids OpenMP
     # oversubscription (and its spin-waits) on small or shared machines.
+    import torch
+
     torch.set_num_threads(1)
 
 

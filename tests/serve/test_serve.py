@@ -49,6 +49,7 @@ class Server:
     """``autotune serve`` in a process of its own."""
 
     def __init__(self, tmp: Path, *, db: str = "plans.db", extra: tuple[str, ...] = ()):
+        self.folder = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.store = f"sqlite:///{tmp / db}"
@@ -273,21 +274,20 @@ def test_a_token_is_required_when_given_and_compared_exactly(tmp_path):
         running.stop()
 
 
-def test_a_killed_server_restarts_with_its_store_intact(tmp_path):
-    first = Server(tmp_path, db="kept.db")
-    try:
-        with first.client() as http:
-            made = http.post("/v1/plan", json=PLAN)
-            assert made.status_code == 200 and made.json()["cached"] is False
-    finally:
-        first.kill()
-    second = Server(tmp_path, db="kept.db")
+def test_a_killed_server_restarts_with_its_store_intact(server):
+    # The module's server, killed: this test comes last in the module.
+    with server.client() as http:
+        made = http.post("/v1/plan", json=PLAN)  # made here, or answered from what an earlier test made
+        assert made.status_code == 200, made.text
+        listed = http.get("/v1/plans").json()["plans"]
+    server.kill()
+    second = Server(server.folder)  # the same store
     try:
         with second.client() as http:  # the store, read without a probe worker
             fp = made.json()["fingerprint"]
-            assert [e["fingerprint"] for e in http.get("/v1/plans").json()["plans"]] == [fp]
+            assert http.get("/v1/plans").json()["plans"] == listed
             kept = http.get(f"/v1/plans/{fp}").json()
-            assert [p["target_batch"] for p in kept["plans"]] == [PLAN["target_batch"]]
-            assert kept["plans"][0]["schedule"] == made.json()["plan"]["schedule"]
+            assert PLAN["target_batch"] in [p["target_batch"] for p in kept["plans"]]
+            assert made.json()["plan"]["schedule"] in [p["schedule"] for p in kept["plans"]]
     finally:
         second.stop()
