@@ -8,9 +8,10 @@ onto the device, and which tracker counts them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -207,6 +208,24 @@ def timed_measure(tracker: LiveStorageTracker, session: Session, work: Callable[
         timeline=snap.timeline,
         unknown_reads=snap.unknown_reads,
     )
+
+
+@contextlib.contextmanager
+def own_random_state(device: torch.device, seed: int | None = None) -> Iterator[None]:
+    """Inside, the random state of the CPU and of ``device`` (a CUDA device) is autotune's: seeded with
+    ``seed`` where given, and back as it was on exit.
+
+    Only these generators are seeded. ``torch.manual_seed`` seeds every device's,
+    and before CUDA starts it leaves CUDA's seed pending, which no fork restores:
+    the caller's GPU would start with autotune's seed instead of theirs.
+    """
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        if seed is not None:
+            torch.default_generator.manual_seed(seed)
+            for index in cuda:
+                torch.cuda.default_generators[index].manual_seed(seed)
+        yield
 
 
 @functools.cache

@@ -26,10 +26,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
-import torch
-
 from .. import log, options
-from ..devices.base import Device
+from ..devices.base import Device, own_random_state
 from ..devices.estimate import EstimateDevice
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
@@ -430,7 +428,5 @@ def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float,
 @contextlib.contextmanager
 def _user_rng_untouched(device: Device):
     """Trials draw random numbers; the user's generators are left as they were."""
-    name = getattr(device, "name", "")
-    devices = [int(name.split(":")[1])] if name.startswith("cuda:") else []
-    with torch.random.fork_rng(devices=devices):
+    with own_random_state(device.torch_device):
         yield

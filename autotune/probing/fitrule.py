@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from ..devices.base import Device, Measurement, Session
+from ..devices.base import Device, Measurement, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, WorkloadError
 from ..results.probe import Trial
@@ -76,8 +76,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     total = OPTIMIZER_STEPS * MICRO_STEPS
 
     def work(session: Session) -> None:
-        with torch.random.fork_rng(devices=[]):  # the same model, whatever ran before
-            torch.manual_seed(seed)
+        with own_random_state(session.torch_device, seed):  # the same model, whatever ran before
             if sharding is None:
                 steps(session, session.model(workload.make_model))
                 return

@@ -21,10 +21,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from .. import log, options
-from ..devices.base import Device
+from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder
 from ..probing.fitrule import Attempt, isolate, run_trial
@@ -130,8 +128,7 @@ def serve(store: Store, entry: Entry, workload: Workload, device: Device, *, mar
 
 def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: dict[str, Any]) -> Attempt:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
-    name = getattr(device, "name", "")
-    with torch.random.fork_rng(devices=[int(name.split(":")[1])] if name.startswith("cuda:") else []):
+    with own_random_state(device.torch_device):
         return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True, **rule)
 
 

@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..devices.base import Device, Session
+from ..devices.base import Device, Session, own_random_state
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
 from ..results.device import DeviceInfo
 from ..workload import Workload
@@ -119,8 +119,7 @@ def trace(workload: Workload, device: Device) -> dict[str, Any]:
 
     def work(session: Session) -> None:
         seen.clear()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with own_random_state(session.torch_device, 0):
             generator = torch.Generator().manual_seed(0)
             model = session.model(workload.make_model)
             model.train()

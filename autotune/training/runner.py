@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .. import log, options
-from ..devices.base import Device, Session
+from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
 from ..results.noise import NoiseScaleEstimate
@@ -63,9 +63,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
     checks: list[Check] = []
     where = _Where(workload, device, plan)
-    rng = [device.torch_device.index or 0] if device.torch_device.type == "cuda" else []
-    with scope, torch.random.fork_rng(devices=rng), where("while building the model"):
-        torch.manual_seed(seed)
+    with scope, own_random_state(device.torch_device, seed), where("while building the model"):
         host_model = workload.make_model()
         data = torch.Generator().manual_seed(seed)
         if verify:

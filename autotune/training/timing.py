@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..devices.base import Device
+from ..devices.base import Device, own_random_state
 from ..results.plan import Plan
 from ..workload import Workload
 from .accumulate import Accumulator
@@ -136,8 +136,7 @@ def _model(workload: Workload, device: Device) -> tuple[torch.nn.Module, torch.o
 def time_plan(workload: Workload, device: Device, plan: Plan, *, timing: Timing | None = None, seed: int = 0,
               timer: Timer = time.perf_counter) -> Samples:
     """Seconds of real optimizer steps by ``plan`` (rank 0's micro-batches), timed by ``timing``."""
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
+    with own_random_state(device.torch_device, seed):
         stepper = _Stepper(workload, device, plan, *_model(workload, device), seed)
         stepper.sync()
         return repeat_until_stable(stepper.step, timing or Timing(), timer=timer)
@@ -154,8 +153,7 @@ def compare_plans(workload: Workload, device: Device, plan: Plan, other: Plan, *
     ``other_workload`` (other options), a round is a short measurement of each on a fresh model.
     Rounds repeat as ``timing`` says, on the ratios."""
     timing = timing or Timing()
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
+    with own_random_state(device.torch_device, seed):
         if other_workload is None or other_workload is workload:
             model, opt = _model(workload, device)
             first, second = (_Stepper(workload, device, p, model, opt, seed) for p in (plan, other))
@@ -188,6 +186,3 @@ def compare_plans(workload: Workload, device: Device, plan: Plan, other: Plan, *
         return _adaptive(blocks, timing, timer)
 
 
-def _rng_devices(device: Device) -> list[int]:
-    target = device.torch_device
-    return [target.index or 0] if target.type == "cuda" else []
