@@ -1,7 +1,9 @@
-"""The suite's own habits: a test slow enough for the ``slow`` set and not in it is named at the end of the run."""
+"""The suite's own habits: a test slow enough for the ``slow`` set and not in it is named at the end of the run;
+CI runs the tests as README.md says to."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 pytest_plugins = ["pytester"]
@@ -33,3 +35,13 @@ def test_an_unmarked_slow_test_is_named_in_the_summary(pytester, monkeypatch):
     assert "tests over 0.1 s without the slow marker" in out
     named = [line for line in out.splitlines() if " s  test_timing.py::" in line]
     assert len(named) == 1 and named[0].endswith("test_timing.py::test_unmarked_and_slow")
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    quick_start = re.search(r'pip install -e "\.\[test\]" && (python -m pytest[^\n]*)\n', readme)
+    assert quick_start is not None
+    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()
+          if line.strip().startswith("python -m pytest")]
+    assert ci == [quick_start.group(1)]
