@@ -184,5 +184,3 @@ def compare_plans(workload: Workload, device: Device, plan: Plan, other: Plan, *
             return mine / time_plan(other_workload, device, other, timing=block, seed=seed, timer=timer).median
 
         return _adaptive(blocks, timing, timer)
-
-
