@@ -68,11 +68,12 @@ def probe(store: Store, workload: Workload, device: Device, *, margin: float, ma
         log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
                      f"{fp.short})")
 
-    with store.single_flight(fp.digest, on_wait=waiting) as waited:
-        if waited:
-            served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-            if served is not None:
-                return served
+    with store.single_flight(fp.digest, on_wait=waiting):
+        # Look again once the claim is held: another job may have stored its answer since the first look,
+        # after waiting for it or not (it let go of the claim before this job asked).
+        served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+        if served is not None:
+            return served
         result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
         result = replace(result, fingerprint=fp.digest)
         kept = store.put(fp.digest, fp.components, result)

@@ -347,7 +347,8 @@ class Store:
     def single_flight(self, fingerprint: str, *, on_wait: Callable[[str], None] | None = None,
                       lease_s: float = LEASE_S, poll_s: float = POLL_S) -> Iterator[bool]:
         """Hold the claim on ``fingerprint`` inside the block, waiting while another process holds it.
-        Yields whether it waited (then the other's answer is likely in the store: look again)."""
+        Yields whether it waited. Holding the claim, look in the store again: another process may have
+        stored its answer since the last look, whether this one waited for it or not."""
         owner = owner_id()
         waited = False
         while (holder := self.claim(fingerprint, owner, lease_s)) is not None:

@@ -70,6 +70,22 @@ def test_an_estimate_seen_before_is_answered_from_the_store_without_estimating(u
     assert store.observations() == [], "an estimate measures nothing real"
 
 
+def test_an_answer_stored_between_the_look_and_the_claim_is_served_not_probed_again(url, counted, monkeypatch):
+    # Two jobs at once on a busy machine: the other job stored its answer after this one looked (a miss), and
+    # let go of its claim before this one asked for it, so this one never waited. Holding the claim, it looks again.
+    autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)  # the other job
+    looks, real_entry = [], Store.entry
+
+    def entry(self, digest):
+        looks.append(digest)
+        return None if len(looks) == 1 else real_entry(self, digest)  # the first look came too early
+
+    monkeypatch.setattr(Store, "entry", entry)
+    second = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    assert len(looks) >= 2 and counted["probe"] == 1, "the job probed what the store already held"
+    assert second.probe.from_store
+
+
 def test_a_real_device_confirms_a_stored_answer_with_one_real_run(url, counted):
     first = _cpu_plan(url)
     assert first.probe.max_micro_batch == 307 and first.probe.limited_by == "memory"
