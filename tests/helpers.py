@@ -25,7 +25,7 @@ class _Recurrent(nn.Module):
         return self.head(self.rnn(x)[0])
 
 
-def recurrent_workload(width: int = 16, length: int = 10) -> Workload:
+def recurrent_workload(width: int = 16, length: int = 6) -> Workload:
     """A GRU sequence model: the meta engine cannot estimate it (the CPU runs GRUs as oneDNN kernels)."""
     return Workload(name="gru", model=lambda: _Recurrent(width),
                     batch=lambda n, g: torch.randn(n, length, width, generator=g),

@@ -80,13 +80,13 @@ def test_the_fake_group_is_private_and_gone_after_the_block():
 
 
 @pytest.mark.slow
-def test_an_estimate_leaves_no_process_group_and_no_patch_behind(gpt):
+def test_an_estimate_leaves_no_process_group_and_no_patch_behind(mlp):
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     resize = torch.UntypedStorage.resize_
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
     estimate = fake_engine(get_device("cpu").estimator())
-    m = _measure(estimate, gpt, 2, FsdpRule(4))
+    m = _measure(estimate, mlp, 2, FsdpRule(4))
     assert m.peak_bytes > 0
     assert fake_groups() == [] and not dist.is_initialized()
     assert torch.UntypedStorage.resize_ is resize
@@ -94,12 +94,12 @@ def test_an_estimate_leaves_no_process_group_and_no_patch_behind(gpt):
 
 
 @pytest.mark.slow
-def test_estimating_inside_a_real_process_group_leaves_it_alone(gpt, tmp_path):
+def test_estimating_inside_a_real_process_group_leaves_it_alone(mlp, tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         world = dist.group.WORLD
-        m = _measure(fake_engine(get_device("cpu").estimator()), gpt, 2, FsdpRule(4, 2))
+        m = _measure(fake_engine(get_device("cpu").estimator()), mlp, 2, FsdpRule(4, 2))
         assert m.peak_bytes > 0 and dist.group.WORLD is world and dist.get_world_size() == 1
         assert fake_groups() == []
     finally:
@@ -280,7 +280,7 @@ def test_probe_command_shards_over_the_world_size_given(capsys):
     from autotune.cli import main
 
     code = main(["probe", "--probe", "gpt", "--device", "estimate", "--memory-budget", "2GiB", "--parallel", "fsdp",
-                 "--world-size", "8", "--max-batch", "4", "--json"])
+                 "--world-size", "8", "--max-batch", "2", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["parallel"] == "fsdp" and data["world_size"] == 8 and not data["data_parallel"]
     assert any(note.startswith("FSDP: the fit rule of rank 0 of 8") for note in data["notes"])
@@ -316,7 +316,7 @@ def test_the_noise_scale_under_fsdp_equals_the_unsharded_models(gpt):
 def test_a_run_under_fsdp_measures_the_noise_scale():
     from autotune import api
 
-    result = api.run(target_batch=61, workload="gpt", device="cpu", memory_budget="8MB", parallel="fsdp",
+    result = api.run(target_batch=61, workload="mlp", device="cpu", memory_budget="2200KB", parallel="fsdp",
                      steps=2)
     assert result.verification.passed and result.plan.accumulation_steps > 1
     assert result.noise_scale is not None and result.noise_scale.steps == 2, result.noise_scale

@@ -164,7 +164,7 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
 
 @pytest.mark.slow
 def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_and_says_so():
-    recurrent = recurrent_workload(width=8, length=12)
+    recurrent = recurrent_workload(width=8, length=6)
     device = get_device("cpu", memory_budget=3_000_000)
     result = probe(recurrent, device, max_batch=4096)
     expected, _ = true_max(recurrent, device, result.usable_bytes, 4096)
