@@ -149,3 +149,30 @@ def test_a_tuned_plan_of_schema_1_still_loads(results):
     plan = result_from_dict(data, source="old.json")
     assert plan.tuning.chosen.accumulation_steps == 4 and plan.tuning.baseline is None
     assert [c.micro_batch for c in plan.tuning.candidates] == [256, 128]
+
+
+def _not_plain(value: Any, where: str = "") -> Iterator[str]:
+    """Where ``value`` holds anything but the builtin types JSON writes (a subclass of str counts: unpickling
+    it imports the module that defines it, torch for torch's version string)."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if type(key) is not str:
+                yield f"{where}{key!r} (key of type {type(key).__name__})"
+            yield from _not_plain(inner, f"{where}{key}.")
+    elif type(value) in (list, tuple):
+        for i, inner in enumerate(value):
+            yield from _not_plain(inner, f"{where}{i}.")
+    elif type(value) not in (str, int, float, bool, type(None)):
+        yield f"{where[:-1]} ({type(value).__module__}.{type(value).__name__})"
+
+
+@pytest.mark.parametrize("kind", ["Plan", "RunResult", "ProbeResult"])
+def test_a_results_dict_is_plain_data(results, kind):
+    assert list(_not_plain(results[kind])) == []
+
+
+def test_the_plain_data_check_sees_a_subclass_of_str():
+    import torch
+
+    seen = list(_not_plain({"device": {"torch": torch.__version__}}))
+    assert seen == ["device.torch (torch.torch_version.TorchVersion)"]

@@ -50,6 +50,9 @@ class DeviceInfo:
     note: str | None = None
 
     def __post_init__(self) -> None:
+        # torch.__version__ is a str subclass of torch's: kept as it is, a pickled result would import torch
+        # wherever it is read (the service's server process, which never needs torch).
+        object.__setattr__(self, "torch", str(self.torch))
         if self.kind not in KINDS:
             raise ValueError(f"device kind must be one of {KINDS}, got {self.kind!r}")
         if self.capacity_bytes <= 0:

@@ -87,7 +87,7 @@ def fingerprint(workload: Workload, device: Device, *, margin: float, world_size
         "workload": {"name": workload.name, "options": plain(dict(workload.chosen))},
         **graph,
         "device": device_part(device.describe()),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "autotune": autotune.__version__,
         "alloc_conf": os.environ.get(ALLOC_CONF, ""),
         "precision": precision,

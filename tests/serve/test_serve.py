@@ -274,6 +274,17 @@ def test_a_token_is_required_when_given_and_compared_exactly(tmp_path):
         running.stop()
 
 
+def test_the_server_process_never_loads_torch(server):
+    # Placed after the tests that plan, fail, time out and report through this server: its workers
+    # import torch, the server only passes their answers on (plain data, which unpickles without it).
+    maps = Path(f"/proc/{server.process.pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc to see what a process has loaded")
+    with server.client() as http:
+        assert http.post("/v1/plan", json={**PLAN, "target_batch": 96}).status_code == 200
+    assert "libtorch" not in maps.read_text()
+
+
 def test_a_killed_server_restarts_with_its_store_intact(server):
     # The module's server, killed: this test comes last in the module.
     with server.client() as http:
