@@ -234,6 +234,17 @@ def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
         assert broken.status_code == 400 and "not JSON" in broken.json()["detail"]
 
 
+def test_the_server_process_never_loads_torch(server):
+    # The workers import torch; the server only passes their answers on (plain data, which unpickles
+    # without it), after the tests before this one have planned, listed and reported through it.
+    maps = Path(f"/proc/{server.process.pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc to see what a process has loaded")
+    with server.client() as http:
+        assert http.post("/v1/plan", json={**PLAN, "target_batch": 96}).status_code == 200
+    assert "libtorch" not in maps.read_text()
+
+
 def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_service(server):
     with server.client() as http:
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
@@ -272,17 +283,6 @@ def test_a_token_is_required_when_given_and_compared_exactly(tmp_path):
             assert past_the_gate.status_code == 422 and "target_batch" in past_the_gate.json()["detail"]
     finally:
         running.stop()
-
-
-def test_the_server_process_never_loads_torch(server):
-    # Placed after the tests that plan, fail, time out and report through this server: its workers
-    # import torch, the server only passes their answers on (plain data, which unpickles without it).
-    maps = Path(f"/proc/{server.process.pid}/maps")
-    if not maps.exists():
-        pytest.skip("needs /proc to see what a process has loaded")
-    with server.client() as http:
-        assert http.post("/v1/plan", json={**PLAN, "target_batch": 96}).status_code == 200
-    assert "libtorch" not in maps.read_text()
 
 
 def test_a_killed_server_restarts_with_its_store_intact(server):
