@@ -13,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from .torchrun import torchrun
+
 HERE = Path(__file__).parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 BUDGET = "2.6MB"  # max micro-batch ~112 with DDP's buckets: 255 -> 2 micro-steps per rank
-
-
-def torchrun(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([*TORCHRUN, *argv], check=False, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=HERE.parent)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from ..torchrun import torchrun
 
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
@@ -18,10 +17,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def ranks():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(HERE / "ddp_worker.py"), "300KiB"], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=HERE.parents[1])
+    done = torchrun(str(HERE / "ddp_worker.py"), "300KiB", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
