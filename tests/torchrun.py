@@ -17,15 +17,15 @@ _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(["torch.distributed.run"])
 
 
-def torchrun(*argv: str, timeout: float = 180, nproc: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node NPROC ARGV...`` from the repository root, with one intra-op
+def torchrun(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 ARGV...`` from the repository root, with one intra-op
     thread per rank and Python's warnings off; its exit code, stdout and stderr as ``subprocess.run`` gives
     them (``TimeoutExpired`` past ``timeout`` seconds)."""
-    command = ["--standalone", "--nproc-per-node", str(nproc), *argv]
+    command = ["--standalone", "--nproc-per-node", "2", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        launcher = _context.Process(target=_launch, args=(command, env, str(out), str(err)), daemon=False)
+        launcher = _context.Process(target=_launch, args=(command, env, str(out), str(err)))
         launcher.start()
         launcher.join(timeout)
         if launcher.is_alive():
@@ -51,8 +51,8 @@ def _launch(command: list[str], env: dict[str, str], out: str, err: str) -> None
     code = 0
     try:
         main(command)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    except SystemExit as exc:  # as the interpreter ends on it: None is 0, a message is 1
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
         code = 1
