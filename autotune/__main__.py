@@ -2,5 +2,5 @@
 
 from .cli import main
 
-if __name__ == "__main__":  # not when a worker process of ``autotune serve`` starts (multiprocessing's spawn)
+if __name__ == "__main__":  # not when a worker process of ``autotune serve`` starts (it imports this as __mp_main__)
     raise SystemExit(main())

@@ -1,8 +1,10 @@
 """Worker processes: where the service runs probes, one at a time each, with a time limit.
 
 torch (and a probe's own code) never runs in the server process: each worker is
-a process of its own (started with ``spawn``), which plans through the API with
-the store, one job at a time. A job that runs past its time limit has its worker
+a process of its own, which plans through the API with the store, one job at a
+time. Workers are forked from a ``forkserver`` process that imported torch and
+autotune once (and runs nothing): a worker that replaces a stopped or dead one
+is ready at once, and the workers share those modules' memory. A job that runs past its time limit has its worker
 stopped (and the store claims it held dropped); a worker that dies takes no
 request with it but its own, which gets its one-line error. The next job starts a
 fresh worker. Concurrent jobs for the same fingerprint probe once: the store's
@@ -23,6 +25,9 @@ from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable
 
 #: Seconds a new worker may take to import torch and autotune before it counts as broken.
 START_S = 120.0
+#: How worker processes start, and what the forkserver imports before it forks them.
+START_METHOD = "forkserver"
+PRELOAD = ["autotune.api", "torch._dynamo"]
 
 
 class JobFailed(Exception):
@@ -111,7 +116,9 @@ class Worker:
         self.ready = False
 
     def start(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context: Any = multiprocessing.get_context(START_METHOD)
+        if START_METHOD == "forkserver":
+            context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (with the first worker)
         mine, theirs = context.Pipe()
         self.process = context.Process(target=_main, args=(theirs, self.store_url), daemon=True,
                                        name=f"autotune-worker-{self.index}")
@@ -203,20 +210,34 @@ class Pool:
         self.timeout_s = timeout_s
         self.queue_limit = queue_limit
         self.workers = [Worker(store_url, i) for i in range(size)]
-        self._idle: queue.Queue[Worker] = queue.Queue()
-        for w in self.workers:
-            self._idle.put(w)
+        self._idle: queue.Queue[Worker] = queue.Queue()  # a worker joins it once started
+        self._started = 0
+        self._starter: threading.Thread | None = None
         self._waiting = 0
         self._lock = threading.Lock()
         self.jobs = 0
 
     def start(self) -> None:
-        for w in self.workers:
-            w.start()
+        """Start the workers in the background (the first waits for the forkserver to import torch, seconds):
+        the service answers at once, and a job waits for a started worker."""
+
+        def start_all() -> None:
+            for w in self.workers:
+                try:
+                    w.start()
+                except Exception:  # a job on this worker tries again and answers with why it cannot start
+                    w.stop()
+                with self._lock:
+                    self._started += 1
+                self._idle.put(w)
+
+        self._starter = threading.Thread(target=start_all, name="autotune-worker-start", daemon=True)
+        self._starter.start()
 
     @property
     def busy(self) -> int:
-        return len(self.workers) - self._idle.qsize()
+        with self._lock:
+            return self._started - self._idle.qsize()
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -239,5 +260,7 @@ class Pool:
             self._idle.put(worker)
 
     def stop(self) -> None:
+        if self._starter is not None:
+            self._starter.join()
         for w in self.workers:
             w.stop()
