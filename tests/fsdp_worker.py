@@ -56,7 +56,7 @@ def live_fsdp_params() -> int:
 
 
 # the fit rule's batch, each rank's budget, the target, and the most samples rank 1 holds in the probe
-BATCH, BUDGET, TARGET, LIMIT = 6, 8_000_000, 61, 5
+BATCH, BUDGET, TARGET, LIMIT = 6, 8_000_000, 19, 5
 
 
 def case() -> dict:

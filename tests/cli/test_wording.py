@@ -27,6 +27,7 @@ def test_plural(n, word, many, text):
     assert plural(n, word, many) == text
 
 
+@pytest.mark.slow  # a run and its report with plots
 def test_one_of_anything_is_singular_in_every_output(capsys, tmp_path):
     folder = tmp_path / "report"
     code = main(["run", "--target-batch", "1", *MLP, "--steps", "1", "--report", str(folder)])
