@@ -1,0 +1,64 @@
+"""The service's worker pool: workers start in the background, and a job waits for a started one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from autotune.serve.worker import Pool, Worker
+
+
+@pytest.fixture
+def slow_starts(monkeypatch):
+    """Workers whose start waits for ``release`` and whose jobs answer at once, naming the worker."""
+    release = threading.Event()
+    started: list[int] = []
+
+    def start(self: Worker) -> None:
+        assert release.wait(30)
+        started.append(self.index)
+
+    def run(self: Worker, job: dict, timeout_s: float) -> dict:
+        assert self.index in started, "a job ran on a worker that was not started"
+        return {"ok": True, "worker": self.index, "job": job["n"]}
+
+    monkeypatch.setattr(Worker, "start", start)
+    monkeypatch.setattr(Worker, "run", run)
+    monkeypatch.setattr(Worker, "stop", lambda self: None)
+    return release, started
+
+
+def test_the_pool_answers_at_once_and_jobs_wait_for_a_started_worker(slow_starts):
+    release, started = slow_starts
+    pool = Pool("sqlite://", 2, timeout_s=60)
+    pool.start()  # returns while no worker has started
+    assert started == [] and pool.busy == 0
+    answers: list[dict] = []
+    job = threading.Thread(target=lambda: answers.append(pool.run({"n": 1})))
+    job.start()
+    job.join(0.2)
+    assert job.is_alive() and answers == []  # waits: no worker has started
+    release.set()
+    job.join(30)
+    assert answers and answers[0]["job"] == 1 and answers[0]["worker"] in (0, 1)
+    assert pool.run({"n": 2})["job"] == 2
+    pool.stop()  # after the background start has finished
+    assert sorted(started) == [0, 1] and pool.busy == 0
+
+
+def test_a_worker_that_cannot_start_still_joins_the_pool(monkeypatch):
+    def start(self: Worker) -> None:
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(Worker, "start", start)
+    monkeypatch.setattr(Worker, "stop", lambda self: None)
+    monkeypatch.setattr(Worker, "run", lambda self, job, timeout_s: {"ok": True, "worker": self.index})
+    pool = Pool("sqlite://", 1, timeout_s=60)
+    pool.start()
+    answers: list[dict] = []
+    job = threading.Thread(target=lambda: answers.append(pool.run({})), daemon=True)
+    job.start()
+    job.join(30)
+    assert [a["worker"] for a in answers] == [0]  # not stuck: the job's worker tries again and says why
+    pool.stop()
