@@ -4,11 +4,12 @@ torch (and a probe's own code) never runs in the server process: each worker is
 a process of its own, which plans through the API with the store, one job at a
 time. Workers are forked from a ``forkserver`` process that imported torch and
 autotune once (and runs nothing): a worker that replaces a stopped or dead one
-is ready at once, and the workers share those modules' memory. A job that runs past its time limit has its worker
-stopped (and the store claims it held dropped); a worker that dies takes no
-request with it but its own, which gets its one-line error. The next job starts a
-fresh worker. Concurrent jobs for the same fingerprint probe once: the store's
-claims make the others wait for the answer (see :meth:`autotune.store.Store.single_flight`).
+is ready at once, and the workers share those modules' memory. A job that runs
+past its time limit has its worker stopped (and the store claims it held
+dropped); a worker that dies takes no request with it but its own, which gets
+its one-line error. The next job starts a fresh worker. Concurrent jobs for the
+same fingerprint probe once: the store's claims make the others wait for the
+answer (see :meth:`autotune.store.Store.single_flight`).
 """
 
 from __future__ import annotations

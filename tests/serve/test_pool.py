@@ -60,5 +60,5 @@ def test_a_worker_that_cannot_start_still_joins_the_pool(monkeypatch):
     job = threading.Thread(target=lambda: answers.append(pool.run({})), daemon=True)
     job.start()
     job.join(30)
-    assert [a["worker"] for a in answers] == [0]  # not stuck: the job's worker tries again and says why
+    assert [a["worker"] for a in answers] == [0]  # not stuck: the job reaches the worker, whose run starts it
     pool.stop()
