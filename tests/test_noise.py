@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import statistics
 from pathlib import Path
 
@@ -616,3 +617,18 @@ def test_an_accumulator_let_go_takes_its_hooks_with_it():
         del acc
         gc.collect()
     assert all(not p._backward_hooks for p in model.parameters())
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"grad_sq": None}, "grad_sq is None though 40 steps were measured"),
+    ({"trace_cov": None}, "trace_cov is None though 40 steps were measured"),
+    ({"items_per_step": None}, "items_per_step is None though 40 steps were measured"),
+    ({"items_per_step": 0.0}, "items_per_step 0.0 must be more than 0"),
+    ({"b_simple": None}, "b_simple is None though grad_sq 0.4 and trace_cov 100.0 are both above 0"),
+    ({"grad_sq": -0.1}, "b_simple 250.0 is given though grad_sq -0.1 is not above 0"),
+    ({"steps": -1}, "steps -1 must be at least 0"),
+    ({"skipped": -2}, "skipped -2 must be at least 0"),
+])
+def test_an_estimate_that_contradicts_itself_is_refused(kw, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        estimate(**kw)

@@ -48,9 +48,26 @@ class NoiseScaleEstimate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "history", tuple(self.history))
+        for name in ("steps", "skipped"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} must be at least 0")
+        if not self.steps:
+            return
+        for name in ("grad_sq", "trace_cov", "items_per_step"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} is None though {self.steps} steps were measured")
+        assert self.grad_sq is not None and self.trace_cov is not None and self.items_per_step is not None
+        if not self.items_per_step > 0:
+            raise ValueError(f"items_per_step {self.items_per_step} must be more than 0")
+        both = f"grad_sq {self.grad_sq} and trace_cov {self.trace_cov}"
+        if self.b_simple is None and self.grad_sq > 0 and self.trace_cov > 0:
+            raise ValueError(f"b_simple is None though {both} are both above 0")
+        if self.b_simple is not None and not (self.grad_sq > 0 and self.trace_cov > 0):
+            low = "grad_sq" if not self.grad_sq > 0 else "trace_cov"
+            raise ValueError(f"b_simple {self.b_simple} is given though {low} {getattr(self, low)} is not above 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "history": [asdict(step) for step in self.history]}
 
     @classmethod
     def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "noise_scale") -> NoiseScaleEstimate:
