@@ -54,6 +54,18 @@ def pytest_collection_finish(session):
     # What collection imported (torch, transformers, lightning, ...) lives as long as the run: kept out of
     # the cyclic garbage collector, a full collection (autotune's cleanup after a run, the tests' own) then
     # walks only what the tests made, not a heap of every imported module.
+    _freeze_survivors()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # The same after each test file: what its tests imported (pandas, matplotlib, the probes, ...) and what
+    # survives them. A test's own objects are never frozen before it ends, so the tests that watch them be
+    # freed (weak references, ``gc.get_objects()``) see them as the collector does.
+    if nextitem is None or nextitem.path != item.path:
+        _freeze_survivors()
+
+
+def _freeze_survivors() -> None:
     import gc
 
     gc.collect()
