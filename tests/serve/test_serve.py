@@ -48,27 +48,35 @@ def free_port() -> int:
 class Server:
     """``autotune serve`` in a process of its own."""
 
-    def __init__(self, tmp: Path, *, db: str = "plans.db", extra: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, *, token: str | None = None, extra: tuple[str, ...] = ()):
         self.folder = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.store = f"sqlite:///{tmp / db}"
+        self.store = f"sqlite:///{tmp / 'plans.db'}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if token:
+            path = tmp / "token"
+            path.write_text(token + "\n")
+            path.chmod(0o600)
+            extra = ("--token-file", str(path), *extra)
         self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autotune", "serve", "--store", self.store, "--port", str(self.port), *extra],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, Path(self.log.name).read_text()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        with self.client(timeout=1) as http:
+            while time.monotonic() < deadline:
+                assert self.process.poll() is None, Path(self.log.name).read_text()
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    time.sleep(0.2)
         raise AssertionError(f"the server did not start: {Path(self.log.name).read_text()}")
 
-    def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=300, **kwargs)
+    def client(self, *, authorized: bool = True, timeout: float = 300) -> httpx.Client:
+        """A client of this server, with its token unless ``authorized`` is false."""
+        return httpx.Client(base_url=self.url, timeout=timeout, headers=self.headers if authorized else {})
 
     def kill(self) -> None:
         """SIGKILL the server and everything it started."""
@@ -100,8 +108,8 @@ def probes_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, probes_dir) -> Iterator[Server]:
-    running = Server(tmp_path_factory.mktemp("serve"), extra=("--probes", str(probes_dir), "--workers", "2",
-                                                             "--probe-timeout", "6"))
+    running = Server(tmp_path_factory.mktemp("serve"), token=TOKEN,
+                     extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "6"))
     yield running
     running.stop()
 
@@ -261,28 +269,21 @@ def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_ser
         assert http.get("/healthz").json()["status"] == "ok"
 
 
-def test_a_token_is_required_when_given_and_compared_exactly(tmp_path):
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    running = Server(tmp_path, extra=("--token-file", str(token)))
-    try:
-        with running.client() as http:
-            assert http.get("/healthz").status_code == 200  # liveness needs no token
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}x"},
-                            {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}):
-                answer = http.post("/v1/plan", json=PLAN, headers=headers)
-                assert answer.status_code == 401, headers
-                assert answer.headers["www-authenticate"] == "Bearer"
-            assert http.get("/v1/plans").status_code == 401
-            assert http.get("/openapi.json").status_code == 401
-            good = {"Authorization": f"Bearer {TOKEN}"}
-            assert http.get("/v1/plans", headers=good).status_code == 200
-            assert http.post("/v1/plan", json={**PLAN, "target_batch": 0}).status_code == 401  # the gate comes first
-            past_the_gate = http.post("/v1/plan", json={**PLAN, "target_batch": 0}, headers=good)
-            assert past_the_gate.status_code == 422 and "target_batch" in past_the_gate.json()["detail"]
-    finally:
-        running.stop()
+def test_a_token_is_required_when_given_and_compared_exactly(server):
+    with server.client(authorized=False) as http:
+        assert http.get("/healthz").status_code == 200  # liveness needs no token
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}x"},
+                        {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}):
+            answer = http.post("/v1/plan", json=PLAN, headers=headers)
+            assert answer.status_code == 401, headers
+            assert answer.headers["www-authenticate"] == "Bearer"
+        assert http.get("/v1/plans").status_code == 401
+        assert http.get("/openapi.json").status_code == 401
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        assert http.get("/v1/plans", headers=good).status_code == 200
+        assert http.post("/v1/plan", json={**PLAN, "target_batch": 0}).status_code == 401  # the gate comes first
+        past_the_gate = http.post("/v1/plan", json={**PLAN, "target_batch": 0}, headers=good)
+        assert past_the_gate.status_code == 422 and "target_batch" in past_the_gate.json()["detail"]
 
 
 def test_a_killed_server_restarts_with_its_store_intact(server):
@@ -292,7 +293,7 @@ def test_a_killed_server_restarts_with_its_store_intact(server):
         assert made.status_code == 200, made.text
         listed = http.get("/v1/plans").json()["plans"]
     server.kill()
-    second = Server(server.folder)  # the same store
+    second = Server(server.folder)  # the same store, served with no token: open to every request
     try:
         with second.client() as http:  # the store, read without a probe worker
             fp = made.json()["fingerprint"]
