@@ -59,6 +59,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``autotune`` command on ``argv``; its exit code. Without ``argv`` it reads this process's command
+    line and takes the process as its own (``autotune``, ``python -m autotune``): it may then freeze what
+    its imports made (``common.import_torch``)."""
     code = _main(argv)
     if rank_prefix():
         _end_without_finalizing(code)
@@ -74,6 +77,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    args.own_process = argv is None
     debug = getattr(args, "debug", False)
     where = rank_prefix()
     quiet = (getattr(args, "quiet", False) or getattr(args, "json", False)

@@ -21,6 +21,7 @@ from .common import (
     check_probe,
     check_report,
     check_store,
+    import_torch,
     positive_int,
     write_output,
     write_report,
@@ -116,6 +117,7 @@ def run(args) -> int:
     check_plannable(args)
     check_tune_flags(args)
     check_store(args)
+    import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):

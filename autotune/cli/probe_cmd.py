@@ -14,6 +14,7 @@ from .common import (
     check_output,
     check_probe,
     check_store,
+    import_torch,
     positive_int,
     write_output,
 )
@@ -50,6 +51,7 @@ def run(args) -> int:
     check_output(args.output)
     check_probe(args)
     check_store(args)
+    import_torch(freeze=args.own_process)
     from .. import api as pipeline
     from ..serial import dumps
 

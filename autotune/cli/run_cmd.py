@@ -19,6 +19,7 @@ from .common import (
     check_report,
     check_store,
     flag,
+    import_torch,
     positive_int,
     write_output,
     write_report,
@@ -74,6 +75,7 @@ def run(args) -> int:
     check_report(args)
     check_probe(args)
     check_store(args)
+    import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
