@@ -57,12 +57,16 @@ def pytest_collection_finish(session):
     _freeze_survivors()
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    # The same after each test file: what its tests imported (pandas, matplotlib, the probes, ...) and what
-    # survives them. A test's own objects are never frozen before it ends, so the tests that watch them be
-    # freed (weak references, ``gc.get_objects()``) see them as the collector does.
+    # The same after each test file, once its module fixtures are gone: what its tests imported (pandas,
+    # matplotlib, the probes, ...) and what survives them. A test's own objects are never frozen before it
+    # ends, so the tests that watch them be freed (weak references, ``gc.get_objects()``) see them as the
+    # collector does.
+    result = yield
     if nextitem is None or nextitem.path != item.path:
         _freeze_survivors()
+    return result
 
 
 def _freeze_survivors() -> None:
