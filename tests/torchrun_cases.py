@@ -11,13 +11,17 @@ import json
 import sys
 from collections.abc import Callable
 
-import ddp_uneven_worker  # tests/ is this script's folder
-import ddp_worker
-import fsdp_worker
-import noise_ddp_worker
-from rank_exit import run_then_exit
+from autotune.cli.common import import_torch
 
-from autotune.training import distributed
+import_torch(freeze=True)  # as ``autotune run`` loads torch in a rank
+
+import ddp_uneven_worker  # noqa: E402 (tests/ is this script's folder)
+import ddp_worker  # noqa: E402
+import fsdp_worker  # noqa: E402
+import noise_ddp_worker  # noqa: E402
+from rank_exit import run_then_exit  # noqa: E402
+
+from autotune.training import distributed  # noqa: E402
 
 CASES: dict[str, Callable[[], object]] = {
     "ddp_faults": ddp_worker.case,
