@@ -50,11 +50,19 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
 
 
-def pytest_collection_finish(session):
-    # What collection imported (torch, transformers, lightning, ...) lives as long as the run: kept out of
-    # the cyclic garbage collector, a full collection (autotune's cleanup after a run, the tests' own) then
-    # walks only what the tests made, not a heap of every imported module.
-    _freeze_survivors()
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    # What collection imports (torch, transformers, lightning, ...) lives as long as the run: made with the
+    # cyclic garbage collector paused, then kept out of it (as autotune's commands do), so that a full
+    # collection (autotune's cleanup after a run, the tests' own) walks only what the tests made.
+    import gc
+
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+        _freeze_survivors()
 
 
 @pytest.hookimpl(wrapper=True)
