@@ -6,6 +6,8 @@ controlling process loads this file too, and runs no test.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 
@@ -55,8 +57,6 @@ def pytest_collection(session):
     # What collection imports (torch, transformers, lightning, ...) lives as long as the run: made with the
     # cyclic garbage collector paused, then kept out of it (as autotune's commands do), so that a full
     # collection (autotune's cleanup after a run, the tests' own) walks only what the tests made.
-    import gc
-
     gc.disable()
     try:
         return (yield)
@@ -78,8 +78,6 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def _freeze_survivors() -> None:
-    import gc
-
     gc.collect()
     gc.freeze()
 

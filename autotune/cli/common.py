@@ -29,7 +29,7 @@ def import_torch(*, freeze: bool) -> None:
     garbage collector paused, then as it was. The imports make some 300,000 objects that live as long as the
     process: collected while they are made, and walked again at every later full collection (autotune
     collects after each checked run and each out-of-memory error, and estimates make objects fast), they cost
-    a command about a quarter of its CPU time (``bench/cli_startup.py``).
+    a small command about a fifth of its CPU time (``bench/cli_startup.py``).
 
     ``freeze``: then freeze (``gc.freeze()``) every object the process holds, so that the collector leaves
     them alone. Only the process's own command asks for it, before any workload exists: what is frozen is

@@ -59,11 +59,11 @@ class NoiseScaleEstimate:
         assert self.grad_sq is not None and self.trace_cov is not None and self.items_per_step is not None
         if not self.items_per_step > 0:
             raise ValueError(f"items_per_step {self.items_per_step} must be more than 0")
-        both = f"grad_sq {self.grad_sq} and trace_cov {self.trace_cov}"
-        if self.b_simple is None and self.grad_sq > 0 and self.trace_cov > 0:
-            raise ValueError(f"b_simple is None though {both} are both above 0")
-        if self.b_simple is not None and not (self.grad_sq > 0 and self.trace_cov > 0):
-            low = "grad_sq" if not self.grad_sq > 0 else "trace_cov"
+        low = next((name for name in ("grad_sq", "trace_cov") if not getattr(self, name) > 0), None)
+        if self.b_simple is None and low is None:
+            raise ValueError(f"b_simple is None though grad_sq {self.grad_sq} and trace_cov {self.trace_cov} are "
+                             "both above 0")
+        if self.b_simple is not None and low is not None:
             raise ValueError(f"b_simple {self.b_simple} is given though {low} {getattr(self, low)} is not above 0")
 
     def to_dict(self) -> dict[str, Any]:
