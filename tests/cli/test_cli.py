@@ -187,3 +187,27 @@ def test_library_errors_name_flags_on_the_command_line(message, flags):
     from autotune.cli import in_flag_terms
 
     assert in_flag_terms(message) == flags
+
+
+@pytest.mark.slow
+def test_the_estimate_runs_under_the_generic_allocator_variable(capsys, monkeypatch):
+    """PYTORCH_ALLOC_CONF, torch's device-generic name, sets the simulated allocator as PYTORCH_CUDA_ALLOC_CONF
+    does, and the output says which variable it came from."""
+    def probe(**env):
+        for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        code, out, _ = run(capsys, "probe", "--probe", "mlp", "--device", "estimate", "--memory-budget", "1GiB",
+                           "--json", "--quiet")
+        assert code == 0
+        data = json.loads(out)
+        return data["device"], [(t["batch"], t["peak_bytes"]) for t in data["trials"]]
+
+    plain, old, generic = probe(), probe(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"), \
+        probe(PYTORCH_ALLOC_CONF="expandable_segments:True")
+    assert generic[1] == old[1] != plain[1]  # expandable segments reserve otherwise
+    assert (generic[0]["allocator_conf"], generic[0]["allocator_conf_variable"]) == (
+        "expandable_segments:True", "PYTORCH_ALLOC_CONF")
+    assert (old[0]["allocator_conf_variable"], plain[0]["allocator_conf_variable"]) == ("PYTORCH_CUDA_ALLOC_CONF", None)
+    assert generic[0]["summary"].endswith("(PYTORCH_ALLOC_CONF=expandable_segments:True)")
