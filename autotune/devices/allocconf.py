@@ -115,6 +115,9 @@ class AllocatorConfig:
     def parse(cls, conf: str) -> AllocatorConfig:
         """Read an allocator settings string (``PYTORCH_CUDA_ALLOC_CONF``'s) the way PyTorch 2.13 does; BadInput
         names what is wrong."""
+        if not isinstance(conf, str):
+            raise BadInput(f"conf={conf!r} is not allocator settings: pass a string such as "
+                           "'expandable_segments:True' ('' for PyTorch's defaults) or an AllocatorConfig")
         return _Parser(conf).config()
 
     def divisions(self, size: int) -> int:
