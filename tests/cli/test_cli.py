@@ -57,6 +57,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,error", [
+    (["probe", "--steps", "3"], "autotune probe: error: unrecognized arguments: --steps 3 (see autotune probe --help)"),
+    (["store", "ls", "--bogus"],
+     "autotune store ls: error: unrecognized arguments: --bogus (see autotune store ls --help)"),
+    (["--bogus", "devices"], "autotune: error: unrecognized arguments: --bogus (see autotune --help)"),
+])
+def test_an_unknown_argument_is_the_error_of_the_command_that_does_not_know_it(capsys, argv, error):
+    assert run(capsys, *argv) == (2, "", error + "\n")
+
+
 def test_a_bad_estimate_engine_in_the_environment_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "jit")
     code, out, err = run(capsys, "probe", *MLP)
