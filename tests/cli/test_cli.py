@@ -128,6 +128,34 @@ def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
     assert "BatchNorm2d" in grad["message"]
 
 
+@pytest.mark.parametrize("how,argv,env,words", [
+    ("fsdp", ["--parallel", "fsdp", "--world-size", "2", "--target-batch", "64"], {},
+     "--world-size 2 but 1 process is running: launch with torchrun --nproc-per-node 2 (or plan for 2 ranks "
+     "without training them: plan, not run)"),
+    ("ddp", ["--world-size", "2", "--target-batch", "64"], {}, "--world-size 2 but 1 process is running"),
+    ("WORLD_SIZE", ["--target-batch", "64"], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but 1 process is running"),
+    ("plan", ["--plan", "PLAN"], {}, "the plan is for 2 ranks but 1 process is running: launch with torchrun "
+     "--nproc-per-node 2 (or plan for --world-size=1)"),
+])
+def test_a_run_for_more_ranks_than_processes_stops_before_any_work(capsys, monkeypatch, tmp_path, how, argv, env,
+                                                                   words):
+    """Without torchrun one process runs: the run refuses before it loads the workload or probes."""
+    import autotune.api
+    from autotune.planning import make_plan
+    from autotune.serial import dumps
+
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(make_plan(64, 32, world_size=2).to_dict()))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    loaded = []
+    resolve = autotune.api.resolve
+    monkeypatch.setattr(autotune.api, "resolve", lambda *a, **k: loaded.append(a) or resolve(*a, **k))
+    code, out, err = run(capsys, "run", *[str(path) if a == "PLAN" else a for a in argv], *MLP)
+    assert (code, out, loaded) == (2, "", [])
+    assert len(err.strip().splitlines()) == 1 and f"autotune run: error: {words}" in err
+
+
 def test_debug_shows_the_traceback(capsys):
     code, _, err = run(capsys, "probe", "--device", "tpu", "--debug")
     assert code == 2 and "Traceback" in err
