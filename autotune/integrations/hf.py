@@ -37,6 +37,7 @@ from ..devices import Device
 from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
 from ..workload import Workload
+from .common import short_dataset
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -75,6 +76,7 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
                         world_size=world, uniform=True)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, "hf", target_name="target_batch") from None
+    plan = short_dataset(plan, train_dataset, "the Trainer", warn=args.process_index == 0)
     planned = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch,
                                   gradient_accumulation_steps=plan.accumulation_steps)
     return planned, plan

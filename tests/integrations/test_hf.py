@@ -107,6 +107,27 @@ def test_columns_the_trainer_drops_are_named_when_the_collator_is_left_without_t
                            memory_budget=BUDGET)
 
 
+def test_a_dataset_smaller_than_one_effective_batch_is_a_warning_and_a_note(tmp_path):
+    """3 examples, target 64: the Trainer steps at the end of each epoch, on 3 examples; the plan says so."""
+    model, data = gpt2(), examples([12] * 3)
+    with pytest.warns(UserWarning, match=r"^the dataset holds 3 samples, fewer than one effective batch of 64: the "
+                      r"Trainer steps at the end of every epoch, so no optimizer step sees more than 3; plan a target "
+                      r"of at most 3, or train on more data$") as caught:
+        new, plan = plan_training_args(training_args(tmp_path), model, data, target_batch=64, data_collator=collate,
+                                       device="cpu", memory_budget=BUDGET)
+    assert len(caught) == 1 and plan.notes[-1] == str(caught[0].message) and plan.notes[-1] in plan.summary()
+    fed: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: fed.append(len(kw["input_ids"])), with_kwargs=True)
+    trainer = Trainer(model=model, args=new, train_dataset=data, data_collator=collate)
+    trainer.train()
+    assert trainer.state.global_step == 2 and fed == [3, 3]  # what the warning says: 3 examples a step
+    from autotune.integrations.common import short_dataset
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert short_dataset(plan, examples([12] * 64), "the Trainer") is plan  # one batch's worth: no word
+
+
 def test_the_probe_builds_the_trainers_optimizer(tmp_path):
     model = gpt2()
     args = training_args(tmp_path, optim="adamw_torch", adam_beta2=0.95)
