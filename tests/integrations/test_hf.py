@@ -107,6 +107,7 @@ def test_columns_the_trainer_drops_are_named_when_the_collator_is_left_without_t
                            memory_budget=BUDGET)
 
 
+@pytest.mark.slow
 def test_a_dataset_smaller_than_one_effective_batch_is_a_warning_and_a_note(tmp_path):
     """3 examples, target 64: the Trainer steps at the end of each epoch, on 3 examples; the plan says so."""
     model, data = gpt2(), examples([12] * 3)
