@@ -271,6 +271,14 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     if plan is not None and parallel is not None and parallel != plan.parallel:
         raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
                        f"again with parallel {parallel}")
+    # Before any work: a run needs as many processes as the plan has ranks.
+    if plan is not None:
+        distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
+                                f"or plan for world_size={distributed.world_size()}")
+    else:
+        world, source = _world_size(world_size, None)
+        distributed.check_world(world, f"world_size {world}" if source == "flag" else f"WORLD_SIZE={world}",
+                                f"or plan for {plural(world, 'rank')} without training them: plan, not run")
     if plan is not None:
         probed = plan.probe
         if workload is None and probed is not None:

@@ -7,8 +7,9 @@ the log). The checks, each a table in the final summary:
    the fit rule with the allocator's history recorded
    (``torch.cuda.memory._record_memory_history``, then ``_snapshot()``), and
    (a) that trace replayed through autotune's ``CachingAllocator`` under this
-   process's ``PYTORCH_CUDA_ALLOC_CONF``: its reserved and allocated peaks
-   against ``torch.cuda.max_memory_reserved`` / ``max_memory_allocated`` of the
+   process's allocator settings (``PYTORCH_CUDA_ALLOC_CONF``, else
+   ``PYTORCH_ALLOC_CONF``): its reserved and allocated peaks against
+   ``torch.cuda.max_memory_reserved`` / ``max_memory_allocated`` of the
    same run (the simulation alone; expected within 1%); (b) the estimate
    standing in for this GPU (``get_device("cuda:0").estimator()``: meta
    tensors, CUDA's kernel choices, the simulation) against the same real
@@ -158,6 +159,7 @@ def synthetic_snapshot(events, conf: str) -> dict:
 
 def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu: bool) -> list[list[str]]:
     from autotune.devices import EstimateDevice
+    from autotune.devices.allocconf import conf_from_environment
     from autotune.devices.replay import replay_snapshot
     from autotune.probing.fitrule import run_trial
 
@@ -166,7 +168,7 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu
     # compared with them is that stand-in: the code path runs, and must agree exactly.
     est_device = device.estimator() if gpu else EstimateDevice.for_gpu(SELFTEST_GPU)
     cap = device.capacity_bytes()
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    conf, _ = conf_from_environment()
     total = device.describe().total_bytes if gpu else None
     for spec, sizes in cases:
         workload = load(spec)

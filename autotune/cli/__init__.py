@@ -41,6 +41,10 @@ environment:
                                        FakeTensorMode from the start
   AUTOTUNE_STORE=URL                   the plan store probe, plan, run, store and serve
                                        use when --store is not given
+  PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF
+                                       the caching allocator's settings, which estimates
+                                       for a GPU simulate: the first one set, as torch
+                                       reads them
 """
 
 PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: the status a shell shows for a tool stopped by a closed pipe

@@ -14,7 +14,11 @@ from ..errors import BadInput
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
+    """argparse, but a usage error is one line and exit code 2, and a subcommand's own (see _Subcommands)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         head, _, rest = message.partition(": ")
@@ -22,6 +26,19 @@ class Parser(argparse.ArgumentParser):
             message = rest  # our own messages already name the flag
         sys.stderr.write(f"{rank_prefix()}{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+
+class _Subcommands(argparse._SubParsersAction):
+    """argparse's subcommands, but arguments a subcommand does not know are its own error
+    (``autotune probe: error: unrecognized arguments: --steps 3 (see autotune probe --help)``): argparse hands
+    them up to the top-level parser, whose error names only ``autotune``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        unknown = vars(namespace).get(getattr(argparse, "_UNRECOGNIZED_ARGS_ATTR", "_unrecognized_args"))
+        if unknown:
+            self._name_parser_map[values[0]].error("unrecognized arguments: " + " ".join(unknown))
 
 
 def import_torch(*, freeze: bool) -> None:

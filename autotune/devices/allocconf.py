@@ -1,15 +1,19 @@
-"""``PYTORCH_CUDA_ALLOC_CONF`` and the size rules of CUDA's caching allocator.
+"""The allocator settings (``PYTORCH_CUDA_ALLOC_CONF``, ``PYTORCH_ALLOC_CONF``) and the size rules of CUDA's
+caching allocator.
 
 A pure-Python reading of PyTorch's ``c10/core/AllocatorConfig.{h,cpp}`` (the
 keys every accelerator shares), ``c10/cuda/CUDAAllocatorConfig.{h,cpp}`` (the
 CUDA keys) and the size functions of ``c10/cuda/CUDACachingAllocator.cpp``
 (``round_size``, ``roundup_power2_next_division``, ``get_allocation_size``),
-plus ``format_size``, the pretty-printer of the out-of-memory message.
+plus ``format_size``, the pretty-printer of the out-of-memory message, and
+:func:`conf_from_environment`, the one place the settings are read from the environment.
 :mod:`autotune.devices.allocator` builds the allocator on top of it.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import BadInput
@@ -22,7 +26,10 @@ __all__ = [
     "KSMALL_SIZE",
     "MB",
     "SIZE_MAX",
+    "CONF_VARIABLES",
     "AllocatorConfig",
+    "conf_from_environment",
+    "describe_conf",
     "format_size",
     "get_allocation_size",
     "round_size",
@@ -50,6 +57,29 @@ _CUDA_KEYS = ("backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_reg
               "pinned_num_register_threads", "per_process_memory_fraction",
               "pinned_free_catch_all", "throw_on_cudamalloc_oom")
 KNOWN_KEYS = _COMMON_KEYS + _CUDA_KEYS
+
+#: The variables torch reads the allocator's settings from, in its order: the first one set wins, even when
+#: set to "" (torch 2.13, ``AcceleratorAllocatorConfig::instance`` and ``CUDAAllocatorConfig::instance``).
+#: ``PYTORCH_ALLOC_CONF`` is the device-generic name (torch 2.9 on); the CUDA one, older, wins over it.
+#: ROCm's ``PYTORCH_HIP_ALLOC_CONF`` is not read: the simulation stands in for a CUDA GPU.
+CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def conf_from_environment(environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """(the allocator settings torch runs with under ``environ`` (default: this process's environment), the
+    variable they came from); ``("", None)`` when no variable of :data:`CONF_VARIABLES` is set."""
+    env = os.environ if environ is None else environ
+    for name in CONF_VARIABLES:
+        if name in env:
+            return env[name], name
+    return "", None
+
+
+def describe_conf(conf: str, variable: str | None) -> str:
+    """The settings and where they came from, for people: ``PYTORCH_ALLOC_CONF=expandable_segments:True``."""
+    if variable is not None:
+        return f"{variable}={conf}" if conf else f"{variable} set to ''"
+    return f"allocator settings {conf!r}" if conf else f"{' and '.join(CONF_VARIABLES)} unset"
 
 
 def format_size(size: int) -> str:
@@ -83,7 +113,11 @@ class AllocatorConfig:
 
     @classmethod
     def parse(cls, conf: str) -> AllocatorConfig:
-        """Read a ``PYTORCH_CUDA_ALLOC_CONF`` string the way PyTorch 2.13 does; BadInput names what is wrong."""
+        """Read an allocator settings string (``PYTORCH_CUDA_ALLOC_CONF``'s) the way PyTorch 2.13 does; BadInput
+        names what is wrong."""
+        if not isinstance(conf, str):
+            raise BadInput(f"conf={conf!r} is not allocator settings: pass a string such as "
+                           "'expandable_segments:True' ('' for PyTorch's defaults) or an AllocatorConfig")
         return _Parser(conf).config()
 
     def divisions(self, size: int) -> int:
@@ -150,7 +184,7 @@ class _Parser:
         self.values: dict[str, object] = {}
 
     def fail(self, what: str) -> BadInput:
-        return BadInput(f"conf {self.conf!r}: {what} (PYTORCH_CUDA_ALLOC_CONF syntax: "
+        return BadInput(f"conf {self.conf!r}: {what} (allocator settings syntax: "
                         "key:value pairs separated by commas, e.g. 'expandable_segments:True,max_split_size_mb:128')")
 
     def at(self, i: int, key: str) -> str:

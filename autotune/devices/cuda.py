@@ -19,6 +19,7 @@ import torch
 
 from ..results.device import DeviceInfo
 from ..units import format_bytes
+from .allocconf import conf_from_environment
 from .base import Measurement, Session, T, timed_measure
 from .nvml import GpuInfo, Nvml, load_nvml
 from .tracker import LiveStorageTracker
@@ -56,7 +57,7 @@ class CudaDevice:
         self._info: GpuInfo | None = None
         self._capacity, self._free, self._total = self._read_capacity()
         # The allocator this process runs with: torch reads it once, at its first CUDA allocation.
-        self.alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        self.alloc_conf, self.alloc_conf_variable = conf_from_environment()
 
     def _nvml_index(self) -> int:
         try:
@@ -116,7 +117,7 @@ class CudaDevice:
 
     def estimator(self) -> EstimateDevice:
         """The estimate that stands in for this GPU: its capacity, compute capability, cuDNN and CUDA
-        versions, and this process's PYTORCH_CUDA_ALLOC_CONF."""
+        versions, and this process's allocator settings (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF)."""
         from .cudakernels import CudaTarget
         from .estimate import EstimateDevice
 
@@ -128,7 +129,8 @@ class CudaDevice:
             versions["cuda_version"] = tuple(int(x) for x in torch.version.cuda.split(".")[:2])
         return EstimateDevice(capacity=self._capacity, cuda_like=True, name=f"estimate ({self.name})",
                               target=CudaTarget.from_environment(self.capability(), **versions),
-                              alloc_conf=self.alloc_conf, device_total=self._total)
+                              alloc_conf=self.alloc_conf, alloc_conf_variable=self.alloc_conf_variable,
+                              device_total=self._total)
 
     def describe(self) -> DeviceInfo:
         props = None
@@ -151,7 +153,7 @@ class CudaDevice:
             torch=torch.__version__, model=name, total_bytes=self._total, free_bytes=self._free,
             other_processes=self._info.other_processes if self._info else None,
             driver=self.nvml.driver_version() if self.nvml is not None else None,
-            allocator_conf=self.alloc_conf,
+            allocator_conf=self.alloc_conf, allocator_conf_variable=self.alloc_conf_variable,
             compute_capability=f"{props.major}.{props.minor}" if props is not None and hasattr(props, "major")
             else None,
             note=None if self.nvml is not None else

@@ -18,7 +18,8 @@ Standing in for a CUDA device (``cuda_like``):
 - the allocation trace (every storage created and freed, with its exact size)
   is replayed through :class:`~autotune.devices.allocator.CachingAllocator`, a
   simulation of CUDA's caching allocator, with the GPU's capacity and the
-  ``PYTORCH_CUDA_ALLOC_CONF`` read when the device was made; the simulated
+  allocator settings read when the device was made (``PYTORCH_CUDA_ALLOC_CONF``,
+  else ``PYTORCH_ALLOC_CONF``, as torch reads them); the simulated
   *reserved* peak is the peak that decides (``Measurement.peak_bytes``), next to
   the allocated peak and the release-and-retry count;
 - the kernels CUDA would choose run instead of the CPU's
@@ -45,6 +46,7 @@ from ..errors import BadInput
 from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .allocator import AllocatorConfig
+from .allocconf import conf_from_environment, describe_conf
 from .base import Measurement, Session, T, _move_module, timed_measure
 from .cudakernels import CudaKernelChoices, CudaTarget
 from .meta import CpuKernelChoices, MetaKernels
@@ -57,7 +59,6 @@ from .tracker import LiveStorageTracker
 #: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
 CUDA_CONTEXT_ALLOWANCE = CONTEXT_ALLOWANCE
 CUDA_ROUNDING = 512  # the caching allocator's smallest block (kMinBlockSize), which the simulation applies
-CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 ENGINES = ("meta", "fake")
 ENGINE_VARIABLE = "AUTOTUNE_ESTIMATE_ENGINE"
 _MEASURED_BY = {
@@ -80,9 +81,10 @@ class EstimateDevice:
     stands in for a CUDA GPU: ``target`` (compute capability, library versions,
     cuBLAS settings) picks the kernels, and unless ``simulate`` is False the
     allocation trace is replayed through the caching-allocator simulation under
-    ``alloc_conf`` (default: ``$PYTORCH_CUDA_ALLOC_CONF`` when the device is made),
-    ``device_total`` being the GPU's whole memory. ``model`` names the GPU (a
-    preset); ``budget_given``: the capacity is the user's memory budget.
+    ``alloc_conf`` (default: ``$PYTORCH_CUDA_ALLOC_CONF``, else ``$PYTORCH_ALLOC_CONF``, when the device
+    is made; ``alloc_conf_variable`` names the variable a given one came from), ``device_total`` being
+    the GPU's whole memory. ``model`` names the GPU (a preset); ``budget_given``: the capacity is the
+    user's memory budget.
     """
 
     estimated = True
@@ -92,7 +94,8 @@ class EstimateDevice:
     def __init__(self, *, capacity: int, round_to: int = 1, cuda_like: bool = True,
                  allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0,
                  target: CudaTarget | None = None, alloc_conf: str | None = None, device_total: int | None = None,
-                 model: str | None = None, budget_given: bool = True, simulate: bool = True):
+                 model: str | None = None, budget_given: bool = True, simulate: bool = True,
+                 alloc_conf_variable: str | None = None):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
@@ -113,13 +116,14 @@ class EstimateDevice:
         self.model = model
         self.budget_given = budget_given
         self.device_total = device_total if device_total is not None else capacity
-        # PYTORCH_CUDA_ALLOC_CONF as it is now: the allocator the training process will run with.
-        self.alloc_conf = os.environ.get(CONF_VARIABLE, "") if alloc_conf is None else alloc_conf
+        # The allocator settings as they are now: the allocator the training process will run with.
+        self.alloc_conf, self.alloc_conf_variable = conf_from_environment() if alloc_conf is None else \
+            (alloc_conf, alloc_conf_variable)
         self.allocator: AllocatorConfig | None = None
         self.not_simulated: str | None = None  # why the allocator is not simulated, when it is not
         self.simulate = simulate
         if cuda_like and simulate:
-            self.allocator, self.not_simulated = _allocator_config(self.alloc_conf)
+            self.allocator, self.not_simulated = _allocator_config(self.alloc_conf, self.alloc_conf_variable)
         if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
             self.round_to = max(round_to, CUDA_ROUNDING)
         self._kernels = MetaKernels()
@@ -128,7 +132,7 @@ class EstimateDevice:
         return dict(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
                     name=self.name, engine=self.engine, target=self.target, alloc_conf=self.alloc_conf,
                     device_total=self.device_total, model=self.model, budget_given=self.budget_given,
-                    simulate=self.simulate)
+                    simulate=self.simulate, alloc_conf_variable=self.alloc_conf_variable)
 
     def with_other_guesses(self) -> EstimateDevice:
         """This estimate, answering every value it cannot know differently: when a run's peak
@@ -287,9 +291,8 @@ class EstimateDevice:
         if self.allowance:
             lines.append(f"{format_bytes(self.allowance)} allowed for the CUDA context and libraries")
         if self.simulates:
-            lines.append("CUDA's caching allocator simulated (" + (f"{CONF_VARIABLE}={self.alloc_conf}"
-                                                                   if self.alloc_conf else f"{CONF_VARIABLE} unset")
-                         + ")")
+            settings = describe_conf(self.alloc_conf, self.alloc_conf_variable)
+            lines.append(f"CUDA's caching allocator simulated ({settings})")
         elif self.round_to > 1:
             lines.append(f"allocations rounded up to {self.round_to} bytes")
         source = "memory budget" if self.budget_given else "NVML total of the GPU"
@@ -302,21 +305,22 @@ class EstimateDevice:
             cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback, model=self.model,
             total_bytes=self.device_total if self.cuda_like else None,
             allocator_conf=self.alloc_conf if self.cuda_like else None,
+            allocator_conf_variable=self.alloc_conf_variable if self.cuda_like else None,
             compute_capability=f"{self.target.capability[0]}.{self.target.capability[1]}" if self.cuda_like else None,
             note=self.not_simulated,
         )
 
 
-def _allocator_config(conf: str) -> tuple[AllocatorConfig | None, str | None]:
+def _allocator_config(conf: str, variable: str | None) -> tuple[AllocatorConfig | None, str | None]:
     """The conf the simulation runs with, or None and why it cannot simulate this one (a conf torch
-    itself would refuse is refused here, naming the variable)."""
+    itself would refuse is refused here, naming the variable it came from, else ``alloc_conf``)."""
     try:
         return AllocatorConfig.parse(conf), None
     except BadInput as exc:
         if "cudaMallocAsync" in conf:
-            return None, (f"{CONF_VARIABLE}={conf}: CUDA's own pool allocator (cudaMallocAsync) is not simulated; "
-                          "the estimate counts live tensor bytes rounded to 512 bytes")
-        raise BadInput(f"{CONF_VARIABLE}={conf!r} cannot be used: {exc}") from None
+            return None, (f"{variable or 'alloc_conf'}={conf}: CUDA's own pool allocator (cudaMallocAsync) is not "
+                          "simulated; the estimate counts live tensor bytes rounded to 512 bytes")
+        raise BadInput(f"{variable or 'alloc_conf'}={conf!r} cannot be used: {exc}") from None
 
 
 def default_engine() -> str:

@@ -4,7 +4,7 @@ The estimate records every device allocation and free of the fit rule
 (:class:`~autotune.devices.tracker.LiveStorageTracker` with ``record=True``)
 and :func:`replay` hands them, in order, to a fresh
 :class:`~autotune.devices.allocator.CachingAllocator` of the GPU's capacity
-under the process's ``PYTORCH_CUDA_ALLOC_CONF``. Out of memory in the
+under the process's allocator settings (``PYTORCH_CUDA_ALLOC_CONF``, else ``PYTORCH_ALLOC_CONF``). Out of memory in the
 simulation is not an error here: the replay then runs again without a limit,
 so the result always has the reserved peak the trace would need.
 

@@ -1,15 +1,22 @@
-"""What the adapters share: an Accumulator that clips the framework's way, the largest of a few batches."""
+"""What the adapters share: an Accumulator that clips the framework's way, the largest of a few batches, the
+warning for a dataset smaller than one effective batch."""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from ..training import Accumulator
+from ..units import plural
 from ..workload.batches import batch_size
+
+if TYPE_CHECKING:
+    from ..results.plan import Plan
 
 
 class FrameworkAccumulator(Accumulator):
@@ -51,3 +58,21 @@ def per_sample_elements(batch: Any) -> float:
     """Tensor elements of ``batch`` per sample."""
     total = sum(t.numel() for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))
     return total / max(1, batch_size(batch))
+
+
+def short_dataset(plan: Plan, dataset: Any, framework: str, *, warn: bool = True) -> Plan:
+    """``plan``, with a note (and a UserWarning when ``warn``) when ``dataset`` holds fewer samples than one
+    effective batch: the framework then steps at the end of every epoch, on the whole dataset, and no optimizer
+    step sees the target. A dataset without a length is not checked."""
+    try:
+        samples = len(dataset)
+    except TypeError:  # an iterable dataset
+        return plan
+    if samples >= plan.target_batch:
+        return plan
+    note = (f"the dataset holds {plural(samples, 'sample')}, fewer than one effective batch of {plan.target_batch}: "
+            f"{framework} steps at the end of every epoch, so no optimizer step sees more than {samples}; "
+            f"plan a target of at most {samples}, or train on more data")
+    if warn:
+        warnings.warn(note, UserWarning, stacklevel=3)
+    return dataclasses.replace(plan, notes=plan.notes + (note,))

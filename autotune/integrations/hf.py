@@ -37,6 +37,7 @@ from ..devices import Device
 from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
 from ..workload import Workload
+from .common import short_dataset
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -66,7 +67,8 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
     if not isinstance(args, TrainingArguments):
         raise BadInput(f"args must be transformers.TrainingArguments, got {type(args).__name__}")
     collator = data_collator if data_collator is not None else default_data_collator
-    batch = worst_case_batch(train_dataset, collator, columns=_kept_columns(args, model))
+    batch = worst_case_batch(train_dataset, collator, columns=_kept_columns(args, model),
+                             forward=f"{type(model).__name__}.forward{inspect.signature(model.forward)}")
     workload = trainer_workload(args, model, batch)
     world = max(1, args.world_size) * max(1, args.n_gpu)
     try:
@@ -74,6 +76,7 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
                         world_size=world, uniform=True)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, "hf", target_name="target_batch") from None
+    plan = short_dataset(plan, train_dataset, "the Trainer", warn=args.process_index == 0)
     planned = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch,
                                   gradient_accumulation_steps=plan.accumulation_steps)
     return planned, plan
@@ -121,24 +124,41 @@ def trainer_optimizer(args: TrainingArguments, model: nn.Module) -> Callable[[It
     return factory
 
 
-def worst_case_batch(dataset: Any, collator: Callable[[list[Any]], Any], *,
-                     columns: set[str] | None = None) -> dict[str, torch.Tensor]:
+def worst_case_batch(dataset: Any, collator: Callable[[list[Any]], Any], *, columns: set[str] | None = None,
+                     forward: str = "the model's forward") -> dict[str, torch.Tensor]:
     """The batch of the longest examples in ``dataset``, as ``collator`` makes it.
 
     An example's length is that of its longest sequence field (``input_ids`` and
-    the like). ``columns``: the fields the Trainer keeps (the rest are dropped
-    before collating, as ``remove_unused_columns`` does).
+    the like). ``columns``: the fields the Trainer keeps, ``forward``'s parameters and the
+    label names (the rest are dropped before collating, as ``remove_unused_columns`` does);
+    when that leaves the collator nothing to work with, BadInput names the columns dropped.
     """
     examples = _longest(dataset, LONGEST)
     if not examples:
         raise BadInput("train_dataset is empty: give the dataset the Trainer will train on")
+    dropped, why = "", ""
     if columns is not None:
+        dropped = ", ".join(sorted({k for e in examples if isinstance(e, Mapping) for k in e} - columns))
         examples = [{k: v for k, v in e.items() if k in columns} if isinstance(e, Mapping) else e for e in examples]
-    batch = collator(examples)
+        why = (f"the Trainer keeps only the parameters of {forward} and the label names ({', '.join(sorted(columns))})"
+               "; set remove_unused_columns=False in TrainingArguments to keep them")
+    if dropped and all(isinstance(e, Mapping) and not e for e in examples):
+        raise BadInput(f"remove_unused_columns drops every column of train_dataset ({dropped}): {why}")
+    try:
+        batch = collator(examples)
+    except Exception as exc:  # the user's collator, whatever it raises: say which columns it never saw
+        if not dropped:
+            raise
+        raise BadInput(f"data_collator failed ({type(exc).__name__}: {exc}) on examples without the columns "
+                       f"remove_unused_columns drops ({dropped}): {why}") from exc
     if not isinstance(batch, Mapping):
         raise BadInput(f"data_collator returned {type(batch).__name__}, not a dict of tensors: the Trainer calls "
                        "model(**batch)")
-    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise BadInput("data_collator returned no tensors, and the Trainer calls model(**batch)" + (
+            f"; remove_unused_columns drops the columns {dropped}: {why}" if dropped else ""))
+    return tensors
 
 
 def example_length(example: Any) -> int:

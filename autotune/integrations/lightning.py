@@ -40,7 +40,7 @@ from ..devices import Device
 from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
 from ..workload import Workload
-from .common import FrameworkAccumulator, largest_batch
+from .common import FrameworkAccumulator, largest_batch, short_dataset
 
 if TYPE_CHECKING:
     from ..results.plan import Plan
@@ -85,7 +85,8 @@ class AutotuneBatchSize(Callback):
                            "of its hparams nor of the datamodule: give the name your train_dataloader reads")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        batch, seen = largest_batch(_train_batches(trainer, pl_module), self.scan_batches)
+        loaders = _train_loaders(trainer, pl_module)
+        batch, seen = largest_batch(_batches(loaders), self.scan_batches)
         log.progress(f"probing on the largest of {seen} batches of the train dataloader")
         workload = module_workload(trainer, pl_module, batch)
         device = self.device if self.device is not None else str(trainer.strategy.root_device)
@@ -94,6 +95,7 @@ class AutotuneBatchSize(Callback):
                             margin=self.margin, world_size=trainer.world_size, uniform=True)
         except NoUniformPlan as exc:
             raise no_equal_split(exc, "lightning", target_name="target_batch") from None
+        plan = short_dataset(plan, getattr(loaders, "dataset", None), "Lightning", warn=trainer.is_global_zero)
         lightning_setattr(pl_module, self.batch_arg_name, plan.micro_batch)
         trainer.accumulate_grad_batches = plan.accumulation_steps
         trainer.fit_loop._combined_loader = None  # built again, with the new batch size, when the fit loop starts
@@ -122,10 +124,14 @@ def module_workload(trainer: Trainer, module: LightningModule, batch: Any) -> Wo
     return Workload.from_model(module, batch, loss=loss, optimizer=optimizer, name=type(module).__name__)
 
 
-def _train_batches(trainer: Trainer, module: LightningModule):
-    """Batches as the train dataloader hook (the datamodule's or the module's) yields them."""
+def _train_loaders(trainer: Trainer, module: LightningModule) -> Any:
+    """What the train dataloader hook (the datamodule's or the module's) returns: a loader or a collection."""
     source = getattr(trainer.fit_loop, "_data_source", None)
-    loaders = source.dataloader() if source is not None else module.train_dataloader()
+    return source.dataloader() if source is not None else module.train_dataloader()
+
+
+def _batches(loaders: Any):
+    """Batches as the train dataloader(s) yield them."""
     for batch, _, _ in CombinedLoader(loaders, mode="max_size_cycle"):
         yield batch
 

@@ -107,7 +107,7 @@ def environment(s: Subject) -> Section:
         ("Device", f"{device.name} ({device.kind})"),
         ("Device model", device.model or "unknown"),
         ("Driver", device.driver or ("n/a (not a CUDA device)" if device.kind != "cuda" else "unknown")),
-        ("PYTORCH_CUDA_ALLOC_CONF", "n/a (not a CUDA device)" if conf is None else (conf or "(not set)")),
+        ("Allocator settings", "n/a (not a CUDA device)" if conf is None else (conf or "(not set)")),
         ("Memory measured by", device.measured_by),
         ("Capacity from", device.capacity_source),
         ("Result", status(s.probe) if s.probe is not None else "no probe result"),

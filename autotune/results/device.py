@@ -38,6 +38,7 @@ class DeviceInfo:
     free_bytes: int | None = None
     driver: str | None = None
     allocator_conf: str | None = None
+    allocator_conf_variable: str | None = None  # where allocator_conf came from: PYTORCH_CUDA_ALLOC_CONF, ...
     other_processes: tuple[tuple[int, int], ...] | None = None
     cpu_count: int | None = None
     ram_total_bytes: int | None = None

@@ -16,7 +16,8 @@ store may answer the second with the first's result. The digest covers:
   driver, the budget when one was given (an estimate's budget, allowance,
   rounding and engine), never what changes from minute to minute (free memory,
   other processes: a confirm run checks those);
-- torch's and autotune's versions, ``PYTORCH_CUDA_ALLOC_CONF``, the precision,
+- torch's and autotune's versions, the allocator settings torch reads
+  (``PYTORCH_CUDA_ALLOC_CONF``, else ``PYTORCH_ALLOC_CONF``), the precision,
   world size, parallel strategy and how the fit rule runs (whether it holds
   DDP's gradient buckets), the fit rule's steps and what it holds besides the
   model (the runner's loss sum and noise-measurement buffer), and the margin.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -39,6 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
 from ..results.device import DeviceInfo
@@ -50,8 +51,7 @@ from ..workload.bookkeeping import noise_buffer_numel
 SIZES = (2, 3)
 #: DeviceInfo fields that change while the device stays the same.
 VOLATILE = ("summary", "free_bytes", "other_processes", "note", "engine_fallback", "capacity_source", "torch",
-            "allocator_conf")
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+            "allocator_conf", "allocator_conf_variable")
 
 
 class Untraceable(Exception):
@@ -89,7 +89,7 @@ def fingerprint(workload: Workload, device: Device, *, margin: float, world_size
         "device": device_part(device.describe()),
         "torch": str(torch.__version__),
         "autotune": autotune.__version__,
-        "alloc_conf": os.environ.get(ALLOC_CONF, ""),
+        "alloc_conf": conf_from_environment()[0],  # the settings decide, not the name they were given under
         "precision": precision,
         "world_size": int(world_size),
         "rule": plain(rule),

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import AutotuneError
+from ..errors import AutotuneError, BadInput
+from ..units import plural
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -38,6 +39,16 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def check_world(planned: int, what: str, fix: str) -> None:
+    """BadInput unless ``planned`` processes are running (this process group's ranks, else this one process):
+    a job of another size would train the wrong share of every batch. ``what`` asked for them ("the plan is
+    for 2 ranks"), ``fix`` is the other way out."""
+    world = world_size()
+    if world != planned:
+        raise BadInput(f"{what} but {plural(world, 'process', 'processes')} {'is' if world == 1 else 'are'} "
+                       f"running: launch with torchrun --nproc-per-node {planned} ({fix})")
 
 
 def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:

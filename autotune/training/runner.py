@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 from .. import log, options
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
-from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError
+from ..errors import AutotuneError, DoesNotFit, WorkloadError
 from ..results.noise import NoiseScaleEstimate
 from ..results.run import RunResult, Verification
 from ..units import plural
@@ -47,10 +47,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         raise ValueError(f"steps must be at least 1, got {steps}")
     ddp = distributed.active()
     rank, world = distributed.rank(), distributed.world_size()
-    if world != plan.world_size:
-        raise BadInput(f"the plan is for {plural(plan.world_size, 'rank')} but {plural(world, 'process', 'processes')} "
-                       f"{'is' if world == 1 else 'are'} running: launch with "
-                       f"torchrun --nproc-per-node {plan.world_size} (or plan for world_size={world})")
+    distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
+                            f"or plan for world_size={world}")
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]

@@ -57,6 +57,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,error", [
+    (["probe", "--steps", "3"], "autotune probe: error: unrecognized arguments: --steps 3 (see autotune probe --help)"),
+    (["store", "ls", "--bogus"],
+     "autotune store ls: error: unrecognized arguments: --bogus (see autotune store ls --help)"),
+    (["--bogus", "devices"], "autotune: error: unrecognized arguments: --bogus (see autotune --help)"),
+])
+def test_an_unknown_argument_is_the_error_of_the_command_that_does_not_know_it(capsys, argv, error):
+    assert run(capsys, *argv) == (2, "", error + "\n")
+
+
 def test_a_bad_estimate_engine_in_the_environment_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "jit")
     code, out, err = run(capsys, "probe", *MLP)
@@ -116,6 +126,34 @@ def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
     assert code == 1 and data["passed"] is False
     grad = next(c for c in data["verification"]["checks"] if c["name"] == "gradient_equivalence")
     assert "BatchNorm2d" in grad["message"]
+
+
+@pytest.mark.parametrize("how,argv,env,words", [
+    ("fsdp", ["--parallel", "fsdp", "--world-size", "2", "--target-batch", "64"], {},
+     "--world-size 2 but 1 process is running: launch with torchrun --nproc-per-node 2 (or plan for 2 ranks "
+     "without training them: plan, not run)"),
+    ("ddp", ["--world-size", "2", "--target-batch", "64"], {}, "--world-size 2 but 1 process is running"),
+    ("WORLD_SIZE", ["--target-batch", "64"], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but 1 process is running"),
+    ("plan", ["--plan", "PLAN"], {}, "the plan is for 2 ranks but 1 process is running: launch with torchrun "
+     "--nproc-per-node 2 (or plan for --world-size=1)"),
+])
+def test_a_run_for_more_ranks_than_processes_stops_before_any_work(capsys, monkeypatch, tmp_path, how, argv, env,
+                                                                   words):
+    """Without torchrun one process runs: the run refuses before it loads the workload or probes."""
+    import autotune.api
+    from autotune.planning import make_plan
+    from autotune.serial import dumps
+
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(make_plan(64, 32, world_size=2).to_dict()))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    loaded = []
+    resolve = autotune.api.resolve
+    monkeypatch.setattr(autotune.api, "resolve", lambda *a, **k: loaded.append(a) or resolve(*a, **k))
+    code, out, err = run(capsys, "run", *[str(path) if a == "PLAN" else a for a in argv], *MLP)
+    assert (code, out, loaded) == (2, "", [])
+    assert len(err.strip().splitlines()) == 1 and f"autotune run: error: {words}" in err
 
 
 def test_debug_shows_the_traceback(capsys):
@@ -187,3 +225,27 @@ def test_library_errors_name_flags_on_the_command_line(message, flags):
     from autotune.cli import in_flag_terms
 
     assert in_flag_terms(message) == flags
+
+
+@pytest.mark.slow
+def test_the_estimate_runs_under_the_generic_allocator_variable(capsys, monkeypatch):
+    """PYTORCH_ALLOC_CONF, torch's device-generic name, sets the simulated allocator as PYTORCH_CUDA_ALLOC_CONF
+    does, and the output says which variable it came from."""
+    def probe(**env):
+        for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        code, out, _ = run(capsys, "probe", "--probe", "mlp", "--device", "estimate", "--memory-budget", "1GiB",
+                           "--json", "--quiet")
+        assert code == 0
+        data = json.loads(out)
+        return data["device"], [(t["batch"], t["peak_bytes"]) for t in data["trials"]]
+
+    plain, old, generic = probe(), probe(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"), \
+        probe(PYTORCH_ALLOC_CONF="expandable_segments:True")
+    assert generic[1] == old[1] != plain[1]  # expandable segments reserve otherwise
+    assert (generic[0]["allocator_conf"], generic[0]["allocator_conf_variable"]) == (
+        "expandable_segments:True", "PYTORCH_ALLOC_CONF")
+    assert (old[0]["allocator_conf_variable"], plain[0]["allocator_conf_variable"]) == ("PYTORCH_CUDA_ALLOC_CONF", None)
+    assert generic[0]["summary"].endswith("(PYTORCH_ALLOC_CONF=expandable_segments:True)")

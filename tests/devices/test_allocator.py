@@ -448,6 +448,12 @@ def test_zero_bytes_and_misuse():
         CachingAllocator().set_per_process_memory_fraction(0.5)
 
 
+@pytest.mark.parametrize("conf", [None, 128, b"expandable_segments:True"])
+def test_settings_that_are_not_a_string_are_bad_input_naming_conf(conf):
+    with pytest.raises(BadInput, match=rf"^conf={conf!r} is not allocator settings: pass a string"):
+        CachingAllocator(conf=conf)
+
+
 def test_public_pytorch_figures():
     """The figures PyTorch's own test_cuda.py (test_allocator_settings, test_roundup_power2_divisions_*) expects
     from a real GPU: active_bytes grows by the rounded size, requested_bytes by the request."""

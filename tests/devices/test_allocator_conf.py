@@ -1,4 +1,5 @@
-"""PYTORCH_CUDA_ALLOC_CONF and the size rules of the caching-allocator replica.
+"""The allocator settings (PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF) and the size rules of the
+caching-allocator replica.
 
 Expected figures follow PyTorch 2.13's C++ (c10/core/AllocatorConfig.cpp,
 c10/cuda/CUDAAllocatorConfig.cpp, c10/cuda/CUDACachingAllocator.cpp); the
@@ -8,11 +9,17 @@ PyTorch's own: the CPU build of torch ships the accelerator-wide parser.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from autotune.devices.allocconf import (
+    CONF_VARIABLES,
     AllocatorConfig,
+    conf_from_environment,
     format_size,
     get_allocation_size,
     round_size,
@@ -203,3 +210,36 @@ def test_parser_agrees_with_pytorch(conf, torch_parser):
     assert (torch_says is None) == (ours is None), (torch_says, ours)
     if torch_says is not None and "INTERNAL ASSERT" not in torch_says:
         assert torch_says.strip() in ours
+
+
+# -- where the settings come from: (id, environment, (settings, variable)) ---------------------------------------
+
+CUDA, GENERIC = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
+ENVIRONMENTS = [
+    ("neither", {}, ("", None)),
+    ("the-cuda-name", {CUDA: "max_split_size_mb:30"}, ("max_split_size_mb:30", CUDA)),
+    ("the-generic-name", {GENERIC: "max_split_size_mb:40"}, ("max_split_size_mb:40", GENERIC)),
+    ("both:-the-cuda-name-wins", {CUDA: "max_split_size_mb:30", GENERIC: "max_split_size_mb:40"},
+     ("max_split_size_mb:30", CUDA)),
+    ("the-cuda-name-set-empty-still-wins", {CUDA: "", GENERIC: "max_split_size_mb:40"}, ("", CUDA)),
+    ("the-generic-name-set-empty", {GENERIC: ""}, ("", GENERIC)),
+]
+
+
+@pytest.mark.parametrize(("env", "expected"), [r[1:] for r in ENVIRONMENTS], ids=[r[0] for r in ENVIRONMENTS])
+def test_the_settings_come_from_the_first_variable_set(env, expected):
+    assert conf_from_environment({"PATH": "/bin", **env}) == expected
+
+
+@pytest.mark.slow
+def test_torch_reads_the_same_variable():
+    """Each environment above, in a fresh process (torch reads the variables once): torch's own settings are
+    the ones conf_from_environment gives."""
+    if not hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        pytest.skip(f"torch {torch.__version__} cannot say which settings it read")
+    code = "import torch; print(repr(torch._C._accelerator_getAllocatorSettings()))"
+    base = {k: v for k, v in os.environ.items() if k not in CONF_VARIABLES}
+    jobs = [subprocess.Popen([sys.executable, "-c", code], env={**base, **env}, stdout=subprocess.PIPE, text=True)
+            for _, env, _ in ENVIRONMENTS]
+    torch_read = [job.communicate(timeout=120)[0].strip() for job in jobs]
+    assert torch_read == [repr(conf_from_environment({**base, **env})[0]) for _, env, _ in ENVIRONMENTS]

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune.devices import CUDA_CONTEXT_ALLOWANCE, CpuDevice, EstimateDevice, get_device
 from autotune.devices.estimate import CUDA_ROUNDING, ENGINES
-from autotune.errors import DeviceError
+from autotune.errors import BadInput, DeviceError
 from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import load_workload
 from autotune.workload.bookkeeping import noise_buffer
@@ -151,9 +151,33 @@ def test_estimate_device_for_a_gpu(budget, capacity):
     desc = dev.describe().to_dict()
     assert desc["summary"] == (
         f"estimate for a CUDA GPU with {budget // GiB}.0 GiB, compute capability 8.0; 640.0 MiB allowed for the "
-        "CUDA context and libraries; CUDA's caching allocator simulated (PYTORCH_CUDA_ALLOC_CONF unset)")
+        "CUDA context and libraries; CUDA's caching allocator simulated (PYTORCH_CUDA_ALLOC_CONF and "
+        "PYTORCH_ALLOC_CONF unset)")
     assert desc["compute_capability"] == "8.0" and desc["allocator_conf"] == ""
     assert desc["measured_by"].startswith("reserved peak of a simulated CUDA caching allocator")
+
+
+def test_the_allocator_settings_are_read_as_torch_reads_them(monkeypatch):
+    """PYTORCH_ALLOC_CONF, the device-generic name, when PYTORCH_CUDA_ALLOC_CONF is not set; the output names
+    the variable the simulation's settings came from."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    dev = get_device("estimate", memory_budget=GiB)
+    info = dev.describe()
+    assert dev.allocator is not None and dev.allocator.expandable_segments
+    assert (info.allocator_conf, info.allocator_conf_variable) == ("expandable_segments:True", "PYTORCH_ALLOC_CONF")
+    assert info.summary.endswith("simulated (PYTORCH_ALLOC_CONF=expandable_segments:True)")
+    assert dev.with_other_guesses().describe().allocator_conf_variable == "PYTORCH_ALLOC_CONF"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")  # both set: torch takes the CUDA name's
+    dev = get_device("estimate", memory_budget=GiB)
+    info = dev.describe()
+    assert dev.allocator is not None and not dev.allocator.expandable_segments
+    assert dev.allocator.max_split_size == 64 * MiB
+    assert (info.allocator_conf, info.allocator_conf_variable) == ("max_split_size_mb:64", "PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:1")  # refused settings name their variable
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    with pytest.raises(BadInput, match=r"^PYTORCH_ALLOC_CONF='max_split_size_mb:1' cannot be used: .*too small"):
+        get_device("estimate", memory_budget=GiB)
 
 
 def test_budget_that_leaves_nothing_after_the_allowance():

@@ -20,7 +20,7 @@ from autotune.integrations.hf import plan_training_args, trainer_optimizer, trai
 from autotune.probing.fitrule import fit_rule_work  # noqa: E402
 from autotune.units import parse_size  # noqa: E402
 
-from .hf_models import LENGTHS, collate, examples, gpt2  # noqa: E402
+from .hf_models import LENGTHS, Forwarding, collate, examples, gpt2  # noqa: E402
 
 BUDGET = "6MiB"  # the tiny GPT-2 fits 45 examples of 12 tokens, 6 of 64
 TARGET = 24
@@ -87,6 +87,46 @@ def test_the_worst_case_is_the_longest_examples_as_the_collator_pads_them():
     assert batch["input_ids"][0].tolist() == data[2]["input_ids"]  # the first of the longest first
     with pytest.raises(autotune.BadInput, match="train_dataset is empty"):
         worst_case_batch([], collate)
+
+
+def test_columns_the_trainer_drops_are_named_when_the_collator_is_left_without_them(tmp_path):
+    """A forward(*args, **kwargs) names no column: the Trainer's remove_unused_columns drops them all, and the
+    error says which and why, before any probe."""
+    model, data, args = Forwarding(gpt2().config), examples([5, 6]), training_args(tmp_path)
+    assert next(iter(Trainer(model=model, args=args, train_dataset=data).get_train_dataloader())) == {}  # the Trainer's
+    every = (r"^remove_unused_columns drops every column of train_dataset \(input_ids, source\): the Trainer keeps "
+             r"only the parameters of Forwarding\.forward\(\*args, \*\*kwargs\) and the label names \(args, kwargs, "
+             r"label, label_ids\); set remove_unused_columns=False")
+    with pytest.raises(autotune.BadInput, match=every):
+        plan_training_args(args, model, data, target_batch=8, device="cpu", memory_budget=BUDGET)
+    labelled = [{**e, "label": 0} for e in data]  # a column kept, the ones the collator needs dropped
+    failed = (r"^data_collator failed \(KeyError: 'input_ids'\) on examples without the columns "
+              r"remove_unused_columns drops \(input_ids, source\): the Trainer keeps only")
+    with pytest.raises(autotune.BadInput, match=failed):
+        plan_training_args(args, model, labelled, target_batch=8, data_collator=collate, device="cpu",
+                           memory_budget=BUDGET)
+
+
+@pytest.mark.slow
+def test_a_dataset_smaller_than_one_effective_batch_is_a_warning_and_a_note(tmp_path):
+    """3 examples, target 64: the Trainer steps at the end of each epoch, on 3 examples; the plan says so."""
+    model, data = gpt2(), examples([12] * 3)
+    with pytest.warns(UserWarning, match=r"^the dataset holds 3 samples, fewer than one effective batch of 64: the "
+                      r"Trainer steps at the end of every epoch, so no optimizer step sees more than 3; plan a target "
+                      r"of at most 3, or train on more data$") as caught:
+        new, plan = plan_training_args(training_args(tmp_path), model, data, target_batch=64, data_collator=collate,
+                                       device="cpu", memory_budget=BUDGET)
+    assert len(caught) == 1 and plan.notes[-1] == str(caught[0].message) and plan.notes[-1] in plan.summary()
+    fed: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: fed.append(len(kw["input_ids"])), with_kwargs=True)
+    trainer = Trainer(model=model, args=new, train_dataset=data, data_collator=collate)
+    trainer.train()
+    assert trainer.state.global_step == 2 and fed == [3, 3]  # what the warning says: 3 examples a step
+    from autotune.integrations.common import short_dataset
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert short_dataset(plan, examples([12] * 64), "the Trainer") is plan  # one batch's worth: no word
 
 
 def test_the_probe_builds_the_trainers_optimizer(tmp_path):

@@ -83,6 +83,16 @@ def test_a_target_with_no_equal_split_names_the_nearest():
         fit_with_callback(23, LONG_THIRD)
 
 
+def test_a_dataset_smaller_than_one_effective_batch_is_a_warning_and_a_note():
+    """64 samples, target 1000: Lightning steps at the end of each epoch, on 64 samples; the plan says so."""
+    with pytest.warns(UserWarning, match=r"^the dataset holds 64 samples, fewer than one effective batch of 1000: "
+                      r"Lightning steps at the end of every epoch, so no optimizer step sees more than 64") as caught:
+        tune, data, t, seen = fit_with_callback(1000, [6] * 64)
+    mine = [w for w in caught if "fewer than one effective batch" in str(w.message)]
+    assert len(mine) == 1 and tune.plan.notes[-1] == str(mine[0].message)
+    assert t.global_step == 2 and sum(seen.sizes) == 2 * 64  # what the warning says: 64 samples a step
+
+
 def test_the_callback_refuses_what_it_cannot_set():
     pl.seed_everything(0, verbose=False)
     with pytest.raises(BadInput, match=r"batch_arg_name 'bs' is neither an attribute"):

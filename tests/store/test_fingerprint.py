@@ -98,6 +98,20 @@ def test_the_allocator_settings_change_the_fingerprint(monkeypatch):
     assert digest() != before
 
 
+def test_the_allocator_settings_under_the_generic_name_change_the_fingerprint(monkeypatch):
+    """PYTORCH_ALLOC_CONF is read as torch reads it: the settings decide, whichever name they came under."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    before = digest()
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    generic = digest()
+    assert generic != before
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    assert digest() not in (before, generic)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # both: torch takes this one
+    assert digest() == generic
+
+
 def test_the_chosen_workload_options_change_the_fingerprint():
     base = replace(tiny(), options={"checkpointing": [False, True]})
     assert digest(base.configure(checkpointing=True)) != digest(base.configure(checkpointing=False))
