@@ -259,12 +259,17 @@ class Pool:
         """The first free worker; JobFailed when the client goes or the service stops first."""
         while True:
             try:
-                return self._idle.get(timeout=POLL_S)
+                worker: Worker | None = self._idle.get(timeout=POLL_S)
             except queue.Empty:
+                worker = None
+            if self.stopping.is_set() or job.gone.is_set():
+                if worker is not None:
+                    self._idle.put(worker)
                 if self.stopping.is_set():
-                    raise JobFailed(503, STOPPING) from None
-                if job.gone.is_set():
-                    raise JobFailed(GONE, "the client hung up before a worker was free") from None
+                    raise JobFailed(503, STOPPING)
+                raise JobFailed(GONE, "the client hung up before a worker was free")
+            if worker is not None:
+                return worker
 
     def _why_stop(self, job: Job) -> JobFailed | None:
         """Why a running job must end now: the service stops, or every client of its probe has gone."""

@@ -422,10 +422,16 @@ def test_a_damaged_entry_is_served_as_damaged_then_probed_again(server):
     assert after["damaged"] is None and after["valid"] and after["probe"]["workload"] == "mlp"
 
 
+def _warm(server: Server) -> dict:
+    """Both workers started (a plan on each), then the service's health."""
+    with server.client() as http, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert [a.status_code for a in pool.map(lambda _: http.post("/v1/plan", json=PLAN), range(2))] == [200] * 2
+        return http.get("/healthz").json()
+
+
 def test_clients_that_hang_up_stop_their_probe_and_release_its_claim(server):
     body = {**PLAN, "probe": "slow", "target_batch": 64}
-    with server.client() as http:
-        before = http.get("/healthz").json()
+    before = _warm(server)
 
     def hang_up(_: int) -> str:
         with server.client(timeout=1) as http:
@@ -445,27 +451,33 @@ def test_clients_that_hang_up_stop_their_probe_and_release_its_claim(server):
             time.sleep(0.1)
     assert (health["busy"], health["waiting"]) == (0, 0), health
     assert health["cancelled"] - before["cancelled"] == 10
+    assert health["jobs"] - before["jobs"] >= 2  # two ran on the workers (which were stopped), the others waited
     assert _claims(server) == []
 
 
 def test_a_probe_whose_client_hung_up_runs_on_while_another_waits_for_it(server):
     body = {**PLAN, "probe": "slow", "target_batch": 65}
-    with server.client() as http:
-        before = http.get("/healthz").json()["cancelled"]
-    def ask(timeout: float) -> httpx.Response:
-        with server.client(timeout=timeout) as http:
-            return http.post("/v1/plan", json=body)
+    before = _warm(server)["cancelled"]
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        gone = pool.submit(ask, 1)
-        waits = pool.submit(ask, 60)
-        with pytest.raises(httpx.TimeoutException):
-            gone.result()
-        time.sleep(1)
-        with server.client() as http:
-            during = http.get("/healthz").json()
-        assert waits.result().status_code == 504  # the slow probe runs past the 6 s limit
+    def ask(timeout: float) -> str:
+        with server.client(timeout=timeout) as http:
+            try:
+                return str(http.post("/v1/plan", json=body).status_code)
+            except httpx.TimeoutException:
+                return "gone"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, server.client() as http:
+        first, second = pool.submit(ask, 1), pool.submit(ask, 3)
+        assert first.result() == "gone"
+        time.sleep(0.5)
+        during = http.get("/healthz").json()  # the first job runs on: the second waits for its probe
+        assert second.result() == "gone"
+        deadline = time.monotonic() + 3
+        while (after := http.get("/healthz").json())["busy"] and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert during["busy"] == 2 and during["cancelled"] == before, during
+    assert after["busy"] == 0 and after["cancelled"] == before + 2, after  # then both clients had gone
+    assert _claims(server) == []
 
 
 def _claims(server: Server) -> list:
