@@ -63,6 +63,15 @@ def test_probe_json_says_where_the_answer_came_from(capsys, url):
     assert second["notes"][0].startswith("from the store")
 
 
+def test_a_smaller_target_is_answered_from_the_memory_limit_found_before(capsys, url):
+    argv = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "8MiB", "--store", url, "--json"]
+    plans = [json.loads(run(capsys, "plan", "--target-batch", str(t), *argv)[1]) for t in (2048, 100)]
+    assert [p["probe"]["from_store"] for p in plans] == [False, True]
+    assert plans[0]["probe"]["limited_by"] == "memory" and plans[1]["micro_batch"] == 100
+    code, out, _ = run(capsys, "store", "ls", "--store", url, "--json")
+    assert [(e["max_micro_batch"], e["limited_by"], e["hits"]) for e in json.loads(out)] == [(1419, "memory", 1)]
+
+
 def test_the_environment_names_the_store(capsys, url, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_STORE", url)
     run(capsys, "plan", "--target-batch", "64", *CPU, "--quiet")

@@ -392,3 +392,15 @@ def test_a_store_file_removed_while_open_is_opened_afresh(store):
     again = Store(store.url)
     assert [e.fingerprint for e in again.entries()] == [OTHER]
     assert [e.fingerprint for e in store.entries()] == [OTHER]
+
+
+def test_a_store_whose_folder_went_is_unhealthy(tmp_path):
+    import shutil
+
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    store = Store(f"sqlite:///{folder / 'plans.db'}")
+    assert store.healthy() is None
+    shutil.rmtree(folder)
+    problem = store.healthy()
+    assert problem is not None and "cannot be opened" in problem and "removed or replaced while open" in problem
