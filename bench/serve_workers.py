@@ -27,6 +27,7 @@ from common import machine
 
 import autotune.api
 from autotune.serve import worker as workers
+from autotune.serve.jobs import Job
 
 JOB = {"kind": "plan", "probe": "mlp", "spec": "mlp", "target_batch": 512, "device": "estimate",
        "memory_budget": "1GiB", "world_size": 1, "parallel": "ddp", "margin": 0.1, "precision": "fp32",
@@ -47,14 +48,14 @@ def measure(method: str, store: str, repeat: int) -> dict[str, float]:
     pool = workers.Pool(store, 1, timeout_s=600)
     start = time.perf_counter()
     pool.start()
-    pool.run(JOB)
+    pool.run(Job(JOB, key="mlp"))
     first = time.perf_counter() - start
     rss, pss = memory_mib(pool.workers[0].process.pid)
     replaced = []
     for _ in range(repeat):
         pool.workers[0].stop()  # as after a timeout or a dead worker
         start = time.perf_counter()
-        answer = pool.run(JOB)
+        answer = pool.run(Job(JOB, key="mlp"))
         replaced.append(time.perf_counter() - start)
         assert answer["cached"]
     pool.stop()

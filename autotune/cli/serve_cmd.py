@@ -8,7 +8,9 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import options
 from ..errors import BadInput
@@ -21,7 +23,13 @@ probed once, in a worker process, and kept. Probes are the built-in ones and
 the NAME.py files in --probes folders; a request never names a file or module.
 Without --host the service listens on 127.0.0.1 only; on any other address it
 needs --token-file, and every request but GET /healthz then needs
-"Authorization: Bearer <token>". The API is described at /docs.
+"Authorization: Bearer <token>" (/healthz without it says only whether the
+service is up). A request's Host must name the address listened on (on
+127.0.0.1: also localhost) unless --allowed-hosts names it. A plan request
+whose client hangs up stops its probe unless another request waits for the
+same one; Ctrl-C or SIGTERM stops running probes and answers their requests
+503 within seconds. The store must be a database every worker process can
+reach: not an in-memory one. The API is described at /docs.
 
 examples:
   autotune serve --store sqlite:///plans.db
@@ -29,6 +37,7 @@ examples:
        -d '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
   python -c 'import secrets; print(secrets.token_urlsafe(32))' > token && chmod 600 token
   autotune serve --store postgresql://db.internal/autotune --host 0.0.0.0 --token-file token --probes ./probes
+  autotune serve --store sqlite:///plans.db --host 10.0.0.5 --token-file token --allowed-hosts plans.internal
 """
 
 DEFAULT_PORT = 8321
@@ -47,6 +56,9 @@ def add_parser(sub) -> None:
     p.add_argument("--probes", metavar="DIR", action="append", default=[],
                    help="a folder whose NAME.py probe files the service may run (repeat for several); the built-in "
                         "probes are always served")
+    p.add_argument("--allowed-hosts", metavar="NAMES", type=flag(_hosts, "--allowed-hosts"), default=None,
+                   help="more names requests may give in their Host header, comma-separated ('*': any); the address "
+                        "listened on is always one (and localhost on 127.0.0.1; on 0.0.0.0 or :: any name is)")
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help=f"a file holding the bearer token every request must send (at least {MIN_TOKEN} characters)")
     p.add_argument("--workers", type=positive_int("--workers"), default=1, metavar="N",
@@ -65,13 +77,38 @@ def _port(text: str, name: str) -> int:
     return port
 
 
+def _hosts(text: str, name: str) -> frozenset[str]:
+    names = frozenset(n.strip().lower().strip("[]") for n in text.split(",") if n.strip())
+    if not names or any(" " in n or "/" in n for n in names):
+        raise BadInput(f"{name} {text!r} must be host names or addresses, comma-separated (e.g. plans.internal,"
+                       "10.0.0.5), or '*' for any")
+    return names
+
+
+def allowed_hosts(host: str, extra: frozenset[str] | None) -> frozenset[str] | None:
+    """The names a request's Host may give: the address listened on (and this machine's names for a
+    loopback one) and ``extra``; None (any) for a wildcard address or when ``extra`` holds '*'."""
+    if extra is not None and "*" in extra:
+        return None
+    bound = host.strip("[]").lower()
+    if bound in ("0.0.0.0", "::", ""):
+        return None if extra is None else extra | {"localhost", "127.0.0.1", "::1"}
+    names = {bound} | ({"localhost", "127.0.0.1", "::1"} if loopback(bound) else set())
+    return frozenset(names | (extra or frozenset()))
+
+
 def run(args: argparse.Namespace) -> int:
     url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
     if not url:
         raise BadInput("autotune serve needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
     from ..dburl import check_storage
+    from ..store.database import in_memory
 
-    check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
+    name = "--store" if args.store else "$AUTOTUNE_STORE"
+    check_storage(url, name)
+    if in_memory(url):
+        raise BadInput(f"{name} {url!r} is an in-memory database, private to each connection: the service's "
+                       "workers would not see what it stores; give a file, e.g. --store sqlite:///plans.db")
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -88,14 +125,28 @@ def run(args: argparse.Namespace) -> int:
 
     catalogue = Catalogue(args.probes)
     app = create_app(Settings(store=url, probes=catalogue, token=token, workers=args.workers,
-                              probe_timeout_s=args.probe_timeout))
+                              probe_timeout_s=args.probe_timeout,
+                              allowed_hosts=allowed_hosts(args.host, args.allowed_hosts)))
     where = f"[{args.host}]" if ":" in args.host else args.host
     served = ", ".join(p.name for p in catalogue.all())
     print(f"autotune serve: http://{where}:{args.port} (docs at /docs; probes: {served}; "
           f"{'bearer token required' if token else 'no token: this machine only'})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                access_log=args.verbose)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
+                            access_log=args.verbose)
+    _server(uvicorn.Server, app.state.pool.shutdown)(config).run()
     return 0
+
+
+def _server(base: type, on_exit: Callable[[], None]) -> type:
+    """uvicorn's Server, which on Ctrl-C or SIGTERM first calls ``on_exit`` (the workers' probes end and
+    their requests are answered, instead of the server waiting for them to finish)."""
+
+    class Server(base):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def loopback(host: str) -> bool:

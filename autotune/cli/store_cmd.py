@@ -15,6 +15,9 @@ A plan store keeps probe results by fingerprint (what the answer depends on:
 the workload's graph, the device, torch, the allocator settings, precision,
 world size, margin), the plans made from them, and what real runs measured.
 `autotune probe|plan|run --store URL` fill it; `autotune serve` shares it.
+These commands never make a store: ls and show open it read-only. An entry
+that cannot be read back (a damaged row) is listed as damaged, answers no
+probe (the next probe of it replaces it) and can be removed with rm.
 
 examples:
   autotune store ls --store sqlite:///plans.db
@@ -63,13 +66,22 @@ def _days(text: str, name: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import OperationalError
+
     from ..store import open_store
 
     url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
     if not url:
         raise BadInput("autotune store needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
-    store = open_store(url, name="--store" if args.store else "$AUTOTUNE_STORE")
-    data, text = ACTIONS[args.action](store, args)
+    name = "--store" if args.store else "$AUTOTUNE_STORE"
+    store = open_store(url, name=name, mode="read" if args.action in ("ls", "show") else "write")
+    try:
+        data, text = ACTIONS[args.action](store, args)
+    except OperationalError as exc:  # rm or gc on a store this process may read but not write
+        if "readonly" not in str(exc):
+            raise
+        raise BadInput(f"{name} {store.shown!r} is read-only here, and autotune store {args.action} needs to write "
+                       "it: run it as a user who may") from None
     print(json.dumps(data, indent=2) if args.json else text)
     return 0
 
@@ -79,18 +91,32 @@ def _ls(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     from .probe_cmd import text_table
 
     entries = store.entries()
-    rows = [(e.short, e.workload, e.device, str(e.max_micro_batch), e.limited_by, when(e.created_at), str(e.hits),
-             "served" if e.valid else "invalidated") for e in entries]
+    rows = [(e.short, str(e.workload), str(e.device), str(e.max_micro_batch), str(e.limited_by), when(e.created_at),
+             str(e.hits), status(e)) for e in entries]
     text = text_table(("fingerprint", "workload", "device", "max micro-batch", "limited by", "measured", "hits",
                        "status"), rows) if rows else f"{store.shown} holds no entries"
+    damaged = [e for e in entries if e.damage is not None]
+    if damaged:
+        text += (f"\n{len(damaged)} damaged {'entry' if len(damaged) == 1 else 'entries'} (cannot be read back; each "
+                 f"is probed again when next asked for): autotune store show FINGERPRINT says why, autotune store rm "
+                 f"{' '.join(e.short for e in damaged)} removes {'it' if len(damaged) == 1 else 'them'}")
     return [e.to_dict() for e in entries], text
+
+
+def status(entry: Any) -> str:
+    """An entry's status in a listing: served, invalidated or damaged."""
+    if entry.damage is not None:
+        return "damaged"
+    return "served" if entry.valid else "invalidated"
 
 
 def _show(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if args.fingerprint is None:
         counts, table = store.counts(), store.accuracy()
-        text = (f"{store.shown}: {counts['entries']} entries, {counts['plans']} plans, "
-                f"{counts['measurements']} measurements\n" + accuracy_text(table))
+        damaged = sum(e.damage is not None for e in store.entries())
+        text = (f"{store.shown}: {counts['entries']} entries{f' ({damaged} damaged)' if damaged else ''}, "
+                f"{counts['plans']} plans, {counts['measurements']} measurements\n" + accuracy_text(table))
+        counts["damaged"] = damaged
         return {"store": store.shown, **counts, "accuracy": table}, text
     entry = store.find(args.fingerprint)
     return _entry(store, entry)
@@ -102,20 +128,23 @@ def _entry(store: Any, entry: Any) -> tuple[Any, str]:
     from ..units import format_bytes
     from .probe_cmd import text_table
 
-    probe = entry.probe()
     plans = store.plans(entry.fingerprint)
     observed = store.observations(entry.fingerprint)
     lines = [f"fingerprint {entry.fingerprint}",
              f"measured {when(entry.created_at)} on {entry.device}; served {entry.hits} times"
-             + (f", last {when(entry.last_hit_at)}" if entry.last_hit_at else ""),
-             probe.summary()]
+             + (f", last {when(entry.last_hit_at)}" if entry.last_hit_at else "")]
+    if entry.damage is not None:
+        lines.append(f"damaged: {entry.damage}; it is probed again and replaced when next asked for, or remove it "
+                     f"with autotune store rm {entry.short}")
+    else:
+        lines.append(entry.probe().summary())
     if not entry.valid:
         lines.append(f"invalidated {when(entry.invalidated_at)}: {entry.invalid_reason}")
     lines.append("fingerprint parts:")
     lines += [f"  {k}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(entry.components.items())]
     if plans:
         lines.append("plans made from it:")
-        lines += [f"  {Plan.from_dict(p, source='the store').arithmetic}" for p in plans]
+        lines += [f"  {_arithmetic(Plan, p)}" for p in plans]
     if observed:
         lines.append("measurements:")
         rows = [(when(o.recorded_at), o.source, o.device, str(o.batch),
@@ -128,6 +157,13 @@ def _entry(store: Any, entry: Any) -> tuple[Any, str]:
         lines.append(accuracy_text(store.accuracy(entry.fingerprint)))
     data = {**entry.to_dict(probe=True), "plans": plans, "measurements": [o.to_dict() for o in observed]}
     return data, "\n".join(lines)
+
+
+def _arithmetic(plan_type: Any, data: dict[str, Any]) -> str:
+    try:
+        return plan_type.from_dict(data, source="the store").arithmetic
+    except BadInput as exc:  # a plan row changed outside autotune
+        return f"(a damaged plan: {exc})"
 
 
 def accuracy_text(table: list[dict[str, Any]]) -> str:

@@ -28,14 +28,20 @@ class UnknownProbe(BadInput):
     """A request named a probe this service does not run."""
 
 
+class BrokenProbe(BadInput):
+    """A request named a probe whose file cannot be read (a syntax error in it)."""
+
+
 @dataclass(frozen=True)
 class Probe:
-    """A probe the service runs: its name, file, and the functions a request may call."""
+    """A probe the service runs: its name, file, the functions a request may call, and why the file
+    cannot be read (``SyntaxError at line 3``), if it cannot."""
 
     name: str
     path: Path
     builtin: bool
     functions: tuple[str, ...]
+    error: str | None = None
 
     def spec(self, function: str) -> str:
         """What :func:`autotune.workload.load_workload` loads for ``function``."""
@@ -60,7 +66,11 @@ class Catalogue:
         for folder in self.folders:
             path = folder / f"{name}.py"
             if path.is_file():
-                return Probe(name=name, path=path, builtin=False, functions=functions(path))
+                try:
+                    found = functions(path)
+                except (OSError, SyntaxError, ValueError) as exc:
+                    return Probe(name=name, path=path, builtin=False, functions=(), error=_why(exc))
+                return Probe(name=name, path=path, builtin=False, functions=found)
         return None
 
     def resolve(self, text: str) -> tuple[Probe, str]:
@@ -74,6 +84,8 @@ class Catalogue:
             raise UnknownProbe(f"probe {name!r} is not served here: GET /v1/probes lists the probes this service "
                                f"runs ({', '.join(p.name for p in self.all())})")
         function = function or "build"
+        if probe.error is not None:
+            raise BrokenProbe(f"probe {name!r} failed to load: {probe.error}")
         if function not in probe.functions:
             raise UnknownProbe(f"probe {name!r} has no function {function!r} that builds a workload without "
                                f"arguments; it has {', '.join(probe.functions) or 'none'}")
@@ -90,11 +102,9 @@ class Catalogue:
 
 
 def functions(path: Path) -> tuple[str, ...]:
-    """Public functions defined at the top of ``path`` that can be called without arguments."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
-        return ()
+    """Public functions defined at the top of ``path`` that can be called without arguments; OSError,
+    SyntaxError or ValueError (not UTF-8, a null byte) when it cannot be read."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     out = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
@@ -103,6 +113,15 @@ def functions(path: Path) -> tuple[str, ...]:
             if len(args.defaults) == len(positional) and all(d is not None for d in args.kw_defaults):
                 out.append(node.name)
     return tuple(out)
+
+
+def _why(exc: BaseException) -> str:
+    """Why a probe file cannot be read, without its path: ``SyntaxError at line 3``."""
+    if isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__} at line {exc.lineno}" if exc.lineno else type(exc).__name__
+    if isinstance(exc, OSError):
+        return f"the file cannot be read ({exc.strerror or type(exc).__name__})"
+    return f"{type(exc).__name__}: the file is not UTF-8 Python text"
 
 
 def _builtin_dir() -> Path:

@@ -10,6 +10,12 @@ dropped); a worker that dies takes no request with it but its own, which gets
 its one-line error. The next job starts a fresh worker. Concurrent jobs for the
 same fingerprint probe once: the store's claims make the others wait for the
 answer (see :meth:`autotune.store.Store.single_flight`).
+
+A job ends early, its worker stopped the same way, when every client that asked
+for its probe has gone (a job whose own client went runs on while another
+request with the same probe key waits: that request takes its answer from the
+store), and when the service is told to stop (:meth:`Pool.shutdown`): the
+request is answered 503 within a few seconds instead of when the probe ends.
 """
 
 from __future__ import annotations
@@ -19,55 +25,22 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable
+from .jobs import Job, JobFailed, answer
 
 #: Seconds a new worker may take to import torch and autotune before it counts as broken.
 START_S = 120.0
 #: How worker processes start, and what the forkserver imports before it forks them.
 START_METHOD = "forkserver"
 PRELOAD = ["autotune.api", "torch._dynamo"]
-
-
-class JobFailed(Exception):
-    """A job that did not give a plan: the HTTP status to answer with and one line saying why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status for an error of a job: 422 for what the request asked (a budget, a probe
-    function, a plan that cannot exist, a workload that does not fit or cannot be estimated),
-    500 for a failure of the work."""
-    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable)):
-        return 422
-    return 500
-
-
-def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
-    """One job, in a worker: a plan through the API and the store."""
-    from dataclasses import replace
-
-    from .. import api
-
-    if job["kind"] != "plan":
-        raise BadInput(f"unknown job {job['kind']!r}")
-    if job["precision"] != "fp32":
-        raise BadInput(f"precision {job['precision']!r} cannot be planned: the fit rule measures fp32 (leave "
-                       f"precision out, or 'fp32')")
-    plan = api.plan(job["target_batch"], workload=job["spec"], device=job["device"],
-                    memory_budget=job["memory_budget"], margin=job["margin"], world_size=job["world_size"],
-                    multiple_of=job["multiple_of"], uniform=job["uniform"], parallel=job["parallel"], store=store_url,
-                    env={})
-    probe = plan.probe
-    assert probe is not None
-    plan = replace(plan, probe=replace(probe, source=job["probe"]))  # the name asked for, not a path here
-    return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
+#: How often a request waiting for a worker or a probe looks whether its client has gone or the service stops.
+POLL_S = 0.1
+#: The status of a job whose every client has gone (nginx's "client closed request"): no one reads it.
+GONE = 499
+STOPPING = "the service is stopping: this request's probe was stopped; send it again once the service is back"
 
 
 def _main(conn: Connection, store_url: str) -> None:
@@ -88,22 +61,9 @@ def _main(conn: Connection, store_url: str) -> None:
         except (EOFError, OSError):  # the server is gone
             return
         try:
-            answer = {"ok": True, **run_job(job, store_url)}
-        except AutotuneError as exc:
-            answer = {"ok": False, "status": status_of(exc), "error": _one_line(str(exc))}
-        except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
-            answer = {"ok": False, "status": 500, "error": _one_line(f"{type(exc).__name__}: {exc}")}
-        except SystemExit as exc:
-            answer = {"ok": False, "status": 500, "error": f"the probe called exit({exc.code})"}
-        try:
-            conn.send(answer)
+            conn.send(answer(job, store_url))
         except (BrokenPipeError, OSError):
             return
-
-
-def _one_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0] if lines else text
 
 
 class Worker:
@@ -132,20 +92,27 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
-    def run(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """The job's answer; JobFailed when it failed, timed out (the worker is stopped) or the worker died."""
+    def run(self, job: dict[str, Any], timeout_s: float,
+            stop: Callable[[], JobFailed | None] = lambda: None) -> dict[str, Any]:
+        """The job's answer; JobFailed when it failed, timed out or ``stop`` said why it must end (the
+        worker is stopped then), or the worker died."""
         if not self.alive:
             self.stop()
             self.start()
         assert self.conn is not None
-        if not self._ready():
+        if not self._ready(stop):
             what = self._ended()
             raise JobFailed(500, f"the probe worker did not start ({what}); see the server's log")
         self.conn.send(job)
-        if not self.conn.poll(timeout_s):
-            self.stop()
-            raise JobFailed(504, f"probe {job['probe']!r} ran past the {timeout_s:g} s limit (--probe-timeout) "
-                                 "and was stopped; the service is fine, the next request starts a new worker")
+        deadline = time.monotonic() + timeout_s
+        while not self.conn.poll(POLL_S):
+            if (why := stop()) is not None:
+                self.stop()
+                raise why
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise JobFailed(504, f"probe {job['probe']!r} ran past the {timeout_s:g} s limit (--probe-timeout) "
+                                     "and was stopped; the service is fine, the next request starts a new worker")
         try:
             answer = self.conn.recv()
         except (EOFError, OSError):
@@ -156,12 +123,19 @@ class Worker:
             raise JobFailed(answer["status"], answer["error"])
         return answer
 
-    def _ready(self) -> bool:
+    def _ready(self, stop: Callable[[], JobFailed | None]) -> bool:
         """Wait for the worker's first message (it imports torch first)."""
         assert self.conn is not None
         if not self.ready:
+            deadline = time.monotonic() + START_S
             try:
-                self.ready = bool(self.conn.poll(START_S) and self.conn.recv().get("ready"))
+                while not self.conn.poll(POLL_S):
+                    if (why := stop()) is not None:
+                        self.stop()
+                        raise why
+                    if time.monotonic() >= deadline:
+                        return False
+                self.ready = bool(self.conn.recv().get("ready"))
             except (EOFError, OSError):
                 self.ready = False
         return self.ready
@@ -215,8 +189,11 @@ class Pool:
         self._started = 0
         self._starter: threading.Thread | None = None
         self._waiting = 0
+        self._live: list[Job] = []  # jobs waiting or running
         self._lock = threading.Lock()
+        self.stopping = threading.Event()
         self.jobs = 0
+        self.cancelled = 0
 
     def start(self) -> None:
         """Start the workers in the background (the first waits for the forkserver to import torch, seconds):
@@ -240,27 +217,78 @@ class Pool:
         with self._lock:
             return self._started - self._idle.qsize()
 
-    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def waiting(self) -> int:
         with self._lock:
+            return self._waiting
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """``job``'s answer, from the first free worker; JobFailed when it failed, or ended early (see the module)."""
+        with self._lock:
+            if self.stopping.is_set():
+                raise JobFailed(503, STOPPING)
             if self._waiting >= self.queue_limit:
                 raise JobFailed(503, f"{self._waiting} plan requests are waiting for a worker already: try again "
                                      "later (or start the service with more --workers)")
             self._waiting += 1
+            self._live.append(job)
         try:
-            worker = self._idle.get()
+            try:
+                worker = self._take(job)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+            try:
+                self.jobs += 1
+                start = time.perf_counter()
+                answer = worker.run(job.body, self.timeout_s, lambda: self._why_stop(job))
+                answer["seconds"] = time.perf_counter() - start
+                return answer
+            finally:
+                self._idle.put(worker)
+        except JobFailed as exc:
+            if exc.status == GONE:
+                with self._lock:
+                    self.cancelled += 1
+            raise
         finally:
             with self._lock:
-                self._waiting -= 1
-        try:
-            self.jobs += 1
-            start = time.perf_counter()
-            answer = worker.run(job, self.timeout_s)
-            answer["seconds"] = time.perf_counter() - start
-            return answer
-        finally:
-            self._idle.put(worker)
+                self._live.remove(job)
+
+    def _take(self, job: Job) -> Worker:
+        """The first free worker; JobFailed when the client goes or the service stops first."""
+        while True:
+            try:
+                worker: Worker | None = self._idle.get(timeout=POLL_S)
+            except queue.Empty:
+                worker = None
+            if self.stopping.is_set() or job.gone.is_set():
+                if worker is not None:
+                    self._idle.put(worker)
+                if self.stopping.is_set():
+                    raise JobFailed(503, STOPPING)
+                raise JobFailed(GONE, "the client hung up before a worker was free")
+            if worker is not None:
+                return worker
+
+    def _why_stop(self, job: Job) -> JobFailed | None:
+        """Why a running job must end now: the service stops, or every client of its probe has gone."""
+        if self.stopping.is_set():
+            return JobFailed(503, STOPPING)
+        if job.gone.is_set():
+            with self._lock:
+                shared = any(o is not job and o.key == job.key and not o.gone.is_set() for o in self._live)
+            if not shared:
+                return JobFailed(GONE, "every client that asked for this probe hung up")
+        return None
+
+    def shutdown(self) -> None:
+        """Answer every waiting and running job 503 (their workers stopped) within a few seconds, and
+        every new one at once: the service is stopping. Safe to call from a signal handler."""
+        self.stopping.set()
 
     def stop(self) -> None:
+        self.stopping.set()
         if self._starter is not None:
             self._starter.join()
         for w in self.workers:

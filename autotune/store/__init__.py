@@ -2,6 +2,7 @@
 
 - :mod:`.schema`: the tables and their typed rows (Entry, Observation); no torch.
 - :mod:`.store`: :func:`open_store` and :class:`Store` (entries, plans, measurements, claims); no torch.
+- :mod:`.database`: URLs, engines (read-only or not) and which file an SQLite store is; no torch.
 - :mod:`.fingerprint`: what a probe's answer depends on, traced on shape-only tensors.
 - :mod:`.cached`: probing through the store, and recording what real runs measured.
 

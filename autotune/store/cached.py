@@ -1,17 +1,23 @@
 """Probing through the plan store, and recording what real runs measured.
 
 A probe with a store first takes the fingerprint (:mod:`autotune.store.fingerprint`).
-When the store holds an answer for it:
+The entry stored under it answers the probe when memory set its max (whatever
+the probe's own limit), or when it stopped at a limit no smaller than the
+probe's (:meth:`~autotune.store.schema.Entry.answers`). When it does:
 
 - on an estimate, that answer is the result: nothing is estimated again;
 - on a real device, one confirm run of the fit rule at the stored max runs. It must
   fit the usable memory now, peak within :data:`CONFIRM_TOLERANCE` of the stored
-  peak, and leave no room for one more (when memory set the max); otherwise the
-  entry is invalidated with the reason, and the probe runs in full.
+  peak, and leave no room for one more (when memory set the max and the probe's
+  limit is larger); otherwise the entry is invalidated with the reason, and the
+  probe runs in full.
 
-Otherwise the probe runs, once for all processes asking at the same time (the
-others wait for its answer), and its result is stored. Every real fit-rule run
-is recorded as a measurement against the fingerprint.
+A stored max above the probe's limit is cut to the limit (:func:`narrowed`), as
+the probe would have stopped there. Otherwise the probe runs, once for all
+processes asking at the same time (the others wait for its answer), and its
+result is stored; a damaged entry (one that cannot be read back) is probed
+again and replaced. Every real fit-rule run is recorded as a measurement
+against the fingerprint.
 """
 
 from __future__ import annotations
@@ -86,25 +92,31 @@ def probe(store: Store, workload: Workload, device: Device, *, margin: float, ma
 def _lookup(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
             rule: dict[str, Any]) -> ProbeResult | None:
     entry = store.entry(digest)
-    if entry is None or not entry.answers(max_batch):
+    if entry is None:
+        return None
+    if entry.damage is not None:
+        if entry.valid:
+            log.progress(f"the store's entry {entry.short} is damaged ({entry.damage}): probing again to replace it")
+            store.invalidate(digest, f"damaged: {entry.damage}")
+        return None
+    if not entry.answers(max_batch):
         return None
     return serve(store, entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
 
 
 def serve(store: Store, entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
           rule: dict[str, Any]) -> ProbeResult | None:
-    """The stored answer, confirmed by one real run on a real device; None (and the entry
-    invalidated, with the reason) when the confirm run disagrees."""
+    """The stored answer to a probe limited to ``max_batch`` (:func:`narrowed`), confirmed by one real
+    run on a real device; None (and the entry invalidated, with the reason) when the confirm run disagrees."""
     start = time.perf_counter()
-    stored = entry.probe()
+    stored = replace(entry.probe(), fingerprint=entry.fingerprint, from_store=True)
     m = stored.max_micro_batch
     note = f"{FROM_STORE} (fingerprint {entry.short}, measured {when(entry.created_at)} on {entry.device})"
-    stored = replace(stored, max_batch=max_batch, limited_by="max_batch" if m == max_batch else "memory",
-                     fingerprint=entry.fingerprint, from_store=True)
     if device.estimated:
         store.served(entry.fingerprint)
         log.progress(note)
-        return replace(stored, notes=(note,) + stored.notes, seconds=time.perf_counter() - start)
+        served = replace(stored, notes=(note,) + stored.notes)
+        return replace(narrowed(served, max_batch), seconds=time.perf_counter() - start)
     capacity = device.capacity_bytes()
     usable = options.usable_bytes(capacity, margin)
     log.progress(f"{note}; confirming micro-batch {m} with one real run ...")
@@ -119,12 +131,36 @@ def serve(store: Store, entry: Entry, workload: Workload, device: Device, *, mar
     assert attempt.measurement is not None and attempt.peak_bytes is not None
     predicted = stored.predicted_peak_at(m) or stored.predicted_peak_bytes
     log.progress(f"real at micro-batch {m}: peak {format_bytes(attempt.peak_bytes)}, fits, as stored")
-    return replace(
+    confirmed = replace(
         stored, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
         peak_bytes=attempt.peak_bytes, breakdown=dict(attempt.measurement.breakdown),
         estimate_error=(attempt.peak_bytes - predicted) / predicted if predicted else None,
-        trials=stored.trials + (attempt.trial,), notes=(f"{note}; confirmed by one real run",) + stored.notes,
-        seconds=time.perf_counter() - start)
+        trials=stored.trials + (attempt.trial,), notes=(f"{note}; confirmed by one real run",) + stored.notes)
+    return replace(narrowed(confirmed, max_batch), seconds=time.perf_counter() - start)
+
+
+def narrowed(result: ProbeResult, max_batch: int) -> ProbeResult:
+    """A stored ``result`` as a probe limited to ``max_batch`` (per rank) gives it. Up to its max it
+    stands as it is; below it the probe stops at ``max_batch``: its peak is the stored curve's
+    prediction there (what a plan of that micro-batch from the stored result predicts; standing in for
+    a GPU, with the allocator's overhead at the stored max, so on the high side far below it), its
+    breakdown the same parameters, gradients and optimizer state with the rest of that peak as
+    activations, and the caching allocator's figures (known at the stored max only) go."""
+    m = result.max_micro_batch
+    if m <= max_batch:
+        return replace(result, max_batch=max_batch, limited_by="max_batch" if m == max_batch else "memory")
+    predicted = result.predicted_peak_at(max_batch)
+    peak = predicted if predicted is not None else result.peak_bytes  # memory only grows with the batch
+    fixed = {k: v for k, v in result.breakdown.items() if k not in ("activations", "other")}
+    breakdown = {**fixed, "activations": max(0, peak - sum(fixed.values()))} if result.breakdown else {}
+    why = "memory" if result.limited_by == "memory" else f"its own limit, {result.max_batch}"
+    note = (f"the stored probe found micro-batch {m} fits ({why} set it); this probe stops at {max_batch}, "
+            + ("whose peak is the stored curve's prediction" if predicted is not None
+               else f"whose peak is at most the {format_bytes(result.peak_bytes)} at {m}"))
+    return replace(result, max_micro_batch=max_batch, max_batch=max_batch, limited_by="max_batch",
+                   peak_bytes=peak, predicted_peak_bytes=peak, breakdown=breakdown, allocated_peak_bytes=None,
+                   alloc_retries=None, predicted_allocated_peak_bytes=None,
+                   notes=result.notes[:1] + (note,) + result.notes[1:])
 
 
 def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: dict[str, Any]) -> Attempt:

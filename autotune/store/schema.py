@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -36,6 +37,8 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+
+from ..errors import BadInput
 
 if TYPE_CHECKING:
     from ..results.probe import ProbeResult
@@ -115,16 +118,25 @@ claims = Table(
 SOURCES = ("probe", "confirm", "run", "reported")
 
 
+class DamagedEntry(BadInput):
+    """A stored entry that cannot be read back (a row changed or cut short outside autotune)."""
+
+
 def when(seconds: float | None) -> str:
     """A stored time as people read it: ``2025-01-31 14:02 UTC``."""
-    if seconds is None:
+    if seconds is None or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         return "-"
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Entry:
-    """A stored probe result and what is known about it."""
+    """A stored probe result and what is known about it.
+
+    A row that cannot be read back (its probe result or parts are not the JSON autotune wrote, or its
+    columns disagree with them) is *damaged*: :attr:`damage` says why, it answers no probe, and
+    :meth:`probe` raises :class:`DamagedEntry`. It can still be listed and removed.
+    """
 
     fingerprint: str
     workload: str
@@ -142,6 +154,7 @@ class Entry:
     components: dict[str, Any] = field(repr=False)
     probe_json: str = field(repr=False)
     autotune_version: str
+    unreadable: str | None = field(default=None, repr=False)  # why the row's parts could not be read
 
     @property
     def valid(self) -> bool:
@@ -149,22 +162,47 @@ class Entry:
 
     @property
     def short(self) -> str:
-        return self.fingerprint[:12]
+        return str(self.fingerprint)[:12]
 
-    def probe(self) -> ProbeResult:
-        """The stored ProbeResult."""
+    @cached_property
+    def damage(self) -> str | None:
+        """Why this entry cannot be read back, or None when it can."""
+        if self.unreadable is not None:
+            return self.unreadable
+        try:
+            result = self._read_probe()
+        except (ValueError, TypeError, BadInput) as exc:  # JSONDecodeError is a ValueError
+            text = str(exc).strip().splitlines()
+            return f"its probe result cannot be read ({type(exc).__name__}: {text[0] if text else ''})"
+        for name in ("max_micro_batch", "limited_by"):
+            if getattr(result, name) != getattr(self, name):
+                return (f"its {name} column ({getattr(self, name)!r}) disagrees with its probe result "
+                        f"({getattr(result, name)!r})")
+        return None
+
+    def _read_probe(self) -> ProbeResult:
         from ..results.probe import ProbeResult
 
-        return ProbeResult.from_dict(json.loads(self.probe_json), source=f"the store's entry {self.short}")
+        data = json.loads(self.probe_json)
+        return ProbeResult.from_dict(data, source=f"the store's entry {self.short}")
+
+    def probe(self) -> ProbeResult:
+        """The stored ProbeResult; DamagedEntry when the row cannot be read back."""
+        if self.damage is not None:
+            raise DamagedEntry(f"the store's entry {self.short} is damaged: {self.damage}; it is probed again "
+                               f"and replaced the next time it is asked for, or remove it with autotune store rm "
+                               f"{self.short}")
+        return self._read_probe()
 
     def answers(self, max_batch: int) -> bool:
-        """Does this entry answer a probe limited to ``max_batch``? A maximum that memory set
-        answers every larger limit; one that the limit set answers that limit only."""
-        if not self.valid:
+        """Does this entry answer a probe limited to ``max_batch`` (per rank)? A maximum that memory
+        set answers every limit (a smaller one with that limit); one that its own limit set answers that
+        limit and every smaller one."""
+        if not self.valid or self.damage is not None:
             return False
         if self.limited_by == "memory":
-            return self.max_micro_batch <= max_batch
-        return self.max_batch == max_batch
+            return True
+        return max_batch <= self.max_batch
 
     def to_dict(self, *, probe: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -173,17 +211,30 @@ class Entry:
             "max_batch": self.max_batch, "limited_by": self.limited_by, "created_at": self.created_at,
             "measured": when(self.created_at), "hits": self.hits, "last_hit_at": self.last_hit_at,
             "valid": self.valid, "invalidated_at": self.invalidated_at, "invalid_reason": self.invalid_reason,
-            "autotune_version": self.autotune_version, "components": self.components,
+            "damaged": self.damage, "autotune_version": self.autotune_version, "components": self.components,
         }
         if probe:
-            out["probe"] = json.loads(self.probe_json)
+            out["probe"] = None if self.damage is not None else json.loads(self.probe_json)
         return out
 
     @classmethod
     def from_row(cls, row: Any) -> Entry:
+        """The entry in a row of ``autotune_entries``; never raises for what the row holds (see :attr:`damage`)."""
         data = dict(row._mapping)
-        data["components"] = json.loads(data["components"])
         data["probe_json"] = data.pop("probe")
+        try:
+            components = json.loads(data["components"])
+        except (TypeError, ValueError):
+            components = None
+        data["components"] = components if isinstance(components, dict) else {}
+        if components is None or not isinstance(components, dict):
+            data["unreadable"] = "its fingerprint's parts are not a JSON object"
+        for name in ("max_micro_batch", "max_batch", "hits"):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                data["unreadable"] = f"its {name} column holds {value!r}, not a whole number"
+        if not isinstance(data["probe_json"], str):
+            data["unreadable"] = "its probe result is not text"
         return cls(**data)
 
 

@@ -7,14 +7,18 @@ Any SQLAlchemy URL works; SQLite needs nothing started. Several processes may
 use one store at once: every write is one short transaction (on SQLite taken
 with ``BEGIN IMMEDIATE``, so that writers queue instead of failing), and
 claims (:meth:`Store.single_flight`) let one process probe a fingerprint while
-the others wait for its answer. No torch here: the service and ``autotune
-store`` read the store without it.
+the others wait for its answer. A store opened to read (``mode="read"``) or to
+prune (``mode="write"``) must exist already; one opened to read is opened
+read-only. An SQLite file that is removed or replaced while a process holds the
+store open is noticed at the next transaction and opened afresh. No torch here:
+the service and ``autotune store`` read the store without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import statistics
@@ -23,12 +27,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import delete, func, insert, inspect, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from ..errors import BadInput
 from . import schema
+from .database import MODES, Mode, engine, identity, in_memory, sqlite_file
 from .schema import Entry, Observation
 
 if TYPE_CHECKING:
@@ -37,31 +42,34 @@ if TYPE_CHECKING:
     from ..results.probe import ProbeResult
 
 R = TypeVar("R")
+_log = logging.getLogger("autotune.store")
 
 #: A claim older than this is taken over (its owner crashed on another host); on this host a claim
 #: whose process is gone is taken over at once.
 LEASE_S = 3600.0
 #: How often a process waiting for another's probe looks again.
 POLL_S = 0.2
-#: How long SQLite waits for another writer's transaction before giving up.
-SQLITE_TIMEOUT_S = 60.0
 #: The fingerprint prefix people type must be at least this long.
 MIN_PREFIX = 6
 
-_OPEN: dict[str, Store] = {}
+_OPEN: dict[tuple[str, str], Store] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_store(url: str, *, name: str = "store") -> Store:
-    """The store at ``url`` (made if new), one per URL and process; BadInput naming ``name`` when
-    the URL cannot be used."""
+class StoreUnavailable(BadInput):
+    """A store that was open and cannot be reached any more (its file removed, and no new one can be made)."""
+
+
+def open_store(url: str, *, name: str = "store", mode: Mode = "create") -> Store:
+    """The store at ``url``, one per URL, mode and process; BadInput naming ``name`` when the URL
+    cannot be used, or (``mode`` "read" or "write") when no store is there."""
     from ..dburl import check_storage
 
     check_storage(url, name)
     with _OPEN_LOCK:
-        if url not in _OPEN:
-            _OPEN[url] = Store(url, name=name)
-        return _OPEN[url]
+        if (url, mode) not in _OPEN:
+            _OPEN[url, mode] = Store(url, name=name, mode=mode)
+        return _OPEN[url, mode]
 
 
 def device_label(info: DeviceInfo) -> str:
@@ -88,35 +96,75 @@ def owner_words(owner: str) -> str:
 class Store:
     """One database holding probe results, plans and measurements (see :mod:`autotune.store.schema`)."""
 
-    def __init__(self, url: str, *, name: str = "store"):
+    def __init__(self, url: str, *, name: str = "store", mode: Mode = "create"):
         from ..dburl import shown_url
 
+        if mode not in MODES:
+            raise ValueError(f"store mode must be one of {MODES}, got {mode!r}")
         self.url = url
         self.shown = shown_url(url) or url
-        self.engine = _engine(url)
+        self.name = name
+        self.mode = mode
+        self.file = sqlite_file(url)
+        self.reopened = 0
+        self._reopen_lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        """Connect and check (or make) the tables; remember which file this is."""
+        if self.mode != "create" and in_memory(self.url):
+            raise BadInput(f"{self.name} {self.shown!r}: no store there: an in-memory database lives only inside "
+                           "the process that made it; name the store's file, e.g. sqlite:///plans.db")
+        if self.mode != "create" and self.file is not None and not self.file.is_file():
+            raise BadInput(f"{self.name} {self.shown!r}: no store there ({self.file} does not exist); autotune "
+                           "probe, plan, run or serve with --store make one")
+        self.engine = engine(self.url, readonly=self.mode == "read")
         try:
-            self._prepare()
+            try:
+                self._prepare()
+            except OperationalError:
+                if self.mode != "read" or self.file is None:
+                    raise
+                # A read-only file in a folder this process cannot write: SQLite cannot make the files
+                # it shares with writers, so the file is read as it is, assumed unchanging.
+                self.engine.dispose()
+                self.engine = engine(self.url, readonly=True, immutable=True)
+                self._prepare()
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise BadInput(f"{name} {self.shown!r} cannot be opened: {_first_line(exc)}") from None
+            if "readonly" in str(exc):
+                raise BadInput(f"{self.name} {self.shown!r} is read-only here, and {self._purpose} needs to write it: "
+                               "run as a user who may, or give another store") from None
+            raise BadInput(f"{self.name} {self.shown!r} cannot be opened: {_first_line(exc)}") from None
+        self.identity = identity(self.file)
 
     # -- transactions -------------------------------------------------------------------
 
     def _prepare(self) -> None:
         def make(conn: Connection) -> None:
-            schema.metadata.create_all(conn, checkfirst=True)
+            if self.mode == "create":
+                schema.metadata.create_all(conn, checkfirst=True)
+            elif not inspect(conn).has_table(schema.info.name):
+                raise BadInput(f"{self.name} {self.shown!r}: no store there (the database has no autotune tables); "
+                               "autotune probe, plan, run or serve with --store make one")
             found = conn.execute(select(schema.info.c.value).where(schema.info.c.key == "schema")).scalar()
-            if found is None:
+            if found is None and self.mode == "create":
                 conn.execute(insert(schema.info).values(key="schema", value=str(schema.STORE_SCHEMA)))
+            elif not isinstance(found, str) or not found.isdigit():
+                raise BadInput(f"{self.name} {self.shown!r} is damaged: its layout row ({schema.info.name} 'schema') "
+                               f"holds {found!r}, not a layout number: restore the store from a backup, or start "
+                               "a new one")
             elif int(found) > schema.STORE_SCHEMA:
-                raise BadInput(f"store {self.shown!r} has layout {found}, newer than the {schema.STORE_SCHEMA} this "
-                               "autotune reads: upgrade autotune (pip install -U autotune)")
+                raise BadInput(f"{self.name} {self.shown!r} has layout {found}, newer than the {schema.STORE_SCHEMA} "
+                               "this autotune reads: upgrade autotune (pip install -U autotune)")
 
-        self._run(make, retry=(OperationalError, IntegrityError))
+        self._run(make, retry=(OperationalError, IntegrityError), fresh=False)
 
     def _run(self, work: Callable[[Connection], R], *, retry: tuple[type[Exception], ...] = (IntegrityError,),
-             attempts: int = 4) -> R:
+             attempts: int = 4, fresh: bool = True) -> R:
         """``work`` in one transaction, tried again when another writer got there first."""
+        if fresh:
+            self.check()
         for attempt in range(attempts):
             try:
                 with self.engine.begin() as conn:
@@ -128,14 +176,43 @@ class Store:
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Connection], R]) -> R:
+        self.check()
         with self.engine.connect() as conn:
             return work(conn)
+
+    @property
+    def _purpose(self) -> str:
+        return "pruning it" if self.mode == "write" else "keeping probe results in it"
+
+    def check(self) -> None:
+        """Open the store afresh when its SQLite file was removed or replaced since it was opened
+        (writes would go to a file no one else sees); BadInput when it cannot be."""
+        if self.file is None or identity(self.file) == self.identity:
+            return
+        with self._reopen_lock:
+            if identity(self.file) == self.identity:  # another thread has opened it afresh
+                return
+            _log.warning("autotune store: %s was removed or replaced while open; opening it afresh", self.file)
+            self.engine.dispose()
+            self.reopened += 1
+            try:
+                self._open()
+            except BadInput as exc:
+                raise StoreUnavailable(f"{exc} (its file was removed or replaced while open)") from None
+
+    def healthy(self) -> str | None:
+        """None when the store answers a read now (opened afresh if its file was replaced), else why not."""
+        try:
+            self._read(lambda c: c.execute(select(schema.info.c.value).limit(1)).scalar())
+        except (BadInput, SQLAlchemyError) as exc:
+            return str(exc) if isinstance(exc, BadInput) else f"store {self.shown!r}: {_first_line(exc)}"
+        return None
 
     def close(self) -> None:
         self.engine.dispose()
         with _OPEN_LOCK:
-            if _OPEN.get(self.url) is self:
-                del _OPEN[self.url]
+            if _OPEN.get((self.url, self.mode)) is self:
+                del _OPEN[self.url, self.mode]
 
     # -- entries --------------------------------------------------------------------------
 
@@ -168,8 +245,9 @@ class Store:
         return [Entry.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
 
     def put(self, fingerprint: str, components: dict[str, Any], result: ProbeResult) -> bool:
-        """Store ``result`` under ``fingerprint``; False when a served entry that memory limited is kept
-        instead (a result the probe's limit cut short answers fewer questions)."""
+        """Store ``result`` under ``fingerprint``; False when the served entry there answers every
+        limit ``result`` answers (memory set its max, and not ``result``'s; or both stopped at their
+        own limit, and its limit is not smaller), and is kept instead."""
         import autotune
 
         row = {
@@ -182,12 +260,11 @@ class Store:
         table = schema.entries
 
         def write(conn: Connection) -> bool:
-            old = conn.execute(select(table.c.limited_by, table.c.invalidated_at)
-                               .where(table.c.fingerprint == fingerprint)).first()
+            old = conn.execute(select(table).where(table.c.fingerprint == fingerprint)).first()
             if old is None:
                 conn.execute(insert(table).values(fingerprint=fingerprint, **row))
                 return True
-            if old.invalidated_at is None and old.limited_by == "memory" and result.limited_by != "memory":
+            if _keeps(Entry.from_row(old), result):
                 return False
             conn.execute(update(table).where(table.c.fingerprint == fingerprint).values(**row))
             return True
@@ -271,7 +348,17 @@ class Store:
         t = schema.plans
         rows = self._read(lambda c: c.execute(select(t.c.plan).where(t.c.fingerprint == fingerprint)
                                               .order_by(t.c.created_at.desc(), t.c.id.desc())).scalars().all())
-        return [json.loads(r) for r in rows]
+        out = []
+        for text in rows:
+            try:
+                data = json.loads(text)
+            except (TypeError, ValueError):  # a row changed outside autotune: skipped, as a damaged entry is
+                data = None
+            if isinstance(data, dict):
+                out.append(data)
+            else:
+                _log.warning("autotune store: a damaged plan of entry %s is skipped", fingerprint[:12])
+        return out
 
     # -- measurements -----------------------------------------------------------------------
 
@@ -298,7 +385,12 @@ class Store:
             query = query.where(m.c.fingerprint == fingerprint)
         if limit is not None:
             query = query.order_by(None).order_by(m.c.id.desc()).limit(limit)
-        rows = [Observation.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
+        rows = []
+        for row in self._read(lambda c: c.execute(query).all()):
+            try:
+                rows.append(Observation.from_row(row))
+            except (TypeError, ValueError):  # a row changed outside autotune: skipped, as a damaged entry is
+                _log.warning("autotune store: damaged measurement %s is skipped", row.id)
         return sorted(rows, key=lambda o: o.id or 0)
 
     def accuracy(self, fingerprint: str | None = None) -> list[dict[str, Any]]:
@@ -385,6 +477,15 @@ def accuracy(observations: Sequence[Observation]) -> list[dict[str, Any]]:
     return out
 
 
+def _keeps(old: Entry, new: ProbeResult) -> bool:
+    """Is the stored ``old`` kept instead of ``new``: served, readable, and answering every limit ``new`` answers?"""
+    if not old.valid or old.damage is not None:
+        return False
+    if old.limited_by == "memory":
+        return new.limited_by != "memory"
+    return new.limited_by == "max_batch" and new.max_batch <= old.max_batch
+
+
 def _count(conn: Connection, table: Any, where: Any) -> int:
     query = select(func.count()).select_from(table)
     if where is not None:
@@ -412,28 +513,3 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _engine(url: str) -> Engine:
-    """An engine; SQLite waits for other writers, takes its write lock at the start of every
-    transaction (no deadlock between two readers that both want to write), and journals in WAL."""
-    from sqlalchemy import create_engine, event
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import StaticPool
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
-    memory = parsed.database in (None, "", ":memory:")
-    engine = create_engine(parsed, connect_args={"timeout": SQLITE_TIMEOUT_S, "check_same_thread": False},
-                           **({"poolclass": StaticPool} if memory else {}))
-
-    @event.listens_for(engine, "connect")
-    def connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # transactions begin where SQLAlchemy says, as below
-        if not memory:
-            dbapi_connection.execute("PRAGMA journal_mode=WAL")
-
-    @event.listens_for(engine, "begin")
-    def begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +63,15 @@ def test_probe_json_says_where_the_answer_came_from(capsys, url):
     assert second["notes"][0].startswith("from the store")
 
 
+def test_a_smaller_target_is_answered_from_the_memory_limit_found_before(capsys, url):
+    argv = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "8MiB", "--store", url, "--json"]
+    plans = [json.loads(run(capsys, "plan", "--target-batch", str(t), *argv)[1]) for t in (2048, 100)]
+    assert [p["probe"]["from_store"] for p in plans] == [False, True]
+    assert plans[0]["probe"]["limited_by"] == "memory" and plans[1]["micro_batch"] == 100
+    code, out, _ = run(capsys, "store", "ls", "--store", url, "--json")
+    assert [(e["max_micro_batch"], e["limited_by"], e["hits"]) for e in json.loads(out)] == [(1419, "memory", 1)]
+
+
 def test_the_environment_names_the_store(capsys, url, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_STORE", url)
     run(capsys, "plan", "--target-batch", "64", *CPU, "--quiet")
@@ -90,30 +104,141 @@ def test_store_ls_show_rm_gc(capsys, url):
     assert "holds no entries" in out
 
 
+@pytest.fixture
+def made(url) -> str:
+    """A store that exists (empty)."""
+    from autotune.store.store import Store
+
+    Store(url).close()
+    return url
+
+
 @pytest.mark.parametrize("argv,code,words", [
     (["store", "ls"], 2, "autotune store needs --store URL"),
-    (["store", "show", "zz", "--store", "sqlite://"], 2, "at least 6 hex digits"),
-    (["store", "rm", "abcdef", "--store", "sqlite://"], 2, "no entry with fingerprint abcdef"),
-    (["store", "gc", "--older-than", "-3", "--store", "sqlite://"], 2, "--older-than -3 must be a number of days"),
+    (["store", "show", "zz", "--store", "URL"], 2, "at least 6 hex digits"),
+    (["store", "rm", "abcdef", "--store", "URL"], 2, "no entry with fingerprint abcdef"),
+    (["store", "gc", "--older-than", "-3", "--store", "URL"], 2, "--older-than -3 must be a number of days"),
+    (["store", "ls", "--store", "sqlite://"], 2, "--store 'sqlite://': no store there: an in-memory database"),
     (["plan", "--target-batch", "64", *CPU, "--store", "sqlite:////no/such/dir/p.db"], 2, "--store .* does not exist"),
     (["serve"], 2, "autotune serve needs --store URL"),
-    (["serve", "--store", "sqlite://", "--host", "0.0.0.0"], 2, "--host 0.0.0.0 is reachable from other machines"),
-    (["serve", "--store", "sqlite://", "--port", "70000"], 2, "--port 70000 must be a port number"),
+    (["serve", "--store", "URL", "--host", "0.0.0.0"], 2, "--host 0.0.0.0 is reachable from other machines"),
+    (["serve", "--store", "URL", "--port", "70000"], 2, "--port 70000 must be a port number"),
+    (["serve", "--store", "sqlite://"], 2, "--store 'sqlite://' is an in-memory database, private to each "
+                                           "connection: .* give a file, e.g. --store sqlite:///plans.db"),
+    (["serve", "--store", "sqlite:///:memory:"], 2, "is an in-memory database"),
 ])
-def test_bad_store_commands_are_one_line_errors(capsys, monkeypatch, argv, code, words):
+def test_bad_store_commands_are_one_line_errors(capsys, monkeypatch, made, argv, code, words):
     import re
 
+    import uvicorn
+
     monkeypatch.delenv("AUTOTUNE_STORE", raising=False)
-    got, _, err = run(capsys, *argv)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: None)  # a command that would serve returns
+    got, _, err = run(capsys, *[made if a == "URL" else a for a in argv])
     assert got == code and re.search(words, err), err
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_short_token_is_refused(capsys, tmp_path):
+def test_a_short_token_is_refused(capsys, made, tmp_path):
     token = tmp_path / "token"
     token.write_text("short\n")
-    got, _, err = run(capsys, "serve", "--store", "sqlite://", "--token-file", str(token))
+    got, _, err = run(capsys, "serve", "--store", made, "--token-file", str(token))
     assert got == 2 and "at least 16 characters" in err
+
+
+@pytest.mark.parametrize("action", [["ls"], ["show"], ["show", "abcdef12"], ["rm", "abcdef12"], ["gc"]])
+def test_store_commands_never_make_a_store(capsys, tmp_path, action):
+    typo = tmp_path / "typo.db"
+    got, _, err = run(capsys, "store", *action, "--store", f"sqlite:///{typo}")
+    assert got == 2 and f"no store there ({typo} does not exist)" in err, err
+    assert not typo.exists()
+
+
+def _damage(url: str, **values) -> None:
+    """Plant a fault: change every entry's row behind the store's back."""
+    from sqlalchemy import update
+
+    from autotune.store import open_store, schema
+
+    with open_store(url).engine.begin() as conn:
+        conn.execute(update(schema.entries).values(**values))
+
+
+@pytest.mark.parametrize("damage", ["{not json", "{}"])
+def test_a_damaged_entry_is_listed_shown_removed_and_probed_again(capsys, url, damage):
+    code, out, _ = run(capsys, "plan", "--target-batch", "64", *CPU, "--store", url, "--json")
+    digest = json.loads(out)["probe"]["fingerprint"]
+    _damage(url, probe=damage)
+    code, out, err = run(capsys, "store", "ls", "--store", url)
+    assert code == 0 and "damaged" in out, err
+    assert "1 damaged entry (cannot be read back; each is probed again when next asked for)" in out
+    assert f"autotune store rm {digest[:12]}" in out
+    code, out, err = run(capsys, "store", "show", digest[:8], "--store", url)
+    assert code == 0 and "damaged: its probe result cannot be read" in out, err
+    code, out, _ = run(capsys, "store", "show", "--store", url, "--json")
+    assert json.loads(out)["damaged"] == 1
+    code, out, err = run(capsys, "plan", "--target-batch", "64", *CPU, "--store", url)
+    assert code == 0 and "from the store" not in out, err
+    assert f"the store's entry {digest[:12]} is damaged (its probe result cannot be read" in err
+    code, out, _ = run(capsys, "store", "ls", "--store", url)
+    assert "damaged" not in out and "served" in out  # replaced
+    _damage(url, probe=damage)
+    code, out, _ = run(capsys, "store", "rm", digest[:12], "--store", url)
+    assert code == 0 and f"removed 1 entry: {digest[:12]}" in out
+
+
+@pytest.mark.parametrize("argv", [["store", "ls"], ["plan", "--target-batch", "64", *CPU]])
+def test_a_damaged_layout_row_is_a_one_line_error(capsys, made, argv):
+    from sqlalchemy import update
+
+    from autotune.store import open_store, schema
+
+    store = open_store(made)
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value="abc"))
+    store.close()
+    got, _, err = run(capsys, *argv, "--store", made)
+    assert got == 2 and "is damaged: its layout row (autotune_store_info 'schema') holds 'abc'" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@contextlib.contextmanager
+def _as_another_user():
+    """Run the block as a user who may read the test's files but not write them. Root may write any file,
+    so root runs it as ``nobody``, who reaches no module not imported before."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_a_read_only_store_is_listed(capsys):
+    folder = Path(tempfile.mkdtemp(prefix="autotune-ro-"))  # reachable by another user, unlike tmp_path
+    url = f"sqlite:///{folder / 'plans.db'}"
+    try:
+        folder.chmod(0o755)
+        run(capsys, "plan", "--target-batch", "64", *ESTIMATE, "--store", url, "--quiet")
+        run(capsys, "store", "ls", "--store", url)  # the modules listing needs, imported
+        run(capsys, "store", "rm", "abcdef", "--store", url)
+        from autotune.store import store as module
+
+        for opened in list(module._OPEN.values()):
+            opened.close()  # the last connection gone, SQLite removes the files it shares with writers
+        assert [p.name for p in folder.iterdir()] == ["plans.db"]
+        (folder / "plans.db").chmod(0o444)
+        folder.chmod(0o555)
+        with _as_another_user():
+            listed = run(capsys, "store", "ls", "--store", url)
+            removed = run(capsys, "store", "gc", "--older-than", "0", "--store", url)
+        assert listed[0] == 0 and "mlp" in listed[1] and "served" in listed[1], listed
+        assert removed[0] == 2 and "is read-only here" in removed[2], removed
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
 
 
 _HEAVY = """
@@ -126,8 +251,9 @@ print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "fastapi", 
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["store", "--help"], ["serve", "--help"], ["store", "ls", "--store",
-                                                                                          "sqlite://"]])
-def test_the_store_commands_load_no_heavy_library(argv):
+                                                                                          "URL"]])
+def test_the_store_commands_load_no_heavy_library(made, argv):
+    argv = [made if a == "URL" else a for a in argv]
     done = subprocess.run([sys.executable, "-c", _HEAVY, *argv], capture_output=True, text=True, timeout=120)
     seen = json.loads(done.stderr.strip().splitlines()[-1])
     assert seen == {"code": 0, "heavy": []}, done.stderr

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from autotune.serve.jobs import Job
 from autotune.serve.worker import Pool, Worker
 
 
@@ -19,7 +20,7 @@ def slow_starts(monkeypatch):
         assert release.wait(30)
         started.append(self.index)
 
-    def run(self: Worker, job: dict, timeout_s: float) -> dict:
+    def run(self: Worker, job: dict, timeout_s: float, stop=None) -> dict:
         assert self.index in started, "a job ran on a worker that was not started"
         return {"ok": True, "worker": self.index, "job": job["n"]}
 
@@ -35,14 +36,14 @@ def test_the_pool_answers_at_once_and_jobs_wait_for_a_started_worker(slow_starts
     pool.start()  # returns while no worker has started
     assert started == [] and pool.busy == 0
     answers: list[dict] = []
-    job = threading.Thread(target=lambda: answers.append(pool.run({"n": 1})))
+    job = threading.Thread(target=lambda: answers.append(pool.run(Job({"n": 1}, "key"))))
     job.start()
     job.join(0.2)
     assert job.is_alive() and answers == []  # waits: no worker has started
     release.set()
     job.join(30)
     assert answers and answers[0]["job"] == 1 and answers[0]["worker"] in (0, 1)
-    assert pool.run({"n": 2})["job"] == 2
+    assert pool.run(Job({"n": 2}, "key"))["job"] == 2
     pool.stop()  # after the background start has finished
     assert sorted(started) == [0, 1] and pool.busy == 0
 
@@ -53,11 +54,11 @@ def test_a_worker_that_cannot_start_still_joins_the_pool(monkeypatch):
 
     monkeypatch.setattr(Worker, "start", start)
     monkeypatch.setattr(Worker, "stop", lambda self: None)
-    monkeypatch.setattr(Worker, "run", lambda self, job, timeout_s: {"ok": True, "worker": self.index})
+    monkeypatch.setattr(Worker, "run", lambda self, job, timeout_s, stop=None: {"ok": True, "worker": self.index})
     pool = Pool("sqlite://", 1, timeout_s=60)
     pool.start()
     answers: list[dict] = []
-    job = threading.Thread(target=lambda: answers.append(pool.run({})), daemon=True)
+    job = threading.Thread(target=lambda: answers.append(pool.run(Job({}, "key"))), daemon=True)
     job.start()
     job.join(30)
     assert [a["worker"] for a in answers] == [0]  # not stuck: the job reaches the worker, whose run starts it

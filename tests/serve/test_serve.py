@@ -21,6 +21,15 @@ pytestmark = pytest.mark.slow
 PLAN = {"target_batch": 512, "probe": "mlp", "device": "estimate", "memory_budget": "1GiB"}
 TOKEN = "s3cret-token-for-the-tests-0123456789"
 
+#: A probe whose fingerprint is taken at once (batch 2) and whose probe then sleeps (larger batches):
+#: it holds its store claim while it sleeps.
+SLOW = (
+    "import time\nimport torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+    "def loss(model, batch):\n    if batch.shape[0] > 3:\n        time.sleep(60)\n"
+    "    return model(batch).pow(2).mean()\n\n"
+    "def build():\n    return Workload(name='slow', model=lambda: nn.Linear(4, 1),\n"
+    "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n")
+
 PROBES = {
     "sleepy.py": "import time\n\ndef build():\n    time.sleep(3600)\n",
     "dies.py": "import os\n\ndef build():\n    os._exit(3)\n",
@@ -36,6 +45,9 @@ PROBES = {
         "                    loss=lambda m, b: m(b).pow(2).mean())\n\n"
         "def build_wide():\n    return build(64)\n\n"
         "def helper(x):\n    return x\n"),
+    "slow.py": SLOW,
+    "syntax.py": "import torch\n\ndef build(:\n    pass\n",
+    "raises.py": "import os\n\nCONFIG = os.environ['AUTOTUNE_TEST_NO_SUCH_VARIABLE']\n\ndef build():\n    pass\n",
 }
 
 
@@ -211,7 +223,7 @@ def test_only_served_probes_run(server):
     ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
     ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
     ({**PLAN, "memory_budget": "100MiB"}, 422, "smaller than the 640 MiB"),
-    ({**PLAN, "precision": "bf16"}, 422, "precision 'bf16' cannot be planned"),
+    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": Input should be 'fp32'"),
     ({**PLAN, "precision": "fp8"}, 422, "precision"),
     ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
     ({**PLAN, "target_batch": 7, "uniform": True, "multiple_of": 2}, 422, ""),
@@ -284,6 +296,210 @@ def test_a_token_is_required_when_given_and_compared_exactly(server):
         assert http.post("/v1/plan", json={**PLAN, "target_batch": 0}).status_code == 401  # the gate comes first
         past_the_gate = http.post("/v1/plan", json={**PLAN, "target_batch": 0}, headers=good)
         assert past_the_gate.status_code == 422 and "target_batch" in past_the_gate.json()["detail"]
+
+
+def test_healthz_says_only_the_status_without_the_token(server):
+    with server.client(authorized=False) as http:
+        bare = http.get("/healthz")
+    with server.client() as http:
+        full = http.get("/healthz").json()
+    assert bare.status_code == 200 and bare.json() == {"status": "ok"}
+    assert full["status"] == "ok" and full["store"] == server.store and "busy" in full
+
+
+@pytest.mark.parametrize("host", ["attacker.example.com", "attacker.example.com:8321", "127.0.0.1.nip.io", ""])
+def test_a_request_for_another_host_name_is_refused(server, host):
+    with server.client(authorized=False) as http:
+        answer = http.get("/healthz", headers={"host": host})
+        assert http.get("/healthz", headers={"host": f"localhost:{server.port}"}).status_code == 200
+    assert answer.status_code == 421 and "--allowed-hosts" in answer.json()["detail"], answer.text
+
+
+def test_a_body_that_is_not_json_or_missing_says_so(server):
+    with server.client() as http:
+        form = http.post("/v1/plan", content=b"target_batch=512&probe=mlp",  # curl -d without a content type
+                         headers={"content-type": "application/x-www-form-urlencoded"})
+        empty = http.post("/v1/plan")
+        listed = http.post("/v1/plan", json=[PLAN])
+    assert form.status_code == 422 and "must be JSON sent with content-type: application/json" in \
+        form.json()["detail"] and "application/x-www-form-urlencoded" in form.json()["detail"]
+    assert empty.status_code == 422 and empty.json()["detail"].startswith("the body is missing: send a JSON object")
+    assert listed.status_code == 422 and listed.json()["detail"].startswith("the body must be a JSON object")
+
+
+def test_the_api_lists_only_the_precision_it_plans(server):
+    with server.client() as http:
+        schema = http.get("/openapi.json").json()["components"]["schemas"]["PlanRequest"]["properties"]
+    assert schema["precision"]["enum"] == ["fp32"] if "enum" in schema["precision"] else \
+        schema["precision"]["const"] == "fp32"
+
+
+def test_a_hint_uses_the_request_s_own_fields_and_what_it_suggests_is_accepted(server):
+    body = {**PLAN, "margin": 0.15, "target_batch": 143362, "uniform": True}  # max micro-batch 71680
+    with server.client() as http:
+        refused = http.post("/v1/plan", json=body)
+        assert refused.status_code == 422, refused.text
+        detail = refused.json()["detail"]
+        assert '"uniform": "force" for 143362 = 3334 x 43 steps' in detail and 'drop "uniform": true' in detail
+        assert "uniform='force'" not in detail and "uniform=True" not in detail
+        forced = http.post("/v1/plan", json={**body, "uniform": "force"})
+    assert forced.status_code == 200, forced.text
+    assert forced.json()["plan"]["micro_batch"] == 3334 and forced.json()["plan"]["uniform"]
+
+
+def test_a_probe_that_found_the_memory_limit_serves_smaller_targets(server):
+    body = {**PLAN, "margin": 0.15}
+    with server.client() as http:
+        big = http.post("/v1/plan", json={**body, "target_batch": 10**6}).json()
+        small = [http.post("/v1/plan", json={**body, "target_batch": t}).json() for t in (512, 513, 512)]
+        entry = http.get(f"/v1/plans/{big['fingerprint']}").json()["entry"]
+    assert big["plan"]["probe"]["limited_by"] == "memory"
+    assert [a["cached"] for a in small] == [True, True, True]
+    assert {a["fingerprint"] for a in small} == {big["fingerprint"]}
+    assert [a["plan"]["micro_batch"] for a in small] == [512, 513, 512]
+    assert entry["limited_by"] == "memory" and entry["max_micro_batch"] == big["plan"]["probe"]["max_micro_batch"]
+
+
+def test_a_broken_probe_file_is_named_without_server_paths(server, probes_dir):
+    with server.client() as http:
+        syntax = http.post("/v1/plan", json={**PLAN, "probe": "syntax"})
+        raises = http.post("/v1/plan", json={**PLAN, "probe": "raises"})
+        listed = {p["name"]: p for p in http.get("/v1/probes").json()["probes"]}
+    assert syntax.status_code == 422
+    assert syntax.json()["detail"] == "probe 'syntax' failed to load: SyntaxError at line 3"
+    assert listed["syntax"]["error"] == "SyntaxError at line 3" and listed["small"]["error"] is None
+    assert raises.status_code == 422, raises.text
+    assert raises.json()["detail"] == \
+        "probe 'raises' failed to load: KeyError at line 3: 'AUTOTUNE_TEST_NO_SUCH_VARIABLE'"
+    for answer in (syntax, raises):
+        assert str(probes_dir) not in answer.text and "/" not in answer.json()["detail"]
+
+
+def test_implausible_measurements_are_refused(server):
+    with server.client() as http:
+        fp = http.post("/v1/plan", json={**PLAN, "margin": 0.05}).json()["fingerprint"]  # a GPU with 1 GiB
+        good = {"fingerprint": fp, "device": "NVIDIA A100", "batch": 64, "peak_reserved_bytes": 2_000_000}
+        answers = {
+            "huge": http.post("/v1/measurements", json={**good, "peak_reserved_bytes": 2**60}),
+            "above": http.post("/v1/measurements", json={**good, "peak_reserved_bytes": 2 * 2**30}),
+            "allocated": http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 3_000_000}),
+            "estimate": http.post("/v1/measurements", json={**good, "device": "estimate", "oom": True,
+                                                             "peak_reserved_bytes": None}),
+        }
+        kept = http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 1_900_000})
+        rows = http.get(f"/v1/plans/{fp}").json()["measurements"]
+    assert {k: a.status_code for k, a in answers.items()} == dict.fromkeys(answers, 422), \
+        {k: a.text for k, a in answers.items()}
+    assert "is above the 1.0 GiB the entry's device has" in answers["huge"].json()["detail"]
+    assert "is above the 1.0 GiB" in answers["above"].json()["detail"]
+    assert "peak_allocated_bytes 3000000 is above peak_reserved_bytes 2000000" in answers["allocated"].json()["detail"]
+    assert "is an estimate, which measures nothing" in answers["estimate"].json()["detail"]
+    assert kept.status_code == 201 and [r["peak_reserved_bytes"] for r in rows] == [2_000_000]
+
+
+def test_a_damaged_entry_is_served_as_damaged_then_probed_again(server):
+    import sqlite3
+
+    body = {**PLAN, "margin": 0.35}
+    with server.client() as http:
+        fp = http.post("/v1/plan", json=body).json()["fingerprint"]
+        with sqlite3.connect(server.folder / "plans.db") as db:
+            db.execute("update autotune_entries set probe = '{not json' where fingerprint = ?", (fp,))
+        listed = http.get("/v1/plans")
+        one = http.get(f"/v1/plans/{fp}")
+        report = http.get(f"/v1/plans/{fp}/report")
+        measured = http.post("/v1/measurements", json={"fingerprint": fp, "device": "NVIDIA A100", "batch": 8,
+                                                       "peak_reserved_bytes": 1000})
+        again = http.post("/v1/plan", json=body)
+        after = http.get(f"/v1/plans/{fp}").json()["entry"]
+    assert listed.status_code == 200 and [e["damaged"] for e in listed.json()["plans"] if e["fingerprint"] == fp] \
+        == ["its probe result cannot be read (JSONDecodeError: Expecting property name enclosed in double quotes: "
+            "line 1 column 2 (char 1))"]
+    assert one.status_code == 200 and one.json()["entry"]["probe"] is None and one.json()["plans"]
+    assert report.status_code == 200 and "<html" in report.text  # from its plan, which holds the probe
+    assert measured.status_code == 409 and f"entry {fp[:12]} is damaged" in measured.json()["detail"]
+    assert again.status_code == 200 and not again.json()["cached"], again.text
+    assert after["damaged"] is None and after["valid"] and after["probe"]["workload"] == "mlp"
+
+
+def _warm(server: Server) -> dict:
+    """Both workers started (a plan on each), then the service's health."""
+    with server.client() as http, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert [a.status_code for a in pool.map(lambda _: http.post("/v1/plan", json=PLAN), range(2))] == [200] * 2
+        return http.get("/healthz").json()
+
+
+def test_clients_that_hang_up_stop_their_probe_and_release_its_claim(server):
+    body = {**PLAN, "probe": "slow", "target_batch": 64}
+    before = _warm(server)
+
+    def hang_up(_: int) -> str:
+        with server.client(timeout=1) as http:
+            try:
+                return str(http.post("/v1/plan", json=body).status_code)
+            except httpx.TimeoutException:
+                return "gone"
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        assert list(pool.map(hang_up, range(10))) == ["gone"] * 10
+    deadline, health = time.monotonic() + 4, {}
+    with server.client() as http:
+        while time.monotonic() < deadline:
+            health = http.get("/healthz").json()
+            if health["busy"] == 0 and health["waiting"] == 0:
+                break
+            time.sleep(0.1)
+    assert (health["busy"], health["waiting"]) == (0, 0), health
+    assert health["cancelled"] - before["cancelled"] == 10
+    assert health["jobs"] - before["jobs"] >= 2  # two ran on the workers (which were stopped), the others waited
+    assert _claims(server) == []
+
+
+def test_a_probe_whose_client_hung_up_runs_on_while_another_waits_for_it(server):
+    body = {**PLAN, "probe": "slow", "target_batch": 65}
+    before = _warm(server)["cancelled"]
+
+    def ask(timeout: float) -> str:
+        with server.client(timeout=timeout) as http:
+            try:
+                return str(http.post("/v1/plan", json=body).status_code)
+            except httpx.TimeoutException:
+                return "gone"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, server.client() as http:
+        first, second = pool.submit(ask, 1), pool.submit(ask, 3)
+        assert first.result() == "gone"
+        time.sleep(0.5)
+        during = http.get("/healthz").json()  # the first job runs on: the second waits for its probe
+        assert second.result() == "gone"
+        deadline = time.monotonic() + 3
+        while (after := http.get("/healthz").json())["busy"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert during["busy"] == 2 and during["cancelled"] == before, during
+    assert after["busy"] == 0 and after["cancelled"] == before + 2, after  # then both clients had gone
+    assert _claims(server) == []
+
+
+def _claims(server: Server) -> list:
+    import sqlite3
+
+    with sqlite3.connect(server.folder / "plans.db") as db:
+        return db.execute("select fingerprint, owner from autotune_claims").fetchall()
+
+
+def test_a_store_file_removed_while_serving_is_made_again(server):
+    import sqlite3
+
+    for path in server.folder.glob("plans.db*"):
+        path.unlink()
+    with server.client() as http:
+        made = http.post("/v1/plan", json={**PLAN, "margin": 0.45})
+        health = http.get("/healthz").json()
+    assert made.status_code == 200, made.text
+    with sqlite3.connect(server.folder / "plans.db") as db:
+        kept = db.execute("select fingerprint from autotune_entries").fetchall()
+    assert kept == [(made.json()["fingerprint"],)]
+    assert health["status"] == "ok" and health["store_reopened"] >= 1
 
 
 def test_a_killed_server_restarts_with_its_store_intact(server):

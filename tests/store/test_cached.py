@@ -99,14 +99,56 @@ def test_a_real_device_confirms_a_stored_answer_with_one_real_run(url, counted):
     assert sources.count("probe") == first.probe.real_runs and sources[-1] == "confirm"
 
 
-def test_a_max_that_memory_set_answers_larger_targets_but_not_smaller_ones(url, counted):
+def test_a_max_that_memory_set_answers_larger_and_smaller_targets(url, counted):
     _cpu_plan(url, 1021)
     assert _cpu_plan(url, 4096).probe.from_store  # per rank 4096 > 307: memory still sets the max
-    assert counted["probe"] == 1
-    smaller = _cpu_plan(url, 200)  # the probe stops at 200: the stored 307 cannot answer it
-    assert counted["probe"] == 2 and not smaller.probe.from_store and smaller.probe.limited_by == "max_batch"
+    smaller = _cpu_plan(url, 200)  # the probe would stop at 200, which fits: the stored 307 answers it
+    assert counted["probe"] == 1 and smaller.probe.from_store
+    assert (smaller.probe.max_micro_batch, smaller.probe.max_batch, smaller.probe.limited_by) == (200, 200, "max_batch")
     entry = open_store(url).entry(smaller.probe.fingerprint)
-    assert entry.max_micro_batch == 307, "the memory-limited entry is kept"
+    assert entry.max_micro_batch == 307 and entry.limited_by == "memory", "the memory-limited entry is kept"
+
+
+def test_a_stored_probe_serves_every_target_it_answers_without_probing_again(url, counted):
+    # Targets 100, 101, 100 probed three times, and 100 after 2048 found the memory limit once more.
+    served = [_cpu_plan(url, t, "8MiB").probe.from_store for t in (100, 101, 100)]
+    assert served == [False, False, True] and counted["probe"] == 2
+    big = _cpu_plan(url, 2048, "8MiB")
+    assert (big.probe.max_micro_batch, big.probe.limited_by, counted["probe"]) == (1419, "memory", 3)
+    counted["confirm"] = 0
+    small = _cpu_plan(url, 100, "8MiB")
+    assert small.probe.from_store and counted == {"probe": 3, "confirm": 1}  # one confirm run, no probe
+    assert "this probe stops at 100" in small.probe.notes[1]
+    fresh = autotune.plan(100, workload="mlp", device="cpu", memory_budget="8MiB", store=False)
+    assert small.schedule == fresh.schedule and small.probe.max_micro_batch == fresh.probe.max_micro_batch == 100
+    assert small.probe.limited_by == fresh.probe.limited_by == "max_batch"
+    assert small.predicted_peak_bytes == fresh.predicted_peak_bytes  # the CPU's estimate is exact
+    entry = open_store(url).entry(big.probe.fingerprint)
+    assert (entry.max_micro_batch, entry.limited_by, entry.hits) == (1419, "memory", 1)
+
+
+def test_an_estimate_serves_a_smaller_target_from_the_memory_limit_it_found(url, counted):
+    big = autotune.plan(10**6, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    assert big.probe.limited_by == "memory"
+    small = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    assert counted == {"probe": 1, "confirm": 0} and small.probe.from_store
+    assert small.micro_batch == small.probe.max_micro_batch == 512 and small.probe.allocated_peak_bytes is None
+    assert small.probe.breakdown["parameters"] == big.probe.breakdown["parameters"]
+    assert 0 < small.probe.peak_bytes < big.probe.peak_bytes
+
+
+@pytest.mark.parametrize("damage", ["{not json", "{}"])
+def test_a_damaged_entry_is_probed_again_and_replaced(url, counted, damage):
+    first = _cpu_plan(url, 64)
+    digest = first.probe.fingerprint
+    store = open_store(url)
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.entries).where(schema.entries.c.fingerprint == digest).values(probe=damage))
+    again = _cpu_plan(url, 64)
+    assert counted["probe"] == 2 and not again.probe.from_store and again.probe.fingerprint == digest
+    entry = store.entry(digest)
+    assert entry.damage is None and entry.valid and entry.probe().max_micro_batch == 64
+    assert _cpu_plan(url, 64).probe.from_store
 
 
 def test_a_confirm_run_that_disagrees_invalidates_the_entry_and_the_probe_runs(url, counted):

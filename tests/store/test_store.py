@@ -56,10 +56,12 @@ def test_an_entry_round_trips_with_its_probe_result_and_parts(store):
 @pytest.mark.parametrize("limited_by,stored_max,asked,answers", [
     ("memory", 48, 48, True),       # the limit equals the max memory set
     ("memory", 48, 4096, True),     # memory set it: any larger limit has the same answer
-    ("memory", 48, 47, False),      # the limit would cut it: the probe must run
-    ("max_batch", 64, 64, True),    # the limit set it: the same limit only
-    ("max_batch", 64, 128, False),  # more might fit
-    ("max_batch", 64, 32, False),
+    ("memory", 48, 47, True),       # a smaller limit: the probe would stop there, and 47 < 48 fits
+    ("memory", 48, 1, True),
+    ("max_batch", 64, 64, True),    # the limit set it: that limit
+    ("max_batch", 64, 32, True),    # and every smaller one
+    ("max_batch", 64, 65, False),   # more might fit
+    ("max_batch", 64, 128, False),
 ])
 def test_an_entry_answers_the_limits_its_answer_holds_for(store, limited_by, stored_max, asked, answers):
     store.put(FP, {}, probe_result(max_micro_batch=stored_max, max_batch=stored_max if limited_by == "max_batch"
@@ -83,6 +85,15 @@ def test_a_limited_result_never_replaces_one_that_memory_limited(store):
     assert store.entry(FP).max_micro_batch == 48
     assert store.put(FP, {}, probe_result(max_micro_batch=50, limited_by="memory"))
     assert store.entry(FP).max_micro_batch == 50
+
+
+def test_a_result_limited_lower_never_replaces_one_limited_higher(store):
+    assert store.put(FP, {}, probe_result(max_micro_batch=101, max_batch=101, limited_by="max_batch"))
+    assert not store.put(FP, {}, probe_result(max_micro_batch=100, max_batch=100, limited_by="max_batch"))
+    assert store.entry(FP).max_batch == 101
+    assert store.put(FP, {}, probe_result(max_micro_batch=102, max_batch=102, limited_by="max_batch"))
+    assert store.put(FP, {}, probe_result(max_micro_batch=48, limited_by="memory"))
+    assert store.entry(FP).limited_by == "memory"
 
 
 def test_plans_are_kept_per_target_and_replaced_when_made_again(store):
@@ -273,3 +284,123 @@ def test_the_store_modules_load_without_torch():
             "assert 'torch' not in sys.modules, 'torch'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def _damage(store: Store, **values) -> None:
+    """Plant a fault: change an entry's row behind the store's back."""
+    from sqlalchemy import update
+
+    from autotune.store import schema
+
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.entries).where(schema.entries.c.fingerprint == FP).values(**values))
+
+
+@pytest.mark.parametrize("values,words", [
+    ({"probe": "{not json"}, "probe result cannot be read (JSONDecodeError"),
+    ({"probe": "{}"}, "probe result cannot be read (ResultFileError"),
+    ({"components": "[1, 2"}, "parts are not a JSON object"),
+    ({"max_micro_batch": "abc"}, "max_micro_batch column holds 'abc'"),
+    ({"max_micro_batch": 47}, "max_micro_batch column (47) disagrees"),
+])
+def test_a_damaged_entry_is_listed_answers_nothing_and_can_be_removed(store, values, words):
+    from autotune.store.schema import DamagedEntry
+
+    store.put(FP, {"margin": 0.1}, probe_result())
+    store.put(OTHER, {}, probe_result())
+    _damage(store, **values)
+    entry = store.entry(FP)
+    assert entry.damage is not None and words in entry.damage
+    assert not entry.answers(4096) and entry.to_dict(probe=True)["probe"] is None
+    assert entry.to_dict()["damaged"] == entry.damage
+    with pytest.raises(DamagedEntry, match=f"entry {FP[:12]} is damaged: .*autotune store rm {FP[:12]}"):
+        entry.probe()
+    assert {e.fingerprint: e.damage is None for e in store.entries()} == {FP: False, OTHER: True}
+    assert store.find(FP[:8]).fingerprint == FP
+    assert store.put(FP, {}, probe_result(max_micro_batch=16, max_batch=16, limited_by="max_batch"))
+    assert store.entry(FP).damage is None and store.entry(FP).max_micro_batch == 16  # replaced
+    _damage(store, probe="{}")
+    assert store.remove([FP]) == 1 and store.entry(FP) is None
+
+
+def test_damaged_plans_and_measurements_are_skipped(store):
+    from sqlalchemy import update
+
+    from autotune.store import schema
+
+    store.put(FP, {}, probe_result())
+    store.put_plan(FP, Plan.from_dict(_plan_dict()))
+    store.record(*[Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=b,
+                               peak_reserved_bytes=1) for b in (1, 2)])
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.plans).values(plan="{not json"))
+        conn.execute(update(schema.measurements).where(schema.measurements.c.batch == 1).values(batch=0))
+    assert store.plans(FP) == []
+    assert [o.batch for o in store.observations(FP)] == [2]
+    assert store.accuracy(FP)[0]["measurements"] == 1
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-1"])
+def test_a_damaged_layout_row_is_named_not_an_internal_error(tmp_path, value):
+    from sqlalchemy import update
+
+    from autotune.store import schema
+
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    store = Store(url)
+    with store.engine.begin() as conn:
+        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value=value))
+    store.engine.dispose()
+    for mode in ("create", "read"):
+        with pytest.raises(BadInput, match=f"^store .* is damaged: its layout row .* holds {value!r}, not a layout "
+                                           "number: restore"):
+            Store(url, mode=mode)
+
+
+def test_reading_never_makes_a_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    for mode in ("read", "write"):
+        with pytest.raises(BadInput, match="^--store .*typo.db'?: no store there .*typo.db does not exist"):
+            Store(url, name="--store", mode=mode)
+    assert not (tmp_path / "typo.db").exists()
+    with pytest.raises(BadInput, match="in-memory database lives only inside the process"):
+        Store("sqlite://", mode="read")
+    other = tmp_path / "other.db"
+    import sqlite3
+
+    sqlite3.connect(other).execute("create table t (x)").connection.commit()  # a database, not a store
+    with pytest.raises(BadInput, match="no store there .*no autotune tables"):
+        Store(f"sqlite:///{other}", mode="read")
+
+
+def test_a_store_read_is_opened_read_only(store):
+    store.put(FP, {}, probe_result())
+    reader = Store(store.url, mode="read")
+    assert [e.fingerprint for e in reader.entries()] == [FP]
+    from sqlalchemy.exc import OperationalError
+
+    with pytest.raises(OperationalError, match="readonly"):
+        reader.served(FP)
+
+
+def test_a_store_file_removed_while_open_is_opened_afresh(store):
+    store.put(FP, {}, probe_result())
+    assert store.file is not None
+    for path in store.file.parent.glob(store.file.name + "*"):
+        path.unlink()
+    store.put(OTHER, {}, probe_result())  # written to the new file, which others see
+    again = Store(store.url)
+    assert [e.fingerprint for e in again.entries()] == [OTHER]
+    assert [e.fingerprint for e in store.entries()] == [OTHER]
+
+
+def test_a_store_whose_folder_went_is_unhealthy(tmp_path):
+    import shutil
+
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    store = Store(f"sqlite:///{folder / 'plans.db'}")
+    assert store.healthy() is None
+    shutil.rmtree(folder)
+    problem = store.healthy()
+    assert problem is not None and "cannot be opened" in problem and "removed or replaced while open" in problem

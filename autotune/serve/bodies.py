@@ -1,0 +1,162 @@
+"""The service's request bodies, checked by pydantic, and what it says about a bad one.
+
+A value the service suggests in an error is one a request may send: library
+messages name Python values (``uniform='force'``), which :func:`in_request_terms`
+turns into the request's own JSON (``"uniform": "force"``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from .. import options
+from ..errors import BadInput
+
+#: The largest target batch a plan takes (the planner's own limit).
+MAX_TARGET = 10**9
+#: An example body, for errors about the body itself.
+EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
+
+
+class PlanRequest(BaseModel):
+    """A plan for an estimated GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_batch: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET, description="effective batch, over all ranks")]
+    probe: Annotated[str, Field(max_length=129, description="a probe this service runs (GET /v1/probes): NAME or "
+                                                            "NAME:FUNCTION")] = "gpt"
+    device: Annotated[str, Field(max_length=64, pattern=r"^estimate(:[A-Za-z0-9._-]{1,48})?$",
+                                 description="estimate (with memory_budget) or an estimate preset, "
+                                             "estimate:NAME")] = "estimate"
+    memory_budget: Annotated[str | StrictInt | None, Field(description="the GPU's memory, e.g. 80GiB")] = None
+    world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
+    parallel: options.Parallel = options.DEFAULT_PARALLEL
+    margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
+    precision: Annotated[Literal["fp32"], Field(description="fp32, what the fit rule measures (the only precision "
+                                                            "planned)")] = "fp32"
+    multiple_of: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET)] = 1
+    uniform: Annotated[StrictBool | Literal["force"] | None, Field(
+        description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
+                    "\"force\": equal micro-batches however many steps they take")] = None
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _size(cls, value: str | int | None) -> str | int | None:
+        from ..units import parse_size
+
+        if isinstance(value, str) and len(value) > 32:
+            raise ValueError("must be a size such as 80GiB (at most 32 characters)")
+        if value is not None:
+            try:
+                bytes_ = parse_size(value, what="memory_budget")
+            except BadInput as exc:
+                raise ValueError(str(exc)) from None
+            if not 0 < bytes_ <= 2**50:
+                raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
+        return value
+
+
+class MeasurementRequest(BaseModel):
+    """What a job measured with a plan, reported against its fingerprint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprint: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    device: Annotated[str, Field(min_length=1, max_length=200, description="the GPU model, e.g. NVIDIA H100")]
+    device_kind: Literal["cuda", "cpu"] = "cuda"
+    batch: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET, description="the micro-batch that ran")]
+    peak_reserved_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
+    peak_allocated_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
+    oom: StrictBool = False
+    retries: Annotated[StrictInt, Field(ge=0, le=10**6)] = 0
+    throughput: Annotated[float | None, Field(ge=0, le=1e12, description="samples per second")] = None
+    seconds: Annotated[float | None, Field(ge=0, le=1e9)] = None
+    note: Annotated[str | None, Field(max_length=500)] = None
+
+    @field_validator("throughput", "seconds")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _real(cls, value: str) -> str:
+        if value.strip().lower().startswith("estimate"):
+            raise ValueError(f"device {value!r} is an estimate, which measures nothing and never runs out of "
+                             "memory: report runs on a real device, named as it names itself (e.g. NVIDIA H100 "
+                             "80GB HBM3)")
+        return value
+
+    @model_validator(mode="after")
+    def _plausible(self) -> MeasurementRequest:
+        reserved, allocated = self.peak_reserved_bytes, self.peak_allocated_bytes
+        if reserved is not None and allocated is not None and allocated > reserved:
+            raise ValueError(f"peak_allocated_bytes {allocated} is above peak_reserved_bytes {reserved}: a device "
+                             "reserves at least what it allocates (torch.cuda.max_memory_allocated() <= "
+                             "max_memory_reserved())")
+        return self
+
+
+def implausible(body: MeasurementRequest, probed: Any) -> str | None:
+    """Why a reported measurement cannot be one of the entry's device, or None."""
+    from ..units import format_bytes
+
+    device = probed.device
+    total = device.total_bytes or (device.ram_total_bytes if device.kind == "cpu" else None) or probed.capacity_bytes
+    for name in ("peak_reserved_bytes", "peak_allocated_bytes"):
+        value = getattr(body, name)
+        if value is not None and value > total:
+            return (f"{name} {value} ({format_bytes(value)}) is above the {format_bytes(total)} the entry's device "
+                    f"has ({device.summary}): report what the job measured on that device, in bytes")
+    return None
+
+
+#: A library's Python spelling of a request field's value: ``uniform='force'``, ``uniform=True``.
+_SPELLED = re.compile(r"\b(" + "|".join(PlanRequest.model_fields) + r")=(True|False|None|'[^']*'|-?[0-9][0-9.]*)")
+
+
+def in_request_terms(message: str) -> str:
+    """A library message as a request says it: ``uniform='force'`` is ``"uniform": "force"``,
+    ``uniform=True`` is ``"uniform": true``."""
+
+    def say(match: re.Match[str]) -> str:
+        value = match.group(2)
+        shown = {"True": "true", "False": "false", "None": "null"}.get(value)
+        if shown is None:
+            shown = json.dumps(value[1:-1]) if value.startswith("'") else value
+        return f'"{match.group(1)}": {shown}'
+
+    return _SPELLED.sub(say, message)
+
+
+def body_error(error: dict[str, Any], content_type: str | None) -> str:
+    """What is wrong with the body as a whole: missing, not JSON, or JSON but not an object."""
+    if error.get("type") == "missing":
+        return f"the body is missing: send a JSON object with content-type: application/json, e.g. {EXAMPLE}"
+    if content_type is None or "json" not in content_type.lower():
+        return (f"the body must be JSON sent with content-type: application/json (this one came as "
+                f"{content_type or 'no content type'}; curl: -H 'content-type: application/json'), e.g. {EXAMPLE}")
+    return f"the body must be a JSON object, e.g. {EXAMPLE}"
+
+
+def say(error: dict[str, Any]) -> str:
+    """One pydantic error as one clause: where, what was given, what is wrong."""
+    where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path"))
+    given = error.get("input")
+    shown = json.dumps(given)[:60] if isinstance(given, (int, float, str, bool)) or given is None else "…"
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if error.get("type") == "missing":
+        return f"{where} is missing"
+    if error.get("type") == "extra_forbidden":
+        return f"{where} is not a field this endpoint takes"
+    if message.startswith(where):  # our own checks say it already
+        return message
+    return f"{where} {shown}: {message}"

@@ -1,0 +1,117 @@
+"""A job of the service: what a worker runs for a plan request, and how its failure is said.
+
+Runs in the worker process (torch is imported there); the server process reads only
+:class:`Job`, :class:`JobFailed` and the answers, which are plain data.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError
+
+
+class JobFailed(Exception):
+    """A job that did not give a plan: the HTTP status to answer with and one line saying why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status for an error of a job: 422 for what the request asked (a budget, a probe
+    function, a plan that cannot exist, a workload that does not fit or cannot be estimated),
+    500 for a failure of the work."""
+    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable)):
+        return 422
+    return 500
+
+
+@dataclass(eq=False)
+class Job:
+    """A request's job: what a worker runs (``body``), and ``key``, what its probe depends on (jobs with
+    the same key share one probe through the store). ``gone`` is set once its client has hung up."""
+
+    body: dict[str, Any]
+    key: Hashable
+    gone: threading.Event = field(default_factory=threading.Event)
+
+
+def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
+    """One job, in a worker: a plan through the API and the store."""
+    from dataclasses import replace
+
+    from .. import api
+
+    if job["kind"] != "plan":
+        raise BadInput(f"unknown job {job['kind']!r}")
+    workload = load(job["spec"], job["probe"])
+    plan = api.plan(job["target_batch"], workload=workload, device=job["device"],
+                    memory_budget=job["memory_budget"], margin=job["margin"], world_size=job["world_size"],
+                    multiple_of=job["multiple_of"], uniform=job["uniform"], parallel=job["parallel"], store=store_url,
+                    env={})
+    probe = plan.probe
+    assert probe is not None
+    plan = replace(plan, probe=replace(probe, source=job["probe"]))  # the name asked for, not a path here
+    return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
+
+
+def load(spec: str, name: str) -> Any:
+    """The workload ``spec`` builds; BadInput saying what failed, where in the probe, and no path of
+    this machine, when it cannot be loaded (``name``: the probe as the request named it)."""
+    from ..workload import load_workload
+
+    try:
+        return load_workload(spec)
+    except ProbeFileError as exc:
+        cause = exc.__cause__
+        if cause is None:
+            raise BadInput(f"probe {name!r} failed to load: {scrub(str(exc), spec)}") from None
+        raise BadInput(f"probe {name!r} failed to load: {failure(cause, spec)}") from None
+
+
+def failure(exc: BaseException, spec: str) -> str:
+    """An exception raised by a probe file, in words: ``SyntaxError at line 3``, ``ValueError at line 7:
+    the message``; paths of this machine left out."""
+    path = spec.rpartition(":")[0] if spec.count(":") and not Path(spec).exists() else spec
+    if isinstance(exc, SyntaxError):
+        line = exc.lineno
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+        line = frames[-1].lineno if frames else None
+    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    where = f" at line {line}" if line else ""
+    text = scrub(str(message).strip().splitlines()[0] if str(message).strip() else "", spec)
+    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+
+
+def scrub(text: str, spec: str) -> str:
+    """``text`` without the probe file's path (its name instead) or its folder."""
+    path = Path(spec.rpartition(":")[0] if ":" in spec and not Path(spec).exists() else spec)
+    if not path.is_absolute():
+        return text
+    return text.replace(str(path), path.name).replace(str(path.parent) + "/", "")
+
+
+def answer(job: dict[str, Any], store_url: str) -> dict[str, Any]:
+    """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not."""
+    try:
+        return {"ok": True, **run_job(job, store_url)}
+    except AutotuneError as exc:
+        return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"])}
+    except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
+        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"])}
+    except SystemExit as exc:
+        return {"ok": False, "status": 500, "error": f"the probe called exit({exc.code})"}
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else text

@@ -1,0 +1,41 @@
+"""Which Host names a service answers to: the address it listens on, and what --allowed-hosts adds."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.cli.serve_cmd import allowed_hosts
+from autotune.serve.guard import host_name
+
+LOCAL = {"127.0.0.1", "localhost", "::1"}
+
+
+@pytest.mark.parametrize("host,extra,names", [
+    ("127.0.0.1", None, LOCAL),
+    ("localhost", None, LOCAL),
+    ("::1", None, LOCAL),
+    ("127.0.0.1", frozenset({"plans.internal"}), LOCAL | {"plans.internal"}),
+    ("10.0.0.5", None, {"10.0.0.5"}),
+    ("10.0.0.5", frozenset({"plans.internal"}), {"10.0.0.5", "plans.internal"}),
+    ("0.0.0.0", None, None),  # every address of the machine: its names are not known, any is taken
+    ("::", None, None),
+    ("0.0.0.0", frozenset({"plans.internal"}), LOCAL | {"plans.internal"}),
+    ("127.0.0.1", frozenset({"*"}), None),
+])
+def test_the_names_a_service_answers_to(host, extra, names):
+    assert allowed_hosts(host, extra) == (None if names is None else frozenset(names))
+
+
+@pytest.mark.parametrize("header,name", [
+    (b"127.0.0.1:8321", "127.0.0.1"), (b"LocalHost", "localhost"), (b"[::1]:8321", "::1"), (b"[::1]", "::1"),
+    (b"attacker.example.com:80", "attacker.example.com"), (b"", ""),
+])
+def test_the_name_in_a_host_header(header, name):
+    assert host_name(header) == name
+
+
+def test_allowed_hosts_must_be_names(capsys):
+    from autotune.cli import main
+
+    assert main(["serve", "--store", "sqlite:///x.db", "--allowed-hosts", "a b,c"]) == 2
+    assert "--allowed-hosts 'a b,c' must be host names or addresses" in capsys.readouterr().err
