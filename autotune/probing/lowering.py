@@ -53,7 +53,7 @@ def checkpointed(workload: Workload, pattern: str) -> Workload:
 
 
 def _matches(name: str, pattern: str) -> bool:
-    parts, want = name.split("."), pattern.split(".")
+    parts, want = name.split("."), pattern.removeprefix("layers ").split(".")
     return len(parts) == len(want) and all(w in ("*", p) for p, w in zip(parts, want))
 
 

@@ -71,8 +71,10 @@ def record(workload: Workload, device: Device, batch: int, *, frames: bool = Tru
 
 
 def family(path: str) -> str:
-    """A module path with its list indices as ``*``: every layer of a stack is one family (``blocks.*.attn``)."""
-    return _INDEX.sub("*", path)
+    """A module path with its list indices as ``*``: every layer of a stack is one family (``blocks.*.attn``);
+    the layers of a model that is itself a list (``nn.Sequential``) are ``layers *``."""
+    found = _INDEX.sub("*", path)
+    return f"layers {found}" if found.startswith("*") else found
 
 
 @dataclass
