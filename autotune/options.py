@@ -10,8 +10,8 @@ returns the value normalised, or raises :class:`BadInput`.
 from __future__ import annotations
 
 import math
-import os
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

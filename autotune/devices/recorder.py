@@ -171,8 +171,8 @@ class Recorder:
     def _frames(self) -> tuple[dict[str, Any], ...]:
         """The Python stack of the code that made the allocation, innermost first, without autotune's own
         dispatch machinery (the frames a real allocation's trace would show)."""
-        out = []
-        f = sys._getframe(2)
+        out: list[dict[str, Any]] = []
+        f: Any = sys._getframe(2)
         cache = self._frame_cache
         while f is not None and len(out) < MAX_FRAMES:
             code = f.f_code

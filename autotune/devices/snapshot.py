@@ -98,10 +98,10 @@ def build(recording: Recording, simulation: Simulation | None, *, on_step: OnSte
     for seg in alloc.segments():
         address, blocks = seg.address, []
         for b in seg.blocks:
-            key = keys.get(address) if b.allocated else None
+            owner = keys.get(address) if b.allocated else None
             blocks.append({"address": address, "size": b.size, "requested_size": b.requested_size if b.allocated
                            else 0, "state": "active_allocated" if b.allocated else "inactive",
-                           "frames": _frames(recording.made.get(key)) if key is not None else []})
+                           "frames": _frames(recording.made.get(owner)) if owner is not None else []})
             address += b.size
         segments.append(_segment(seg.address, seg.total_size, seg.stream, "large" if seg.is_large else "small",
                                  blocks, expandable=seg.is_expandable))

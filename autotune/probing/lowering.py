@@ -46,7 +46,7 @@ def checkpointed(workload: Workload, pattern: str) -> Workload:
         built = make()
         for name, module in built.named_modules():
             if name and _matches(name, pattern):
-                module.forward = _checkpoint(module.forward)  # type: ignore[method-assign]
+                module.forward = _checkpoint(module.forward)
         return built
 
     return replace(workload, model=model)

@@ -167,14 +167,14 @@ def _parts(rec: Recording, live: dict[int, int], requested: dict[int, int], rese
     return sorted(parts, key=lambda p: -p.bytes)
 
 
-def _thin(points: list[tuple[int, ...]]) -> list[tuple[int, int, int, int, int, int, int]]:
+def _thin(points: list[tuple[int, int, int, int, int, int, int]]) -> list[tuple[int, int, int, int, int, int, int]]:
     """At most about ``SAMPLES`` points, the peak's kept."""
     if len(points) <= 2 * SAMPLES:
-        return points  # type: ignore[return-value]
+        return points
     top = max(points, key=lambda p: sum(p[1:]))
     step = len(points) / SAMPLES
     kept = {points[int(i * step)] for i in range(SAMPLES)} | {top, points[-1]}
-    return sorted(kept)  # type: ignore[arg-type]
+    return sorted(kept)
 
 
 def activations_by_family(rec: Recording, live: dict[int, int], requested: dict[int, int]) -> dict[str, int]:

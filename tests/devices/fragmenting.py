@@ -1,4 +1,7 @@
-import torch, autotune
+import torch
+
+import autotune
+
 
 class Frag(torch.nn.Module):
     """Many differently sized large temporaries, every other one kept: the caching allocator fragments."""
