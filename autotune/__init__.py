@@ -61,7 +61,8 @@ _EXPORTS = {
 __all__ = ["Accumulator", "AutotuneError", "BadInput", "DeviceError", "DoesNotFit", "EstimateUnavailable", "Plan",
     "PlanError", "PlanSampler", "ProbeFileError", "ProbeResult", "ResultFileError", "RunResult", "StepOutcome",
     "Trial", "Workload", "WorkloadError", "format_bytes", "get_device", "is_oom", "list_devices", "load_plan",
-    "load_result", "load_workload", "memory_snapshot", "parse_size", "plan", "probe", "run", "write_report", "__version__"]
+    "load_result", "load_workload", "memory_snapshot", "parse_size", "plan", "probe", "run", "write_report",
+    "__version__"]
 
 
 __getattr__ = exports(__name__, _EXPORTS, globals())
