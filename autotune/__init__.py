@@ -21,7 +21,7 @@ from .lazy import exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .api import load_plan, plan, probe, run
+    from .api import load_plan, memory_snapshot, plan, probe, run
     from .devices import get_device, list_devices
     from .devices.oom import is_oom
     from .errors import (
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     # the stages, as users meet them
-    "probe": "api", "plan": "api", "run": "api", "load_plan": "api",
+    "probe": "api", "plan": "api", "run": "api", "load_plan": "api", "memory_snapshot": "api",
     "write_report": "report", "load_result": "report",
     "Workload": "workload", "load_workload": "workload",
     "Accumulator": "training", "PlanSampler": "training", "StepOutcome": "training",
@@ -61,7 +61,8 @@ _EXPORTS = {
 __all__ = ["Accumulator", "AutotuneError", "BadInput", "DeviceError", "DoesNotFit", "EstimateUnavailable", "Plan",
     "PlanError", "PlanSampler", "ProbeFileError", "ProbeResult", "ResultFileError", "RunResult", "StepOutcome",
     "Trial", "Workload", "WorkloadError", "format_bytes", "get_device", "is_oom", "list_devices", "load_plan",
-    "load_result", "load_workload", "parse_size", "plan", "probe", "run", "write_report", "__version__"]
+    "load_result", "load_workload", "memory_snapshot", "parse_size", "plan", "probe", "run", "write_report",
+    "__version__"]
 
 
 __getattr__ = exports(__name__, _EXPORTS, globals())

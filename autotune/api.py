@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -60,7 +61,8 @@ def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[W
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
-          world_size: int | None = None, store: StoreSpec = None) -> ProbeResult:
+          world_size: int | None = None, store: StoreSpec = None,
+          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
     ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
@@ -73,8 +75,24 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     a Store: a probe it has seen is answered from it (on a real device, after one
     confirm run), a new one is kept there; by default ``$AUTOTUNE_STORE`` when
     set, and ``False`` for none.
+    ``memory_snapshot``: a file to write the fit rule's allocation trace at the max micro-batch (or ``at``) to,
+    in the format of ``torch.cuda.memory._snapshot()`` (True: no file); the result's ``memory`` then says
+    where the peak comes from, what would lower it most, and which allocator settings fit more (see
+    :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
     """
+    return _probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
+                  data_parallel=data_parallel, parallel=parallel, world_size=world_size, store=store,
+                  memory_snapshot=memory_snapshot, at=at)
+
+
+def _probe(workload: Spec, *, device: Device | str, memory_budget: int | str | None, margin: float, max_batch: int,
+           data_parallel: bool | None, parallel: str, world_size: int | None, store: StoreSpec,
+           memory_snapshot: str | os.PathLike[str] | bool | None, at: int | Callable[[ProbeResult], int] | None
+           ) -> ProbeResult:
     margin = options.margin(margin)
+    if isinstance(at, int):
+        at = options.whole(at, "at")
+    path = options.snapshot_path(memory_snapshot)
     max_batch = options.whole(max_batch, "max_batch")
     parallel = options.parallel(parallel)
     if world_size is not None:
@@ -90,6 +108,10 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     elif data_parallel is None:
         data_parallel = distributed.active() or (world_size or 1) > 1
     rule: dict[str, Any] = {"data_parallel": bool(data_parallel)} if sharding is None else {"sharding": sharding}
+    if memory_snapshot and not dev.estimated and dev.torch_device.type == "cuda":
+        from .devices.history import RecordingDevice
+
+        dev = RecordingDevice(dev)  # the confirm run records the GPU allocator's history
     if kept is None:
         result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
     else:
@@ -99,7 +121,29 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
                               parallel=parallel)
     if distributed.active():
         result = agree_across_ranks(result)
-    return replace(result, source=_source(workload))
+    result = replace(result, source=_source(workload))
+    if memory_snapshot:
+        from .probing.memory import explain
+
+        batch = at(result) if callable(at) else at
+        result = replace(result, memory=explain(result, wl, dev, batch=batch, path=path, rule=rule))
+    return result
+
+
+def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,
+                    device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
+                    margin: float = options.MARGIN, at: int | None = None, max_batch: int = options.MAX_BATCH,
+                    parallel: str = options.DEFAULT_PARALLEL, world_size: int | None = None) -> ProbeResult:
+    """Probe ``workload``, then write the fit rule at the max micro-batch (or ``at``) to ``path`` as
+    ``torch.cuda.memory._snapshot()`` does: what ``python -m torch.cuda._memory_viz trace_plot|segment_plot``
+    and pytorch.org/memory_viz open, before having the GPU, at sizes that would not fit. The result's
+    ``memory`` holds the peak's parts, what would lower it most and the allocator settings compared.
+
+    Standing in for a GPU the trace is the caching-allocator simulation's (its highest reserved point is the
+    result's reserved peak, to the byte); on the CPU it is the tracker's (allocated memory only).
+    """
+    return probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
+                 parallel=parallel, world_size=world_size, memory_snapshot=path if path is not None else True, at=at)
 
 
 def _open_store(store: StoreSpec) -> Store | None:
@@ -148,7 +192,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
-         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None) -> Plan:
+         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None,
+         memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -162,6 +207,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
+    ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
     """
     from .planning.planner import UNIFORM, check_plan, make_plan
 
@@ -182,6 +228,9 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     per_rank = math.ceil(target_batch / world)
     if tune and parallel == "fsdp":
         raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
+    if memory_snapshot and tune:
+        raise BadInput("memory_snapshot is for plans made without tune=True: drop one of them")
+
     kept = _open_store(store)
     if tune:
         from .training.study import check_storage
@@ -200,9 +249,14 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         assert tuned.probe is not None
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
                        notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
-    result = probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
-                   data_parallel=world > 1, parallel=parallel, world_size=world,
-                   store=kept if kept is not None else False)
+    def planned_batch(r: ProbeResult) -> int:
+        return make_plan(target_batch, r.max_micro_batch, world_size=world, multiple_of=multiple_of,
+                         uniform=uniform, probe=r, world_size_source=source).micro_batch
+
+    result = _probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
+                    data_parallel=world > 1, parallel=parallel, world_size=world,
+                    store=kept if kept is not None else False, memory_snapshot=memory_snapshot,
+                    at=at if at is not None else planned_batch)
     made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
                      uniform=uniform, probe=result, world_size_source=source)
     stored = tuple(n for n in result.notes[:1] if result.from_store)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,3 +157,16 @@ def seconds(value: Any, name: str) -> float:
     if not (number > 0 and math.isfinite(number)):
         raise BadInput(f"{name} {_shown(value)} must be a positive number of seconds")
     return number
+
+
+def snapshot_path(value: Any, name: str = "memory_snapshot") -> str | None:
+    """Where a memory snapshot goes: a file path (checked writable now, before any work), or None for no file
+    (``True``: the timeline without a file; ``None``/``False``: no snapshot at all)."""
+    if value is None or value is False or value is True:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise BadInput(f"{name} {value!r} is not a file path: give one such as 'memory.pickle'")
+    from .serial import check_writable
+
+    check_writable(value, what=f"cannot write the {name} file {value}")
+    return str(value)

@@ -26,6 +26,12 @@ the log). The checks, each a table in the final summary:
    libraries the estimate allows for) and this GPU's NVML total against the
    preset of the same model.
 
+For every peak-check run it also writes two memory snapshots in the format of
+``torch.cuda.memory._snapshot()`` beside the log (``snapshots/<probe>-<batch>.predicted.pickle``: the
+estimate's trace replayed through the simulation; ``...real.pickle``: the GPU's own), which
+``python -m torch.cuda._memory_viz trace_plot FILE -o out.html`` and pytorch.org/memory_viz open, and logs their
+reserved peaks side by side.
+
 Without a GPU it prints that, names every check it skipped and why, and exits 0.
 ``--cpu-selftest`` runs the same code on the CPU device (small budgets) so the
 script itself can be exercised on a machine without a GPU; there the replay
@@ -142,6 +148,8 @@ def synthetic_snapshot(events, conf: str) -> dict:
     from autotune.devices.allocator import CachingAllocator
 
     alloc, trace, live = CachingAllocator(None, conf), [], {}
+    alloc.on_segment = lambda action, addr, size, stream: trace.append(
+        {"action": action, "addr": addr, "size": size, "stream": stream})
     for key, nbytes, stream in events:
         if nbytes < 0:
             if key in live:
@@ -177,6 +185,7 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu
                 skipped.append(f"peaks {workload.name} @ {b}: time limit (keeping time for the other checks)")
                 continue
             est = run_trial(est_device, workload, b, cap, source="estimate")
+            predicted = predicted_snapshot(est_device, workload, b)
             real, snapshot = recorded_run(device, workload, b, cap, gpu)
             if real.oom:
                 rows.append([workload.name, str(b), "OOM", "-", "-", "-", "-", fmt(est.peak_bytes), "-", "-", "-",
@@ -191,6 +200,7 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu
                 reserved, allocated = snapshot.pop("peaks")
                 retries = 0
             sim = replay_snapshot(snapshot, capacity=None, conf=conf, device_total=total)
+            write_snapshots(log, workload.name, b, predicted, snapshot)
             replay_ok = within(sim.reserved_peak, reserved, REPLAY_TOLERANCE) and \
                 within(sim.allocated_peak, allocated, REPLAY_TOLERANCE)
             estimate_ok = within(est.peak_bytes, reserved, ESTIMATE_TOLERANCE)
@@ -210,6 +220,26 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu
             for note in est.measurement.notes:
                 log.detail(f"    estimate note: {note}")
     return rows
+
+
+def predicted_snapshot(est_device, workload, b: int) -> dict:
+    """The estimate's trace of the fit rule at ``b`` as ``torch.cuda.memory._snapshot()`` would have it."""
+    from autotune.probing import timeline
+
+    return timeline.analyse(timeline.record(workload, est_device, b, runner=est_device)).snapshot
+
+
+def write_snapshots(log: Log, name: str, b: int, predicted: dict, real: dict) -> None:
+    """Both snapshots beside the log, and their reserved peaks."""
+    from autotune.devices import snapshot as snap
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(log.path)), "snapshots")
+    os.makedirs(folder, exist_ok=True)
+    for kind, data in (("predicted", predicted), ("real", real)):
+        snap.write(data, os.path.join(folder, f"{name}-{b}.{kind}.pickle"))
+    (p, _), (r, _) = snap.peaks(predicted), snap.peaks(real)
+    log(f"    snapshots: {folder}/{name}-{b}.{{predicted,real}}.pickle, reserved peaks {p} B predicted, {r} B real "
+        f"({pct(p, r)})")
 
 
 def _trace_of(workload, b: int):

@@ -136,6 +136,24 @@ def add_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace the --report folder if it exists")
 
 
+def add_memory_snapshot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-snapshot", metavar="FILE", default=None,
+                   help="also write the fit rule's allocations at the chosen micro-batch as torch.cuda.memory."
+                        "_snapshot() does (open it with python -m torch.cuda._memory_viz trace_plot FILE -o "
+                        "out.html, or pytorch.org/memory_viz), and say where the peak comes from, what would lower "
+                        "it most and which allocator settings fit more; on a GPU the real snapshot goes beside it "
+                        "(FILE.real.pickle)")
+    p.add_argument("--at", type=positive_int("--at"), default=None, metavar="N",
+                   help="the micro-batch of --memory-snapshot (default: the chosen one)")
+
+
+def check_memory_snapshot(args) -> None:
+    """A bad --memory-snapshot file, or --at without it, fails before any work."""
+    if getattr(args, "at", None) is not None and not getattr(args, "memory_snapshot", None):
+        raise BadInput("--at N is the micro-batch of --memory-snapshot: add --memory-snapshot FILE, or drop --at")
+    options.snapshot_path(getattr(args, "memory_snapshot", None), "--memory-snapshot")
+
+
 def check_output(path: str | None) -> None:
     """Fail on an unusable --output file before any long work."""
     if path:

@@ -13,10 +13,12 @@ from .common import (
     add_common,
     add_device,
     add_distributed,
+    add_memory_snapshot,
     add_parallel,
     add_report,
     add_schedule_flags,
     add_store,
+    check_memory_snapshot,
     check_output,
     check_probe,
     check_report,
@@ -47,6 +49,7 @@ examples:
   autotune plan --target-batch 1024 --tune --trials 12 --storage sqlite:///reports/tune.db
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
+  autotune plan --target-batch 512 --device estimate:H100-80GB --probe gpt:build_100m --memory-snapshot m.pickle
 """
 
 
@@ -69,6 +72,7 @@ def add_parser(sub) -> None:
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     p.add_argument("--study-name", metavar="NAME", default=None,
                    help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
+    add_memory_snapshot(p)
     add_store(p)
     add_report(p)
     add_distributed(p)
@@ -112,6 +116,7 @@ def check_tune_flags(args) -> None:
 
 def run(args) -> int:
     check_output(args.output)
+    check_memory_snapshot(args)
     check_report(args)
     check_probe(args)
     check_plannable(args)
@@ -137,7 +142,8 @@ def _plan(args, *, lead: bool) -> int:
                              memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                              multiple_of=args.multiple_of, uniform=uniform_choice(args),
                              tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
-                             parallel=args.parallel, store=args.store)
+                             parallel=args.parallel, store=args.store, memory_snapshot=args.memory_snapshot,
+                             at=args.at)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
     if not lead:
@@ -147,6 +153,8 @@ def _plan(args, *, lead: bool) -> int:
         print(text, end="")
     elif fmt == "table":
         print(plan.summary())
+        if plan.probe is not None and plan.probe.memory is not None:
+            print("\n".join(plan.probe.memory.lines()))
     else:
         print(json.dumps(export(plan, fmt), indent=2))
     write_output(args.output, text)

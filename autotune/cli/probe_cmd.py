@@ -9,8 +9,10 @@ from .common import (
     Formatter,
     add_common,
     add_device,
+    add_memory_snapshot,
     add_parallel,
     add_store,
+    check_memory_snapshot,
     check_output,
     check_probe,
     check_store,
@@ -31,6 +33,8 @@ examples:
   autotune probe --probe gpt:build_1b --parallel fsdp --world-size 8 --device estimate --memory-budget 80GiB
   autotune probe --probe my_model.py --max-batch 512 --json > probe.json
   autotune probe --probe gpt --device estimate --memory-budget 24GiB --store sqlite:///plans.db
+  autotune probe --probe gpt:build_100m --device estimate:H100-80GB --memory-snapshot gpt.pickle
+      # then: python -m torch.cuda._memory_viz trace_plot gpt.pickle -o gpt.html
 """
 
 
@@ -42,6 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
                    help="never search past this micro-batch size")
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
+    add_memory_snapshot(p)
     add_store(p)
     add_common(p)
     p.set_defaults(handler=run)
@@ -49,6 +54,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     check_output(args.output)
+    check_memory_snapshot(args)
     check_probe(args)
     check_store(args)
     import_torch(freeze=args.own_process)
@@ -57,7 +63,8 @@ def run(args) -> int:
 
     result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
                             margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
-                            world_size=args.world_size, store=args.store)
+                            world_size=args.world_size, store=args.store, memory_snapshot=args.memory_snapshot,
+                            at=args.at)
     text = dumps(result.to_dict())
     if args.json:
         print(text, end="")
@@ -90,6 +97,8 @@ def describe(result) -> str:
                   f"{t.seconds:.2f}") for t in result.trials]
         lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), plain))
     lines += [f"note: {n}" for n in result.notes]
+    if result.memory is not None:
+        lines += result.memory.lines()
     return "\n".join(lines)
 
 

@@ -79,6 +79,10 @@ class CachingAllocator:
         #: Hooks tried, in order, when no cached block fits (``FreeCudaMemoryCallbacksRegistry``);
         #: each returns whether it freed memory.
         self.free_memory_callbacks: list[Callable[[], bool]] = []
+        #: Told ``(action, address, size, stream)`` whenever device memory is taken or given back:
+        #: ``segment_alloc``/``segment_free`` (cudaMalloc, cudaFree), ``segment_map``/``segment_unmap``
+        #: (pages of an expandable segment), as ``torch.cuda.memory._snapshot()``'s trace names them.
+        self.on_segment: Callable[[str, int, int, int], None] | None = None
         self.stats = DeviceStats()
         self._max_split = self.config.max_split_size
         self._rounding = any(d > 1 for d in self.config.roundup_power2_divisions)
@@ -371,6 +375,8 @@ class CachingAllocator:
             return None  # cudaMalloc: cudaErrorMemoryAllocation
         self._total += alloc_size
         block = Block(self._new_address(alloc_size), alloc_size, stream, pool, None)
+        if self.on_segment is not None:
+            self.on_segment("segment_alloc", block.addr, alloc_size, stream)
         st.up(SEG, pool.type, 1)
         st.up(RBYTES, pool.type, alloc_size)
         if alloc_size >= self._max_split:
@@ -406,6 +412,8 @@ class CachingAllocator:
         """``release_block``: cudaFree an unsplit cached segment."""
         pool = block.pool
         pool.erase(block)
+        if self.on_segment is not None:
+            self.on_segment("segment_free", block.addr, block.size, block.stream)
         self._total -= block.size
         self.stats.down(SEG, pool.type, 1)
         self.stats.down(RBYTES, pool.type, block.size)
@@ -506,6 +514,8 @@ class CachingAllocator:
         self._try_merge_blocks(block, block.next)
         pool.insert(block)
         self._total += length
+        if self.on_segment is not None:
+            self.on_segment("segment_map", start, length, block.stream)
         self.stats.up(RBYTES, pool.type, length)
         self.stats.counters["num_device_alloc"] += 1
         return True
@@ -534,6 +544,8 @@ class CachingAllocator:
         self._try_merge_blocks(block, block.next)
         pool.insert_unmapped(block)
         self._total -= length
+        if self.on_segment is not None:
+            self.on_segment("segment_unmap", start, length, block.stream)
         self.stats.down(RBYTES, pool.type, length)
         self.stats.counters["num_device_free"] += 1
 

@@ -394,13 +394,13 @@ class CudaKernelChoices:
         stream = self.tracker.stream
         if ("cuBLAS", handle, stream) not in self._workspaces:
             size = self._workspaces["cuBLAS", handle, stream] = self.target.cublas_workspace_bytes()
-            self.tracker.device_alloc(size)
+            self.tracker.device_alloc(size, "cuBLAS workspace")
         bias = args[0] if args else None
         if func in _LT and isinstance(bias, torch.Tensor) and bias.dim() == 1 and \
                 bias.dtype in (torch.float32, *_HALF) and ("cuBLASLt", handle, stream) not in self._workspaces:
             size = self._workspaces["cuBLASLt", handle, stream] = self.target.cublaslt_workspace_bytes()
             if size:
-                self.tracker.device_alloc(size)
+                self.tracker.device_alloc(size, "cuBLASLt workspace")
 
     # -- attention -----------------------------------------------------------------------
 

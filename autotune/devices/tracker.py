@@ -25,6 +25,12 @@ and the device memory kernels take that no tensor shows (a library's workspace,
 a kernel's scratch buffers), which :mod:`autotune.devices.cudakernels` adds
 through :meth:`LiveStorageTracker.device_alloc` and :meth:`LiveStorageTracker.scratch`.
 Those are in the trace only: the live bytes count tensors.
+
+While a :class:`~autotune.devices.recorder.Recorder` is active (only when a memory
+snapshot or a breakdown of the peak is asked for), every tracker that starts
+records the trace and tells the recorder about each allocation (its Python
+frames, module and phase) and each phase the fit rule marks; otherwise the
+recorder costs one attribute check per recorded allocation.
 """
 
 from __future__ import annotations
@@ -91,6 +97,8 @@ def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
 
 _RESIZE = torch.UntypedStorage.resize_
 _WATCHING: list[LiveStorageTracker] = []
+#: The active recorders (autotune.devices.recorder); the innermost binds every tracker that starts.
+RECORDERS: list[Any] = []
 
 
 def _watched_resize(storage: torch.UntypedStorage, size: int) -> Any:
@@ -175,6 +183,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.trace: list[tuple[int, int, int]] | None = [] if record else None
         self.stream = 0
         self.after_op: Callable[[Any, tuple, dict, Any], None] | None = None
+        self.recorder: Any = None  # told about every allocation in the trace, when set (see the module docstring)
 
     # -- counting -------------------------------------------------------------------
 
@@ -206,6 +215,8 @@ class LiveStorageTracker(TorchDispatchMode):
                 if self.trace is not None:  # a CUDA storage grows into a new block, then frees the old one
                     self._serial += 1
                     self.trace.append((self._serial, n, self.stream))
+                    if self.recorder is not None:
+                        self.recorder.alloc(self._serial, entry.serial)
                     if entry.nbytes:
                         self.trace.append((entry.tkey, -1, 0))
                     entry.tkey = self._serial
@@ -228,6 +239,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self._live[key] = _Entry(self._serial, n, weakref.ref(storage, died))
         if self.trace is not None and n:
             self.trace.append((self._serial, n, self.stream))
+            if self.recorder is not None:
+                self.recorder.alloc(self._serial, self._serial)
         if category is not None:
             self._set_category(self._serial, category)
 
@@ -256,6 +269,8 @@ class LiveStorageTracker(TorchDispatchMode):
             self._category[serial] = category
 
     def __enter__(self) -> LiveStorageTracker:
+        if RECORDERS and self.recorder is None:
+            RECORDERS[-1].bind(self)
         if not _WATCHING:
             setattr(torch.UntypedStorage, "resize_", _watched_resize)  # noqa: B010
         _WATCHING.append(self)
@@ -344,11 +359,14 @@ class LiveStorageTracker(TorchDispatchMode):
                     if entry is not None:
                         self._set_category(entry.serial, category)
 
-    def device_alloc(self, nbytes: int) -> int:
-        """Record device memory that no tensor holds (a library's workspace), live from now on; returns its key."""
+    def device_alloc(self, nbytes: int, label: str = "workspace") -> int:
+        """Record device memory that no tensor holds (a library's workspace, named by ``label``), live from now
+        on; returns its key."""
         self._serial += 1
         if self.trace is not None and nbytes > 0:
             self.trace.append((self._serial, nbytes, self.stream))
+            if self.recorder is not None:
+                self.recorder.alloc(self._serial, self._serial, label)
         return self._serial
 
     def device_free(self, key: int) -> None:
@@ -359,9 +377,15 @@ class LiveStorageTracker(TorchDispatchMode):
         """Record a kernel's scratch buffers: allocated in order, all freed when the kernel returns."""
         if self.trace is None:
             return
-        keys = [self.device_alloc(n) for n in sizes if n > 0]
+        keys = [self.device_alloc(n, "kernel scratch") for n in sizes if n > 0]
         for key in keys:
             self.device_free(key)
+
+    def mark(self, phase: str) -> None:
+        """The fit rule enters ``phase`` (a micro-step's forward or backward, an optimizer step): told to the
+        recorder, when there is one."""
+        if self.recorder is not None:
+            self.recorder.mark(phase)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

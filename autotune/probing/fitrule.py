@@ -91,11 +91,13 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
         trainable = len({id(p) for p in model.parameters() if p.requires_grad})
         noise = noise_buffer(trainable, session.torch_device) if trainable else None  # the runner measures it
         done = 0
-        for _ in range(OPTIMIZER_STEPS):
+        mark = session.tracker.mark  # the phases, for a memory timeline (nothing unless one is recorded)
+        for step in range(OPTIMIZER_STEPS):
             loss_sum = None
             for i in range(MICRO_STEPS):
                 if sharding is not None:
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
+                mark(f"micro-step {done + 1} forward")
                 micro = session.batch(workload.make_batch, batch, generator)
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:
@@ -104,6 +106,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                 weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
                 if loss_sum is None:
                     loss_sum = loss_total(weighted)
+                mark(f"micro-step {done + 1} backward")
                 weighted.backward()
                 loss_sum.add_(weighted.detach())
                 if sharding is None:
@@ -115,6 +118,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                 if on_step is not None:
                     on_step(done, total)
             del loss_sum
+            mark(f"optimizer step {step + 1}")
             with session.tracker.values_do_not_shape():  # step counters, learning rates
                 opt.step()
             session.tag_optimizer(opt)

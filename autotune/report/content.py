@@ -12,7 +12,7 @@ from typing import Any
 
 from ..results.plan import Plan
 from ..units import format_bytes, plural
-from . import memory, runs, tables
+from . import memory, runs, tables, timeline
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text
 from .subject import Subject, status
 
@@ -22,6 +22,11 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
     sections = [summary(s)]
     if s.probe is not None:
         sections += [memory.peak_section(s), memory.breakdown_section(s)]
+        if s.probe.memory is not None:
+            sections.append(timeline.section(s.probe.memory, usable=s.probe.usable_bytes,
+                                             capacity=s.probe.capacity_bytes,
+                                             title=f"Memory over the fit rule: {s.probe.workload} on "
+                                                   f"{s.probe.device.name}, micro-batch {s.probe.memory.batch}"))
     if s.plan is not None and s.plan.tuning is not None and s.plan.tuning.candidates:
         sections.append(memory.throughput_section(s))
     if s.plan is not None:

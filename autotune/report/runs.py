@@ -11,6 +11,7 @@ from . import plots, tables
 from .blocks import Block, Bullets, Code, Image, Rows, Section, Table, Text
 from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
 from .subject import Subject, status
+from .timeline import files as timeline_files
 
 BN_ADVICE = ("accumulated gradients cannot equal the full-batch gradient; replace BatchNorm with GroupNorm or "
              "LayerNorm, freeze it (eval mode and fixed statistics), or accumulate fewer micro-batches")
@@ -129,6 +130,7 @@ def files(s: Subject) -> Section:
         names += [(PEAK_PLOT, "peak memory vs micro-batch"),
                   (BREAKDOWN_PLOT, "where the memory goes"),
                   ("trials.csv", "the probe's trials (sizes in bytes)")]
+        names += list(timeline_files(s.probe.memory))
     if s.plan is not None and s.plan.tuning is not None and s.plan.tuning.candidates:
         names.append((THROUGHPUT_PLOT, "throughput vs micro-batch"))
     if s.run is not None and s.run.noise_scale is not None and any(h.b_simple is not None

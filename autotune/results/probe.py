@@ -8,6 +8,7 @@ from typing import Any
 from ..serial import envelope, invalid, open_envelope, read_dataclass, read_fields
 from ..units import format_bytes
 from .device import DeviceInfo
+from .timeline import MemoryTimeline
 
 SOURCES = ("estimate", "real")
 PARALLEL = ("ddp", "fsdp")
@@ -107,6 +108,7 @@ class ProbeResult:
     world_size: int | None = None  # the ranks an FSDP probe sharded over (its figures hold for that many)
     fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
     from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
+    memory: MemoryTimeline | None = None  # where the peak comes from, when a memory snapshot was asked for
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
@@ -220,6 +222,7 @@ class ProbeResult:
             "world_size": self.world_size,
             "fingerprint": self.fingerprint,
             "from_store": self.from_store,
+            "memory": self.memory.to_dict() if self.memory is not None else None,
         })
 
     @classmethod
@@ -229,6 +232,8 @@ class ProbeResult:
             body.pop(derived, None)
         body = read_fields(cls, body, kind="ProbeResult", source=source)
         body["device"] = DeviceInfo.from_dict(body["device"], kind="ProbeResult", source=source)
+        if body.get("memory") is not None:
+            body["memory"] = MemoryTimeline.from_dict(body["memory"], kind="ProbeResult", source=source)
         rows = [read_dataclass(Trial, row, kind="ProbeResult", source=source, where=f"trials[{i}]")
                 for i, row in enumerate(body.get("trials", ()))]
         try:

@@ -1,0 +1,198 @@
+"""The fit rule at one micro-batch, allocation by allocation: a snapshot in torch's format and where the peak is.
+
+:func:`record` runs the fit rule once with a
+:class:`~autotune.devices.recorder.Recorder` (on the estimate that stands in
+for the device, or on the CPU itself); :func:`analyse` replays the recording
+through the caching-allocator simulation as the estimate does (so its
+reserved peak is the result's, to the byte), writes it down as a
+``torch.cuda.memory._snapshot()`` (:mod:`autotune.devices.snapshot`), and
+attributes what is live at the peak: parameters, gradients, optimizer state,
+activations by the module family that made them (``blocks.*.attn``), the
+cuBLAS workspaces and kernel scratch, the allocator's rounding and cache.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..devices.base import Device
+from ..devices.recorder import Made, Recorder, Recording, record_with
+from ..devices.snapshot import Simulation, build
+from ..results.timeline import PeakPart
+from ..workload import Workload
+from .fitrule import Attempt, run_trial
+
+SAMPLES = 600  # points of the stacked timeline
+OUTSIDE = "(outside any module: the batch, the loss)"
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+@dataclass
+class Recorded:
+    """A recorded run of the fit rule and how to replay it as the device's allocator would."""
+
+    attempt: Attempt
+    recording: Recording
+    simulation: Simulation | None
+    device: Any  # the device it ran on (an estimate, or the CPU)
+
+
+def runner_for(device: Device, sharding: Any = None) -> Any:
+    """Where a recorded run goes: the CPU itself (its tracker is exact), else the estimate standing in for the
+    device (under FakeTensorMode for FSDP, as the probe estimates it)."""
+    if not device.estimated and device.torch_device.type == "cpu":
+        return device
+    estimator = device.estimator()
+    if sharding is not None:
+        from .fsdp import fake_engine
+
+        estimator = fake_engine(estimator)
+    return estimator
+
+
+def simulation_of(runner: Any) -> Simulation | None:
+    """The allocator the estimate replays its trace through (None: the CPU, or no caching allocator)."""
+    if not getattr(runner, "simulates", False):
+        return None
+    return Simulation(conf=runner.allocator, capacity=runner.capacity_bytes(), device_total=runner.device_total)
+
+
+def record(workload: Workload, device: Device, batch: int, *, frames: bool = True, data_parallel: bool = False,
+           sharding: Any = None, runner: Any = None) -> Recorded:
+    """The fit rule at ``batch``, recorded (``frames``: with each allocation's Python frames)."""
+    runner = runner if runner is not None else runner_for(device, sharding)
+    attempt, recording = record_with(Recorder(frames=frames), lambda: run_trial(
+        runner, workload, batch, 1 << 62, source="estimate" if runner.estimated else "real", capacity_guard=False,
+        data_parallel=data_parallel, sharding=sharding))
+    return Recorded(attempt, recording, simulation_of(runner), runner)
+
+
+def family(path: str) -> str:
+    """A module path with its list indices as ``*``: every layer of a stack is one family (``blocks.*.attn``);
+    the layers of a model that is itself a list (``nn.Sequential``) are ``layers *``."""
+    found = _INDEX.sub("*", path)
+    return f"layers {found}" if found.startswith("*") else found
+
+
+@dataclass
+class Walk:
+    """What :func:`analyse` found: the snapshot, the peak, what is live there, the timeline."""
+
+    snapshot: dict[str, Any]
+    reserved_peak: int
+    allocated_peak: int
+    peak_event: int
+    peak_phase: str
+    events: int
+    live_at_peak: dict[int, int]  # key -> block size
+    requested: dict[int, int]  # key -> requested bytes (of every allocation)
+    parts: list[PeakPart]
+    series: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
+
+
+def kind_of(recording: Recording, made: Made | None) -> str:
+    """parameters, gradients, optimizer_state, activations, or workspace (memory no tensor holds)."""
+    if made is None:
+        return "activations"
+    if made.label is not None:
+        return "workspace"
+    return recording.categories.get(made.serial, "activations")
+
+
+def analyse(recorded: Recorded) -> Walk:
+    """Replay the recording as the device's allocator would, and walk it: peak, parts, timeline."""
+    rec = recorded.recording
+    kinds: dict[int, str] = {}
+    blocks: dict[int, int] = {}
+    requested: dict[int, int] = {}
+    sums = dict.fromkeys(("parameters", "gradients", "optimizer_state", "activations", "workspace"), 0)
+    state: dict[str, Any] = {"best": -1, "index": 0, "live": {}, "allocated": 0}
+    points: list[tuple[int, int, int, int, int, int, int]] = []
+    n = len(rec.trace)
+    every = max(1, n // SAMPLES)
+
+    def step(i: int, key: int, block: int, reserved: int, allocated: int) -> None:
+        if block >= 0:
+            kind = kinds[key] = kind_of(rec, rec.made.get(key))
+            blocks[key] = block
+            requested[key] = rec.trace[i][1]
+            sums[kind] += block
+        elif key in blocks:
+            sums[kinds[key]] -= blocks.pop(key)
+        state["allocated"] = max(state["allocated"], allocated)
+        peak = reserved > state["best"]
+        if peak:
+            state["best"], state["index"], state["live"] = reserved, i, dict(blocks)
+        if peak or i % every == 0 or i == n - 1:
+            tensors = sum(sums.values())
+            points.append((i, sums["parameters"], sums["gradients"], sums["optimizer_state"], sums["activations"],
+                           sums["workspace"], reserved - tensors))
+
+    snapshot = build(rec, recorded.simulation, on_step=step)
+    index, live = state["index"], state["live"]
+    parts = _parts(rec, live, requested, state["best"])
+    phase = next((name for start, name in reversed(rec.phases) if start <= index), "setup")
+    return Walk(snapshot=snapshot, reserved_peak=max(state["best"], 0), allocated_peak=state["allocated"],
+                peak_event=index, peak_phase=phase, events=n, live_at_peak=live, requested=requested, parts=parts,
+                series=_thin(points))
+
+
+def _parts(rec: Recording, live: dict[int, int], requested: dict[int, int], reserved: int) -> list[PeakPart]:
+    """What is live at the peak, by kind and holder; with the allocator's rounding and cache they sum to
+    the reserved peak."""
+    totals: dict[tuple[str, str], int] = {}
+    rounding = 0
+    for key, block in live.items():
+        made = rec.made.get(key)
+        kind = kind_of(rec, made)
+        if kind == "workspace":
+            name = made.label if made is not None and made.label else "workspace"
+        elif kind == "activations":
+            path = rec.module_of(made) if made is not None else ""
+            name = family(path) if path else OUTSIDE
+        else:
+            name = ""
+        need = requested.get(key, block)
+        totals[kind, name] = totals.get((kind, name), 0) + need
+        rounding += block - need
+    parts = [PeakPart(kind=k, name=n, bytes=b) for (k, n), b in totals.items()]
+    if rounding:
+        parts.append(PeakPart(kind="rounding", name="blocks larger than requested", bytes=rounding))
+    cache = reserved - sum(live.values())
+    if cache:
+        parts.append(PeakPart(kind="cache", name="cached free blocks", bytes=cache))
+    return sorted(parts, key=lambda p: -p.bytes)
+
+
+def _thin(points: list[tuple[int, int, int, int, int, int, int]]) -> list[tuple[int, int, int, int, int, int, int]]:
+    """At most about ``SAMPLES`` points, the peak's kept."""
+    if len(points) <= 2 * SAMPLES:
+        return points
+    top = max(points, key=lambda p: sum(p[1:]))
+    step = len(points) / SAMPLES
+    kept = {points[int(i * step)] for i in range(SAMPLES)} | {top, points[-1]}
+    return sorted(kept)
+
+
+def activations_by_family(rec: Recording, live: dict[int, int], requested: dict[int, int]) -> dict[str, int]:
+    """Activation bytes live at the peak under every repeated module family and its ancestors' families
+    (``blocks.*`` holds ``blocks.*.attn``'s too)."""
+    out: dict[str, int] = {}
+    for key in live:
+        made = rec.made.get(key)
+        if made is None or kind_of(rec, made) != "activations":
+            continue
+        path = rec.module_of(made)
+        if not path:
+            continue
+        parts = path.split(".")
+        for depth in range(1, len(parts) + 1):
+            prefix = family(".".join(parts[:depth]))
+            out[prefix] = out.get(prefix, 0) + requested.get(key, live[key])
+    return out
+
+
+OnRecord = Callable[[Recorded], None]

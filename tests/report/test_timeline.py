@@ -1,0 +1,69 @@
+"""The report's memory timeline: the parts table and the stacked plot over the fit rule's phases, real vs predicted
+on a GPU, read back from the JSON, and seen in a real headless browser."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+
+from autotune import api
+from autotune.report import load_result, write_report
+from autotune.results.timeline import RealTimeline
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return api.plan(512, workload="mlp", device="estimate:H100-80GB", memory_snapshot=True)
+
+
+@pytest.mark.slow  # one plan with a memory timeline (three estimates and replays)
+def test_the_report_shows_the_parts_table_and_the_timeline_plot(plan, tmp_path):
+    memory = plan.probe.memory
+    assert memory is not None and memory.batch == plan.micro_batch
+    folder = write_report(plan, tmp_path / "r")
+    page = (folder / "report.html").read_text()
+    section = page[page.index('<section id="timeline">'):]
+    assert "What is live at the peak" in section and 'data-file="memory_timeline.png"' in section
+    for part in memory.top(3):
+        assert part.label.split(":")[0] in section
+    assert (folder / "memory_timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![Memory over the fit rule's phases](memory_timeline.png)" in (folder / "report.md").read_text()
+    assert load_result(folder / "plan.json").probe.memory == memory  # the report is made from the JSON alone
+
+
+def test_a_real_gpus_timeline_is_drawn_beside_the_prediction(plan, tmp_path):
+    memory = plan.probe.memory
+    real = RealTimeline(reserved_peak_bytes=memory.reserved_peak_bytes + 2**21, requested_peak_bytes=1,
+                        predicted_reserved_peak_bytes=memory.reserved_peak_bytes, real=((1, 2**21, 1), (2, 2**22, 2)),
+                        predicted=((1, 2**21, 1), (2, 2**21, 2)), snapshot_file="m.real.pickle")
+    probe = dataclasses.replace(plan.probe, memory=dataclasses.replace(memory, real=real))
+    folder = write_report(dataclasses.replace(plan, probe=probe), tmp_path / "r")
+    page = (folder / "report.html").read_text()
+    assert 'data-file="memory_real_vs_predicted.png"' in page and "+2,097,152 bytes at the peak" in page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium)")
+def test_a_headless_browser_shows_the_table_and_the_plot(plan, tmp_path):
+    from matplotlib.image import imread
+
+    folder = write_report(plan, tmp_path / "r")
+    page = (folder / "report.html").read_text()
+    start = page.index('<section id="timeline">')
+    only = page[:page.index("<h1>")] + page[start:page.index("</section>", start)] + "</section></body></html>"
+    (folder / "timeline.html").write_text(only)
+    shot = tmp_path / "shot.png"
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                           "--window-size=1000,1600", (folder / "timeline.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.exists(), done.stderr[-500:]
+    pixels = imread(shot)
+    red = ((abs(pixels[..., 0] - 0xc4 / 255) < 0.03) & (abs(pixels[..., 1] - 0x4e / 255) < 0.03)).sum()
+    assert red > 500, "the stacked plot's activations (red) are not on the page"
+    grid = (pixels[..., :3].sum(axis=2) < 2.4).sum()
+    assert grid > 5000, "nothing drawn: the table and the plot are missing"
