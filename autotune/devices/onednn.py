@@ -23,7 +23,7 @@ import torch
 
 LSTM_MODE = 2  # ideep::rnn_kind::LSTM, the ``mode`` argument of mkldnn_rnn_layer
 PAGE = 4096  # oneDNN aligns every part of an RNN workspace to a page (rnn_utils.cpp set_offsets)
-CHECK_SEQUENCE, CHECK_BATCH = 3, 17  # where the rule is confirmed: every part of the workspace past a page
+CHECK_SEQUENCE, CHECK_BATCH = 3, 17  # where the rule is confirmed: a few steps of a batch whose padding shows
 
 
 def uses_onednn(input: torch.Tensor, hx: Sequence[torch.Tensor]) -> bool:
@@ -55,7 +55,7 @@ def _good_ld(dim: int, itemsize: int) -> int:
 def lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden_size: int, itemsize: int) -> int:
     """The training workspace of one oneDNN LSTM layer and direction (``n_layer = n_dir = 1``).
 
-    oneDNN (src/cpu/rnn/rnn_utils.hpp ``set_workspace_sizes``, rnn_utils.cpp
+    oneDNN 3 (v3.12 in PyTorch 2.13; src/cpu/rnn/rnn_utils.hpp ``set_workspace_sizes``, rnn_utils.cpp
     ``set_offsets``) lays out, each part starting on a 4096-byte page: the gates
     of every step, the hidden states of every step, the layer states and cell
     states of the ``seq + 1`` steps of the input and output layer, and their
@@ -115,8 +115,8 @@ def _real_workspace(seq: int, batch: int, input_size: int, hidden_size: int, dty
 
 def _layer_meta(input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers, has_biases,
                 bidirectional, batch_first, train) -> tuple:
-    """``mkldnn_rnn_layer`` on ``meta``: output (seq, batch, hidden), final states, and in training the
-    workspace oneDNN fills for the backward."""
+    """``mkldnn_rnn_layer`` on ``meta`` (PyTorch runs only LSTMs on oneDNN): output (seq, batch, hidden), final
+    states, and in training the workspace oneDNN fills for the backward."""
     seq, batch, input_size = input.shape
     output = torch.empty((seq, batch, hidden_size), dtype=input.dtype, device=input.device)
     hy = torch.empty(hx.shape, dtype=hx.dtype, device=hx.device)
