@@ -144,9 +144,22 @@ def _layer_backward_meta(input, weight0, weight1, weight2, weight3, hx, cx, outp
 
 
 def register_meta_kernels(library: torch.library.Library) -> None:
-    """The ``meta`` kernels of ``mkldnn_rnn_layer`` and its backward, in ``library``."""
-    library.impl("mkldnn_rnn_layer", _layer_meta, "Meta")
-    library.impl("mkldnn_rnn_layer_backward", _layer_backward_meta, "Meta")
+    """The ``meta`` kernels of ``mkldnn_rnn_layer`` and its backward, in ``library``, for as long as it lives.
+
+    Once a ``meta`` kernel was registered, FakeTensorMode keeps calling it even after the library is destroyed
+    (torch 2.13), so a kernel whose library is gone hands the call to PyTorch's own ``meta`` kernel: estimates
+    under FakeTensorMode do not depend on whether a meta-engine estimate ran before them."""
+    for name, kernel in (("mkldnn_rnn_layer", _layer_meta), ("mkldnn_rnn_layer_backward", _layer_backward_meta)):
+        library.impl(name, _while_registered(library, getattr(torch.ops.aten, name).default, kernel), "Meta")
+
+
+def _while_registered(library: torch.library.Library, op: Any, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def meta(*args: Any, **kwargs: Any) -> Any:
+        if library.m is None:  # destroyed
+            return op.py_kernels[torch._C.DispatchKey.Meta](*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return meta
 
 
 def lstm(input: torch.Tensor, hx: Sequence[torch.Tensor], params: Sequence[torch.Tensor], has_biases: bool,

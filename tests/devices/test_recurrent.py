@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.devices import CpuDevice, EstimateDevice, onednn
@@ -158,6 +159,20 @@ def test_a_forward_without_grad_holds_no_workspace_and_does_not_confuse_one_with
     real = counted(make, inputs, "cpu", both)
     est = counted(make, inputs, "meta", both)
     assert est.timeline == real.timeline
+
+
+def test_after_the_estimate_fake_tensors_get_pytorchs_own_oneDNN_meta_kernel_again():
+    """FakeTensorMode keeps calling a meta kernel once registered, even after its library is gone (torch 2.13):
+    outside the estimate ours hands the call back to PyTorch's, so FakeTensorMode estimates do not depend on
+    whether a meta-engine estimate ran before them."""
+    with CpuKernelChoices(contextlib.nullcontext):
+        pass
+    with FakeTensorMode():  # shapes no other test uses: FakeTensorMode remembers outputs across instances
+        x, w_ih, w_hh, b = torch.empty(3, 2, 11), torch.empty(52, 11), torch.empty(52, 13), torch.empty(52)
+        h = torch.empty(2, 13)
+        out = torch.ops.aten.mkldnn_rnn_layer.default(x, w_ih, w_hh, b, b, h, h, False, [], onednn.LSTM_MODE, 13, 1,
+                                                      True, False, False, True)
+    assert out[3].untyped_storage().nbytes() == 0  # PyTorch's meta kernel holds no workspace
 
 
 def test_packed_sequences_need_their_real_batch_sizes():
