@@ -26,7 +26,19 @@ class _Recurrent(nn.Module):
 
 
 def recurrent_workload(width: int = 16, length: int = 6) -> Workload:
-    """A GRU sequence model: the meta engine cannot estimate it (the CPU runs GRUs as oneDNN kernels)."""
+    """A GRU sequence model: estimated on meta tensors for the CPU, under FakeTensorMode for a GPU (cuDNN)."""
     return Workload(name="gru", model=lambda: _Recurrent(width),
                     batch=lambda n, g: torch.randn(n, length, width, generator=g),
                     loss=lambda m, b: m(b).pow(2).mean())
+
+
+def _autocast_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(batch).float().pow(2).mean()
+
+
+def autocast_workload(width: int = 64) -> Workload:
+    """An MLP under CPU autocast, which applies to CPU tensors only: the meta engine cannot estimate it."""
+    return Workload(name="bf16-autocast",
+                    model=lambda: nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, width)),
+                    batch=lambda n, g: torch.randn(n, width, generator=g), loss=_autocast_loss)

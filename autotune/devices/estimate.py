@@ -9,9 +9,10 @@ counts what the real device would hold. Two engines run the fit rule:
   ops choose their kernels as on the CPU. Several times faster.
 - ``fake``: every tensor is a ``FakeTensorMode`` fake on the CPU device (its
   storage on ``meta``), which behaves as a CPU tensor throughout. A workload the
-  meta engine cannot run (a recurrent layer, CPU autocast, code that insists
-  on a CPU tensor) falls back to it, once, and stays there; the description
-  says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it the default.
+  meta engine cannot run (CPU autocast, code that insists on a CPU tensor, a
+  recurrent layer standing in for a GPU) falls back to it, once, and stays
+  there; the description says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it
+  the default.
 
 Standing in for a CUDA device (``cuda_like``):
 

@@ -12,10 +12,11 @@ Some composite ops pick a kernel by the device they run on, and on ``meta``
 they would pick another one than on the CPU, with other temporaries.
 :class:`CpuKernelChoices` makes ``scaled_dot_product_attention`` choose as on
 the CPU (the fused flash kernel where the CPU takes it, instead of the math
-path that materialises the attention matrix), and stops the run with
-:class:`NeedsFakeTensors` at recurrent layers (the CPU runs them as oneDNN
-kernels): the estimate then runs under ``FakeTensorMode``, which sees a CPU
-device throughout.
+path that materialises the attention matrix) and runs recurrent layers as the
+CPU does (:mod:`autotune.devices.recurrent`: oneDNN's LSTM kernel with its
+workspace, RNN.cpp's cells otherwise). What the meta engine cannot stand in for
+stops the run with :class:`NeedsFakeTensors`: the estimate then runs under
+``FakeTensorMode``, which sees a CPU device throughout.
 """
 
 from __future__ import annotations
@@ -185,7 +186,10 @@ class CpuKernelChoices:
         self._library: torch.library.Library | None = None
 
     def __enter__(self) -> CpuKernelChoices:
-        self._library = attention_library(self._attention)
+        from .recurrent import register_cpu_recurrent  # it raises NeedsFakeTensors, defined here
+
+        self._library = attention_library(self._attention,
+                                          recurrent=lambda library: register_cpu_recurrent(library, self._pause))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -222,14 +226,18 @@ class CpuKernelChoices:
         return out
 
 
-def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta") -> torch.library.Library:
+def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta",
+                      recurrent: Callable[[torch.library.Library], None] | None = None) -> torch.library.Library:
     """``attention`` as ``scaled_dot_product_attention``'s kernel for tensors of the autograd dispatch ``key``,
-    above autograd, where the composite would decompose (the kernels it picks record their own backward); on
-    ``meta`` tensors recurrent layers raise :class:`NeedsFakeTensors`. Destroy the library to undo it."""
+    above autograd, where the composite would decompose (the kernels it picks record their own backward). On
+    ``meta`` tensors, ``recurrent(library)`` registers the recurrent layers' kernels; without it they raise
+    :class:`NeedsFakeTensors`. Destroy the library to undo it."""
     library = torch.library.Library("aten", "IMPL")
     try:
         library.impl("scaled_dot_product_attention", attention, key)
-        if key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot
+        if key == "AutogradMeta" and recurrent is not None:
+            recurrent(library)
+        elif key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot by default
             for name in _RECURRENT:
                 for overload in ("input", "data"):
                     library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
@@ -241,8 +249,8 @@ def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta") 
 
 def _recurrent(name: str) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        raise NeedsFakeTensors(f"torch.{name} runs as a oneDNN kernel on the CPU, which meta tensors do not "
-                               "stand in for")
+        raise NeedsFakeTensors(f"torch.{name} runs as a cuDNN kernel on a CUDA GPU, whose reserve space meta "
+                               "tensors do not stand in for")
 
     return kernel
 

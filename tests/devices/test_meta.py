@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
+from autotune.devices.cudakernels import CudaKernelChoices, CudaTarget
 from autotune.devices.estimate import ENGINES
 from autotune.devices.meta import (
     _ALWAYS_RUN,
@@ -202,10 +203,10 @@ def test_without_cpu_kernel_choices_the_estimate_would_count_the_attention_matri
     assert planted.peak_bytes > real.peak_bytes  # the math path's b x heads x 64 x 64 scores
 
 
-def test_recurrent_layers_stop_the_meta_engine():
+def test_standing_in_for_a_gpu_recurrent_layers_stop_the_meta_engine():
     lstm = nn.LSTM(4, 8, device="meta")
-    with pytest.raises(NeedsFakeTensors, match="torch.lstm runs as a oneDNN kernel"), \
-            CpuKernelChoices(contextlib.nullcontext):
+    with pytest.raises(NeedsFakeTensors, match="torch.lstm runs as a cuDNN kernel"), \
+            CudaKernelChoices(LiveStorageTracker(record=True), CudaTarget()):
         lstm(meta(5, 2, 4))
 
 
@@ -304,20 +305,17 @@ def test_meta_engine_on_the_builtin_probes(build):
 
 
 @pytest.mark.slow
-def test_a_recurrent_workload_falls_back_to_fake_tensors_and_says_why():
+def test_a_recurrent_workload_on_a_gpu_stand_in_falls_back_to_fake_tensors_and_says_why():
     workload = recurrent_workload()
-    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    estimator = EstimateDevice.for_gpu(GiB)
     _, est = estimator.measure(fit_rule_work(workload, 3))
     assert estimator.engine == "fake"
-    assert "torch.gru runs as a oneDNN kernel" in estimator.fallback
+    assert "torch.gru runs as a cuDNN kernel" in estimator.fallback
     desc = estimator.describe().to_dict()
     assert desc["engine"] == "fake" and "torch.gru" in desc["engine_fallback"]
     assert "FakeTensorMode" in desc["measured_by"]
-    _, fake = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine="fake").measure(
-        fit_rule_work(workload, 3))
-    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
+    _, fake = EstimateDevice.for_gpu(GiB, engine="fake").measure(fit_rule_work(workload, 3))
     assert est.timeline == fake.timeline
-    assert est.peak_bytes == real.peak_bytes
     # It stays there: the next measurement goes straight to FakeTensorMode.
     estimator.measure(fit_rule_work(workload, 4))
     assert estimator.engine == "fake"
