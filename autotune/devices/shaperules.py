@@ -1,25 +1,31 @@
 """Shape rules: the outputs of ops whose shapes come from their inputs' values, on shape-only tensors.
 
 PyTorch has no ``meta`` kernel (and ``FakeTensorMode`` no rule without a
-shape environment) for ops whose output shape depends on the data. Given the
-values :class:`~autotune.devices.values.KnownValues` keeps, these shapes
-follow, and each rule here builds the outputs the real op builds (same sizes,
-strides, dtype, device):
+shape environment) for ops whose output shape depends on the data, and some
+composites read their inputs' data. Given the values
+:class:`~autotune.devices.values.KnownValues` keeps, these shapes follow, and
+each rule here builds the outputs the real op builds (same sizes, strides,
+dtype, device and storage bytes; ``tests/devices/test_shaperules.py`` checks
+each against the real op):
 
 - :data:`RULES`, ops always handled here: ``_pack_padded_sequence`` (the packed
-  data's rows are the sum of the lengths; ``batch_sizes`` stays on the host, as
-  the real op leaves it), ``_ctc_loss`` with tensor lengths (its ``log_alpha``
-  is ``(batch, time, 2 x longest target + 1)``) and its backward (the gradient
-  of the log-probabilities, contiguous), a boolean index (the positions of a
-  mask's true elements);
+  rows are the sum of the lengths; ``batch_sizes`` stays on the host, as the
+  real op leaves it), ``_ctc_loss`` with tensor lengths (``log_alpha`` is
+  ``(batch, time, 2 x longest target + 1)``) and its backward (the gradient of
+  the log-probabilities), a boolean index and ``masked_select`` (the true
+  elements of a known mask, whatever the data), and ``_embedding_bag`` as the
+  CPU lays it out when the estimate stands in for the CPU (the meta kernel lays
+  it out as CUDA does);
+- :func:`rule_library`: ``_pad_packed_sequence``, which PyTorch composes above
+  autograd from its batch sizes' data, op for op as PyTorch composes it;
 - :data:`BOUNDS`, data-dependent sizes of values that depend on parameters:
   the size at the upper bound of its range (what ``FakeTensorMode``'s unbacked
-  symbol would be constrained to): ``nonzero`` and a boolean index every
-  element, ``masked_select`` every element, ``unique`` every element distinct,
-  CTC's longest target the targets' width, packed rows every time step of
-  every sequence. Sizes with no bound (``repeat_interleave`` of unknown
-  repeats without ``output_size``, ``bincount`` of unknown values) stop the
-  estimate with the engine's own error.
+  symbol would be constrained to): ``nonzero``, a boolean index and
+  ``masked_select`` every element, ``unique`` every element distinct, CTC's
+  longest target the targets' width, packed rows every time step of every
+  sequence. Sizes with no bound (``repeat_interleave`` of unknown repeats
+  without ``output_size``, ``bincount`` of unknown values) stop the estimate
+  with the engine's own error.
 
 Each rule's ``(values, func, args, kwargs)`` receives the
 :class:`~autotune.devices.values.KnownValues` the estimate runs with.

@@ -54,22 +54,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._python_dispatch import _disable_current_modes
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..units import format_bytes
+from .hostvalues import HOST_LIMIT, VALUE_LIMIT, HostValues
 from .shaperules import BOUNDS, RULES
 
-#: Elements: a value larger than this is not kept and counts as unknown.
-VALUE_LIMIT = 1 << 22
-#: Bytes of values held at once: past it, new values are not kept.
-HOST_LIMIT = 256 << 20
 #: Bytes: a batch up to this size is built for real, its values known; a larger one shape-only.
 BATCH_LIMIT = 32 << 20
 
@@ -91,7 +86,7 @@ _OVERWRITES = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.co
 class _Op:
     """What the schema says about an op, once: which arguments it writes, whether it only makes views."""
 
-    __slots__ = ("dynamic", "empty", "random", "resets", "views", "writes")
+    __slots__ = ("dynamic", "empty", "plain", "random", "resets", "views", "writes")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -103,6 +98,8 @@ class _Op:
         self.random = torch.Tag.nondeterministic_seeded in func.tags
         self.empty = func in _EMPTY
         self.resets = func in _RESETS
+        # No rule, no data-dependent shape, no write, no blank output, no copy to the host: the common case.
+        self.plain = not (self.writes or self.dynamic or self.empty or func in RULES or func is _TO_COPY)
 
 
 _OPS: dict[Any, _Op] = {}
@@ -115,128 +112,34 @@ def _op(func: Any) -> _Op:
     return info
 
 
-class _Entry:
-    """A device storage's host copy; ``host`` None: blank (fresh from ``empty``, contents undefined)."""
-
-    __slots__ = ("host", "nbytes", "ref")
-
-    def __init__(self, ref: weakref.ref, host: torch.UntypedStorage | None):
-        self.ref = ref
-        self.host = host
-        self.nbytes = host.nbytes() if host is not None else 0
-
-
-class Unbounded(Exception):
-    """A data-dependent size of values that depend on parameters, with no bound: the estimate cannot run."""
-
-
-class KnownValues:
-    """The estimate's kernel, carrying known values (see the module docstring).
+class KnownValues(HostValues):
+    """The estimate's kernel, carrying known values (see the module docstring) in the host copies of
+    :class:`~autotune.devices.hostvalues.HostValues`.
 
     ``inner(func, args, kwargs)`` runs an op on shape-only tensors (the meta
     engine's :class:`~autotune.devices.meta.MetaKernels`, or the op itself under
     ``FakeTensorMode``, given as ``fake_mode``); ``cpu``: the estimate stands in
-    for the CPU (some rules lay outputs out as its kernels do). Counts: ``reads`` (``.item()``,
-    ``.tolist()``, truth values answered from known values), ``shapes``
-    (data-dependent output shapes answered from them), ``bounded`` (data-dependent
-    sizes taken at their upper bound, by op name), ``dropped`` (values not kept:
-    over :data:`VALUE_LIMIT` or :data:`HOST_LIMIT`).
+    for the CPU (some rules lay outputs out as its kernels do). Counts:
+    ``reads`` (``.item()``, ``.tolist()``, truth values answered from known
+    values), ``shapes`` (data-dependent output shapes answered from them),
+    ``bounded`` (data-dependent sizes taken at their upper bound, by op name),
+    ``dropped`` (values not kept: over ``limit`` elements or ``host_limit`` bytes).
     """
 
     def __init__(self, inner: Callable[[Any, tuple, dict], Any] | None = None, *,
                  fake_mode: FakeTensorMode | None = None, cpu: bool = False, limit: int = VALUE_LIMIT,
                  host_limit: int = HOST_LIMIT):
+        super().__init__(limit=limit, host_limit=host_limit)
         self.inner = inner if inner is not None else _call
         self.fake_mode = fake_mode
         self.cpu = cpu
-        self.limit = limit
-        self.host_limit = host_limit
-        self.host_bytes = 0
         self.reads = 0
         self.shapes = 0
         self.bounded: dict[str, int] = {}
-        self.dropped = 0
         self.shape_only_batch: int | None = None  # bytes of a batch too large to build for real
-        self._store: dict[int, _Entry] = {}
         self._off = 0
 
-    # -- values ----------------------------------------------------------------------
-
-    def is_device(self, t: torch.Tensor) -> bool:
-        """Is ``t`` one of the estimate's shape-only tensors (not a real host tensor)?"""
-        return t.is_meta or isinstance(t, FakeTensor)
-
-    def value(self, t: torch.Tensor) -> torch.Tensor | None:
-        """``t``'s value as a host tensor (a view of its storage's host copy), or None when unknown."""
-        if not self.is_device(t):
-            return t
-        entry = self._entry(t)
-        if entry is None or entry.host is None:
-            return None
-        with self.host():
-            return torch.empty(0, dtype=t.dtype).set_(entry.host, t.storage_offset(), t.shape, t.stride())
-
-    def _entry(self, t: torch.Tensor) -> _Entry | None:
-        """The entry of ``t``'s storage, when it has one still valid."""
-        storage = t.untyped_storage()
-        entry = self._store.get(id(storage))
-        if entry is None or entry.ref() is not storage:
-            return None
-        if entry.host is not None and entry.nbytes != storage.nbytes() or t.is_conj() or t.is_neg() or \
-                t.layout != torch.strided:
-            self._forget(id(storage))  # resized in place, outside any op seen here
-            return None
-        return entry
-
-    def attach(self, t: torch.Tensor, host: torch.Tensor) -> bool:
-        """Keep ``host`` as the value of the shape-only tensor ``t``, which must cover its own storage."""
-        if not self.is_device(t) or host.shape != t.shape or host.dtype != t.dtype:
-            return False
-        storage = t.untyped_storage()
-        key = id(storage)
-        old = self._store.get(key)
-        if old is not None and old.ref() is storage and old.host is not None:
-            return False  # an op handed back an input: its storage keeps the value it has
-        nbytes = storage.nbytes()
-        if t.numel() > self.limit or self.host_bytes + nbytes > self.host_limit:
-            self.dropped += 1
-            return False
-        if t.storage_offset() != 0 or nbytes != _span(t):
-            return False  # part of a larger storage whose other bytes are not known
-        with self.host():
-            copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-            copy.copy_(host)
-        self._keep(storage, copy.untyped_storage())
-        return True
-
-    def _keep(self, storage: torch.UntypedStorage, host: torch.UntypedStorage | None) -> None:
-        key = id(storage)
-        me = weakref.ref(self)
-
-        def died(ref: weakref.ref, key: int = key) -> None:
-            values = me()
-            if values is not None:
-                entry = values._store.get(key)
-                if entry is not None and entry.ref is ref:  # not a newer storage that took the same id
-                    values._forget(key)
-
-        self._forget(key)
-        entry = _Entry(weakref.ref(storage, died), host)
-        self._store[key] = entry
-        self.host_bytes += entry.nbytes
-
-    def _forget(self, key: int) -> None:
-        entry = self._store.pop(key, None)
-        if entry is not None:
-            self.host_bytes -= entry.nbytes
-
-    def drop(self, t: torch.Tensor) -> None:
-        """Unknown data was written into ``t``'s storage: no tensor on it has a known value any more."""
-        if self.is_device(t):
-            storage = t.untyped_storage()
-            entry = self._store.get(id(storage))
-            if entry is not None and entry.ref() is storage:
-                self._forget(id(storage))
+    # -- the batch and its reads -------------------------------------------------------
 
     def move(self, host: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
         """``device``, the batch's ``host`` tensor moved to the estimate, with ``host`` as its value (when the
@@ -264,17 +167,17 @@ class KnownValues:
         finally:
             self._off -= 1
 
-    @staticmethod
-    def host() -> contextlib.AbstractContextManager:
-        """Inside, ops run on real host tensors: no dispatch mode sees them (no tracker counts them, no
-        ``FakeTensorMode`` fakes them)."""
-        return _disable_current_modes()
-
     # -- the kernel --------------------------------------------------------------------
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self._off:
             return self.inner(func, args, kwargs)
+        info = _OPS.get(func) or _op(func)
+        if info.plain and self.fake_mode is None:  # most ops, on the meta engine: the short way
+            out = self.inner(func, args, kwargs)
+            if info.views or info.random or not self._all_known(args, kwargs):
+                return out
+            return self._computed(func, args, kwargs, out)
         tensors = _tensors(args, kwargs)
         device = [t for t in tensors if self.is_device(t)]
         if tensors and not device:
@@ -289,27 +192,41 @@ class KnownValues:
         rule = RULES.get(func)
         if rule is not None:
             return rule(self, func, args, kwargs)
-        return self.generic(func, args, kwargs, device)
+        return self.generic(func, args, kwargs)
 
-    def generic(self, func: Any, args: tuple, kwargs: dict, device: list[torch.Tensor] | None = None) -> Any:
+    def generic(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """An op with no rule of its own: run on shape-only tensors, and on the values when they are known."""
-        if device is None:
-            device = [t for t in _tensors(args, kwargs) if self.is_device(t)]
         info = _op(func)
         if info.dynamic:
             return self.dynamic(func, args, kwargs)
         if func is _TO_COPY and self.fake_mode is None and args[0].is_meta and kwargs.get("device", _META) != _META:
             return self._to_host(func, args, kwargs)
         if info.writes:
-            return self._written(func, args, kwargs, info, device)
+            return self._written(func, args, kwargs, info)
         out = self.inner(func, args, kwargs)
         if info.empty:
             for t in _leaves(out):
                 if isinstance(t, torch.Tensor):
-                    self._blank(t)
+                    self.blank(t)
             return out
-        if info.views or info.random or not self.known(*device):
+        if info.views or info.random or not self._all_known(args, kwargs):
             return out
+        return self._computed(func, args, kwargs, out)
+
+    def _all_known(self, args: tuple, kwargs: dict) -> bool:
+        """Are the values of all the op's tensor arguments known? (Stops at the first that is not.)"""
+        if not self and args and isinstance(args[0], torch.Tensor) and self.is_device(args[0]):
+            return False
+        for x in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(x, torch.Tensor):
+                if not self.known(x):
+                    return False
+            elif isinstance(x, (list, tuple)) and not self.known(*[t for t in x if isinstance(t, torch.Tensor)]):
+                return False
+        return True
+
+    def _computed(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        """``out``, the op's shape-only outputs, given the values computed on the host (within the limit)."""
         leaves = _leaves(out)
         outs = [t for t in leaves if isinstance(t, torch.Tensor) and self.is_device(t)]
         if not outs:
@@ -354,16 +271,6 @@ class KnownValues:
         self.attach(fake, x)
         return fake
 
-    def known(self, *tensors: torch.Tensor | None) -> bool:
-        """Are the values of all these tensors known (real host tensors are)?"""
-        for t in tensors:
-            if t is not None and self.is_device(t):
-                storage = t.untyped_storage()
-                entry = self._store.get(id(storage))
-                if entry is None or entry.ref() is not storage or entry.host is None:
-                    return False
-        return True
-
     def _to_host(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """``.cpu()``, ``.tolist()`` of a shape-only tensor: its value, or the meta engine's error when unknown."""
         out = self.host_call(func, args, kwargs)
@@ -395,43 +302,33 @@ class KnownValues:
         name = func.__name__.split(".")[0]
         self.bounded[name] = self.bounded.get(name, 0) + 1
 
-    def _written(self, func: Any, args: tuple, kwargs: dict, info: _Op, device: list[torch.Tensor]) -> Any:
+    def _written(self, func: Any, args: tuple, kwargs: dict, info: _Op) -> Any:
         """An in-place or ``out=`` op: computed on the values when its inputs' are known (a blank target's
         too: it is written, not read), else it drops the values of what it writes."""
         targets = [x for i, name in info.writes
                    for x in _as_list(args[i] if i < len(args) else kwargs.get(name)) if self.is_device(x)]
         if not targets:
             return self.inner(func, args, kwargs)  # it writes real host tensors only
-        if func in _OVERWRITES and self._entry(targets[0]) is None:
-            self._blank(targets[0])  # overwritten whole: what it held does not matter
+        if func in _OVERWRITES and not self.has_entry(targets[0]):
+            self.blank(targets[0])  # overwritten whole: what it held does not matter
         out = self.inner(func, args, kwargs)
-        if not (info.random or info.resets):
+        if not self:
+            return out
+        if not (info.random or info.resets) and self._writable(args, kwargs, targets):
             for t in targets:
-                self._fill_blank(t)
-            if self.known(*device) and self.host_call(func, args, kwargs) is not _UNKNOWN:
+                self.fill_blank(t)
+            if self.host_call(func, args, kwargs) is not _UNKNOWN:
                 return out
         for t in targets:
             self.drop(t)
         return out
 
-    def _blank(self, t: torch.Tensor) -> None:
-        """A fresh tensor whose contents are undefined: no value yet, but known data written into it is."""
-        storage = t.untyped_storage()
-        if self.is_device(t) and t.storage_offset() == 0 and storage.nbytes() == _span(t) and \
-                t.numel() <= self.limit:
-            self._keep(storage, None)
-
-    def _fill_blank(self, t: torch.Tensor) -> None:
-        """Give a blank storage about to be written a host copy (zeros: the undefined contents of ``empty``)."""
-        entry = self._entry(t)
-        if entry is not None and entry.host is None:
-            storage = t.untyped_storage()
-            if self.host_bytes + storage.nbytes() > self.host_limit:
-                self.dropped += 1
-                self._forget(id(storage))
-                return
-            with self.host():
-                self._keep(storage, torch.zeros(storage.nbytes(), dtype=torch.uint8).untyped_storage())
+    def _writable(self, args: tuple, kwargs: dict, targets: list[torch.Tensor]) -> bool:
+        """Are all the op's inputs known, a blank target counting as known (it is written, not read)?"""
+        for t in _tensors(args, kwargs):
+            if self.is_device(t) and not self.known(t) and not (self.has_entry(t) and any(t is x for x in targets)):
+                return False
+        return True
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
         """A new shape-only tensor laid out as ``host``, with ``host`` as its value (called inside the
@@ -484,13 +381,6 @@ def _as_list(x: Any) -> list[torch.Tensor]:
     if isinstance(x, (list, tuple)):
         return [t for t in x if isinstance(t, torch.Tensor)]
     return []
-
-
-def _span(t: torch.Tensor) -> int:
-    """Bytes from ``t``'s first element to its last: what a dense tensor's own storage holds."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def batch_bytes(tree: Any) -> int:

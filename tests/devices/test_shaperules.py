@@ -47,7 +47,7 @@ def on_meta(values: KnownValues, x, keep: bool):
 LENGTHS = torch.tensor([7, 5, 5, 2])
 
 
-@pytest.mark.parametrize(("batch_first", "rest"), itertools.product([True, False], [(), (3,), (2, 3)]))
+@pytest.mark.parametrize(("batch_first", "rest"), list(itertools.product([True, False], [(), (3,), (2, 3)])))
 def test_pack_padded_sequence_takes_its_rows_from_the_lengths(batch_first, rest):
     data = torch.randn((4, 7, *rest) if batch_first else (7, 4, *rest))
     real = torch._VF._pack_padded_sequence(data, LENGTHS, batch_first)
