@@ -54,7 +54,7 @@ from .quiet import quiet_torch_logs
 from .replay import replay
 from .shaperules import rule_library
 from .tracker import LiveStorageTracker
-from .values import BATCH_LIMIT, KnownValues, batch_bytes
+from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
@@ -168,6 +168,8 @@ class EstimateDevice:
         if self.engine == "meta":
             try:
                 return self._measure_meta(work)
+            except Unbounded:
+                raise  # FakeTensorMode cannot size it either
             except Exception as exc:  # the meta engine cannot run this workload: FakeTensorMode can
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 del exc

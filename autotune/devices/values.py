@@ -112,6 +112,10 @@ def _op(func: Any) -> _Op:
     return info
 
 
+class Unbounded(Exception):
+    """An output size that depends on values that depend on parameters, with no bound: no estimate can run."""
+
+
 class KnownValues(HostValues):
     """The estimate's kernel, carrying known values (see the module docstring) in the host copies of
     :class:`~autotune.devices.hostvalues.HostValues`.
@@ -293,7 +297,12 @@ class KnownValues(HostValues):
             return tree_map(lambda h: self.to_device(h) if isinstance(h, torch.Tensor) else h, host)
         bound = BOUNDS.get(func)
         if bound is None:
-            return self.inner(func, args, kwargs)  # the engine's own error for a size it cannot know
+            try:
+                return self.inner(func, args, kwargs)  # a kernel that sizes it without the values (output_size=)
+            except Exception as exc:  # meta kernels raise NotImplementedError or RuntimeError, FakeTensorMode
+                # DynamicOutputShapeException: whichever it is, no engine can size this output
+                raise Unbounded(f"{func}: its output size depends on values that depend on parameters, and "
+                                f"has no bound ({type(exc).__name__})") from None
         out = bound(self, func, args, kwargs)
         self.bound(func)
         return out
