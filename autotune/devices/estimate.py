@@ -13,6 +13,13 @@ counts what the real device would hold. Two engines run the fit rule:
   on a CPU tensor) falls back to it, once, and stays there; the description
   says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it the default.
 
+On both engines the batch is built for real on the host, as the real run
+builds it, and what is computed from it and from constants alone carries its
+value (:mod:`autotune.devices.values`): reads of such values and the shapes
+they decide (:mod:`autotune.devices.shaperules`) are exact; sizes that depend
+on parameters are taken at their upper bound, or stop the estimate when they
+have none.
+
 Standing in for a CUDA device (``cuda_like``):
 
 - the allocation trace (every storage created and freed, with its exact size)

@@ -33,7 +33,7 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import (
@@ -44,6 +44,9 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_flatten
 
 from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from .values import KnownValues
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 _PRECEDENCE = {name: rank for rank, name in enumerate(CATEGORIES)}
@@ -154,7 +157,7 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
                  kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False,
-                 values: Any = None):
+                 values: KnownValues | None = None):
         super().__init__()
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")

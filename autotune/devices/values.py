@@ -354,7 +354,7 @@ class KnownValues(HostValues):
         notes = []
         if self.bounded:
             notes.append(f"data-dependent sizes of values that depend on parameters taken at their upper bound "
-                         f"({', '.join(sorted(self.bounded))}: every element counted, as if every token went to "
+                         f"({', '.join(sorted(self.bounded))}: every element counted, e.g. every token routed to "
                          "every expert): the estimate assumes the worst case and may over-count")
         if self.shape_only_batch is not None:
             notes.append(f"the batch is larger than the {format_bytes(BATCH_LIMIT)} built for real at each "
