@@ -80,8 +80,9 @@ class HostValues:
                     return False
         return True
 
-    def attach(self, t: torch.Tensor, host: torch.Tensor) -> bool:
-        """Keep ``host`` as the value of the shape-only tensor ``t``, which must cover its own storage."""
+    def attach(self, t: torch.Tensor, host: torch.Tensor, *, own: bool = False) -> bool:
+        """Keep ``host`` as the value of the shape-only tensor ``t``, which must cover its own storage.
+        ``own``: nothing else will write ``host``'s storage, which is kept as it is when laid out as ``t``."""
         if not self.is_device(t) or host.shape != t.shape or host.dtype != t.dtype:
             return False
         storage = t.untyped_storage()
@@ -94,6 +95,10 @@ class HostValues:
             return False
         if t.storage_offset() != 0 or nbytes != _span(t):
             return False  # part of a larger storage whose other bytes are not known
+        if own and host.stride() == t.stride() and host.storage_offset() == 0 and \
+                host.untyped_storage().nbytes() == nbytes and not self.is_device(host):
+            self._keep(storage, host.untyped_storage())
+            return True
         with self.host():
             copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
             copy.copy_(host)

@@ -149,7 +149,7 @@ class KnownValues(HostValues):
         """``device``, the batch's ``host`` tensor moved to the estimate, with ``host`` as its value (when the
         batch was built for real)."""
         if not self.is_device(host):
-            self.attach(device, host)
+            self.attach(device, host, own=True)  # the batch was built for this estimate alone
         return device
 
     def scalar(self, t: torch.Tensor) -> Any:
@@ -240,9 +240,11 @@ class KnownValues(HostValues):
             return out
         host = self.host_call(func, args, kwargs)
         if host is not _UNKNOWN:
+            inputs = {v.untyped_storage().data_ptr() for x in _tensors(args, kwargs)
+                      if (v := self.value(x)) is not None}
             for t, h in zip(leaves, _leaves(host)):
                 if isinstance(t, torch.Tensor) and isinstance(h, torch.Tensor):
-                    self.attach(t, h)
+                    self.attach(t, h, own=h.untyped_storage().data_ptr() not in inputs and h.numel() > 0)
         return out
 
     def host_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
