@@ -77,6 +77,7 @@ def test_a_shape_read_from_the_batch_is_answered_from_its_values():
     assert real_fits(w, device, result, answer) and not real_fits(w, device, result, answer + 1)
 
 
+@pytest.mark.slow
 def test_a_shape_read_from_values_that_depend_on_parameters_is_flagged_and_not_trusted():
     w = workloads.gated_length()
     device = get_device("cpu", memory_budget=8_000_000)
