@@ -37,6 +37,11 @@ def _fits(workload, device, result, batch: int) -> bool:
     return run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=False).fits
 
 
+def _misses(result) -> int:
+    """Real runs that did not fit (an out-of-memory error, or a peak over the usable memory)."""
+    return sum(not t.fits for t in result.trials if t.source == "real")
+
+
 def _assert_the_max(workload, device, result) -> None:
     answer = result.max_micro_batch
     assert _fits(workload, device, result, answer) and not _fits(workload, device, result, answer + 1), answer
@@ -60,10 +65,10 @@ _NEEDS_THE_SEARCH = pytest.mark.xfail(
 
 
 @pytest.mark.parametrize("name", [*EXACT[:-1], pytest.param("ctc", marks=_NEEDS_THE_SEARCH)])
-def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_oom(name):
+def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_miss(name):
     workload, device, _ = _build(name)
     result = probe(workload, device, max_batch=4096)
-    assert result.real_runs <= 2 and result.real_ooms == 0, [(t.batch, t.fits) for t in result.trials]
+    assert result.real_runs <= 2 and _misses(result) == 0, [(t.batch, t.fits) for t in result.trials]
     _assert_the_max(workload, device, result)
     assert any("values computed from the batch alone answered" in n for n in result.notes), result.notes
     assert not any("not trusted" in n or "the estimate cannot run" in n for n in result.notes), result.notes
@@ -72,6 +77,6 @@ def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_oom(n
 def test_parameter_routing_is_estimated_at_its_bound_within_four_real_runs():
     workload, device, _ = _build("moe")
     result = probe(workload, device, max_batch=4096)
-    assert result.real_runs <= 4 and result.real_ooms <= 1, [(t.batch, t.fits) for t in result.trials]
+    assert result.real_runs <= 4 and _misses(result) <= 1, [(t.batch, t.fits) for t in result.trials]
     _assert_the_max(workload, device, result)
     assert any("upper bound" in n and "nonzero" in n for n in result.notes), result.notes
