@@ -4,7 +4,8 @@ The device classes load on first use: ``list_devices`` (``autotune devices``)
 answers from NVML and /proc without importing torch.
 
 Owns: the devices, the live-storage tracker, out-of-memory recognition, the caching-allocator
-simulation and CUDA's kernel choices on meta, GPU presets. May import: the foundation (errors,
+simulation and CUDA's kernel choices on meta, the batch's known values and the shape rules they
+answer in estimates, GPU presets. May import: the foundation (errors,
 units, options, log, serial), results, planning, workload, and torch; never probing or above.
 """
 

@@ -166,6 +166,22 @@ def test_data_dependent_shapes_of_unknown_values_take_their_upper_bound():
     assert tracker.unknown_reads == 0
 
 
+def test_values_ride_on_fake_tensors_too():
+    """The fallback engine: FakeTensorMode's CPU fakes carry the same values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode()
+    values = KnownValues(fake_mode=fake_mode)
+    tracker = LiveStorageTracker(kernel=values, values=values, fake_scalars=True)
+    with fake_mode, tracker:
+        mask = values.move(MASK, fake_mode.from_tensor(MASK).clone())
+        assert mask.sum(1).tolist() == [3, 2, 1] and bool(mask.all()) is False
+        assert mask.nonzero().shape == (6, 2) and mask[mask.bool()].shape == (6,)
+        lengths = mask.sum(1).cpu()  # a fake CPU tensor: .cpu() changes nothing
+        assert torch.arange(4)[None, :].lt(lengths[:, None]).sum().item() == 6
+    assert tracker.unknown_reads == 0 and values.shapes == 2
+
+
 def test_the_model_is_built_without_values():
     values = KnownValues(MetaKernels())
     with LiveStorageTracker(kernel=values, values=values), values.suspended(), torch.device("meta"):
