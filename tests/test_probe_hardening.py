@@ -1,5 +1,6 @@
-"""The probe where estimates cannot see everything: real OOMs, data-dependent shapes, values read
-from data, errors that merely look like OOMs. It searches on the device, bounded, and says why."""
+"""The probe where estimates cannot see everything: real OOMs, sizes with no bound, values that depend on
+parameters, errors that merely look like OOMs. It searches on the device, bounded, and says why; what the batch's
+values or an upper bound answer, it estimates."""
 
 from __future__ import annotations
 
@@ -39,25 +40,52 @@ def test_an_error_that_only_says_out_of_memory_is_the_workloads_error_on_the_cpu
 
 
 @pytest.mark.slow
-def test_data_dependent_routing_is_searched_on_the_device_with_a_note():
+def test_routing_that_depends_on_parameters_is_estimated_at_its_upper_bound():
+    """MoE top-2 routing (nonzero of the router's choice): every token counted in every expert, which over-counts;
+    the confirm run and a short search on the device find the answer."""
     w = workloads.moe()
     device = get_device("cpu", memory_budget=2_000_000)
     result = probe(w, device, max_batch=4096)
     expected, _ = true_max(w, device, result.usable_bytes, 4096)
     assert result.max_micro_batch == expected
-    assert any("cannot run this workload" in n and "nonzero" in n for n in result.notes), result.notes
-    assert result.real_runs <= 14
-    # Bounded: no real run more than twice the largest size that fitted before it.
+    assert any("upper bound" in n and "nonzero" in n and "worst case" in n for n in result.notes), result.notes
+    assert result.real_runs <= 4 and result.real_ooms <= 1
+
+
+@pytest.mark.slow
+def test_a_size_with_no_bound_is_searched_on_the_device_with_a_note():
+    w = workloads.unbounded_routing()
+    device = get_device("cpu", memory_budget=2_000_000)
+    result = probe(w, device, max_batch=4096)
+    expected, _ = true_max(w, device, result.usable_bytes, 4096)
+    assert result.max_micro_batch == expected
+    assert any("cannot run this workload" in n and "repeat_interleave" in n and "no bound" in n
+               for n in result.notes), result.notes
     _assert_bounded(result)
 
 
-def test_a_shape_read_from_the_data_is_flagged_and_not_trusted():
+def test_a_shape_read_from_the_batch_is_answered_from_its_values():
+    """trim_padding cuts its batch at the longest row, a length it reads with .item(): the estimate reads it from
+    the batch, exactly, and one real run confirms."""
     w = workloads.trim_padding()
+    device = get_device("cpu", memory_budget=8_000_000)
+    result = probe(w, device, max_batch=65536)
+    assert result.real_runs <= 2 and result.real_ooms == 0
+    assert any("answered 4 reads" in n for n in result.notes), result.notes
+    assert not any("not trusted" in n for n in result.notes), result.notes
+    answer = result.max_micro_batch
+    assert real_fits(w, device, result, answer) and not real_fits(w, device, result, answer + 1)
+
+
+@pytest.mark.slow
+def test_a_shape_read_from_values_that_depend_on_parameters_is_flagged_and_not_trusted():
+    w = workloads.gated_length()
     device = get_device("cpu", memory_budget=8_000_000)
     result = probe(w, device, max_batch=65536)
     expected, _ = true_max(w, device, result.usable_bytes, 256)
     assert abs(result.max_micro_batch - expected) <= 1
-    assert any("read values it cannot know" in n and "not trusted" in n for n in result.notes), result.notes
+    assert any("read values it cannot know (4 reads" in n and "depend on parameters" in n and "not trusted" in n
+               for n in result.notes), result.notes
     _assert_bounded(result)
 
 
@@ -69,11 +97,27 @@ def test_real_runs_on_the_cpu_never_take_more_than_the_budget():
     assert real and all(t.oom or t.peak_bytes <= device.capacity_bytes() for t in real)
 
 
-def test_the_estimate_device_says_it_cannot_estimate_data_dependent_shapes():
+def test_the_estimate_device_says_it_cannot_estimate_a_size_with_no_bound():
     from autotune.errors import AutotuneError
 
-    with pytest.raises(AutotuneError, match=r"cannot estimate .*nonzero.*real device"):
-        probe(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
+    with pytest.raises(AutotuneError, match=r"cannot estimate .*repeat_interleave.*real device"):
+        probe(workloads.unbounded_routing(), get_device("estimate", memory_budget=2**30), max_batch=64)
+
+
+def test_the_estimate_device_estimates_parameter_routing_at_its_bound_and_says_so():
+    result = probe(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
+    assert result.max_micro_batch == 64
+    assert any("upper bound" in n and "nonzero" in n for n in result.notes), result.notes
+
+
+def real_fits(workload, device, result, batch: int) -> bool:
+    """Does ``batch`` fit for real (from the probe's own real runs when it made one there)?"""
+    from autotune.probing.fitrule import run_trial
+
+    for t in result.trials:
+        if t.source == "real" and t.batch == batch:
+            return t.fits
+    return run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=False).fits
 
 
 def _assert_bounded(result) -> None:

@@ -100,6 +100,48 @@ def trim_padding() -> Workload:
     return Workload(name="trim", model=_Tokens, batch=_padded, loss=_trimmed_loss)
 
 
+class _GatedLength(nn.Module):
+    """Keeps as many positions as its gate says: a length that depends on parameters, read with ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(16, 1)
+        self.ff = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = int(torch.sigmoid(self.gate(x.mean((0, 1)))).mul(x.shape[1]).ceil().item())
+        return self.ff(x[:, :keep])
+
+
+def gated_length() -> Workload:
+    """A shape read from values that depend on parameters: no batch value answers it."""
+    return Workload(name="gated", model=_GatedLength, batch=lambda n, g: torch.randn(n, 64, 16, generator=g),
+                    loss=lambda m, b: m(b).pow(2).mean())
+
+
+class _RepeatRouting(nn.Module):
+    """Each token copied as many times as its router says (``repeat_interleave`` of parameter-dependent
+    counts): a size with no bound."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.router = nn.Linear(width, 1)
+        self.expert = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        copies = torch.sigmoid(self.router(x)).squeeze(-1).mul(3).round().long()
+        owner = torch.repeat_interleave(torch.arange(x.shape[0], device=x.device), copies)
+        out = torch.zeros_like(x).index_add(0, owner, self.expert(x.index_select(0, owner)))
+        return self.head(out)
+
+
+def unbounded_routing() -> Workload:
+    return Workload(name="unbounded-routing", model=_RepeatRouting,
+                    batch=lambda n, g: (torch.randn(n, 32, generator=g), torch.randint(0, 4, (n,), generator=g)),
+                    loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
 def nan_loss() -> Workload:
     return Workload(name="nan", model=_small_mlp, batch=_features,
                     loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]) * float("nan"))

@@ -5,7 +5,8 @@ answers from NVML and /proc without importing torch.
 
 Owns: the devices, the live-storage tracker, out-of-memory recognition, the caching-allocator
 simulation, the CPU's and CUDA's kernel choices on meta (attention, recurrent layers, oneDNN's
-LSTM), GPU presets. May import: the foundation (errors,
+LSTM), the batch's known values and the shape rules they answer in estimates, GPU presets. May import:
+the foundation (errors,
 units, options, log, serial), results, planning, workload, and torch; never probing or above.
 """
 

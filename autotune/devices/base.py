@@ -40,7 +40,11 @@ class Measurement:
     ``allocated_peak_bytes`` is its allocated peak (blocks handed to tensors
     and kernels) and ``alloc_retries`` how often it had to free its cache and
     retry a cudaMalloc; None elsewhere. ``notes``: what an estimate bounded or
-    assumed. ``replay_seconds``: the part of ``seconds`` an estimate spent
+    assumed. ``unknown_reads``: values of shape-only tensors an estimate had to
+    guess in the forward and backward (they depend on parameters, or were too
+    large to keep); ``answered_reads``: those it answered exactly from values
+    computed from the batch alone, and ``answered_shapes`` the data-dependent
+    output shapes it took from them. ``replay_seconds``: the part of ``seconds`` an estimate spent
     replaying its trace through the allocator simulation.
     """
 
@@ -50,6 +54,8 @@ class Measurement:
     seconds: float
     timeline: tuple[int, ...] = field(repr=False, default=())
     unknown_reads: int = 0  # values an estimate had to guess in the forward and backward
+    answered_reads: int = 0  # values an estimate read exactly: computed from the batch alone
+    answered_shapes: int = 0  # data-dependent output shapes an estimate took from such values
     allocated_peak_bytes: int | None = None
     alloc_retries: int | None = None
     notes: tuple[str, ...] = ()

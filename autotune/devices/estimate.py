@@ -14,6 +14,13 @@ counts what the real device would hold. Two engines run the fit rule:
   there; the description says why. ``AUTOTUNE_ESTIMATE_ENGINE=fake`` makes it
   the default.
 
+On both engines the batch is built for real on the host, as the real run
+builds it, and what is computed from it and from constants alone carries its
+value (:mod:`autotune.devices.values`): reads of such values and the shapes
+they decide (:mod:`autotune.devices.shaperules`) are exact; sizes that depend
+on parameters are taken at their upper bound, or stop the estimate when they
+have none.
+
 Standing in for a CUDA device (``cuda_like``):
 
 - the allocation trace (every storage created and freed, with its exact size)
@@ -36,12 +43,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.utils._pytree import tree_flatten
 
 from ..errors import BadInput
 from ..results.device import DeviceInfo
@@ -54,7 +62,9 @@ from .meta import CpuKernelChoices, MetaKernels
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .quiet import quiet_torch_logs
 from .replay import replay
+from .shaperules import rule_library
 from .tracker import LiveStorageTracker
+from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
@@ -170,6 +180,8 @@ class EstimateDevice:
         if self.engine == "meta":
             try:
                 return self._measure_meta(work)
+            except Unbounded:
+                raise  # FakeTensorMode cannot size it either
             except Exception as exc:  # the meta engine cannot run this workload: FakeTensorMode can
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 del exc
@@ -190,8 +202,12 @@ class EstimateDevice:
         return contextlib.nullcontext() if fake else CpuKernelChoices(tracker.paused)
 
     def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any) -> Measurement:
-        """The simulated allocator's figures for the recorded trace, and what the kernels bounded."""
+        """The simulated allocator's figures for the recorded trace, and what the kernels and values bounded."""
         notes = tuple(getattr(choices, "notes", ()))
+        values = tracker.values
+        if values is not None:
+            notes += values.notes()
+            m = replace(m, answered_reads=values.reads, answered_shapes=values.shapes)
         if self.not_simulated:
             notes += (self.not_simulated,)
         if tracker.trace is None or self.allocator is None:
@@ -205,44 +221,50 @@ class EstimateDevice:
                        notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds)
 
     def _measure_meta(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
-        tracker = self._tracker(kernel=self._kernels)
+        values = KnownValues(self._kernels, cpu=not self.cuda_like)
+        tracker = self._tracker(kernel=values, values=values)
 
         def build_model(factory: Callable[[], Any]) -> Any:
-            with torch.device("meta"):
+            with values.suspended(), torch.device("meta"):
                 return factory()
 
         def build_batch(make: Callable[[], Any]) -> Any:
             with tracker.paused():
-                return _build_fake(FakeTensorMode(allow_non_fake_inputs=True), make)
+                return _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
 
         def move_model(model: Any) -> Any:
             with tracker.paused():  # counted by the session, parameters first, as on a real device
                 return _move_module(model, _on_meta)
 
-        session = Session(tracker, move=_meta_copy, move_model=move_model,
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return values.move(t, _meta_copy(t))
+
+        session = Session(tracker, move=move, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=False)
-        with choices:
+        with choices, _rules(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)
         return result, self._finish(m, tracker, choices)
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        tracker = self._tracker()
+        values = KnownValues(fake_mode=fake_mode, cpu=not self.cuda_like)
+        tracker = self._tracker(kernel=values, values=values)
 
         def move(t: torch.Tensor) -> torch.Tensor:
             # A copy, as moving to a real device makes: a view of a host dataset
             # then counts as its own elements, not as the whole dataset.
-            return (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone()
+            return values.move(t, (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone())
 
         def build_model(factory: Callable[[], Any]) -> Any:
             # On meta, outside FakeTensorMode (deep copies and dtype changes of fake
             # parameters trip it); move_model then makes CPU fakes of them.
-            try:
-                with unset_fake_temporarily(), torch.device("meta"):
+            with values.suspended():
+                try:
+                    with unset_fake_temporarily(), torch.device("meta"):
+                        return factory()
+                except Exception:
                     return factory()
-            except Exception:
-                return factory()
 
         def move_model(model: Any) -> Any:
             faked: dict[int, torch.Tensor] = {}  # one fake per tensor: shared buffers stay shared
@@ -263,14 +285,14 @@ class EstimateDevice:
             with tracker.paused():
                 tracker.fake_scalars = False
                 try:
-                    return _build_fake(None, make)
+                    return _build_batch(None, make, values)
                 finally:
                     tracker.fake_scalars = True
 
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=True)
-        with fake_mode, choices:
+        with fake_mode, choices, _rules(values, "AutogradCPU"):
             result, m = timed_measure(tracker, session, work)
         return result, self._finish(m, tracker, choices)
 
@@ -343,6 +365,31 @@ def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> An
     except Exception:
         with unset_fake_temporarily():
             return make()
+
+
+@contextlib.contextmanager
+def _rules(values: KnownValues, key: str) -> Iterator[None]:
+    """The shape rules PyTorch composes above autograd, for the tensors of dispatch ``key``, while inside."""
+    library = rule_library(values, key)
+    try:
+        yield
+    finally:
+        library._destroy()
+
+
+def _build_batch(fake_mode: FakeTensorMode | None, make: Callable[[], Any], values: KnownValues) -> Any:
+    """The batch built for real on the host, its values known, when it holds at most ``BATCH_LIMIT`` bytes
+    (measured on a shape-only build first, which leaves the generator as it was); else shape-only."""
+    shaped = _build_fake(fake_mode, make)
+    leaves = [t for t in tree_flatten(shaped)[0] if isinstance(t, torch.Tensor)]
+    if not any(isinstance(t, FakeTensor) for t in leaves):
+        return shaped  # built for real already: its shapes depend on its values
+    size = batch_bytes(leaves)
+    if size > BATCH_LIMIT:
+        values.shape_only_batch = size
+        return shaped
+    with unset_fake_temporarily():
+        return make()
 
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import (
@@ -51,10 +51,14 @@ from torch.utils._pytree import tree_flatten
 
 from ..units import format_bytes
 
+if TYPE_CHECKING:
+    from .values import KnownValues
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 _PRECEDENCE = {name: rank for rank, name in enumerate(CATEGORIES)}
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
+_TO_COPY = torch.ops.aten._to_copy.default
 _IGNORED = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
 
 
@@ -151,14 +155,17 @@ class LiveStorageTracker(TorchDispatchMode):
     backward, where a read value may decide a shape); ``guess`` picks the
     answers (0 or 1), so that a second run shows whether they changed anything.
     ``kernel``: runs each op, ``kernel(func, args, kwargs)``; by default the op
-    itself (estimates on ``meta`` pass :class:`autotune.devices.meta.MetaKernels`).
+    itself (estimates pass :class:`autotune.devices.values.KnownValues` around
+    :class:`autotune.devices.meta.MetaKernels`). ``values``: where that kernel
+    keeps known values, asked first for ``.item()`` of a shape-only tensor.
     ``record``: keep the allocation trace (see the module docstring); ``stream``
     is the CUDA stream its allocations are recorded on; ``after_op(func, args,
     kwargs, out)``, when set, is called after each counted op.
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
-                 kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False):
+                 kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False,
+                 values: KnownValues | None = None):
         super().__init__()
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
@@ -168,6 +175,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.round_to = round_to
         self.fake_scalars = fake_scalars
         self.kernel = kernel
+        self.values = values
         self.guess = guess
         self.unknown_reads = 0
         self._reads_do_not_shape = 0
@@ -297,6 +305,9 @@ class LiveStorageTracker(TorchDispatchMode):
         if _wraps(types):
             return NotImplemented  # the subclass runs the op on plain tensors, which come back here
         if func is _SCALAR and self.fake_scalars:
+            known = self.values.scalar(args[0]) if self.values is not None else None
+            if known is not None:
+                return known
             if not args[0].is_meta:
                 try:
                     return func(*args, **(kwargs or {}))
@@ -309,7 +320,9 @@ class LiveStorageTracker(TorchDispatchMode):
             out = self.kernel(func, args, kwargs or {})
         else:
             out = func(*args, **(kwargs or {}))
-        if not self._paused:
+        if not self._paused and not (func is _TO_COPY and args[0].is_meta and isinstance(out, torch.Tensor)
+                                     and not out.is_meta):
+            # (A device tensor's value copied to the host is host memory; on the CPU, the tensor itself.)
             aliased = _aliased_returns(func)
             if isinstance(out, torch.Tensor):
                 self._seen(out, aliased[0])

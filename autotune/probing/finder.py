@@ -115,6 +115,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         # does a simulated allocator, whose reserved peak the live-bytes curve only approximates.
         check = device.estimated or getattr(est.device, "simulates", False)
         estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, check=check)
+        notes.extend(_values_notes(est, estimate))
         fallback = getattr(est.device, "fallback", None)
         if fallback:
             notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
@@ -277,13 +278,31 @@ def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: in
                           source="estimate", capacity_guard=False, data_parallel=est.data_parallel,
                           sharding=est.sharding)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
+            answered = first.measurement.answered_reads
             return (f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads of "
-                    ".item(), .tolist() or a truth value in the forward and backward) and the memory it holds "
-                    "depends on them, so it is not trusted")
+                    ".item(), .tolist() or a truth value in the forward and backward, of values that depend on "
+                    f"parameters{f'; {answered} more were answered from the batch' if answered else ''}) and the "
+                    "memory it holds depends on them, so it is not trusted")
     try:
         return _estimate(est, usable, max_batch, capacity, margin, check=check)
     except WorkloadError as exc:
         return f"the estimate cannot run this workload ({_cause(exc)})"
+
+
+def _values_notes(est: _Trials, estimate: object) -> list[str]:
+    """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
+    first = next(iter(est.done.values()), None)
+    m = first.measurement if first is not None else None
+    if isinstance(estimate, str) or first is None or m is None or \
+            not (m.answered_reads or m.answered_shapes or m.unknown_reads):
+        return []
+    text = (f"values computed from the batch alone answered {m.answered_reads} reads of .item(), .tolist() or a "
+            f"truth value and {m.answered_shapes} data-dependent shapes exactly (fit rule at micro-batch "
+            f"{first.trial.batch})")
+    if m.unknown_reads:
+        text += (f"; {m.unknown_reads} reads of values that depend on parameters stayed unknown and did not change "
+                 "the memory it holds (checked with other answers)")
+    return [text]
 
 
 def _from_real_runs(real: _Trials, usable: int) -> Callable[[int, int], int | None]:
