@@ -1,5 +1,5 @@
 """The suite's own habits: a test slow enough for the ``slow`` set and not in it is named at the end of the run;
-CI runs the tests as README.md says to."""
+CI installs and runs the tests as README.md says to, and again under the oldest torch pyproject.toml declares."""
 
 from __future__ import annotations
 
@@ -37,11 +37,44 @@ def test_an_unmarked_slow_test_is_named_in_the_summary(pytester, monkeypatch):
     assert len(named) == 1 and named[0].endswith("test_timing.py::test_unmarked_and_slow")
 
 
-def test_ci_runs_exactly_the_readmes_test_command():
-    root = Path(__file__).parents[1]
-    readme = (root / "README.md").read_text()
-    quick_start = re.search(r'pip install -e "\.\[test\]" && (python -m pytest[^\n]*)\n', readme)
-    assert quick_start is not None
-    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()
-          if line.strip().startswith("python -m pytest")]
-    assert ci == [quick_start.group(1)]
+ROOT = Path(__file__).parents[1]
+
+
+def _quick_start() -> list[str]:
+    """README.md's Quick start commands, one a code block."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n([^\n]+)\n```", section)
+
+
+def _ci_lines() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+
+
+def test_ci_runs_the_readmes_quick_start_as_written():
+    install, test = _quick_start()
+    assert install.startswith("python3 -m venv .venv") and "pip install -e . " in install
+    assert test.endswith('pip install -e ".[test]" && python -m pytest -q')
+    ci = _ci_lines()
+    # each command exactly, in order, stopping CI where it fails (set -e does not stop inside an && list)
+    assert ci.index(f"{install} || exit") < ci.index(f"{test} || exit")
+    # CI installs no torch of its own into the newcomer's environment before the README's commands do
+    assert not any("torch" in line for line in ci[:ci.index(f"{install} || exit")] if not line.startswith("#"))
+    # every other run of the suite is the README's test command too: the same whole suite
+    command = test.rsplit(" && ", 1)[1]
+    assert {line for line in ci if line.startswith("python -m pytest")} == {command}
+
+
+def _release(text: str) -> tuple[int, ...]:
+    parts = tuple(int(x) for x in text.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def test_ci_tests_the_oldest_torch_pyproject_declares_and_readme_names_it():
+    floor = re.search(r'"torch>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    oldest = re.search(r"^OLDEST_TORCH=([0-9.]+)", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert floor is not None and oldest is not None
+    assert _release(floor.group(1)) == _release(oldest.group(1))
+    assert 'python -m pip install -q -e ".[test]" "torch==$OLDEST_TORCH"' in _ci_lines()
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {floor.group(1)} or newer" in readme and f"torch {oldest.group(1)} and the newest" in readme

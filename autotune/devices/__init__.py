@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
 from ..lazy import exports
-from .host import ram_bytes, torch_build
+from .host import cuda_driver_missing, ram_bytes, torch_build
 from .nvml import load_nvml
 
 if TYPE_CHECKING:
@@ -124,8 +124,9 @@ def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
     """What ``autotune devices`` shows: the CPU's RAM and every GPU's memory.
 
     GPUs come from NVML. torch is imported only when NVML cannot list them and
-    the installed torch was built for GPUs (then ``torch.cuda`` is asked), or
-    when ``cuda`` (a ``torch.cuda``-like object) is passed.
+    the installed torch was built for GPUs (then ``torch.cuda`` is asked), a
+    CUDA build only where the CUDA driver's library loads; or when ``cuda`` (a
+    ``torch.cuda``-like object) is passed.
     """
     total, available = ram_bytes()
     build = torch_build()
@@ -157,9 +158,13 @@ def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:
                                 "install a CUDA build of torch")
         return out
     if cuda is None and build.gpu is not None:
-        import torch
+        no_driver = cuda_driver_missing() if build.gpu.startswith("cuda") else ""
+        if no_driver:
+            why = f"{why}; {no_driver}" if why else no_driver
+        else:
+            import torch
 
-        cuda = torch.cuda
+            cuda = torch.cuda
     gpus = _cuda_names(cuda) if cuda is not None else []
     if gpus:
         out["notes"].append(f"{why}; GPU memory from torch.cuda.mem_get_info instead")

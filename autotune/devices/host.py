@@ -1,4 +1,5 @@
-"""This machine, read without torch: its RAM, and what the installed torch was built for.
+"""This machine, read without torch: its RAM, what the installed torch was built for, and whether the CUDA
+driver is installed.
 
 ``autotune devices`` answers from here and NVML alone, so it starts in a fraction
 of a second; importing torch takes seconds.
@@ -6,6 +7,7 @@ of a second; importing torch takes seconds.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import sys
@@ -57,3 +59,17 @@ def _load_version_file():
     except (OSError, SyntaxError, ImportError):
         return None
     return module
+
+
+def cuda_driver_missing() -> str:
+    """Why torch's CUDA build could not see a GPU here ("" when it might): the CUDA driver's library does not load.
+
+    A CUDA build of torch asks that library (``libcuda.so.1``, part of the NVIDIA driver, never of a wheel)
+    for every GPU, so where it does not load, importing torch to ask would only cost seconds.
+    """
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        ctypes.CDLL(name)
+    except OSError as exc:
+        return f"the CUDA driver does not load ({exc})"
+    return ""

@@ -305,7 +305,11 @@ def _param_groups(model: nn.Module) -> Iterator[Any]:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
-            yield from getattr(state, "_fsdp_param_groups", ())
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:  # torch before 2.12: at most one group per module
+                group = getattr(state, "_fsdp_param_group", None)
+                groups = () if group is None else (group,)
+            yield from groups
 
 
 def _unsharded_gradients(model: nn.Module) -> Iterator[torch.Tensor | None]:

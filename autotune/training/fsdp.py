@@ -83,25 +83,21 @@ class ReduceScatterCounter:
 
     def __init__(self, model: nn.Module):
         from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
         counts: dict[int, int] = {}
         self.counts = counts
 
-        class Counting(ReduceScatter):
+        class Counting(DefaultReduceScatter):
+            """FSDP's own reduce-scatter (whichever collective this torch calls it with), counted."""
+
             def __init__(self, key: int):
                 self.key = key
 
-            def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-                return torch.empty(*size, dtype=dtype, device=device)
-
             def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
                          async_op: bool = False) -> Any:
-                import torch.distributed as dist
-
                 counts[self.key] = counts.get(self.key, 0) + 1
-                return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op, group=group,
-                                                  async_op=async_op)
+                return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
         for module in model.modules():
             if isinstance(module, FSDPModule):
