@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("lightning")
 
 import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import autotune  # noqa: E402
