@@ -109,7 +109,8 @@ class RunResult:
         return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
 
     def summary(self) -> str:
-        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.name} "
+        ran = f"a batch ramp toward {self.plan.arithmetic}" if self.batch_schedule else self.plan.arithmetic
+        lines = [f"ran {ran} for {plural(self.steps, 'step')} on {self.device.name} "
                  f"({self.precision}): "
                  f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
         mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"

@@ -225,10 +225,10 @@ def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int | Seq
            if s != wanted or n != want]
     steps = len(consumed)
     if not bad:
-        each = (plural(samples[0], 'sample') if len(set(samples)) <= 1
-                else "the samples of its phase")
-        return Check(name="count", passed=True, value=steps, limit=steps,
-                     message=f"all {plural(steps, 'step')} consumed exactly {each} and their items")
+        text = (f"all {plural(steps, 'step')} consumed exactly {plural(samples[0] if samples else 0, 'sample')} "
+                "and their items" if len(set(samples)) <= 1 else
+                f"each of the {plural(steps, 'step')} consumed exactly the samples of its phase and their items")
+        return Check(name="count", passed=True, value=steps, limit=steps, message=text)
     i, s, n, want, wanted = bad[0]
     return Check(name="count", passed=False, value=steps - len(bad), limit=steps,
                  message=f"step {i + 1} consumed {s} samples / {n} items, expected {wanted} samples / "
