@@ -76,7 +76,7 @@ class BatchRamp:
         self.plan, self.config = plan, config if config is not None else RampConfig()
         self.quantum = ramp_quantum(plan) if quantum is None else quantum
         self.world_size, self.process_group = plan.world_size, process_group
-        self.rank = _rank(rank, process_group)
+        self._rank = rank
         self.start = first_batch(plan, self.config, quantum=self.quantum)
         self.wanted = self.start           # the effective batch the next steps should take
         self.phases: list[BatchPhase] = []
@@ -89,6 +89,11 @@ class BatchRamp:
         self._seen = 0  # noise-scale history entries read
         self._handles: list[Any] = []
         self._saved: list[Any] = []
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, else the process group's now (a ramp may be made before the group)."""
+        return _rank(self._rank, self.process_group)
 
     # -- what the loop and the loader ask -------------------------------------------------
 
@@ -116,7 +121,7 @@ class BatchRamp:
 
     def sampler(self, dataset_size: int, **kwargs: Any) -> RampSampler:
         """A ``DataLoader`` batch sampler whose batches follow this ramp (see :class:`RampSampler`)."""
-        return RampSampler(dataset_size, self, rank=self.rank, **kwargs)
+        return RampSampler(dataset_size, self, rank=self._rank, **kwargs)
 
     # -- the learning rate --------------------------------------------------------------------
 
