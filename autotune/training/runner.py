@@ -133,15 +133,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         _, measured = device.measure(work)
         if verify and phases:
             where.now = "while verifying the gradient of each phase of the batch ramp"
-
-            def phase_gradient(phase: BatchPhase):
-                first = workload.make_batch(phase.effective_batch, torch.Generator().manual_seed(seed))
-                own = distributed.rank_offsets(tuple(map(sum, phase.schedule)))[rank]
-                return _gradient(host_model, list(phase.schedule[rank]), first, own, workload, device, max_norm,
-                                 precision, wrap)
-
-            checks += [schedule_check(plan, phases), gradients_check(phases, phase_gradient)]
-            log.progress(checks[-1].message)
+            checks += _ramp_checks(plan, phases, host_model, workload, device, max_norm, precision, wrap, seed)
 
     predicted = plan.predicted_peak_bytes
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
@@ -215,6 +207,23 @@ class _Where:
 def share(batch: Any, start: int, size: int) -> Any:
     """This rank's samples of a global effective batch."""
     return tree_map(lambda t: t[start:start + size] if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+
+
+def _ramp_checks(plan, phases: list[BatchPhase], host_model, workload: Workload, device: Device, max_norm,
+                 precision, wrap, seed: int) -> list[Check]:
+    """The ramp's schedule within the plan, and each phase's gradient check on one batch of its size (this rank's
+    share against all samples, as for the plan)."""
+    rank = distributed.rank()
+
+    def phase_gradient(phase: BatchPhase) -> Check:
+        first = workload.make_batch(phase.effective_batch, torch.Generator().manual_seed(seed))
+        own = distributed.rank_offsets(tuple(map(sum, phase.schedule)))[rank]
+        return _gradient(host_model, list(phase.schedule[rank]), first, own, workload, device, max_norm, precision,
+                         wrap)
+
+    checks = [schedule_check(plan, phases), gradients_check(phases, phase_gradient)]
+    log.progress(checks[-1].message)
+    return checks
 
 
 def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,
