@@ -14,10 +14,12 @@ from autotune.training.runner import run_plan
 
 from ..test_ramp_run import FAST, PLAN, regression
 
+pytestmark = pytest.mark.slow  # a real run of 22 steps, then its report
+
 
 @pytest.fixture(scope="module")
 def ramped(tmp_path_factory):
-    result = run_plan(PLAN, regression(100.0), get_device("cpu", memory_budget=512 * 2**20), steps=30, ramp=FAST,
+    result = run_plan(PLAN, regression(100.0), get_device("cpu", memory_budget=512 * 2**20), steps=22, ramp=FAST,
                       verify=False)
     assert len(result.batch_schedule) >= 3
     return result, write_report(result, tmp_path_factory.mktemp("ramp") / "report")
@@ -44,7 +46,6 @@ def test_the_plotted_noise_scale_is_what_the_ramp_decided_from(ramped):
         assert seen[phase.first_step] == (pytest.approx(phase.b_simple), pytest.approx(phase.low))
 
 
-@pytest.mark.slow
 def test_the_report_of_a_ramp_needs_no_torch(ramped, tmp_path):
     _, folder = ramped
     code = ("import sys; from autotune.report import load_result, write_report; "
