@@ -201,3 +201,17 @@ def test_the_first_batch_must_be_the_ramps():
     with pytest.raises(BadInput, match=r"the batch ramp starts at 33 samples per step \(33 on rank 0\) but the "
                                        r"first batch holds 512: feed the batches the ramp wants"):
         step(regression(512, 1.0, torch.Generator().manual_seed(0)))
+
+
+def test_a_new_phase_on_cuda_hands_the_allocators_unused_blocks_back_first(monkeypatch):
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(step.ramp._steps))
+    model = fixed_model()
+    step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), make_plan(512, 32), loss=squared,
+                       ramp=autotune.RampConfig(start=40))
+    step.device_type = "cuda"  # what a model on a GPU reports; the allocator itself is faked above
+    g = torch.Generator().manual_seed(0)
+    for wanted in (40, 40, 80, 80, 160):
+        step.ramp.wanted = wanted
+        step(regression(wanted, 1.0, g))
+    assert emptied == [2, 4]  # before the first step of each later phase, never within one

@@ -218,9 +218,7 @@ class Accumulator:
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
         if self.ramp is not None:
-            phase = self.ramp.begin_step(batch_size(batch))
-            if phase is not None:
-                self.reschedule(phase)
+            ramping.begin(self, batch_size(batch))
         out = self.backward(batch)
         if self.scaler is not None:
             scale = self.scaler.get_scale()

@@ -272,6 +272,20 @@ def bind(ramp: RampConfig | BatchRamp | None, schedule: Any, acc: Accumulator) -
     return ramp
 
 
+def begin(acc: Accumulator, samples: int) -> None:
+    """Before an Accumulator's step of ``samples`` on this rank: split it by its phase's plan. When a new phase
+    begins on a CUDA device, the caching allocator's unused blocks go back first: they were cut for the old
+    micro-batch sizes, and kept, they would add to the new sizes' blocks in the reserved memory the fit rule
+    bounds."""
+    assert acc.ramp is not None
+    before = len(acc.ramp.phases)
+    phase = acc.ramp.begin_step(samples)
+    if phase is not None:
+        acc.reschedule(phase)
+    if before and len(acc.ramp.phases) > before and acc.device_type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside a framework's wrapper (LightningOptimizer, AcceleratedOptimizer)."""
     inner = optimizer
