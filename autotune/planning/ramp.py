@@ -15,9 +15,11 @@ from accumulation's micro-steps):
   with two micro-batches in all when micro-batches are as large as memory
   allows), and after each optimizer step decides the next step's batch ``B``;
 - it grows only when (1) the current phase has run ``min_steps`` steps, (2)
-  the 95% interval of the smoothed noise scale is bounded and its lower end is
-  above ``B`` (a noisy reading never makes it grow), and (3) the new batch
-  ``min(B_simple, growth x B, target)``, rounded down to the sizes allowed, is
+  the 95% interval of the noise scale over the latest ``window`` steps
+  (:func:`window_reading`) is bounded and its lower end is above ``B`` (a
+  noisy reading never makes it grow), and (3) the new batch
+  ``min(B_simple, growth x B, target)``, rounded down to the sizes allowed
+  (multiples of ``multiple_of`` x world size: :func:`ramp_quantum`), is
   at least ``GROW_AT_LEAST x B`` (or the target): so the batch is about
   ``B_simple``, never above the target, never shrinks, and changes in steps of
   at least 25% (no oscillation);
