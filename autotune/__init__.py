@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         ResultFileError,
         WorkloadError,
     )
+    from .planning.ramp import RampConfig
     from .report import load_result, write_report
     from .results import Plan, ProbeResult, RunResult, Trial
     from .training import Accumulator, PlanSampler, StepOutcome
@@ -46,7 +47,7 @@ _EXPORTS = {
     "probe": "api", "plan": "api", "run": "api", "load_plan": "api", "memory_snapshot": "api",
     "write_report": "report", "load_result": "report",
     "Workload": "workload", "load_workload": "workload",
-    "Accumulator": "training", "PlanSampler": "training", "StepOutcome": "training",
+    "Accumulator": "training", "PlanSampler": "training", "StepOutcome": "training", "RampConfig": "planning.ramp",
     # their results
     "ProbeResult": "results", "Trial": "results", "Plan": "results", "RunResult": "results",
     # devices and memory sizes
@@ -59,7 +60,8 @@ _EXPORTS = {
 }
 
 __all__ = ["Accumulator", "AutotuneError", "BadInput", "DeviceError", "DoesNotFit", "EstimateUnavailable", "Plan",
-    "PlanError", "PlanSampler", "ProbeFileError", "ProbeResult", "ResultFileError", "RunResult", "StepOutcome",
+    "PlanError", "PlanSampler", "ProbeFileError", "ProbeResult", "RampConfig", "ResultFileError", "RunResult",
+    "StepOutcome",
     "Trial", "Workload", "WorkloadError", "format_bytes", "get_device", "is_oom", "list_devices", "load_plan",
     "load_result", "load_workload", "memory_snapshot", "parse_size", "plan", "probe", "run", "write_report",
     "__version__"]

@@ -28,6 +28,7 @@ from .workload import DEFAULT_PROBE, Workload, load_workload
 if TYPE_CHECKING:
     from .planning.planner import Uniform
     from .results.plan import Plan
+    from .results.ramp import RampConfig
     from .results.run import RunResult
     from .store import Store
 
@@ -304,13 +305,19 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
-        max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None) -> RunResult:
+        max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None,
+        ramp: RampConfig | bool | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
     given says how it runs itself, and ``parallel``, if given, must agree.
     ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
+    ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
+    it toward the target with the measured gradient noise scale, every phase an exact plan
+    (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
     """
+    from .planning.ramp import check_below, first_batch
+    from .results.ramp import RampConfig
     from .training.runner import run_plan
 
     steps = options.whole(steps, "steps")
@@ -318,8 +325,16 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         parallel = options.parallel(parallel)
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)
+    if ramp is True:
+        ramp = RampConfig()
+    elif ramp is False:
+        ramp = None
+    if ramp is not None and not isinstance(ramp, RampConfig):
+        raise BadInput(f"ramp {ramp!r} must be an autotune.RampConfig, True (its defaults) or None")
     if (plan is None) == (target_batch is None):
         raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
+    if ramp is not None and ramp.start is not None and target_batch is not None:
+        check_below(ramp.start, target_batch)
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
     if plan is not None and parallel is not None and parallel != plan.parallel:
@@ -350,9 +365,12 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                parallel=parallel or options.DEFAULT_PARALLEL,
                                store=kept if kept is not None else False)
     planned = plan
+    if ramp is not None:
+        first_batch(planned, ramp)  # a ramp that cannot start fails before any training
 
     def train() -> RunResult:
-        return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm)
+        return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
+                        ramp=ramp)
 
     if kept is None:
         return train()

@@ -43,6 +43,15 @@ DIST_TIMEOUT_S = 600.0
 #: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 DEFAULT_PROBE = "gpt"
+#: How the learning rate follows a ramped batch (``--lr-scaling``): see autotune.planning.ramp.
+LrScaling = Literal["noise", "linear", "sqrt", "none"]
+LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
+DEFAULT_LR_SCALING: LrScaling = "noise"
+#: The batch ramp: steps a phase runs at least before the batch may grow again, the most one change multiplies
+#: the batch by, and the optimizer steps whose noise-scale estimates it decides from (the latest ones).
+RAMP_MIN_STEPS = 10
+RAMP_GROWTH = 2.0
+RAMP_WINDOW = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +156,21 @@ def precision(value: Any, name: str = "precision") -> str:
 
 def parallel(value: Any, name: str = "parallel") -> str:
     return choice(value, PARALLEL, name)
+
+
+def lr_scaling(value: Any, name: str = "lr_scaling") -> str:
+    return choice(value, LR_SCALINGS, name)
+
+
+def above_one(value: Any, name: str, *, example: str) -> float:
+    """A finite number above 1."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number > 1 and math.isfinite(number)):
+        raise BadInput(f"{name} {_shown(value)} must be a number above 1, e.g. {example}")
+    return number
 
 
 def seconds(value: Any, name: str) -> float:

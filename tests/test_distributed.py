@@ -1,6 +1,7 @@
 """Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end;
-ranks with uneven batches; the noise scale under DDP and FSDP; FSDP: the estimate from one process, the
-runner's checks, probing with a rank that runs out of memory, and a rank that fails."""
+ranks with uneven batches; the noise scale under DDP and FSDP; the batch ramp's one decision; FSDP: the
+estimate from one process, the runner's checks, probing with a rank that runs out of memory, and a rank
+that fails."""
 
 from __future__ import annotations
 
@@ -48,10 +49,21 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
 @pytest.fixture(scope="module")
 def cases():
     """The library's cases under torchrun (tests/torchrun_cases.py), in one job."""
-    done = torchrun(str(HERE / "torchrun_cases.py"), "ddp_faults", "uneven_batches", "noise_scale", "fsdp",
+    done = torchrun(str(HERE / "torchrun_cases.py"), "ddp_faults", "uneven_batches", "noise_scale", "fsdp", "ramp",
                     timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_the_batch_ramp_decides_the_same_next_batch_on_every_rank(cases):
+    out = cases["ramp"]
+    agree, differs, fault = out["agree"], out["rank_1_differs"], out["no_broadcast"]
+    grown = [phase[1] for phase in agree[0]["phases"]]
+    assert len(grown) >= 3 and grown == sorted(grown)
+    assert agree[0]["phases"] == agree[1]["phases"]
+    assert differs[1]["differed"] and differs[0]["phases"] == differs[1]["phases"]  # rank 1 follows rank 0
+    assert fault[1]["differed"] and fault[0]["phases"] != fault[1]["phases"]  # the planted fault: no broadcast
 
 
 @pytest.mark.slow

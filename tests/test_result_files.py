@@ -15,18 +15,23 @@ from autotune import api as pipeline
 from autotune.cli import main
 from autotune.errors import ResultFileError
 from autotune.report import result_from_dict
+from autotune.results.ramp import RampConfig
 from autotune.serial import dumps
 
 WRONG = [None, "x", 2.5, -1, True, [], {}, ["a", 1], [[1, 2, 3]]]
 NESTED = {"probe", "plan"}  # whole results inside results: mutated field by field
-ROWS = {"trials", "checks"}  # lists of records: their first record is mutated field by field
+ROWS = {"trials", "checks", "batch_schedule"}  # lists of records: their first record is mutated field by field
+KINDS = ["Plan", "RunResult", "ProbeResult", "RampedRun"]  # RampedRun: a RunResult with a batch ramp
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, Any]]:
     plan = pipeline.plan(1021, workload="mlp", device="cpu", memory_budget=3_000_000)
     run = pipeline.run(plan=plan, device="cpu", steps=1)
-    return {"Plan": plan.to_dict(), "RunResult": run.to_dict(), "ProbeResult": plan.probe.to_dict()}
+    ramped = pipeline.run(plan=plan, device="cpu", steps=2, ramp=RampConfig(start=64))
+    assert ramped.batch_schedule
+    return {"Plan": plan.to_dict(), "RunResult": run.to_dict(), "ProbeResult": plan.probe.to_dict(),
+            "RampedRun": ramped.to_dict()}
 
 
 def _mutations(data: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -64,7 +69,7 @@ def _load_and_use(data: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["Plan", "RunResult", "ProbeResult"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_result_file_loads_whole_or_is_a_result_file_error(results, kind):
     unexpected = []
     count = 0
@@ -166,12 +171,12 @@ def _not_plain(value: Any, where: str = "") -> Iterator[str]:
         yield f"{where[:-1]} ({type(value).__module__}.{type(value).__name__})"
 
 
-@pytest.mark.parametrize("kind", ["Plan", "RunResult", "ProbeResult"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_results_dict_is_plain_data(results, kind):
     assert list(_not_plain(results[kind])) == []
 
 
-@pytest.mark.parametrize("kind", ["Plan", "RunResult", "ProbeResult"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_result_reads_back_from_its_own_dict(results, kind):
     assert result_from_dict(results[kind], source="x.json").to_dict() == results[kind]
 

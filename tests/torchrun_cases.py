@@ -19,6 +19,7 @@ import ddp_uneven_worker  # noqa: E402 (tests/ is this script's folder)
 import ddp_worker  # noqa: E402
 import fsdp_worker  # noqa: E402
 import noise_ddp_worker  # noqa: E402
+import ramp_ddp_worker  # noqa: E402
 from rank_exit import run_then_exit  # noqa: E402
 
 from autotune.training import distributed  # noqa: E402
@@ -28,6 +29,7 @@ CASES: dict[str, Callable[[], object]] = {
     "uneven_batches": ddp_uneven_worker.case,
     "noise_scale": noise_ddp_worker.case,
     "fsdp": fsdp_worker.case,
+    "ramp": ramp_ddp_worker.case,
 }
 
 

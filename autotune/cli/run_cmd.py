@@ -37,6 +37,7 @@ examples:
   autotune run --plan plan.json --steps 5 --json
   autotune run --plan plan.json --report reports/my-run
   autotune run --target-batch 256 --probe convnet --memory-budget 64MiB    # BatchNorm is flagged
+  autotune run --target-batch 512 --probe mlp --device cpu --memory-budget 2MB --steps 200 --ramp
   torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe mlp --device cpu --memory-budget 3MB
   torchrun --nproc-per-node 2 -m autotune run --target-batch 64 --probe gpt --device cpu --memory-budget 8MB \
       --parallel fsdp
@@ -60,6 +61,18 @@ def add_parser(sub) -> None:
                    help="fp32, or autocast to bf16/fp16 (fp16 with one GradScaler scale per step)")
     p.add_argument("--max-norm", type=flag(options.max_norm, "--max-norm"), default=None, metavar="X",
                    help="clip the accumulated gradient to this norm, once per optimizer step")
+    p.add_argument("--ramp", action="store_true",
+                   help="start at a small effective batch and grow it toward --target-batch with the measured "
+                        "gradient noise scale (about B_simple, only when its 95%% lower bound is above the batch), "
+                        "every phase an exact plan at the memory limit; the result's batch_schedule says what was "
+                        "done")
+    p.add_argument("--ramp-from", type=positive_int("--ramp-from"), default=None, metavar="N",
+                   help="with --ramp: the first effective batch (default: the smallest with two micro-batches at "
+                        "the memory limit)")
+    p.add_argument("--lr-scaling", choices=options.LR_SCALINGS, default=None,
+                   help="with --ramp: how the learning rate follows the batch: noise (McCandlish et al.'s "
+                        "eps(B) = eps_max / (1 + B_noise/B), relative to the target), linear, sqrt, none "
+                        f"(default {options.DEFAULT_LR_SCALING})")
     p.add_argument("--output", metavar="FILE", help="also write the RunResult JSON to FILE (atomically)")
     add_store(p)
     add_report(p)
@@ -71,6 +84,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
+    if not args.ramp and (args.ramp_from is not None or args.lr_scaling is not None):
+        raise BadInput(f"{'--ramp-from' if args.ramp_from is not None else '--lr-scaling'} is for a batch ramp: "
+                       "add --ramp")
     check_output(args.output)
     check_report(args)
     check_probe(args)
@@ -84,13 +100,17 @@ def run(args) -> int:
 
 def _run(args, *, lead: bool) -> int:
     from .. import api as pipeline
+    from ..results.ramp import RampConfig
     from ..serial import dumps
 
     result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
-                          parallel=args.parallel, store=args.store)
+                          parallel=args.parallel, store=args.store,
+                          ramp=RampConfig(start=args.ramp_from,
+                                          lr_scaling=args.lr_scaling or options.DEFAULT_LR_SCALING)
+                          if args.ramp else None)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())

@@ -1,7 +1,9 @@
 """autotune where people already train: thin adapters over the public API.
 
-    autotune.integrations.hf           plan_training_args: TrainingArguments for an exact target batch
-    autotune.integrations.lightning    AutotuneBatchSize (a Callback), accumulator (manual optimization)
+    autotune.integrations.hf           plan_training_args: TrainingArguments for an exact target batch;
+                                       AutotuneBatchRamp, which refuses a batch ramp (the Trainer cannot follow one)
+    autotune.integrations.lightning    AutotuneBatchSize (a Callback; ramp= grows the batch epoch by epoch),
+                                       accumulator (manual optimization; ramp= at any step)
     autotune.integrations.accelerate   accumulator: an Accumulator wired to an Accelerator
 
 Each builds a Workload from what the framework already has (the model, its

@@ -18,6 +18,10 @@ The Trainer runs equal micro-batches, so the plan is uniform:
 target_batch``, with micro-batches of at least about half the largest that fits;
 a target with no such split raises PlanError naming the nearest targets that
 have one. Needs ``transformers`` (``pip install autotune[hf]``).
+
+The Trainer cannot change the effective batch during training, so a batch ramp
+(``AutotuneBatchRamp``, :mod:`autotune.integrations.hf_ramp`) refuses at the start
+of ``train()`` and says where one runs instead.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ if TYPE_CHECKING:
     from transformers import TrainingArguments
 
     from ..results.plan import Plan
+
+def __getattr__(name: str) -> Any:
+    if name == "AutotuneBatchRamp":  # a TrainerCallback: defined where transformers is imported
+        from .hf_ramp import AutotuneBatchRamp
+
+        return AutotuneBatchRamp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: An iterable dataset (no length) is scanned this far for its longest examples.
 SCAN_ITERABLE = 10_000

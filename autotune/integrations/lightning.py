@@ -3,6 +3,7 @@ accumulation in manual optimization.
 
     trainer = Trainer(callbacks=[AutotuneBatchSize(1024)])      # like BatchSizeFinder, for an exact target
     trainer.fit(model, datamodule=data)
+    Trainer(callbacks=[AutotuneBatchSize(1024, ramp=autotune.RampConfig())])   # grow toward it, epoch by epoch
 
 :class:`AutotuneBatchSize` probes the LightningModule's own ``training_step``
 with the optimizer its ``configure_optimizers`` made, on the largest of the
@@ -39,11 +40,14 @@ from .. import api, log, options
 from ..devices import Device
 from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
+from ..results.ramp import RampConfig
 from ..workload import Workload
 from .common import FrameworkAccumulator, largest_batch, short_dataset
 
 if TYPE_CHECKING:
     from ..results.plan import Plan
+    from ..training.ramp import BatchRamp
+    from .lightning_ramp import EpochRamp
 
 #: Batches of the train dataloader looked at for the largest one.
 SCAN_BATCHES = 16
@@ -58,17 +62,25 @@ class AutotuneBatchSize(Callback):
     looked at for the largest. The batch size must be read by the dataloader hook (``self.batch_size``
     in ``train_dataloader``), and a learning-rate schedule sized by ``trainer.estimated_stepping_batches``
     in ``configure_optimizers`` was sized before the accumulation changed.
+
+    ``ramp`` (an :class:`autotune.RampConfig`): start at a small effective batch and grow it toward the target
+    with the measured gradient noise scale, changing ``accumulate_grad_batches`` at epoch starts only (see
+    :mod:`autotune.integrations.lightning_ramp`); ``.ramp.ramp.phases`` says what was done.
     """
 
     def __init__(self, target_batch: int, *, batch_arg_name: str = "batch_size", device: Device | str | None = None,
                  memory_budget: int | str | None = None, margin: float = options.MARGIN,
-                 scan_batches: int = SCAN_BATCHES):
+                 scan_batches: int = SCAN_BATCHES, ramp: RampConfig | None = None):
         self.target_batch = options.whole(target_batch, "target_batch", example="1024")
         self.margin = options.margin(margin)
         self.memory_budget = options.memory_budget(memory_budget)
         self.scan_batches = options.whole(scan_batches, "scan_batches")
         self.batch_arg_name, self.device = batch_arg_name, device
         self.plan: Plan | None = None
+        if ramp is not None and not isinstance(ramp, RampConfig):
+            raise BadInput(f"ramp must be an autotune.RampConfig, got {type(ramp).__name__}")
+        self.ramp_config = ramp
+        self.ramp: EpochRamp | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -102,6 +114,41 @@ class AutotuneBatchSize(Callback):
         log.progress(f"plan: {plan.arithmetic}: {self.batch_arg_name}={plan.micro_batch}, "
                      f"accumulate_grad_batches={plan.accumulation_steps}")
         self.plan = plan
+        if self.ramp_config is not None:
+            from .lightning_ramp import EpochRamp
+
+            self.ramp = EpochRamp(trainer, pl_module, plan, self.ramp_config)
+
+    # -- the ramp's hooks (nothing without ramp) ------------------------------------------------
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ramp is not None:
+            self.ramp.apply(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.ramp is not None:
+            self.ramp.batch_start(trainer, batch, batch_idx)
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        if self.ramp is not None:
+            self.ramp.before_backward(trainer)
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ramp is not None:
+            self.ramp.after_backward()
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        if self.ramp is not None:
+            self.ramp.before_optimizer_step(trainer)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.ramp is not None:
+            self.ramp.batch_end()
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ramp is not None:
+            self.ramp.close()
 
 
 def module_workload(trainer: Trainer, module: LightningModule, batch: Any) -> Workload:
@@ -138,7 +185,8 @@ def _batches(loaders: Any):
 
 def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Callable[[nn.Module, Any], torch.Tensor],
                 items: Callable[[Any], int] | None = None, max_norm: float | None = None,
-                move: Callable[[Any], Any] | None = None) -> FrameworkAccumulator:
+                move: Callable[[Any], Any] | None = None,
+                ramp: RampConfig | BatchRamp | None = None) -> FrameworkAccumulator:
     """An :class:`autotune.Accumulator` for ``training_step`` in manual optimization.
 
         def on_train_start(self):
@@ -152,7 +200,9 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
     ``max_norm`` clips with ``module.clip_gradients`` (which unscales first). ``optimizer``: the
     LightningOptimizer ``self.optimizers()`` returns, whose ``step`` the Trainer counts. Supports one
     process and DDP; batches are the loader's (plan.per_rank_batch[rank] samples each for an exact
-    target, e.g. from :class:`autotune.PlanSampler`).
+    target, e.g. from :class:`autotune.PlanSampler`). ``ramp``: grow the effective batch with the measured noise
+    scale at any step boundary (a :class:`autotune.training.ramp.BatchRamp` made before the dataloader, which takes
+    its ``ramp.sampler(len(dataset))``; see :mod:`autotune.integrations.lightning_ramp`).
     """
     if module.automatic_optimization:
         raise BadInput("accumulator is for manual optimization: set self.automatic_optimization = False in the "
@@ -170,4 +220,4 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
     return FrameworkAccumulator(module, optimizer, plan, loss=loss, items=items, max_norm=max_norm, move=move,
                                 backward=module.manual_backward,
                                 no_sync=getattr(strategy, "block_backward_sync", contextlib.nullcontext),
-                                external_sync=True, clip_with=clip_with)
+                                external_sync=True, clip_with=clip_with, ramp=ramp)

@@ -9,8 +9,9 @@ trials.csv and the result's JSON (plan.json, result.json or probe.json);
 reports/README.md describes every file and the JSON schema. Reports need only
 the JSON: nothing here imports torch.
 
-Owns: the report folder, its tables, plots and text. May import: the foundation, results, and
-pandas and matplotlib on demand (never the stages that train or probe).
+Owns: the report folder, its tables, plots and text. May import: the foundation, results, the
+planner's pure arithmetic (the batch ramp's reading), and pandas and matplotlib on demand (never the
+stages that train or probe).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a report says, built once from a Plan, RunResult or ProbeResult (JSON alone is enough).
 
 Sections: summary, peak memory vs micro-batch, where the memory goes,
-throughput (when tuned), the run and its verification (for a RunResult),
+throughput (when tuned), the run, its batch ramp (when it ramped) and its verification (for a RunResult),
 the trials, notes, environment, files.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..results.plan import Plan
 from ..units import format_bytes, plural
-from . import memory, runs, tables, timeline
+from . import memory, ramp, runs, tables, timeline
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text
 from .subject import Subject, status
 
@@ -33,6 +33,8 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
         sections.append(schedule_section(s.plan))
     if s.run is not None:
         sections.append(runs.run_section(s.run))
+        if s.run.batch_schedule:
+            sections.append(ramp.ramp_section(s.run))
         if s.run.verification is not None:
             sections.append(runs.verification_section(s.run))
         if s.run.noise_scale is not None:

@@ -136,6 +136,8 @@ def files(s: Subject) -> Section:
     if s.run is not None and s.run.noise_scale is not None and any(h.b_simple is not None
                                                                     for h in s.run.noise_scale.history):
         names.append((NOISE_PLOT, "the gradient noise scale over the run"))
+    if s.run is not None and s.run.batch_schedule:
+        names.append(("batch_ramp.png", "the loss, effective batch and noise scale over the batch ramp"))
     names.append((s.json_name, f"the full {s.kind} as JSON (schema in reports/README.md)"))
     return Section("files", "Files", (
         Bullets(tuple(f"{name}: {what}" for name, what in names)),

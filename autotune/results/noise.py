@@ -127,6 +127,38 @@ def describe(estimate: NoiseScaleEstimate, batch: float | None = None, *, unit: 
             f"evenly (2x each){later}")
 
 
+def ratio_interval(x: float, y: float, vxx: float, vyy: float, vxy: float,
+                   df: float) -> tuple[float | None, float | None]:
+    """The 95% interval of ``B = x / y`` (``x`` the mean tr(Σ), ``y`` the mean |G|² of per-step estimates; ``vxx``,
+    ``vyy``, ``vxy`` the variances and covariance of those means; ``df`` their degrees of freedom).
+
+    Fieller's interval for ``y / x`` (``tr(Σ)`` is the better determined of the two) with Student's t at ``df``,
+    inverted: ``(low, high)``, high ``inf`` when unbounded above, ``(None, None)`` when the data do not bound it.
+    """
+    if x <= 0:
+        return None, None
+    q2 = _t975(df) ** 2
+    a, b, c = x * x - q2 * vxx, x * y - q2 * vxy, y * y - q2 * vyy
+    if a <= 0:
+        return None, None  # tr(Σ) itself not distinguishable from 0
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    rho_lo, rho_hi = (b - root) / a, (b + root) / a
+    if rho_hi <= 0:
+        return None, None
+    return 1.0 / rho_hi, (1.0 / rho_lo if rho_lo > 0 else math.inf)
+
+
+def _t975(df: float) -> float:
+    """Student's t 97.5% quantile for ``df`` degrees of freedom, rounded down to a tabulated df (conservative)."""
+    table = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36), (8, 2.31), (9, 2.26),
+             (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (30, 2.04), (60, 2.00), (120, 1.98))
+    q = table[0][1]
+    for d, value in table:
+        if df >= d:
+            q = value
+    return q if df < 1000 else 1.96
+
+
 def _fmt(x: float | None) -> str:
     """Two significant digits, as much as an estimate holds: 250, 12000, 4.1, 0.26."""
     if x is None or not math.isfinite(x):

@@ -10,6 +10,7 @@ from ..units import format_bytes, plural
 from .device import DeviceInfo
 from .noise import NoiseScaleEstimate, describe
 from .plan import Plan
+from .ramp import BatchPhase, RampConfig, check_phases, read_phases
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +60,9 @@ class Verification:
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
     """A run of a Plan: per-step losses, throughput, peak memory, the verification (None when the run
-    was not verified) and the gradient noise scale its micro-steps measured (None when off)."""
+    was not verified) and the gradient noise scale its micro-steps measured (None when off); with a batch
+    ramp (``ramp``: its settings), ``batch_schedule`` holds its phases (empty: every step took the plan's
+    target batch)."""
 
     plan: Plan
     workload: str
@@ -77,6 +80,8 @@ class RunResult:
     notes: tuple[str, ...] = ()
     noise_scale: NoiseScaleEstimate | None = None
     allocated_peak_bytes: int | None = None  # live tensor bytes at the peak (about max_memory_allocated on CUDA)
+    ramp: RampConfig | None = None
+    batch_schedule: tuple[BatchPhase, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.losses) != len(self.step_seconds) or not self.losses:
@@ -88,6 +93,8 @@ class RunResult:
         object.__setattr__(self, "losses", tuple(float(x) for x in self.losses))
         object.__setattr__(self, "step_seconds", tuple(float(x) for x in self.step_seconds))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "batch_schedule", tuple(self.batch_schedule))
+        check_phases(self.batch_schedule, len(self.losses), self.plan.world_size)
 
     @property
     def passed(self) -> bool:
@@ -102,13 +109,16 @@ class RunResult:
         return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else None
 
     def summary(self) -> str:
-        lines = [f"ran {self.plan.arithmetic} for {plural(self.steps, 'step')} on {self.device.name} "
+        ran = f"a batch ramp toward {self.plan.arithmetic}" if self.batch_schedule else self.plan.arithmetic
+        lines = [f"ran {ran} for {plural(self.steps, 'step')} on {self.device.name} "
                  f"({self.precision}): "
                  f"{self.samples_per_s:,.0f} samples/s, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"]
         mem = f"peak memory {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable"
         if self.memory_ratio is not None:
             mem += f", {self.memory_ratio:.3f} x predicted ({format_bytes(self.predicted_peak_bytes)})"
         lines.append(mem)
+        if self.batch_schedule:
+            lines.append(ramp_line(self.batch_schedule, self.plan.target_batch))
         if self.skipped_steps:
             lines.append(f"fp16: {plural(self.skipped_steps, 'optimizer step')} skipped by GradScaler "
                          "(inf/nan gradients)")
@@ -120,7 +130,8 @@ class RunResult:
                 if check.details.get("dropout"):
                     lines.append(f"       ({check.details['dropout']})")
         if self.noise_scale is not None:  # against the effective batch it was measured at (its items)
-            word = describe(self.noise_scale)
+            ramped = self.batch_schedule and self.noise_scale.unit == "samples" and self.noise_scale.steps
+            word = describe(self.noise_scale, self.plan.target_batch if ramped else None)
             lines.append(word if word.startswith("noise scale") else f"noise scale: {word}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -146,6 +157,8 @@ class RunResult:
             "allocated_peak_bytes": self.allocated_peak_bytes,
             "plan": self.plan.to_dict(),
             "noise_scale": None if self.noise_scale is None else self.noise_scale.to_dict(),
+            "ramp": None if self.ramp is None else self.ramp.to_dict(),
+            "batch_schedule": [p.to_dict() for p in self.batch_schedule],
         })
 
     @classmethod
@@ -160,10 +173,21 @@ class RunResult:
         body["plan"] = Plan.from_dict(body["plan"], source=f"{source} (its plan)")
         if body.get("noise_scale") is not None:
             body["noise_scale"] = NoiseScaleEstimate.from_dict(body["noise_scale"], kind="RunResult", source=source)
+        if body.get("ramp") is not None:
+            body["ramp"] = RampConfig.from_dict(body["ramp"], kind="RunResult", source=source)
+        if "batch_schedule" in body:
+            body["batch_schedule"] = read_phases(body["batch_schedule"], kind="RunResult", source=source)
         try:
             return cls(**body)
         except (TypeError, ValueError) as exc:
             raise invalid("RunResult", source, str(exc)) from None
+
+
+def ramp_line(phases: tuple[BatchPhase, ...], target: int) -> str:
+    """``batch ramp: 33 (step 1, lr x0.52) -> 66 (step 21, ...) ...; target 256``."""
+    parts = [f"{p.effective_batch} (step {p.first_step + 1}, lr x{p.lr_scale:.2g})" for p in phases]
+    reached = "reached" if phases[-1].effective_batch == target else "not reached"
+    return f"batch ramp: {' -> '.join(parts)}; target {target} {reached}"
 
 
 def _read_verification(value: Any, source: str) -> Verification:

@@ -1,13 +1,14 @@
 """Training by a plan: exact accumulation, the runner and its verification, DDP, throughput tuning.
 
-Owns: Accumulator, PlanSampler, run_plan, the checks, torch.distributed glue, tune. May import:
-everything below it (foundation, results, planning, workload, devices, probing).
+Owns: Accumulator, PlanSampler, the batch ramp at run time, run_plan, the checks, torch.distributed glue,
+tune. May import: everything below it (foundation, results, planning, workload, devices, probing).
 """
 
 from __future__ import annotations
 
 from .accumulate import Accumulator, StepOutcome
+from .ramp import BatchRamp, RampSampler
 from .runner import run_plan
 from .sampler import PlanSampler
 
-__all__ = ["Accumulator", "PlanSampler", "StepOutcome", "run_plan"]
+__all__ = ["Accumulator", "BatchRamp", "PlanSampler", "RampSampler", "StepOutcome", "run_plan"]

@@ -31,6 +31,7 @@ from .. import options
 from ..errors import BadInput
 from ..workload.batches import batch_size, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss
+from . import ramp as ramping
 from .noise import GradientNoiseScale
 
 
@@ -75,6 +76,11 @@ class Accumulator:
     of at most the schedule's largest, as even as possible, and weighted over
     its own items; under DDP every rank then runs the same number of
     micro-steps (the most any rank needs).
+
+    ``ramp`` (an :class:`autotune.RampConfig`, or a :class:`autotune.training.ramp.BatchRamp`; ``schedule``
+    must then be the Plan of the target batch) grows the effective batch with the measured noise scale, each
+    phase an exact plan, changing only between steps: ``accumulator.ramp`` says what it wants and did; feed
+    its batches with ``accumulator.ramp.sampler(len(dataset))``. See :mod:`autotune.training.ramp`.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, *,
@@ -83,7 +89,8 @@ class Accumulator:
                  precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
                  process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
                  no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-                 external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True):
+                 external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True,
+                 ramp: ramping.RampConfig | ramping.BatchRamp | None = None):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
         self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
@@ -105,6 +112,12 @@ class Accumulator:
         self._no_sync = no_sync if no_sync is not None else _own_no_sync(model)
         self.skipped_steps = 0
         self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
+        self.ramp = ramping.bind(ramp, schedule, self)
+
+    def reschedule(self, schedule: Any) -> None:
+        """Split the next batches by ``schedule`` (a Plan, or this rank's micro-batch sizes): between steps only."""
+        self.sizes = _sizes_for(schedule, self.rank)
+        self.largest = max(self.sizes)
 
     # -- the pieces a step is made of --------------------------------------------------
 
@@ -204,6 +217,8 @@ class Accumulator:
 
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
+        if self.ramp is not None:
+            ramping.begin(self, batch_size(batch))
         out = self.backward(batch)
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -215,6 +230,8 @@ class Accumulator:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ramp is not None:
+            self.ramp.end_step(self.noise_scale)
         return out
 
     def __call__(self, batch: Any) -> float:

@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from ..results.noise import NoiseScaleEstimate, NoiseStep
+from ..results.noise import NoiseScaleEstimate, NoiseStep, ratio_interval
 from ..workload.bookkeeping import PENDING_LIMIT, PENDING_VALUES, noise_buffer
 
 BETA = 0.99  # EMA decay: the estimate leans on about the last 100 steps
@@ -167,19 +167,9 @@ class SmoothedNoiseScale:
         c = 1 - self.beta ** t
         sw2 = (1 - self.beta) * (1 + self.beta ** t) / ((1 + self.beta) * c)  # Σ w_t² of the normalised weights
         x, y, xx, yy, xy = (e / c for e in self._ema)
-        if x <= 0:
-            return None, None
         v = sw2 / (1 - sw2)
-        vxx, vyy, vxy = v * max(xx - x * x, 0.0), v * max(yy - y * y, 0.0), v * (xy - x * y)
-        q2 = _t975(1.0 / sw2 - 1.0) ** 2
-        a, b, cc = x * x - q2 * vxx, x * y - q2 * vxy, y * y - q2 * vyy
-        if a <= 0:
-            return None, None  # tr(Σ) itself not distinguishable from 0
-        root = math.sqrt(max(b * b - a * cc, 0.0))
-        rho_lo, rho_hi = (b - root) / a, (b + root) / a
-        if rho_hi <= 0:
-            return None, None
-        return 1.0 / rho_hi, (1.0 / rho_lo if rho_lo > 0 else math.inf)
+        return ratio_interval(x, y, v * max(xx - x * x, 0.0), v * max(yy - y * y, 0.0), v * (xy - x * y),
+                              1.0 / sw2 - 1.0)
 
     def _mean(self, j: int) -> float | None:
         return self._ema[j] / (1 - self.beta ** self.steps) if self.steps else None
@@ -333,6 +323,11 @@ class GradientNoiseScale:
         self._flush()
         return list(self._history)
 
+    def since(self, start: int) -> list[NoiseStep]:
+        """The counted steps from the ``start``-th on (``history[start:]`` without copying the rest)."""
+        self._flush()
+        return self._history[start:]
+
     @property
     def steps(self) -> int:
         """Optimizer steps the estimate rests on."""
@@ -475,14 +470,3 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     if grad.is_sparse:
         return grad.coalesce()._values()
     return grad.to_local() if hasattr(grad, "to_local") else grad
-
-
-def _t975(df: float) -> float:
-    """Student's t 97.5% quantile for ``df`` degrees of freedom, rounded down to a tabulated df (conservative)."""
-    table = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36), (8, 2.31), (9, 2.26),
-             (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (30, 2.04), (60, 2.00), (120, 1.98))
-    q = table[0][1]
-    for d, value in table:
-        if df >= d:
-            q = value
-    return q if df < 1000 else 1.96

@@ -24,24 +24,28 @@ from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, DoesNotFit, WorkloadError
 from ..results.noise import NoiseScaleEstimate
+from ..results.ramp import BatchPhase, RampConfig, batch_per_step
 from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
+from .ramp_checks import gradients_check, schedule_check
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
              precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
-) -> RunResult:
+             ramp: RampConfig | None = None) -> RunResult:
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
 
     Inside a process group (torchrun), this rank trains its share of every
     effective batch in DistributedDataParallel, or sharded by ``fully_shard``
     for a plan made for FSDP; the checks then also count the gradient
     all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
+    ``ramp``: grow the effective batch toward the plan's target with the measured noise scale
+    (:mod:`autotune.training.ramp`); every phase is verified like the plan.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -50,7 +54,6 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
                             f"or plan for world_size={world}")
     sizes = list(plan.schedule[rank])
-    per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
     usable = plan.probe.usable_bytes if plan.probe is not None else \
         options.usable_bytes(device.capacity_bytes(), options.MARGIN)
@@ -81,6 +84,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
         in_sync: list[bool] = []
         skipped = [0]
         noise: list[NoiseScaleEstimate] = []
+        phases: list[BatchPhase] = []
+        wanted: list[int] = []  # this rank's samples per step: the plan's, or its ramp phase's
 
         def work(session: Session) -> None:
             if fsdp:
@@ -94,12 +99,16 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             counter: Any = None
             if ddp:
                 counter = sharded.ReduceScatterCounter(trained) if fsdp else distributed.RoundCounter(trained)
-            acc = Accumulator(trained, opt, sizes, loss=workload.loss, items=workload.items, move=session.move,
-                                  max_norm=max_norm, precision=precision)
+            acc = Accumulator(trained, opt, plan if ramp is not None else sizes, loss=workload.loss,
+                              items=workload.items, move=session.move, max_norm=max_norm, precision=precision,
+                              ramp=ramp)
             for step in range(steps):
                 where.now = f"at step {step + 1} of {steps} of the run"
+                now = plan if acc.ramp is None else acc.ramp.plan_for(acc.ramp.effective_batch)
                 with session.tracker.paused():
-                    batch = share(workload.make_batch(plan.target_batch, data), start, per_rank)
+                    wanted.append(now.per_rank_batch[rank])
+                    batch = share(workload.make_batch(now.target_batch, data),
+                                  distributed.rank_offsets(now.per_rank_batch)[rank], wanted[-1])
                     expected_items.append(workload.count_items(batch))
                 begin = time.perf_counter()
                 out = acc.step(batch)
@@ -117,16 +126,23 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             if acc.noise_scale is not None:
                 noise.append(acc.noise_scale.estimate(unit="samples" if workload.items is None else "items"))
                 acc.noise_scale.close()
+            if acc.ramp is not None:
+                phases.extend(acc.ramp.phases)
+                acc.ramp.detach()
 
         _, measured = device.measure(work)
+        if verify and phases:
+            where.now = "while verifying the gradient of each phase of the batch ramp"
+            checks += _ramp_checks(plan, phases, host_model, workload, device, max_norm, precision, wrap, seed)
 
     predicted = plan.predicted_peak_bytes
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
-    checks.append(count_check(consumed, per_rank, expected_items))
+    checks.append(count_check(consumed, wanted, expected_items))
     if ddp:
         checks += [rounds_check(rounds, collective="reduce-scatter" if fsdp else "all-reduce"), sync_check(in_sync)]
-    timed = seconds[1:] if len(seconds) > 1 else seconds
-    per_step = sum(timed) / len(timed)
+    timed = slice(1, None) if len(seconds) > 1 else slice(None)
+    per_step = sum(seconds[timed]) / len(seconds[timed])
+    effective = batch_per_step(phases, len(seconds)) if phases else [plan.target_batch] * len(seconds)
     verification = None
     if verify:
         grad = next((c for c in checks if c.name == "gradient_equivalence"), None)
@@ -149,12 +165,12 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     return RunResult(
         plan=plan, workload=workload.name, device=described, precision=precision,
         losses=tuple(losses), step_seconds=tuple(seconds),
-        samples_per_s=plan.target_batch / per_step,
+        samples_per_s=sum(effective[timed]) / sum(seconds[timed]),
         items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
         skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
         noise_scale=noise[0] if noise else None,
-        allocated_peak_bytes=measured.tracked_peak_bytes,
+        allocated_peak_bytes=measured.tracked_peak_bytes, ramp=ramp, batch_schedule=tuple(phases),
     )
 
 
@@ -191,6 +207,23 @@ class _Where:
 def share(batch: Any, start: int, size: int) -> Any:
     """This rank's samples of a global effective batch."""
     return tree_map(lambda t: t[start:start + size] if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+
+
+def _ramp_checks(plan, phases: list[BatchPhase], host_model, workload: Workload, device: Device, max_norm,
+                 precision, wrap, seed: int) -> list[Check]:
+    """The ramp's schedule within the plan, and each phase's gradient check on one batch of its size (this rank's
+    share against all samples, as for the plan)."""
+    rank = distributed.rank()
+
+    def phase_gradient(phase: BatchPhase) -> Check:
+        first = workload.make_batch(phase.effective_batch, torch.Generator().manual_seed(seed))
+        own = distributed.rank_offsets(tuple(map(sum, phase.schedule)))[rank]
+        return _gradient(host_model, list(phase.schedule[rank]), first, own, workload, device, max_norm, precision,
+                         wrap)
+
+    checks = [schedule_check(plan, phases), gradients_check(phases, phase_gradient)]
+    log.progress(checks[-1].message)
+    return checks
 
 
 def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,

@@ -216,18 +216,21 @@ def memory_check(peak: int, usable: int, predicted: int | None) -> Check:
                  details={"predicted_bytes": predicted, "ratio": ratio})
 
 
-def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int,
+def count_check(consumed: Sequence[tuple[int, int]], expected_samples: int | Sequence[int],
                 expected_items: Sequence[int]) -> Check:
-    """Every step fed exactly the plan's samples, and exactly the items its effective batch holds."""
-    bad = [(i, s, n, want) for i, ((s, n), want) in enumerate(zip(consumed, expected_items))
-           if s != expected_samples or n != want]
+    """Every step fed exactly the plan's samples (``expected_samples``: per step, when a ramp changes them), and
+    exactly the items its effective batch holds."""
+    samples = [expected_samples] * len(consumed) if isinstance(expected_samples, int) else list(expected_samples)
+    bad = [(i, s, n, want, wanted) for i, ((s, n), want, wanted) in enumerate(zip(consumed, expected_items, samples))
+           if s != wanted or n != want]
     steps = len(consumed)
     if not bad:
-        return Check(name="count", passed=True, value=steps, limit=steps,
-                     message=f"all {plural(steps, 'step')} consumed exactly {plural(expected_samples, 'sample')} "
-                             "and their items")
-    i, s, n, want = bad[0]
+        text = (f"all {plural(steps, 'step')} consumed exactly {plural(samples[0] if samples else 0, 'sample')} "
+                "and their items" if len(set(samples)) <= 1 else
+                f"each of the {plural(steps, 'step')} consumed exactly the samples of its phase and their items")
+        return Check(name="count", passed=True, value=steps, limit=steps, message=text)
+    i, s, n, want, wanted = bad[0]
     return Check(name="count", passed=False, value=steps - len(bad), limit=steps,
-                 message=f"step {i + 1} consumed {s} samples / {n} items, expected {expected_samples} samples / "
+                 message=f"step {i + 1} consumed {s} samples / {n} items, expected {wanted} samples / "
                          f"{want} items: a sample was dropped or counted twice ({len(bad)} of {steps} steps wrong)")
 

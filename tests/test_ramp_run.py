@@ -1,0 +1,135 @@
+"""A run with a batch ramp: each phase verified, the planted faults each check exists for caught, the record
+written and read back, the command line's flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import autotune
+from autotune.devices import get_device
+from autotune.planning.planner import make_plan
+from autotune.results.run import RunResult
+from autotune.training import ramp as running
+from autotune.training import runner
+from autotune.training.runner import run_plan
+from autotune.workload import Workload
+
+from .test_verify import DropsASample, NaiveOneOverK
+
+D = 8
+FAST = autotune.RampConfig(min_steps=3, window=10)
+
+
+def regression(noise: float) -> Workload:
+    """y = x.w* + noise eps from a model far away (w = 3): the noise scale D + 1 + (D + 1) |w - w*|^2 ... grows
+    as the model closes in; with a large noise it is far above the start at once."""
+
+    def model() -> nn.Module:
+        m = nn.Linear(D, 1, bias=False)
+        nn.init.constant_(m.weight, 3.0)
+        return m
+
+    def batch(n: int, g: torch.Generator):
+        x = torch.randn(n, D, generator=g)
+        return x, noise * torch.randn(n, generator=g)
+
+    return Workload(name="regression", model=model, batch=batch,
+                    loss=lambda m, b: 0.5 * (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
+                    optimizer=lambda params: torch.optim.SGD(params, lr=0.05))
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_device("cpu", memory_budget=512 * 2**20)
+
+
+PLAN = make_plan(60, 8)  # 60 = 4 x 7 + 4 x 8 over 8 steps x 1 rank; the ramp starts at 9
+
+
+@pytest.mark.slow
+def test_a_ramped_run_verifies_every_phase(cpu):
+    result = run_plan(PLAN, regression(100.0), cpu, steps=30, ramp=FAST)
+    sizes = [p.effective_batch for p in result.batch_schedule]
+    assert sizes[0] == 9 and sizes[-1] == 60 and sizes == sorted(sizes) and len(sizes) >= 3
+    assert result.passed, [c.message for c in result.verification.failed]
+    names = [c.name for c in result.verification.checks]
+    assert {"gradient_equivalence", "batch_schedule", "phase_gradients", "count", "memory"} <= set(names)
+    phases = result.verification.check("phase_gradients").details["phases"]
+    assert [p["effective_batch"] for p in phases] == sizes and all(p["relative_error"] < 1e-5 for p in phases)
+    assert result.samples_per_s > 0 and result.ramp == FAST
+
+
+def test_the_record_reads_back_from_its_own_json(cpu):
+    result = run_plan(PLAN, regression(30.0), cpu, steps=8, ramp=FAST, verify=False)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert [set(p) >= {"first_step", "effective_batch", "b_simple", "lr_scale"} for p in data["batch_schedule"]]
+    assert data["batch_schedule"][0]["first_step"] == 0 and len(data["losses"]) == 8
+    again = RunResult.from_dict(data)
+    assert again == result and again.to_dict() == result.to_dict()
+    assert "batch ramp: 9 (step 1, lr x" in result.summary()
+
+
+def grows_past_the_target(current, *, target, **kwargs):
+    return 2 * target
+
+
+def ignores_memory(batch, base):
+    return make_plan(batch, 2 * base.max_micro_batch) if batch != base.target_batch else base
+
+
+def grows_on_any_reading(current, *, target, steps_in_phase, config, **kwargs):
+    return min(target, 2 * current) if steps_in_phase >= config.min_steps else current
+
+
+@pytest.mark.parametrize("where,fault,noise,failing", [
+    (running, ("next_batch", grows_past_the_target), 30.0, {"batch_schedule"}),
+    (running, ("phase_plan", ignores_memory), 30.0, {"batch_schedule"}),
+    (running, ("next_batch", grows_on_any_reading), 0.0, {"batch_schedule"}),  # noise scale ~9: readings below 18
+    (runner, ("Accumulator", NaiveOneOverK), 30.0, {"gradient_equivalence", "phase_gradients"}),
+    (runner, ("Accumulator", DropsASample), 30.0, {"gradient_equivalence", "phase_gradients", "count"}),
+])
+def test_planted_faults_fail_the_run(cpu, monkeypatch, where, fault, noise, failing):
+    monkeypatch.setattr(where, *fault)
+    result = run_plan(PLAN, regression(noise), cpu, steps=10, ramp=FAST)
+    assert not result.passed
+    assert {c.name for c in result.verification.failed} == failing
+
+
+def test_without_a_fault_a_quiet_noise_scale_keeps_the_start(cpu):
+    result = run_plan(PLAN, regression(0.0), cpu, steps=10, ramp=FAST)
+    assert result.passed and [p.effective_batch for p in result.batch_schedule][:1] == [9]
+
+
+def test_the_command_line_ramps_and_writes_the_record(tmp_path, capsys):
+    from autotune.cli import main
+
+    out = tmp_path / "run.json"
+    code = main(["run", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", "--memory-budget", "2.6MB",
+                 "--steps", "3", "--ramp", "--ramp-from", "32", "--lr-scaling", "sqrt", "--output", str(out), "-q"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["ramp"]["start"] == 32 and data["ramp"]["lr_scaling"] == "sqrt"
+    assert data["batch_schedule"][0] == {**data["batch_schedule"][0], "first_step": 0, "effective_batch": 32,
+                                         "lr_scale": pytest.approx(0.5 ** 0.5)}
+    assert "batch ramp: 32 (step 1, lr x0.71)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--ramp-from", "8"], "--ramp-from is for a batch ramp: add --ramp"),
+    (["--lr-scaling", "linear"], "--lr-scaling is for a batch ramp: add --ramp"),
+    (["--ramp", "--ramp-from", "100"], "ramp start 100 is above the target batch 64"),
+    (["--ramp", "--lr-scaling", "cubic"], "invalid choice: 'cubic'"),
+])
+def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, words, capsys):
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        code = main(["run", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", *argv])
+        raise SystemExit(code)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "probing" not in err
