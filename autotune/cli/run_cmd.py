@@ -90,7 +90,7 @@ def _run(args, *, lead: bool) -> int:
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
-                          parallel=args.parallel, store=args.store)
+                          parallel=args.parallel, store=args.store, uniform_ranks=args.uniform_ranks)
     if not lead:
         return 0 if result.passed else 1  # rank 0 speaks for every rank; the verdict is shared
     text = dumps(result.to_dict())

@@ -13,7 +13,10 @@ the module, its hparams or the datamodule, as Lightning's tuner does) and
 ``trainer.accumulate_grad_batches`` so that ``batch_size x k x world size ==
 target``, with equal micro-batches of at least about half the largest that
 fits (Lightning averages each micro-batch's loss with the same weight), and the
-train dataloader is rebuilt with the new size.
+train dataloader is rebuilt with the new size. Lightning takes one batch size
+for every rank, so ranks that differ all run the smallest rank's
+(``uniform_ranks``); :func:`accumulator` with a :class:`autotune.PlanSampler`
+runs a plan that gives each rank its own.
 
 :func:`accumulator` is for manual optimization: an Accumulator wired to
 ``manual_backward`` (the Trainer's precision and DDP's reducer) and to the
@@ -92,7 +95,7 @@ class AutotuneBatchSize(Callback):
         device = self.device if self.device is not None else str(trainer.strategy.root_device)
         try:
             plan = api.plan(self.target_batch, workload=workload, device=device, memory_budget=self.memory_budget,
-                            margin=self.margin, world_size=trainer.world_size, uniform=True)
+                            margin=self.margin, world_size=trainer.world_size, uniform=True, uniform_ranks=True)
         except NoUniformPlan as exc:
             raise no_equal_split(exc, "lightning", target_name="target_batch") from None
         plan = short_dataset(plan, getattr(loaders, "dataset", None), "Lightning", warn=trainer.is_global_zero)
@@ -152,7 +155,8 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
     ``max_norm`` clips with ``module.clip_gradients`` (which unscales first). ``optimizer``: the
     LightningOptimizer ``self.optimizers()`` returns, whose ``step`` the Trainer counts. Supports one
     process and DDP; batches are the loader's (plan.per_rank_batch[rank] samples each for an exact
-    target, e.g. from :class:`autotune.PlanSampler`).
+    target, e.g. from :class:`autotune.PlanSampler`), so a plan for ranks that differ runs too: each
+    rank its own micro-batches and micro-steps.
     """
     if module.automatic_optimization:
         raise BadInput("accumulator is for manual optimization: set self.automatic_optimization = False in the "

@@ -8,16 +8,17 @@
 Frameworks run equal micro-batches, so only a uniform plan exports: an uneven
 one would give ``micro_batch x k x W`` samples per optimizer step instead of the
 target, and they take one per-device batch size, so a plan that gives ranks that
-differ their own (``mixed``) does not export either. :func:`no_equal_split` says, in a caller's own terms, which targets near
-an unsplittable one do split. No torch here.
+differ their own (``mixed``) does not export either. :func:`no_equal_split` says,
+in a caller's own terms, which targets near an unsplittable one do split. No torch here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import BadInput, NoUniformPlan, PlanError
+from ..errors import BadInput, NoUniformPlan, PlanError, RanksDiffer
 from ..results.plan import Plan
+from .mixed import ranks_differ_error
 from .planner import uniform_options, uniform_range
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
@@ -61,6 +62,15 @@ def export(plan: Plan, fmt: str) -> dict[str, Any]:
                         f"plan again with uniform=True, or run it with autotune's runner or Accumulator, which "
                         "weight uneven micro-batches exactly")
     return _settings(plan, fmt)
+
+
+def ranks_differ(error: RanksDiffer, fmt: str) -> PlanError:
+    """``error`` (equal micro-batches asked for on ranks that differ) in the command line's terms: a framework's
+    one per-device batch size, or ``--uniform``; the fix is ``--uniform-ranks``."""
+    asked = (f"{NAMES[fmt]} takes one per-device batch size" if fmt in NAMES else
+             "--uniform asks for equal micro-batches on every rank")
+    return ranks_differ_error(error.maxima, asked, fix="--uniform-ranks",
+                              drop=f"drop --format {fmt}" if fmt in NAMES else "drop --uniform")
 
 
 def no_equal_split(error: NoUniformPlan, fmt: str, *, target_name: str = "target",

@@ -99,15 +99,15 @@ def least_time(units: int, unit_max: Sequence[int], times: Sequence[Fraction]) -
 
     Every ``k_r`` at most ``floor(Z / times[r])`` keeps within ``Z``, so ``Z`` is the least point ``k x times[r]``
     at which those counts hold the units. Exact: fractions throughout."""
-    rate = sum(Fraction(u) / s for u, s in zip(unit_max, times))
+    rate = sum((Fraction(u) / s for u, s in zip(unit_max, times)), Fraction(0))
 
     def held(z: Fraction) -> int:
         return sum(int(z // s) * u for s, u in zip(times, unit_max))
 
-    lo = max(max(times), units / rate)  # no point below holds the units (nor runs every rank once)
+    lo: Fraction = max(max(times), units / rate)  # no point below holds the units (nor runs every rank once)
     if held(lo) >= units:
         return lo  # then lo is such a point itself
-    hi = max(max(times), (units + sum(unit_max)) / rate)  # held(hi) >= hi x rate - sum(unit_max) >= units
+    hi: Fraction = max(max(times), (units + sum(unit_max)) / rate)  # held(hi) >= hi x rate - sum(unit_max) >= units
 
     def points_between(a: Fraction, b: Fraction) -> int:
         return sum(int(b // s) - int(a // s) for s in times)
@@ -219,7 +219,8 @@ def differ(ranks: Sequence[RankShare]) -> bool:
 
 def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform_ranks=True",
                        drop: str = "drop uniform") -> RanksDiffer:
-    """The error for equal micro-batches (``asked``) on ranks that differ, naming ``fix`` for the smallest-for-all plan."""
+    """The error for equal micro-batches (``asked``) on ranks that differ, naming ``fix`` for the smallest-for-all
+    plan."""
     shown = ", ".join(map(str, maxima[:8])) + (", ..." if len(maxima) > 8 else "")
     return RanksDiffer(f"{asked}, but the ranks differ (max micro-batch per rank: {shown}): pass {fix} for the "
                        f"smallest-for-all plan (every rank at most {min(maxima)}), or {drop} for a plan that gives "

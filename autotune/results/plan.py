@@ -108,7 +108,8 @@ class Plan:
         assert self.mixed is not None
         if min(lengths) < 1 or max(lengths) != self.accumulation_steps:
             raise ValueError(f"every rank must run at least 1 and at most accumulation_steps="
-                             f"{self.accumulation_steps} micro-steps, the most of them that many; got {sorted(lengths)}")
+                             f"{self.accumulation_steps} micro-steps, the most of them that many; "
+                             f"got {sorted(lengths)}")
         if len(self.mixed.ranks) != self.world_size:
             raise ValueError(f"mixed has {len(self.mixed.ranks)} ranks, world_size is {self.world_size}")
         for r, (row, share) in enumerate(zip(schedule, self.mixed.ranks)):

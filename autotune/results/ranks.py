@@ -42,7 +42,8 @@ class RankShare:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"rank {name} must be an integer of at least 1, got {value!r}")
         t = self.seconds_per_sample
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t))):
+        number = isinstance(t, (int, float)) and not isinstance(t, bool)
+        if t is not None and not (number and t > 0 and math.isfinite(t)):
             raise ValueError(f"seconds_per_sample must be a positive number or None, got {t!r}")
         if (t is None) != (self.timed_by is None) or (self.timed_by is not None and self.timed_by not in TIMED_BY):
             raise ValueError(f"timed_by must be one of {TIMED_BY} with a time per sample, None without; got "

@@ -12,8 +12,10 @@ accumulated gradient is the gradient of the mean over all ``N`` items, exactly,
 whatever the micro-batch sizes and however many tokens each one holds. Under
 DDP, micro-steps 1..k-1 run in ``no_sync()``, ``N`` is summed over ranks before
 the first backward, and the weight carries the world size to undo DDP's
-averaging. Clipping and GradScaler's unscale happen once, after the last
-micro-step.
+averaging. Ranks may run different numbers of micro-steps (a plan for ranks that
+differ): each runs exactly one synchronising backward per optimizer step, its
+last, which meets the others' last. Clipping and GradScaler's unscale happen
+once, after the last micro-step.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Accumulator:
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
         self._no_sync = no_sync if no_sync is not None else _own_no_sync(model)
+        self.in_step = _sharded(model)  # FSDP gathers parameters in every micro-step, on all ranks together
         self.skipped_steps = 0
         self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
 
@@ -115,11 +118,14 @@ class Accumulator:
 
     def sizes_for(self, samples: int) -> list[int]:
         """Micro-batch sizes for a batch of ``samples``: the schedule when it is the schedule's
-        total, else the fewest of at most the largest planned size, as even as possible."""
+        total, else the fewest of at most the largest planned size, as even as possible. Under DDP
+        a rank keeps its own schedule however many micro-steps the others run (only the last one
+        synchronises); ranks whose every micro-step meets the others' (FSDP) run as many as the most."""
         planned = samples == sum(self.sizes)
         steps = len(self.sizes) if planned else -(-samples // self.largest)
         if self.world_size > 1:
-            steps = self._most_steps(steps)
+            most = self._most_steps(steps)  # every rank asks, planned or not: the ranks' collectives stay paired
+            steps = steps if planned and not self.in_step else most
         if planned and steps == len(self.sizes):
             return list(self.sizes)
         if samples < 1:

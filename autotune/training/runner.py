@@ -42,6 +42,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     effective batch in DistributedDataParallel, or sharded by ``fully_shard``
     for a plan made for FSDP; the checks then also count the gradient
     all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
+    In a plan for ranks that differ, each rank runs its own micro-batches and
+    micro-steps and is held to its own usable memory and predicted peak.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -52,8 +54,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     sizes = list(plan.schedule[rank])
     per_rank = sum(sizes)
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
-    usable = plan.probe.usable_bytes if plan.probe is not None else \
-        options.usable_bytes(device.capacity_bytes(), options.MARGIN)
+    usable = plan.usable_bytes_of(rank) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
     fsdp = plan.parallel == "fsdp"
     scope = contextlib.ExitStack()
     mesh = scope.enter_context(sharded.mesh(device.torch_device)) if fsdp else None
@@ -120,7 +121,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
 
         _, measured = device.measure(work)
 
-    predicted = plan.predicted_peak_bytes
+    predicted = plan.predicted_peak_of(rank)
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
     checks.append(count_check(consumed, per_rank, expected_items))
     if ddp:
