@@ -1,6 +1,7 @@
 """Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end;
-ranks with uneven batches; ranks that differ (each its own micro-batch and micro-steps); the noise scale under DDP and FSDP; FSDP: the estimate from one process, the
-runner's checks, probing with a rank that runs out of memory, and a rank that fails."""
+ranks with uneven batches; ranks that differ (each its own micro-batch and micro-steps); the noise scale under
+DDP and FSDP; FSDP: the estimate from one process, the runner's checks, probing with a rank that runs out of
+memory, and a rank that fails."""
 
 from __future__ import annotations
 

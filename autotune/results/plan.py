@@ -35,7 +35,7 @@ class Plan:
     (``mixed.ranks[r]``). ``micro_batch`` is the largest size in the schedule,
     ``uniform`` True when all sizes are equal.
     ``world_size_source`` says where ``world_size`` came from ("flag",
-    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` is what
+    "WORLD_SIZE", "process group", "the device list", "default", "assumed"). ``tuning`` is what
     the throughput tuner measured, when it chose this plan. ``parallel``: how
     the ranks share the model, "ddp" (each holds all of it) or "fsdp"
     (``fully_shard``; its probe then sharded over exactly ``world_size`` ranks).

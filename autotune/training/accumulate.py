@@ -72,6 +72,12 @@ class Accumulator:
     :mod:`autotune.training.noise`. Pass False to measure nothing (no hooks), or
     a ``GradientNoiseScale`` of your own (e.g. measuring every n-th step).
 
+    A plan for ranks that differ gives this rank its own micro-batches and
+    number of micro-steps (``plan.schedule[rank]``); under DDP it runs them as
+    planned, its last one synchronising with the others' last, and a model
+    sharded by FSDP (whose every micro-step meets the other ranks') runs as
+    many as the rank with the most.
+
     A batch of another size than the schedule's total (the last batch of a
     ``DataLoader`` without ``drop_last``) is split into the fewest micro-batches
     of at most the schedule's largest, as even as possible, and weighted over
