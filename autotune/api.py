@@ -339,8 +339,8 @@ def _plan_mixed(s: _Settings, wl: Workload, devices: dict[int, Device], ranks: t
                                world_size_source=s.source, parallel=s.parallel,
                                peak_of=lambda r, b: peak_at(probes[r], b),
                                notes=(ranks_note([i.name for i in ranks], s.source),))
-    if s.kept is not None:
-        for fp in dict.fromkeys(p.fingerprint for p in probes if distributed.rank() == 0 or p is mine):
+    if s.kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
+        for fp in dict.fromkeys(p.fingerprint for p in probes):
             if fp is not None:
                 s.kept.put_plan(fp, made)
     return made

@@ -8,6 +8,8 @@ import torch.distributed as dist
 
 from autotune import api as pipeline
 from autotune.devices import get_device
+from autotune.planning.mixed import make_mixed_plan
+from autotune.results.ranks import RankShare
 from autotune.training import runner
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
@@ -59,15 +61,25 @@ def verified(plan, workload, device, steps: int, accumulation: type[Accumulator]
     return every
 
 
+def fsdp_plan():
+    """A mixed plan under FSDP, made by hand: ranks of unequal max micro-batches, in step."""
+    shares = [RankShare(device="cpu", max_micro_batch=m, usable_bytes=60 * 2**20) for m in (300, 60)]
+    return make_mixed_plan(500, shares, parallel="fsdp")
+
+
 def case() -> dict:
-    """The mixed plan, and every rank's checks for the correct accumulation and each planted fault."""
+    """The mixed plan, and every rank's checks for the correct accumulation and each planted fault; a mixed plan
+    under FSDP."""
     mlp = load_workload("mlp")
     plan = pipeline.plan(TARGET, workload=mlp, device="cpu", memory_budget=",".join(BUDGETS))
     device = get_device("cpu", memory_budget=plan.budget_bytes_of(dist.get_rank()))
+    sharded = fsdp_plan()
     return {
         "schedule": [list(r) for r in plan.schedule],
         "mixed": plan.mixed.to_dict() if plan.mixed is not None else None,
         "correct": verified(plan, mlp, device, 2, Accumulator),
         "local_items": verified(plan, mlp, device, 1, LocalItems),
         "skips_its_sync": verified(plan, mlp, device, 1, SkipsItsSync),
+        "fsdp_schedule": [list(r) for r in sharded.schedule],
+        "fsdp": verified(sharded, mlp, get_device("cpu", memory_budget=64 * 2**20), 1, Accumulator),
     }

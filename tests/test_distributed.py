@@ -96,6 +96,17 @@ def test_ranks_with_their_own_budgets_train_their_own_shares_exactly(cases):
 
 
 @pytest.mark.slow
+def test_ranks_that_differ_run_in_step_under_fsdp_with_the_exact_gradient(cases):
+    out = cases["mixed_ranks"]
+    schedule = out["fsdp_schedule"]
+    assert len(schedule[0]) == len(schedule[1]) and sum(schedule[0]) > sum(schedule[1])  # in step, own sizes
+    assert sum(map(sum, schedule)) == 500
+    for checks in out["fsdp"]:
+        assert checks["passed"], checks
+        assert checks["gradient_equivalence"]["value"] <= 1e-5 and checks["reduce_scatter_rounds"]["value"] == 1
+
+
+@pytest.mark.slow
 def test_planted_faults_of_ranks_that_differ_are_caught(cases):
     out = cases["mixed_ranks"]
     for rank, checks in enumerate(out["local_items"]):  # rank 1 weights by its own items
