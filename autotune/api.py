@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -20,6 +20,7 @@ from .devices import Device, get_device
 from .errors import BadInput
 from .probing import finder
 from .probing.fsdp import FsdpRule
+from .results.device import DeviceInfo
 from .results.probe import ProbeResult
 from .training import distributed
 from .units import plural
@@ -41,9 +42,10 @@ STORE_VARIABLE = "AUTOTUNE_STORE"
 def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[Workload, Device]:
     """Turn names into objects; device errors come before the workload is built.
 
-    Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU.
+    Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU, and a device or a
+    memory budget given once per rank (``"cpu"`` and ``"8MiB,3MiB"``) is this rank's.
     """
-    budget = options.memory_budget(memory_budget)
+    device, budget = _this_rank(device, memory_budget)
     if device == "auto" and distributed.active():
         device = distributed.local_device_name()
     if isinstance(device, str):
@@ -57,6 +59,24 @@ def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[W
                        "'mlp', a .py file, or package.module[:function])")
     wl = workload if isinstance(workload, Workload) else load_workload(workload)
     return wl, dev
+
+
+def _this_rank(device: Device | str, memory_budget: Any) -> tuple[Device | str, int | None]:
+    """The device and budget of this process: under torchrun, its rank's item of a per-rank list."""
+    devices = options.per_rank(device, "device") if isinstance(device, (str, list, tuple)) else (device,)
+    budgets = options.memory_budgets(memory_budget)
+    listed = max(len(devices), len(budgets))
+    if listed == 1:
+        return devices[0], budgets[0]
+    if not distributed.active():
+        raise BadInput(f"a device or memory_budget per rank ({listed} given) is for a plan of several ranks, or for "
+                       "each rank of a torchrun job: plan with it, or launch that many processes")
+    rank, world = distributed.rank(), distributed.world_size()
+    for name, values in (("device", devices), ("memory_budget", budgets)):
+        if len(values) not in (1, world):
+            raise BadInput(f"{name} lists {len(values)} values for the {plural(world, 'rank')} running: give one, or "
+                           f"one per rank")
+    return devices[rank % len(devices)], budgets[rank % len(budgets)]
 
 
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
@@ -101,25 +121,15 @@ def _probe(workload: Spec, *, device: Device | str, memory_budget: int | str | N
     world, _ = _world_size(world_size, None)
     kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
-    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
-                 (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
-    sharding = FsdpRule(world, distributed.rank()) if parallel == "fsdp" else None
-    if sharding is not None:
-        data_parallel = False
-    elif data_parallel is None:
+    if data_parallel is None:
         data_parallel = distributed.active() or (world_size or 1) > 1
-    rule: dict[str, Any] = {"data_parallel": bool(data_parallel)} if sharding is None else {"sharding": sharding}
+    ranks = _devices_if_they_differ([dev.describe()]) if distributed.active() else None
     if memory_snapshot and not dev.estimated and dev.torch_device.type == "cuda":
         from .devices.history import RecordingDevice
 
         dev = RecordingDevice(dev)  # the confirm run records the GPU allocator's history
-    if kept is None:
-        result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
-    else:
-        from .store import cached
-
-        result = cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
-                              parallel=parallel)
+    result = _probe_here(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel,
+                         parallel=parallel, world=world, rank=distributed.rank(), kept=kept, ranks=ranks)
     if distributed.active():
         result = agree_across_ranks(result)
     result = replace(result, source=_source(workload))
@@ -127,7 +137,8 @@ def _probe(workload: Spec, *, device: Device | str, memory_budget: int | str | N
         from .probing.memory import explain
 
         batch = at(result) if callable(at) else at
-        result = replace(result, memory=explain(result, wl, dev, batch=batch, path=path, rule=rule))
+        result = replace(result, memory=explain(result, wl, dev, batch=batch, path=path,
+                                                rule=_rule(parallel, world, distributed.rank(), data_parallel)))
     return result
 
 
@@ -145,6 +156,37 @@ def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, 
     """
     return probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
                  parallel=parallel, world_size=world_size, memory_snapshot=path if path is not None else True, at=at)
+
+
+def _rule(parallel: str, world: int, rank: int, data_parallel: bool) -> dict[str, Any]:
+    """How the fit rule runs: FSDP's sharding over ``world`` as ``rank``, else whether DDP's buckets are held."""
+    if parallel == "fsdp":
+        return {"sharding": FsdpRule(world, rank)}
+    return {"data_parallel": bool(data_parallel)}
+
+
+def _probe_here(wl: Workload, dev: Device, *, margin: float, max_batch: int, data_parallel: bool, parallel: str,
+                world: int, rank: int, kept: Store | None, ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
+    """One device's probe, through the store when there is one, as rank ``rank`` of ``world`` (an FSDP probe
+    shards over them); ``ranks``: every rank's device, when they differ (the store's fingerprint covers them)."""
+    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
+                 (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
+    rule = _rule(parallel, world, rank, data_parallel)
+    if kept is None:
+        return finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
+    from .store import cached
+
+    return cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
+                        parallel=parallel, ranks=ranks)
+
+
+def _devices_if_they_differ(mine: list[DeviceInfo]) -> tuple[DeviceInfo, ...] | None:
+    """Every rank's device (gathered under torchrun; ``mine`` lists them all otherwise), or None when they are
+    alike (their kind, GPU model and capacity)."""
+    from .training.ranks import gather_objects, rank_key
+
+    infos = [i for got in gather_objects(mine) for i in got] if distributed.active() else mine
+    return tuple(infos) if len({rank_key(i) for i in infos}) > 1 else None
 
 
 def _open_store(store: StoreSpec) -> Store | None:
@@ -193,7 +235,7 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
-         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None,
+         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
@@ -209,8 +251,16 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
+
+    Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
+    (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
+    ``"8MiB,3MiB"`` or lists; the world size is how many), and under torchrun every rank probes its
+    own device. When the ranks differ (kind, GPU model or usable memory), each gets its own
+    micro-batch and micro-steps (:func:`autotune.planning.mixed.make_mixed_plan`), balanced by time
+    per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
+    name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
     """
-    from .planning.planner import UNIFORM, check_plan, make_plan
+    from .planning.planner import UNIFORM, check_plan
 
     target_batch = options.whole(target_batch, "target_batch", example="1024")
     margin = options.margin(margin)
@@ -221,54 +271,167 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
         world_size = options.whole(world_size, "world_size")
     if uniform not in UNIFORM:
         raise BadInput(f"uniform {uniform!r} must be True, False, None or 'force'")
-    world, source = _world_size(world_size, env)
+    devices = options.per_rank(device, "device") if isinstance(device, (str, list, tuple)) else (device,)
+    budgets = options.memory_budgets(memory_budget)
+    world, source = _world_size(world_size, env, _listed(devices, budgets))
     # Reject a target that can never be planned, or a storage that cannot open, before a probe.
     check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
     if not tune and (storage is not None or study_name is not None):
         raise BadInput("storage and study_name are for tune=True: pass tune=True, or leave them out")
-    per_rank = math.ceil(target_batch / world)
     if tune and parallel == "fsdp":
         raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
     if memory_snapshot and tune:
         raise BadInput("memory_snapshot is for plans made without tune=True: drop one of them")
-
+    if memory_snapshot and _listed(devices, budgets) is not None:
+        raise BadInput("memory_snapshot is for one device: drop the device or memory_budget per rank, or the snapshot")
     kept = _open_store(store)
+    settings = _Settings(target=target_batch, margin=margin, multiple_of=multiple_of, uniform=uniform,
+                         parallel=parallel, world=world, source=source, kept=kept, uniform_ranks=bool(uniform_ranks),
+                         snapshot=memory_snapshot, at=at)
     if tune:
-        from .training.study import check_storage
-        from .training.tune import tune as run_tune
+        if len(devices) > 1 or len(budgets) > 1:
+            raise BadInput("tuning times one device: tune without a device or memory_budget per rank")
+        return _tuned(settings, workload, device, memory_budget, trials, storage, study_name)
+    if not distributed.active() and len(devices) == len(budgets) == 1:
+        return _plan_alike(settings, workload, device, memory_budget)
+    wl = workload if isinstance(workload, Workload) else load_workload(workload)
+    if distributed.active():
+        wl, dev = resolve(wl, device, memory_budget)
+        ranks = _devices_if_they_differ([dev.describe()])
+        if ranks is None or settings.uniform_ranks:
+            return _plan_alike(settings, wl, dev, None, source=_source(workload))
+        return _plan_mixed(settings, wl, {distributed.rank(): dev}, ranks, _source(workload))
+    per_rank = {r: resolve(wl, devices[r % len(devices)], budgets[r % len(budgets)])[1] for r in range(world)}
+    ranks = _devices_if_they_differ([d.describe() for d in per_rank.values()])
+    if ranks is None:
+        return _plan_alike(settings, wl, per_rank[0], None, source=_source(workload))
+    return _plan_mixed(settings, wl, per_rank, ranks, _source(workload))
 
-        check_storage(storage)
-        if distributed.active():
-            raise BadInput("tuning times one process: tune without torchrun, with "
-                           f"world_size={world}")
-        wl, dev = resolve(workload, device, memory_budget)
-        if kept is not None:
-            log.progress("the plan store is not used with tune=True: tuning measures throughput here")
-        tuned = run_tune(wl, dev, target_batch, world_size=world, multiple_of=multiple_of, uniform=uniform,
-                         margin=margin, trials=trials, storage=storage, study_name=study_name,
-                         world_size_source=source)
-        assert tuned.probe is not None
-        return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
-                       notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every way of planning takes, checked once by :func:`plan`."""
+
+    target: int
+    margin: float
+    multiple_of: int
+    uniform: Uniform
+    parallel: str
+    world: int
+    source: str
+    kept: Store | None
+    uniform_ranks: bool
+    snapshot: str | os.PathLike[str] | bool | None = None
+    at: int | None = None
+
+
+def _tuned(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, trials: int,
+           storage: str | None, study_name: str | None) -> Plan:
+    from .training.study import check_storage
+    from .training.tune import tune as run_tune
+
+    check_storage(storage)
+    if distributed.active():
+        raise BadInput(f"tuning times one process: tune without torchrun, with world_size={s.world}")
+    wl, dev = resolve(workload, device, memory_budget)
+    if s.kept is not None:
+        log.progress("the plan store is not used with tune=True: tuning measures throughput here")
+    tuned = run_tune(wl, dev, s.target, world_size=s.world, multiple_of=s.multiple_of, uniform=s.uniform,
+                     margin=s.margin, trials=trials, storage=storage, study_name=study_name,
+                     world_size_source=s.source)
+    assert tuned.probe is not None
+    return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
+                   notes=tuned.notes + _measured_or_assumed(tuned.probe, s.world, s.source))
+
+
+def _plan_alike(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, *,
+                source: str | None = None) -> Plan:
+    """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
+    from .planning.planner import make_plan
+
     def planned_batch(r: ProbeResult) -> int:
-        return make_plan(target_batch, r.max_micro_batch, world_size=world, multiple_of=multiple_of,
-                         uniform=uniform, probe=r, world_size_source=source).micro_batch
+        return make_plan(s.target, r.max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
+                         uniform=s.uniform, probe=r, world_size_source=s.source).micro_batch
 
-    result = _probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
-                    data_parallel=world > 1, parallel=parallel, world_size=world,
-                    store=kept if kept is not None else False, memory_snapshot=memory_snapshot,
-                    at=at if at is not None else planned_batch)
-    made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
-                     uniform=uniform, probe=result, world_size_source=source)
+    result = _probe(workload, device=device, memory_budget=memory_budget, margin=s.margin,
+                    max_batch=math.ceil(s.target / s.world), data_parallel=s.world > 1, parallel=s.parallel,
+                    world_size=s.world, store=s.kept if s.kept is not None else False, memory_snapshot=s.snapshot,
+                    at=s.at if s.at is not None else planned_batch)
+    if source is not None:
+        result = replace(result, source=source)
+    made = make_plan(s.target, result.max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
+                     uniform=s.uniform, probe=result, world_size_source=s.source)
     stored = tuple(n for n in result.notes[:1] if result.from_store)
-    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, world, source))
-    if kept is not None and result.fingerprint is not None:
-        kept.put_plan(result.fingerprint, made)
+    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, s.world, s.source))
+    if s.kept is not None and result.fingerprint is not None:
+        s.kept.put_plan(result.fingerprint, made)
     return made
 
 
-def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]:
-    """The process group's world size when there is one; else --world-size, $WORLD_SIZE, 1."""
+def _plan_mixed(s: _Settings, wl: Workload, devices: dict[int, Device], ranks: tuple[DeviceInfo, ...],
+                source: str | None) -> Plan:
+    """Ranks that differ: each rank's device probed (here: every one of ``devices``, each distinct device once;
+    under torchrun: this rank's, the others gathered), its speed known where it can be, then one plan that
+    gives each rank its own micro-batch and micro-steps (or, with ``uniform_ranks``, the smallest-for-all)."""
+    from .planning.mixed import make_mixed_plan
+    from .planning.planner import make_plan
+    from .results.plan import peak_at
+    from .training.ranks import gather_objects, ranks_note, share_of, speed
+
+    limit = math.ceil(s.target / s.world) if s.uniform_ranks else max(1, s.target - (s.world - 1) * s.multiple_of)
+    done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
+    for r, dev in devices.items():
+        twin = next((q for q in done if devices[q] is dev or _same_device(devices[q], dev)), None)
+        if twin is not None:
+            done[r] = done[twin]
+            continue
+        result = replace(_probe_here(wl, dev, margin=s.margin, max_batch=limit, data_parallel=True,
+                                     parallel=s.parallel, world=s.world, rank=r, kept=s.kept, ranks=ranks),
+                         source=source)
+        done[r] = (result, *((None, None) if s.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
+    gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
+    probes = [gathered[r][0] for r in range(s.world)]
+    mine = probes[distributed.rank()]
+    if s.uniform_ranks:
+        low = min(range(s.world), key=lambda r: probes[r].max_micro_batch)
+        made = make_plan(s.target, probes[low].max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
+                         uniform=s.uniform, probe=probes[low], world_size_source=s.source)
+        note = (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
+                f"(max micro-batch per rank: {', '.join(str(p.max_micro_batch) for p in probes)})")
+        made = replace(made, notes=made.notes + (note, ranks_note([i.name for i in ranks], s.source)))
+    else:
+        shares = [share_of(*gathered[r]) for r in range(s.world)]
+        made = make_mixed_plan(s.target, shares, multiple_of=s.multiple_of, uniform=s.uniform, probe=mine,
+                               world_size_source=s.source, parallel=s.parallel,
+                               peak_of=lambda r, b: peak_at(probes[r], b),
+                               notes=(ranks_note([i.name for i in ranks], s.source),))
+    if s.kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
+        for fp in dict.fromkeys(p.fingerprint for p in probes):
+            if fp is not None:
+                s.kept.put_plan(fp, made)
+    return made
+
+
+def _same_device(a: Device, b: Device) -> bool:
+    """Two devices of a device list that probe alike: the same name and capacity."""
+    return a.describe().name == b.describe().name and a.capacity_bytes() == b.capacity_bytes()
+
+
+def _listed(devices: tuple[Any, ...], budgets: tuple[Any, ...]) -> int | None:
+    """How many ranks a device or budget list names (None for one device and one budget); BadInput when two
+    lists disagree."""
+    listed = max(len(devices), len(budgets))
+    if listed == 1:
+        return None
+    if len(devices) > 1 and len(budgets) > 1 and len(devices) != len(budgets):
+        raise BadInput(f"device lists {len(devices)} ranks and memory_budget {len(budgets)}: give one per rank "
+                       "in both, or one of them once")
+    return listed
+
+
+def _world_size(flag: int | None, env: dict[str, str] | None, listed: int | None = None) -> tuple[int, str]:
+    """The process group's world size when there is one; else --world-size, the length of a device or budget
+    list (``listed``), $WORLD_SIZE, 1."""
     from .planning.planner import world_size_from
 
     if distributed.active():
@@ -276,7 +439,15 @@ def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]
         if flag is not None and flag != world:
             raise BadInput(f"world_size {flag} but the process group has {plural(world, 'rank')}: drop world_size "
                            f"or launch {flag} processes")
+        if listed is not None and listed != world:
+            raise BadInput(f"a device or memory_budget per rank lists {listed} but the process group has "
+                           f"{plural(world, 'rank')}: give one per rank, or one for all")
         return world, "process group"
+    if listed is not None:
+        if flag is not None and flag != listed:
+            raise BadInput(f"world_size {flag} but the device or memory_budget list names {listed} ranks: drop "
+                           "world_size (the list gives it) or give one per rank")
+        return listed, "the device list"
     return world_size_from(flag, os.environ if env is None else env)
 
 
@@ -306,12 +477,14 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None,
-        ramp: RampConfig | bool | None = None) -> RunResult:
+        uniform_ranks: bool = False, ramp: RampConfig | bool | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
     given says how it runs itself, and ``parallel``, if given, must agree.
     ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
+    ``device`` and ``memory_budget`` may be given per rank under torchrun, and ``uniform_ranks``
+    is :func:`plan`'s: ranks that differ each run their own micro-batch and micro-steps unless it is set.
     ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
@@ -352,8 +525,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         probed = plan.probe
         if workload is None and probed is not None:
             workload = probed.source or probed.workload
-        if memory_budget is None and probed is not None and probed.device.budget_bytes is not None:
-            memory_budget = probed.device.budget_bytes  # run under the budget the plan was made for
+        if memory_budget is None and plan.budget_bytes_of(distributed.rank()) is not None:
+            memory_budget = plan.budget_bytes_of(distributed.rank())  # run under the budget the plan was made for
     kept = _open_store(store)
     wl, dev = resolve(workload, device, memory_budget)
     if dev.estimated:
@@ -363,7 +536,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
                                multiple_of=multiple_of, uniform=uniform,
                                parallel=parallel or options.DEFAULT_PARALLEL,
-                               store=kept if kept is not None else False)
+                               store=kept if kept is not None else False, uniform_ranks=uniform_ranks)
     planned = plan
     if ramp is not None:
         first_batch(planned, ramp)  # a ramp that cannot start fails before any training

@@ -40,6 +40,15 @@ class NoUniformPlan(PlanError):
         self.world_size, self.multiple_of = world_size, multiple_of
 
 
+class RanksDiffer(PlanError):
+    """Equal micro-batches asked for (``uniform``, a framework's one per-device batch size) on ranks that differ;
+    ``maxima`` (each rank's max micro-batch) let a caller say it in its own terms."""
+
+    def __init__(self, message: str, *, maxima: tuple[int, ...]):
+        super().__init__(message)
+        self.maxima = maxima
+
+
 class ResultFileError(BadInput):
     """A JSON file that is not an autotune result this version can read."""
 

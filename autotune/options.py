@@ -120,6 +120,31 @@ def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
     return parse_size(value, what=name)
 
 
+def per_rank(value: Any, name: str) -> tuple[Any, ...]:
+    """A value given once per rank: ``"a,b"``, ``"a*4,b*4"`` (4 ranks of each), a list or a tuple; a single value
+    is a list of one."""
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    elif isinstance(value, str) and ("," in value or "*" in value):
+        items = []
+        for part in value.split(","):
+            text, _, count = part.strip().partition("*")
+            if not text.strip():
+                raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. "
+                               "estimate:A100-80GB,estimate:T4-16GB")
+            items += [text.strip()] * (whole(count, f"{name} count after '*'", example="4") if count else 1)
+    else:
+        return (value,)
+    if not items:
+        raise BadInput(f"{name} is an empty list: give at least one")
+    return tuple(items)
+
+
+def memory_budgets(value: Any, name: str = "memory_budget") -> tuple[int | None, ...]:
+    """Bytes per rank (see :func:`per_rank`), each from a number or a size string; ``(None,)`` for None."""
+    return tuple(memory_budget(v, name) for v in per_rank(value, name))
+
+
 def margin(value: Any, name: str = "margin") -> float:
     """A fraction in [0, 1): the share of capacity kept free."""
     try:

@@ -1,7 +1,7 @@
 """Two CPU processes with gloo under torchrun: exact, synchronised once per step, in sync, and a clean end;
-ranks with uneven batches; the noise scale under DDP and FSDP; the batch ramp's one decision; FSDP: the
-estimate from one process, the runner's checks, probing with a rank that runs out of memory, and a rank
-that fails."""
+ranks with uneven batches; ranks that differ (each its own micro-batch and micro-steps); the noise scale under
+DDP and FSDP; the batch ramp's one decision; FSDP: the estimate from one process, the runner's checks, probing
+with a rank that runs out of memory, and a rank that fails."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
 def cases():
     """The library's cases under torchrun (tests/torchrun_cases.py), in one job."""
     done = torchrun(str(HERE / "torchrun_cases.py"), "ddp_faults", "uneven_batches", "noise_scale", "fsdp", "ramp",
-                    timeout=300)
+                    "mixed_ranks", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -84,6 +84,51 @@ def test_ranks_with_uneven_batches_run_the_same_micro_steps_and_the_exact_gradie
     assert [r["micro_steps"] for r in reports] == [3, 3]  # the most any rank needs
     assert [r["samples"] for r in reports] == [37, 5] and {r["total_items"] for r in reports} == {42}
     assert max(r["error"] for r in reports) < 1e-6
+
+
+@pytest.mark.slow
+def test_ranks_with_their_own_budgets_train_their_own_shares_exactly(cases):
+    out = cases["mixed_ranks"]
+    schedule, mixed = out["schedule"], out["mixed"]
+    assert mixed is not None and mixed["balanced_by"] == "memory"  # CPU budgets emulate memory, not speed
+    assert sum(map(sum, schedule)) == 1800  # the global batch, exactly
+    assert sum(schedule[0]) > sum(schedule[1])  # the rank with 8 MiB trains more samples per step ...
+    assert len(schedule[0]) < len(schedule[1])  # ... in fewer micro-steps than the rank with 3 MiB
+    assert [r["budget_bytes"] for r in mixed["ranks"]] == [8 * 2**20, 3 * 2**20]
+    for rank, checks in enumerate(out["correct"]):
+        assert checks["passed"], (rank, checks)
+        assert checks["gradient_equivalence"]["value"] <= 1e-5  # the full-batch gradient over both ranks' samples
+        assert checks["count"]["passed"] and checks["allreduce_rounds"]["value"] == 1  # one synchronising backward
+        assert checks["parameters_in_sync"]["value"] == 2
+        memory = checks["memory"]
+        assert memory["passed"] and memory["limit"] == mixed["ranks"][rank]["usable_bytes"]  # its own budget
+        assert memory["value"] <= memory["limit"]
+    assert out["correct"][0]["memory"]["limit"] > 2 * out["correct"][1]["memory"]["limit"]
+
+
+@pytest.mark.slow
+def test_ranks_that_differ_run_in_step_under_fsdp_with_the_exact_gradient(cases):
+    out = cases["mixed_ranks"]
+    schedule = out["fsdp_schedule"]
+    assert len(schedule[0]) == len(schedule[1]) and sum(schedule[0]) > sum(schedule[1])  # in step, own sizes
+    assert sum(map(sum, schedule)) == 500
+    for checks in out["fsdp"]:
+        assert checks["passed"], checks
+        assert checks["gradient_equivalence"]["value"] <= 1e-5 and checks["reduce_scatter_rounds"]["value"] == 1
+
+
+@pytest.mark.slow
+def test_planted_faults_of_ranks_that_differ_are_caught(cases):
+    out = cases["mixed_ranks"]
+    for rank, checks in enumerate(out["local_items"]):  # rank 1 weights by its own items
+        assert not checks["passed"] and not checks["gradient_equivalence"]["passed"], rank
+        assert checks["gradient_equivalence"]["value"] > 0.05
+    skipped, other = out["skips_its_sync"]  # rank 0 never synchronises, standing in with zeros as join() does
+    assert not skipped["allreduce_rounds"]["passed"] and skipped["allreduce_rounds"]["value"] == 0
+    assert "0 gradient all-reduce rounds in an optimizer step, expected 1" in skipped["allreduce_rounds"]["message"]
+    for checks in (skipped, other):
+        assert not checks["passed"] and not checks["gradient_equivalence"]["passed"]
+        assert not checks["parameters_in_sync"]["passed"]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import_torch(freeze=True)  # as ``autotune run`` loads torch in a rank
 import ddp_uneven_worker  # noqa: E402 (tests/ is this script's folder)
 import ddp_worker  # noqa: E402
 import fsdp_worker  # noqa: E402
+import mixed_worker  # noqa: E402
 import noise_ddp_worker  # noqa: E402
 import ramp_ddp_worker  # noqa: E402
 from rank_exit import run_then_exit  # noqa: E402
@@ -30,6 +31,7 @@ CASES: dict[str, Callable[[], object]] = {
     "noise_scale": noise_ddp_worker.case,
     "fsdp": fsdp_worker.case,
     "ramp": ramp_ddp_worker.case,
+    "mixed_ranks": mixed_worker.case,
 }
 
 

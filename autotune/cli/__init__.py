@@ -139,7 +139,7 @@ def _reader_gone(fd: int) -> bool:
 #: Library parameters the command line sets with a flag of the same name: errors name the flag.
 FLAG_PARAMETERS = ("memory_budget", "multiple_of", "world_size", "target_batch", "max_batch", "max_norm",
                    "study_name", "dist_timeout", "parallel")
-FLAG_SWITCHES = ("uniform", "force", "tune")
+FLAG_SWITCHES = ("uniform", "force", "tune", "uniform_ranks")
 _PARAMETER = re.compile(r"\b(" + "|".join(FLAG_PARAMETERS) + r")\b")
 _SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")
 
@@ -148,7 +148,7 @@ def in_flag_terms(message: str) -> str:
     """A library message as the command line says it: ``memory_budget`` is ``--memory-budget``,
     ``uniform=True`` (and ``uniform='force'``) is ``--uniform``, ``device='estimate'`` is ``--device estimate``."""
     message = _PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
-    message = _SWITCH.sub(lambda m: "--" + m.group(1), message)
+    message = _SWITCH.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
     message = message.replace("uniform='force'", "--uniform")
     return re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
 

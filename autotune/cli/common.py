@@ -93,8 +93,10 @@ def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
     return parse
 
 
-def size_arg(text: str) -> int | None:
-    return flag(options.memory_budget, "--memory-budget")(text)
+def size_arg(text: str) -> int | tuple[int | None, ...] | None:
+    """One size, or one per rank (``8MiB,3MiB``)."""
+    sizes = flag(options.memory_budgets, "--memory-budget")(text)
+    return sizes[0] if len(sizes) == 1 else sizes
 
 
 def positive_int(name: str) -> Callable[[str], int]:
@@ -110,6 +112,9 @@ def add_schedule_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uniform", action="store_true",
                    help="equal micro-batches, however many accumulation steps they take (fails only when the "
                         "target is not a multiple of the ranks x --multiple-of)")
+    p.add_argument("--uniform-ranks", action="store_true",
+                   help="ranks that differ (devices, memory held by others) all run the smallest rank's max "
+                        "micro-batch and the same micro-steps, instead of each its own")
 
 
 def add_parallel(p: argparse.ArgumentParser, *, world_size: bool = False) -> None:
@@ -226,10 +231,13 @@ def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
     p.add_argument("--device", default="auto",
                    help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
                         "estimate (fake tensors only; needs --memory-budget: the GPU you plan for) | "
-                        "estimate:GPU (a GPU by name, e.g. estimate:H100-80GB; autotune devices --presets)")
+                        "estimate:GPU (a GPU by name, e.g. estimate:H100-80GB; autotune devices --presets); "
+                        "or one per rank: estimate:A100-80GB,estimate:T4-16GB (the world size is how many; "
+                        "estimate:H100-80GB*4,estimate:A10G-24GB*4 for counts; under torchrun indexed by rank)")
     p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
                    help="device memory to plan for, e.g. 512MiB or 80GiB (cpu: default the available RAM; "
-                        "cuda: caps the free memory; estimate: required; estimate:GPU: replaces its memory)")
+                        "cuda: caps the free memory; estimate: required; estimate:GPU: replaces its memory); "
+                        "or one per rank, e.g. 8MiB,3MiB (under torchrun indexed by rank)")
     p.add_argument("--margin", type=flag(options.margin, "--margin"), default=options.MARGIN,
                    help="fraction of capacity kept free: usable = capacity x (1 - margin)")
 

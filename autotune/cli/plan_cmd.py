@@ -93,7 +93,10 @@ def check_plannable(args) -> None:
     """Targets and world sizes no plan can hold are refused before torch loads."""
     from ..planning.planner import check_plan, world_size_from
 
-    world, _ = world_size_from(args.world_size, os.environ)
+    listed = max(len(options.per_rank(args.device, "--device")),
+                 len(args.memory_budget) if isinstance(args.memory_budget, tuple) else 1)
+    world, _ = world_size_from(args.world_size if listed == 1 or "RANK" in os.environ else
+                               args.world_size or listed, os.environ)
     check_plan(args.target_batch, args.target_batch, world_size=world, multiple_of=args.multiple_of)
 
 
@@ -131,8 +134,8 @@ def run(args) -> int:
 
 def _plan(args, *, lead: bool) -> int:
     from .. import api as pipeline
-    from ..errors import NoUniformPlan
-    from ..planning.exports import FRAMEWORKS, export, no_equal_split
+    from ..errors import NoUniformPlan, RanksDiffer
+    from ..planning.exports import FRAMEWORKS, export, no_equal_split, ranks_differ
     from ..serial import dumps
 
     framework = args.format in FRAMEWORKS  # equal micro-batches, printed as that framework's settings
@@ -142,10 +145,12 @@ def _plan(args, *, lead: bool) -> int:
                              memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                              multiple_of=args.multiple_of, uniform=uniform_choice(args),
                              tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
-                             parallel=args.parallel, store=args.store, memory_snapshot=args.memory_snapshot,
-                             at=args.at)
+                             parallel=args.parallel, store=args.store, uniform_ranks=args.uniform_ranks,
+                             memory_snapshot=args.memory_snapshot, at=args.at)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
+    except RanksDiffer as exc:
+        raise ranks_differ(exc, args.format) from None
     if not lead:
         return 0  # rank 0 speaks for every rank
     text = dumps(plan.to_dict())

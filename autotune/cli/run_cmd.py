@@ -107,7 +107,7 @@ def _run(args, *, lead: bool) -> int:
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
-                          parallel=args.parallel, store=args.store,
+                          parallel=args.parallel, store=args.store, uniform_ranks=args.uniform_ranks,
                           ramp=RampConfig(start=args.ramp_from,
                                           lr_scaling=args.lr_scaling or options.DEFAULT_LR_SCALING)
                           if args.ramp else None)

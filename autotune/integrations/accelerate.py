@@ -15,7 +15,12 @@ model's forward), so the Accumulator's own ``precision`` stays fp32. The
 Accumulator weights each micro-batch by its share of the items and steps the
 optimizer itself, so the Accelerator must not accumulate too: its
 ``gradient_accumulation_steps`` stays 1 and ``accelerator.accumulate()`` is not
-used. Needs ``accelerate`` (``pip install autotune[accelerate]``).
+used. Each rank's batches are its share of the plan (``PlanSampler``, the loader not
+prepared), so a plan for ranks that differ runs as planned: each rank its own
+micro-batches and micro-steps, under DDP (under FSDP, whose every micro-step
+gathers parameters on all ranks, each rank runs as many as the most; DeepSpeed's
+ZeRO-3 gathers them too and needs a plan with ``uniform_ranks``). Needs
+``accelerate`` (``pip install autotune[accelerate]``).
 
 Without this module, ``Accumulator(model, optimizer, plan, loss=...,
 backward=accelerator.backward)`` composes the same way; clip with

@@ -17,7 +17,9 @@ The Trainer runs equal micro-batches, so the plan is uniform:
 ``per_device_train_batch_size x gradient_accumulation_steps x world size ==
 target_batch``, with micro-batches of at least about half the largest that fits;
 a target with no such split raises PlanError naming the nearest targets that
-have one. Needs ``transformers`` (``pip install autotune[hf]``).
+have one. The Trainer takes one per-device batch size, so ranks that differ
+(mixed GPUs, memory held by others) all run the smallest rank's
+(``uniform_ranks``). Needs ``transformers`` (``pip install autotune[hf]``).
 
 The Trainer cannot change the effective batch during training, so a batch ramp
 (``AutotuneBatchRamp``, :mod:`autotune.integrations.hf_ramp`) refuses at the start
@@ -85,7 +87,7 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
     world = max(1, args.world_size) * max(1, args.n_gpu)
     try:
         plan = api.plan(target_batch, workload=workload, device=device, memory_budget=memory_budget, margin=margin,
-                        world_size=world, uniform=True)
+                        world_size=world, uniform=True, uniform_ranks=True)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, "hf", target_name="target_batch") from None
     plan = short_dataset(plan, train_dataset, "the Trainer", warn=args.process_index == 0)

@@ -14,7 +14,10 @@ the module, its hparams or the datamodule, as Lightning's tuner does) and
 ``trainer.accumulate_grad_batches`` so that ``batch_size x k x world size ==
 target``, with equal micro-batches of at least about half the largest that
 fits (Lightning averages each micro-batch's loss with the same weight), and the
-train dataloader is rebuilt with the new size.
+train dataloader is rebuilt with the new size. Lightning takes one batch size
+for every rank, so ranks that differ all run the smallest rank's
+(``uniform_ranks``); :func:`accumulator` with a :class:`autotune.PlanSampler`
+runs a plan that gives each rank its own.
 
 :func:`accumulator` is for manual optimization: an Accumulator wired to
 ``manual_backward`` (the Trainer's precision and DDP's reducer) and to the
@@ -104,7 +107,7 @@ class AutotuneBatchSize(Callback):
         device = self.device if self.device is not None else str(trainer.strategy.root_device)
         try:
             plan = api.plan(self.target_batch, workload=workload, device=device, memory_budget=self.memory_budget,
-                            margin=self.margin, world_size=trainer.world_size, uniform=True)
+                            margin=self.margin, world_size=trainer.world_size, uniform=True, uniform_ranks=True)
         except NoUniformPlan as exc:
             raise no_equal_split(exc, "lightning", target_name="target_batch") from None
         plan = short_dataset(plan, getattr(loaders, "dataset", None), "Lightning", warn=trainer.is_global_zero)
@@ -200,7 +203,8 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
     ``max_norm`` clips with ``module.clip_gradients`` (which unscales first). ``optimizer``: the
     LightningOptimizer ``self.optimizers()`` returns, whose ``step`` the Trainer counts. Supports one
     process and DDP; batches are the loader's (plan.per_rank_batch[rank] samples each for an exact
-    target, e.g. from :class:`autotune.PlanSampler`). ``ramp``: grow the effective batch with the measured noise
+    target, e.g. from :class:`autotune.PlanSampler`), so a plan for ranks that differ runs too: each
+    rank its own micro-batches and micro-steps. ``ramp``: grow the effective batch with the measured noise
     scale at any step boundary (a :class:`autotune.training.ramp.BatchRamp` made before the dataloader, which takes
     its ``ramp.sampler(len(dataset))``; see :mod:`autotune.integrations.lightning_ramp`).
     """

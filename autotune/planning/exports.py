@@ -7,16 +7,18 @@
 
 Frameworks run equal micro-batches, so only a uniform plan exports: an uneven
 one would give ``micro_batch x k x W`` samples per optimizer step instead of the
-target. :func:`no_equal_split` says, in a caller's own terms, which targets near
-an unsplittable one do split. No torch here.
+target, and they take one per-device batch size, so a plan that gives ranks that
+differ their own (``mixed``) does not export either. :func:`no_equal_split` says,
+in a caller's own terms, which targets near an unsplittable one do split. No torch here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import BadInput, NoUniformPlan, PlanError
+from ..errors import BadInput, NoUniformPlan, PlanError, RanksDiffer
 from ..results.plan import Plan
+from .mixed import ranks_differ_error
 from .planner import uniform_options, uniform_range
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
@@ -50,11 +52,25 @@ def export(plan: Plan, fmt: str) -> dict[str, Any]:
     if fmt not in FRAMEWORKS:
         raise BadInput(f"unknown export format {fmt!r}: choose one of {', '.join(FRAMEWORKS)} "
                        "(table and json are printed by autotune plan --format)")
+    if plan.mixed is not None:
+        maxima = ", ".join(str(r.max_micro_batch) for r in plan.mixed.ranks[:8])
+        raise PlanError(f"{NAMES[fmt]} takes one per-device batch size, and this plan gives each rank its own "
+                        f"(max micro-batch per rank: {maxima}): plan again with uniform_ranks=True for the "
+                        "smallest-for-all plan, or run it with autotune's runner or Accumulator")
     if not plan.uniform:
         raise PlanError(f"{NAMES[fmt]} runs equal micro-batches, and this plan's are not ({plan.arithmetic}): "
                         f"plan again with uniform=True, or run it with autotune's runner or Accumulator, which "
                         "weight uneven micro-batches exactly")
     return _settings(plan, fmt)
+
+
+def ranks_differ(error: RanksDiffer, fmt: str) -> PlanError:
+    """``error`` (equal micro-batches asked for on ranks that differ) in the command line's terms: a framework's
+    one per-device batch size, or ``--uniform``; the fix is ``--uniform-ranks``."""
+    asked = (f"{NAMES[fmt]} takes one per-device batch size" if fmt in NAMES else
+             "--uniform asks for equal micro-batches on every rank")
+    return ranks_differ_error(error.maxima, asked, fix="--uniform-ranks",
+                              drop=f"drop --format {fmt}" if fmt in NAMES else "drop --uniform")
 
 
 def no_equal_split(error: NoUniformPlan, fmt: str, *, target_name: str = "target",

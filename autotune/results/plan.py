@@ -16,6 +16,7 @@ from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import PARALLEL, ProbeResult
+from .ranks import MixedRanks
 from .tuning import Tuning
 
 MAX_TARGET_BATCH = 1_000_000_000
@@ -28,10 +29,13 @@ class Plan:
     """How to run one optimizer step of exactly ``target_batch`` samples.
 
     ``schedule[r][i]`` is the micro-batch of rank ``r`` at micro-step ``i``;
-    every rank runs ``accumulation_steps`` micro-steps. ``micro_batch`` is the
-    largest size in the schedule, ``uniform`` True when all sizes are equal.
+    every rank runs ``accumulation_steps`` micro-steps, unless the plan is for
+    ranks that differ (``mixed``): each rank then runs its own number, at most
+    ``accumulation_steps``, with micro-batches of at most its own max
+    (``mixed.ranks[r]``). ``micro_batch`` is the largest size in the schedule,
+    ``uniform`` True when all sizes are equal.
     ``world_size_source`` says where ``world_size`` came from ("flag",
-    "WORLD_SIZE", "process group", "default", "assumed"). ``tuning`` is what
+    "WORLD_SIZE", "process group", "the device list", "default", "assumed"). ``tuning`` is what
     the throughput tuner measured, when it chose this plan. ``parallel``: how
     the ranks share the model, "ddp" (each holds all of it) or "fsdp"
     (``fully_shard``; its probe then sharded over exactly ``world_size`` ranks).
@@ -50,6 +54,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     tuning: Tuning | None = None
     parallel: str = "ddp"
+    mixed: MixedRanks | None = None
 
     def __post_init__(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
@@ -72,9 +77,11 @@ class Plan:
         if len(schedule) != self.world_size:
             raise ValueError(f"schedule has {len(schedule)} ranks, world_size is {self.world_size}")
         lengths = set(map(len, schedule))
-        if lengths != {self.accumulation_steps}:
+        if self.mixed is None and lengths != {self.accumulation_steps}:
             raise ValueError(f"every rank must run accumulation_steps={self.accumulation_steps} micro-steps, "
                              f"got {sorted(lengths)}")
+        if self.mixed is not None:
+            self._check_mixed(schedule, lengths)
         sizes = set(chain.from_iterable(set(schedule)))
         if any(not 1 <= b <= self.max_micro_batch or b % self.multiple_of for b in sizes):
             raise ValueError(f"every micro-batch must be in [1, {self.max_micro_batch}] and a multiple of "
@@ -97,6 +104,40 @@ class Plan:
             raise ValueError(f"the FSDP probe sharded over {self.probe.world_size} ranks, the plan has "
                              f"{self.world_size}: probe again for world_size={self.world_size}")
 
+    def _check_mixed(self, schedule: tuple[tuple[int, ...], ...], lengths: set[int]) -> None:
+        assert self.mixed is not None
+        if min(lengths) < 1 or max(lengths) != self.accumulation_steps:
+            raise ValueError(f"every rank must run at least 1 and at most accumulation_steps="
+                             f"{self.accumulation_steps} micro-steps, the most of them that many; "
+                             f"got {sorted(lengths)}")
+        if len(self.mixed.ranks) != self.world_size:
+            raise ValueError(f"mixed has {len(self.mixed.ranks)} ranks, world_size is {self.world_size}")
+        for r, (row, share) in enumerate(zip(schedule, self.mixed.ranks)):
+            if max(row) > share.max_micro_batch:
+                raise ValueError(f"rank {r}'s micro-batch {max(row)} is above its max micro-batch "
+                                 f"{share.max_micro_batch}")
+        if self.max_micro_batch != max(share.max_micro_batch for share in self.mixed.ranks):
+            raise ValueError(f"max_micro_batch {self.max_micro_batch} is not the largest rank's max "
+                             f"{max(share.max_micro_batch for share in self.mixed.ranks)}")
+
+    def usable_bytes_of(self, rank: int) -> int | None:
+        """The usable memory rank ``rank`` is held to: its own in a mixed plan, else the probe's (None without one)."""
+        if self.mixed is not None:
+            return self.mixed.ranks[rank].usable_bytes
+        return None if self.probe is None else self.probe.usable_bytes
+
+    def predicted_peak_of(self, rank: int) -> int | None:
+        """The predicted peak of rank ``rank`` at its largest micro-batch: its own in a mixed plan."""
+        if self.mixed is not None:
+            return self.mixed.ranks[rank].peak_bytes
+        return self.predicted_peak_bytes
+
+    def budget_bytes_of(self, rank: int) -> int | None:
+        """The memory budget rank ``rank`` was planned under (a run keeps to it), None when its device's own memory."""
+        if self.mixed is not None:
+            return self.mixed.ranks[rank].budget_bytes
+        return None if self.probe is None else self.probe.device.budget_bytes
+
     @property
     def per_rank_batch(self) -> tuple[int, ...]:
         """Samples each rank sees per optimizer step."""
@@ -105,26 +146,30 @@ class Plan:
     @property
     def arithmetic(self) -> str:
         """One line a person checks by hand: ``1024 = 256 x 4 steps x 1 rank``, or for uneven
-        sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size)."""
+        sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size); for mixed ranks
+        each rank's samples, ``1024 = 928 + 96 over 2 ranks, ...``."""
+        if self.mixed is not None:
+            shares = self.per_rank_batch
+            terms = " + ".join(map(str, shares[:8])) + (" + ..." if len(shares) > 8 else "")
+            return (f"{self.target_batch} = {terms} over {_plural(self.world_size, 'rank')}, each its own micro-batch "
+                    f"and micro-steps (at most {self.accumulation_steps})")
         counts = Counter(chain.from_iterable(self.schedule))
         return arithmetic_line(self.target_batch, self.world_size, self.accumulation_steps, counts)
 
     @property
     def predicted_peak_bytes(self) -> int | None:
         """Peak memory at ``micro_batch``: measured when the probe confirmed that very size,
-        else the probe's estimate; None without a probe."""
-        if self.probe is None:
-            return None
-        at_max = self.micro_batch == self.probe.max_micro_batch
-        if at_max and not self.probe.estimated:
-            return self.probe.peak_bytes
-        predicted = self.probe.predicted_peak_at(self.micro_batch)
-        return self.probe.peak_bytes if predicted is None and at_max else predicted
+        else the probe's estimate; None without a probe. In a mixed plan: rank 0's, at its largest
+        micro-batch (every rank's is in ``mixed.ranks``)."""
+        if self.mixed is not None:
+            return self.mixed.ranks[0].peak_bytes
+        return None if self.probe is None else peak_at(self.probe, self.micro_batch)
 
     @property
     def headroom_bytes(self) -> int | None:
         peak = self.predicted_peak_bytes
-        return None if peak is None or self.probe is None else self.probe.usable_bytes - peak
+        usable = self.usable_bytes_of(0)
+        return None if peak is None or usable is None else usable - peak
 
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
@@ -136,7 +181,9 @@ class Plan:
             lines.append(f"world size {self.world_size} from {where}")
         if self.accumulation_steps == 1:
             lines.append("k = 1: the whole per-rank batch fits, no accumulation")
-        if self.probe is not None:
+        if self.mixed is not None:
+            lines.extend(self.mixed.lines(self.schedule))
+        elif self.probe is not None:
             lines.extend(self._memory_lines(self.probe))
         lines.extend(self.notes)
         return "\n".join(lines)
@@ -174,6 +221,7 @@ class Plan:
             "headroom_bytes": self.headroom_bytes,
             "notes": list(self.notes),
             "tuning": None if self.tuning is None else self.tuning.to_dict(),
+            "mixed": None if self.mixed is None else self.mixed.to_dict(),
             "probe": None if self.probe is None else self.probe.to_dict(),
         })
 
@@ -188,16 +236,27 @@ class Plan:
         if body.get("tuning") is not None:
             body["tuning"] = Tuning.from_dict(body["tuning"], kind="Plan", source=source)
         try:
+            if body.get("mixed") is not None:
+                body["mixed"] = MixedRanks.from_dict(body["mixed"], kind="Plan", source=source)
             plan = cls(**body)
         except (TypeError, ValueError) as exc:
             raise invalid("Plan", source, str(exc)) from None
-        probed = plan.probe.max_micro_batch if plan.probe is not None else None
+        probed = plan.probe.max_micro_batch if plan.probe is not None and plan.mixed is None else None
         on_purpose = probed is not None and above_probe_note(plan.max_micro_batch, probed) in plan.notes
         if probed is not None and plan.micro_batch > probed and not on_purpose:
             raise ResultFileError(
                 f"{source}: micro-batch {plan.micro_batch} in the schedule is above the {probed} its probe found "
                 f"to fit: plan again (autotune plan --output), or keep every micro-batch at most {probed}")
         return plan
+
+
+def peak_at(probe: ProbeResult, batch: int) -> int | None:
+    """The probe's peak at micro-batch ``batch``: measured when it confirmed that very size, else its estimate."""
+    at_max = batch == probe.max_micro_batch
+    if at_max and not probe.estimated:
+        return probe.peak_bytes
+    predicted = probe.predicted_peak_at(batch)
+    return probe.peak_bytes if predicted is None and at_max else predicted
 
 
 def arithmetic_line(target: int, world: int, steps: int, counts: Mapping[int, int]) -> str:

@@ -23,7 +23,7 @@ against the fingerprint.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,15 +51,17 @@ FROM_STORE = "from the store"
 
 
 def probe(store: Store, workload: Workload, device: Device, *, margin: float, max_batch: int, world_size: int,
-          rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32") -> ProbeResult:
+          rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32",
+          ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
     """:func:`autotune.probing.finder.probe`, answered from ``store`` when it can be (see the module).
 
     ``rule``: how the fit rule runs (``data_parallel`` or ``sharding``), as :func:`~autotune.probing.finder.probe`
-    and :func:`~autotune.probing.fitrule.run_trial` take it; part of the fingerprint.
+    and :func:`~autotune.probing.fitrule.run_trial` take it; part of the fingerprint. ``ranks``: every rank's
+    device in a job whose ranks differ, part of the fingerprint too (the plans kept beside it are that job's).
     """
     try:
         fp = fingerprint(workload, device, margin=margin, world_size=world_size, rule=rule, parallel=parallel,
-                         precision=precision)
+                         precision=precision, ranks=ranks)
     except Untraceable as exc:
         result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
         return replace(result, notes=result.notes + (
@@ -244,6 +246,8 @@ def record_run(store: Store, plan: Plan, workload: Workload, device: Device, pre
     """``train()``, with what it measured (or that it ran out of memory) recorded in ``store`` against
     the fingerprint of the plan's probe (taken here when the plan has none)."""
     digest = plan.probe.fingerprint if plan.probe is not None else None
+    if plan.mixed is not None:  # each rank's own probe, whichever rank's the plan holds
+        digest = plan.mixed.ranks[distributed.rank()].fingerprint
     if digest is None:
         margin = plan.probe.margin if plan.probe is not None else options.MARGIN
         try:

@@ -15,7 +15,9 @@ store may answer the second with the first's result. The digest covers:
 - the device as it describes itself: the GPU model, its total memory and
   driver, the budget when one was given (an estimate's budget, allowance,
   rounding and engine), never what changes from minute to minute (free memory,
-  other processes: a confirm run checks those);
+  other processes: a confirm run checks those); in a job whose ranks differ,
+  every rank's device the same way, in rank order (the plans kept beside the
+  probe are that job's);
 - torch's and autotune's versions, the allocator settings torch reads
   (``PYTORCH_CUDA_ALLOC_CONF``, else ``PYTORCH_ALLOC_CONF``), the precision,
   world size, parallel strategy and how the fit rule runs (whether it holds
@@ -31,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -72,9 +74,12 @@ class Fingerprint:
 
 
 def fingerprint(workload: Workload, device: Device, *, margin: float, world_size: int, rule: dict[str, Any],
-                parallel: str = "ddp", precision: str = "fp32") -> Fingerprint:
+                parallel: str = "ddp", precision: str = "fp32",
+                ranks: Sequence[DeviceInfo] | None = None) -> Fingerprint:
     """The fingerprint of probing ``workload`` on ``device`` with these settings; ``rule`` is how the
-    fit rule runs (``data_parallel``: it holds DDP's gradient buckets).
+    fit rule runs (``data_parallel``: it holds DDP's gradient buckets). ``ranks``: every rank's device, in rank
+    order, in a job whose ranks differ (then a part ``ranks``, each as the ``device`` part is; jobs whose ranks
+    are alike have no such part, and their fingerprints are as before).
 
     Raises :class:`Untraceable` when the model cannot be built, or its batch made,
     on shape-only tensors.
@@ -98,6 +103,8 @@ def fingerprint(workload: Workload, device: Device, *, margin: float, world_size
         "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS,
                      "holds": {"loss_sum": True, "noise_buffer": noise_buffer_numel(0)}},
     }
+    if ranks:
+        components["ranks"] = [device_part(info) for info in ranks]
     return Fingerprint(digest=_digest(components), components=components, seconds=time.perf_counter() - start)
 
 

@@ -12,8 +12,10 @@ accumulated gradient is the gradient of the mean over all ``N`` items, exactly,
 whatever the micro-batch sizes and however many tokens each one holds. Under
 DDP, micro-steps 1..k-1 run in ``no_sync()``, ``N`` is summed over ranks before
 the first backward, and the weight carries the world size to undo DDP's
-averaging. Clipping and GradScaler's unscale happen once, after the last
-micro-step.
+averaging. Ranks may run different numbers of micro-steps (a plan for ranks that
+differ): each runs exactly one synchronising backward per optimizer step, its
+last, which meets the others' last. Clipping and GradScaler's unscale happen
+once, after the last micro-step.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class Accumulator:
     :mod:`autotune.training.noise`. Pass False to measure nothing (no hooks), or
     a ``GradientNoiseScale`` of your own (e.g. measuring every n-th step).
 
+    A plan for ranks that differ gives this rank its own micro-batches and
+    number of micro-steps (``plan.schedule[rank]``); under DDP it runs them as
+    planned, its last one synchronising with the others' last, and a model
+    sharded by FSDP (whose every micro-step meets the other ranks') runs as
+    many as the rank with the most.
+
     A batch of another size than the schedule's total (the last batch of a
     ``DataLoader`` without ``drop_last``) is split into the fewest micro-batches
     of at most the schedule's largest, as even as possible, and weighted over
@@ -110,6 +118,7 @@ class Accumulator:
         self.move = move if move is not None else _default_move(model)
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
         self._no_sync = no_sync if no_sync is not None else _own_no_sync(model)
+        self.in_step = _sharded(model)  # FSDP gathers parameters in every micro-step, on all ranks together
         self.skipped_steps = 0
         self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
         self.ramp = ramping.bind(ramp, schedule, self)
@@ -128,11 +137,14 @@ class Accumulator:
 
     def sizes_for(self, samples: int) -> list[int]:
         """Micro-batch sizes for a batch of ``samples``: the schedule when it is the schedule's
-        total, else the fewest of at most the largest planned size, as even as possible."""
+        total, else the fewest of at most the largest planned size, as even as possible. Under DDP
+        a rank keeps its own schedule however many micro-steps the others run (only the last one
+        synchronises); ranks whose every micro-step meets the others' (FSDP) run as many as the most."""
         planned = samples == sum(self.sizes)
         steps = len(self.sizes) if planned else -(-samples // self.largest)
         if self.world_size > 1:
-            steps = self._most_steps(steps)
+            most = self._most_steps(steps)  # every rank asks, planned or not: the ranks' collectives stay paired
+            steps = steps if planned and not self.in_step else most
         if planned and steps == len(self.sizes):
             return list(self.sizes)
         if samples < 1:

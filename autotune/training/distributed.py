@@ -1,8 +1,9 @@
 """Many ranks with torch.distributed: PyTorch's own process group and DDP, nothing home-made.
 
-Under ``torchrun`` every rank probes its own device and the ranks agree on the
-smallest maximum (a slower or busier GPU sets the limit); the plan's schedule
-gives every rank the same number of micro-steps; the runner wraps the model in
+Under ``torchrun`` every rank probes its own device; ranks alike agree on the
+smallest maximum and the plan gives every rank the same number of micro-steps,
+ranks that differ (a smaller or busier GPU) each get their own micro-batch and
+number of micro-steps (:mod:`autotune.training.ranks`); the runner wraps the model in
 DistributedDataParallel and checks, after each step, that one all-reduce round
 synchronised the gradients and that every rank holds the same parameters.
 """

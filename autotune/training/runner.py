@@ -46,6 +46,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
     ``ramp``: grow the effective batch toward the plan's target with the measured noise scale
     (:mod:`autotune.training.ramp`); every phase is verified like the plan.
+    In a plan for ranks that differ, each rank runs its own micro-batches and
+    micro-steps and is held to its own usable memory and predicted peak.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -55,8 +57,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
                             f"or plan for world_size={world}")
     sizes = list(plan.schedule[rank])
     start = distributed.rank_offsets(plan.per_rank_batch)[rank]
-    usable = plan.probe.usable_bytes if plan.probe is not None else \
-        options.usable_bytes(device.capacity_bytes(), options.MARGIN)
+    usable = plan.usable_bytes_of(rank) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
     fsdp = plan.parallel == "fsdp"
     scope = contextlib.ExitStack()
     mesh = scope.enter_context(sharded.mesh(device.torch_device)) if fsdp else None
@@ -135,7 +136,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
             where.now = "while verifying the gradient of each phase of the batch ramp"
             checks += _ramp_checks(plan, phases, host_model, workload, device, max_norm, precision, wrap, seed)
 
-    predicted = plan.predicted_peak_bytes
+    predicted = plan.predicted_peak_of(rank)
     checks.append(memory_check(measured.peak_bytes, usable, predicted))
     checks.append(count_check(consumed, wanted, expected_items))
     if ddp:

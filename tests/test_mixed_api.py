@@ -1,0 +1,164 @@
+"""Planning a job whose ranks differ from one process: a device or memory budget per rank, each rank probed, a
+mixed plan (or the smallest-for-all one), the command line's flags and errors, the store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autotune
+from autotune import options
+from autotune.cli import main
+from autotune.errors import BadInput
+from autotune.planning.planner import make_plan
+
+MiB = 2**20
+MLP = ["--probe", "mlp", "--device", "cpu", "--quiet"]
+
+
+@pytest.mark.parametrize("value, items", [
+    ("cpu", ("cpu",)),
+    ("estimate:A100-80GB,estimate:T4-16GB", ("estimate:A100-80GB", "estimate:T4-16GB")),
+    ("estimate:H100-80GB*2, estimate:A10G-24GB*1", ("estimate:H100-80GB",) * 2 + ("estimate:A10G-24GB",)),
+    (["cpu", "cpu"], ("cpu", "cpu")),
+    (None, (None,)),
+])
+def test_a_value_per_rank(value, items):
+    assert options.per_rank(value, "device") == items
+
+
+@pytest.mark.parametrize("value, match", [
+    ("cpu,,cpu", "device 'cpu,,cpu' has an empty item"),
+    ("cpu*0", "device count after '\\*' 0 must be at least 1"),
+    ("cpu*x", "is not a whole number"),
+])
+def test_a_bad_value_per_rank_names_the_parameter(value, match):
+    with pytest.raises(BadInput, match=match):
+        options.per_rank(value, "device")
+
+
+def test_memory_budgets_per_rank():
+    assert options.memory_budgets("8MiB,3MiB") == (8 * MiB, 3 * MiB)
+    assert options.memory_budgets(None) == (None,) and options.memory_budgets(5) == (5,)
+
+
+def test_a_plan_for_an_a100_and_a_t4_gives_the_a100_the_larger_share():
+    plan = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB")
+    assert plan.world_size == 2 and plan.world_size_source == "the device list"
+    assert sum(plan.per_rank_batch) == 1024 and plan.per_rank_batch[0] > 2 * plan.per_rank_batch[1]
+    assert plan.mixed is not None and plan.mixed.balanced_by == "time"
+    a100, t4 = plan.mixed.ranks
+    assert (a100.device, t4.device) == ("estimate:A100-80GB", "estimate:T4-16GB")
+    assert a100.timed_by == t4.timed_by == "roofline" and a100.seconds_per_sample < t4.seconds_per_sample
+    assert a100.usable_bytes > 5 * t4.usable_bytes
+    assert all(r.peak_bytes is not None and r.peak_bytes <= r.usable_bytes for r in plan.mixed.ranks)
+    assert plan.mixed.step_seconds < plan.mixed.uniform_step_seconds
+    assert plan.probe is not None and plan.probe.device.name == "estimate:A100-80GB"  # rank 0's
+
+
+def test_counts_give_the_world_size_and_each_distinct_device_is_probed_once(monkeypatch):
+    from autotune import api
+
+    probed = []
+    real = api._probe_here
+    monkeypatch.setattr(api, "_probe_here", lambda wl, dev, **kw: probed.append(dev.name) or real(wl, dev, **kw))
+    plan = autotune.plan(4096, workload="mlp", device="estimate:H100-80GB*3,estimate:A10G-24GB*2")
+    assert plan.world_size == 5 and probed == ["estimate:H100-80GB", "estimate:A10G-24GB"]
+    assert [r.device for r in plan.mixed.ranks] == ["estimate:H100-80GB"] * 3 + ["estimate:A10G-24GB"] * 2
+    assert sum(plan.per_rank_batch) == 4096
+
+
+def test_budgets_per_rank_on_a_cpu_split_by_memory():
+    plan = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB")
+    assert plan.mixed is not None and plan.mixed.balanced_by == "memory"  # a CPU budget emulates memory, not speed
+    assert plan.per_rank_batch[0] > plan.per_rank_batch[1] and sum(plan.per_rank_batch) == 1800
+    assert [r.budget_bytes for r in plan.mixed.ranks] == [8 * MiB, 3 * MiB]
+    assert len(plan.schedule[0]) < len(plan.schedule[1])  # rank 0's one micro-step holds what rank 1 needs two for
+    assert plan.mixed.uniform_steps > len(plan.schedule[1])
+
+
+def test_uniform_ranks_keeps_the_smallest_for_all_plan():
+    plan = autotune.plan(1300, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
+    assert plan.mixed is None and plan.probe is not None and plan.probe.capacity_bytes == 3 * MiB
+    plain = make_plan(1300, plan.probe.max_micro_batch, world_size=2)
+    assert plan.schedule == plain.schedule and plan.per_rank_batch == (650, 650)
+    assert any("uniform ranks: every rank at rank 1's max micro-batch" in n for n in plan.notes)
+
+
+def test_alike_devices_in_a_list_get_the_ordinary_plan():
+    plan = autotune.plan(2048, workload="mlp", device="estimate:A100-80GB*2")
+    assert plan.mixed is None and plan.world_size == 2 and plan.per_rank_batch == (1024, 1024)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"device": "cpu,cpu", "world_size": 3}, "world_size 3 but the device or memory_budget list names 2 ranks"),
+    ({"device": "cpu,cpu,cpu", "memory_budget": "8MiB,3MiB"}, "device lists 3 ranks and memory_budget 2"),
+    ({"device": "cpu", "memory_budget": "8MiB,3MiB", "tune": True}, "tuning times one device"),
+])
+def test_lists_that_disagree_are_refused_before_any_probe(kwargs, match):
+    with pytest.raises(BadInput, match=match):
+        autotune.plan(1024, workload="mlp", **kwargs)
+
+
+def test_a_probe_or_a_run_of_one_process_takes_one_device():
+    with pytest.raises(BadInput, match="a device or memory_budget per rank \\(2 given\\) is for a plan"):
+        autotune.probe("mlp", device="cpu", memory_budget="8MiB,3MiB")
+    with pytest.raises(BadInput, match="a device or memory_budget per rank"):
+        autotune.run(target_batch=64, workload="mlp", device="cpu,cpu")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_command_line_plans_mixed_ranks_and_says_what_it_gains(capsys):
+    code, out, _ = run(capsys, "plan", "--target-batch", "1300", *MLP, "--memory-budget", "8MiB,3MiB")
+    assert code == 0
+    assert "over 2 ranks, each its own micro-batch and micro-steps" in out
+    assert "rank 0 (cpu):" in out and "rank 1 (cpu):" in out
+    assert "against the smallest-for-all plan (uniform ranks:" in out and "the slowest rank runs" in out
+    code, out, _ = run(capsys, "plan", "--target-batch", "1300", *MLP, "--memory-budget", "8MiB,3MiB", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["mixed"]["balanced_by"] == "memory" and len(data["mixed"]["ranks"]) == 2
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--format", "hf"], "the Hugging Face Trainer takes one per-device batch size, but the ranks differ"),
+    (["--format", "lightning"], "Lightning takes one per-device batch size"),
+    (["--uniform"], "--uniform asks for equal micro-batches on every rank, but the ranks differ"),
+])
+def test_framework_formats_and_uniform_refuse_a_mixed_plan_naming_uniform_ranks(capsys, flags, words):
+    code, out, err = run(capsys, "plan", "--target-batch", "1300", *MLP, "--memory-budget", "8MiB,3MiB", *flags)
+    assert code == 2 and out == ""
+    assert words in err and "pass --uniform-ranks for the smallest-for-all plan" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_uniform_ranks_exports_to_a_framework(capsys):
+    code, out, _ = run(capsys, "plan", "--target-batch", "1300", *MLP, "--memory-budget", "8MiB,3MiB",
+                       "--uniform-ranks", "--format", "deepspeed")
+    data = json.loads(out)
+    assert code == 0 and data["train_batch_size"] == 1300
+
+
+def test_a_mixed_plan_is_kept_in_the_store_under_fingerprints_that_cover_every_rank(tmp_path):
+    from autotune.store import open_store
+
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    first = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
+    again = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
+    assert again.probe.from_store and again.schedule == first.schedule
+    alone = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB*2", store=url)
+    fingerprints = [r.fingerprint for r in first.mixed.ranks]
+    assert None not in fingerprints and len(set(fingerprints)) == 2
+    assert alone.probe.fingerprint not in fingerprints  # the A100 of a job beside a T4 is another entry
+    store = open_store(url)
+    entry = store.entry(fingerprints[1])
+    ranks = entry.components["ranks"]
+    assert [r["name"] for r in ranks] == ["estimate:A100-80GB", "estimate:T4-16GB"]
+    assert "ranks" not in store.entry(alone.probe.fingerprint).components  # alike ranks: fingerprints as before
+    kept = [p for p in store.plans(fingerprints[1]) if p.get("mixed")]
+    assert kept and kept[0]["schedule"] == [list(r) for r in first.schedule]
