@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 
 from ..errors import WorkloadError
+from ..results.probe import ProbeResult
 from ..units import format_bytes
 from .estimates import EstimateCurve
 from .search import Correction, PeakCurve, search_max
@@ -60,6 +61,25 @@ def anchors(sizes: list[int], lo: int, hi: int) -> list[int]:
     return sorted((first, second))
 
 
+def correction(peaks: dict[int, int], estimate: Base, lo: int, hi: int, rate: float = 0.0) -> Correction:
+    """Real peaks minus the estimate, through the real runs nearest the bracket (lo, hi) (see :func:`anchors`)."""
+    diffs = {b: p - e for b, p in peaks.items() if (e := estimate(b)) is not None}
+    return Correction(tuple((b, float(diffs[b])) for b in anchors(list(diffs), lo, hi)), rate)
+
+
+def expected_peak(result: ProbeResult, batch: int) -> int | None:
+    """The real peak ``result``'s runs lead to expect at ``batch``: its estimate corrected by its real peaks
+    (None where it has no estimate there). What a confirm run of a stored result checks one more against."""
+    estimate = result.predicted_peak_at(batch)
+    if estimate is None:
+        return None
+    real = [t for t in result.trials if t.source == "real"]
+    peaks = {t.batch: t.peak_bytes for t in real if t.peak_bytes is not None}
+    lo = max((t.batch for t in real if t.fits), default=0)
+    hi = min((t.batch for t in real if not t.fits), default=result.max_batch + 1)
+    return int(round(estimate + correction(peaks, result.predicted_peak_at, lo, hi).at(batch)))
+
+
 class Learner:
     """The real search's model: expected real peaks, the next size to run, and when to stop.
 
@@ -84,18 +104,14 @@ class Learner:
         """The base, its correction by the real peaks for the bracket (lo, hi), and whether memory rises."""
         peaks = self.real.peaks()
         if self.estimate is not None:
-            at = self.estimate.at
-            diffs = {b: p - e for b, p in peaks.items() if (e := at(b)) is not None}
-            chosen = anchors(list(diffs), lo, hi)
-            return at, Correction(tuple((b, float(diffs[b])) for b in chosen), self.rate), True
+            return self.estimate.at, correction(peaks, self.estimate.at, lo, hi, self.rate), True
         chosen = anchors(list(peaks), lo, hi)
         curve = self._real_curve(tuple(chosen))
         base: Base = curve.peak if curve is not None else (lambda b: 0)
-        correction = Correction(tuple((b, float(peaks[b] - (base(b) or 0))) for b in chosen), self.rate)
+        fitted = Correction(tuple((b, float(peaks[b] - (base(b) or 0))) for b in chosen), self.rate)
         if curve is not None:
-            return base, correction, curve.rises()
-        rises = len(chosen) == 2 and peaks[chosen[1]] > peaks[chosen[0]]
-        return base, correction, rises
+            return base, fitted, curve.rises()
+        return base, fitted, len(chosen) == 2 and peaks[chosen[1]] > peaks[chosen[0]]
 
     def _real_curve(self, sizes: tuple[int, ...]) -> PeakCurve | None:
         """The peak curve through real runs' timelines (None unless two runs took the same steps)."""
@@ -110,19 +126,19 @@ class Learner:
 
     def expect(self, batch: int) -> tuple[float, float] | None:
         """(expected real peak, spread) at ``batch``, or None without a base there."""
-        base, correction, _ = self.model(*self.bracket())
+        base, fitted, _ = self.model(*self.bracket())
         value = base(batch)
-        return None if value is None else (value + correction.at(batch), correction.spread(batch))
+        return None if value is None else (value + fitted.at(batch), fitted.spread(batch))
 
     def fits(self, batch: int) -> bool:
         """A real run at ``batch``; what it measured against the expectation sets how far the next may be off."""
         before = self.expect(batch)
-        _, correction, _ = self.model(*self.bracket())
+        _, fitted, _ = self.model(*self.bracket())
         attempt = self.real(batch)
-        if before is None or not correction.anchors:  # the estimate alone: the calibration run answers it
+        if before is None or not fitted.anchors:  # the estimate alone: the calibration run answers it
             return attempt.fits
         expected, spread = before
-        reach = max(1, correction.reach(batch))
+        reach = max(1, fitted.reach(batch))
         if attempt.peak_bytes is not None:
             off = abs(attempt.peak_bytes - expected)
             self.rate = max(self.rate, (off - spread) / reach)
@@ -152,14 +168,13 @@ class Learner:
     def _predicted_max(self, lo: int, hi: int) -> tuple[int, bool]:
         """Where the expected peak meets the usable memory in (lo, hi), and whether memory rises. Between two
         real peaks on either side of the line, interpolated; elsewhere spread included."""
-        base, correction, rises = self.model(lo, hi)
+        base, fitted, rises = self.model(lo, hi)
         peaks = self.real.peaks()
         measured = lo in peaks and hi in peaks
 
         def expected_fits(b: int) -> bool:
             value = base(b)
-            return value is not None and \
-                value + correction.at(b) + (0 if measured else correction.spread(b)) <= self.usable
+            return value is not None and value + fitted.at(b) + (0 if measured else fitted.spread(b)) <= self.usable
 
         found = search_max(expected_fits, low=lo, high=hi - 1)  # arithmetic, no trials
         return found, rises
