@@ -49,6 +49,12 @@ def routed(b):
     return [573_220, 250_000 + 3_400 * b + noise]
 
 
+def ragged(b):
+    """The step's allocations change with the batch (packed sequences): no per-point curve, only a line
+    through real peaks; and small batches hold less per sample than large ones."""
+    return [50_000, 2_000 + 60_000 * b + 20_000 * max(0, b - 4)] + [0] * b
+
+
 CASES = [
     # (real timeline, estimate or None, capacities, most real runs, most misses)
     (exact, estimate, [4 * MiB, 8 * MiB, 64 * MiB], 1, 0),
@@ -57,6 +63,7 @@ CASES = [
     (a_bit_more, estimate, [4 * MiB, 8 * MiB, 64 * MiB], 3, 1),
     (offset, estimate, [4 * MiB, 8 * MiB, 64 * MiB], 3, 1),
     (routed, None, [2_000_000, 2 * MiB, 3_000_000, 8 * MiB], 4, 1),
+    (ragged, None, [4 * MiB, 12 * MiB, 64 * MiB], 6, 1),
 ]
 
 
@@ -70,6 +77,14 @@ def test_the_real_search_learns_from_every_real_peak(real, est, capacity, runs, 
     assert real_runs <= runs and missed <= misses, note
     if real_runs > 1:
         assert note is not None and f"max micro-batch {found} in {real_runs} real runs" in note
+
+
+def test_a_line_through_two_small_real_peaks_is_followed_half_way():
+    # Extrapolated all the way, the line through 1 and 2 would run out of memory at 12 MiB.
+    found, real_runs, missed, note = probe_max(None, ragged, 12 * MiB)
+    assert note is not None and "out of memory" not in note
+    line = 2 + (int(12 * MiB * 0.9) - max(ragged(2))) // (max(ragged(2)) - max(ragged(1)))
+    assert max(ragged(line)) > 12 * MiB and f"2: {max(ragged(2)) / 1024:.1f} KiB, {2 + (line - 2) // 2}: " in note
 
 
 def test_an_estimate_that_misses_memory_is_recalibrated_by_one_small_real_run():

@@ -37,11 +37,6 @@ class EstimateCurve:
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}  # by the sizes fitted through
         self._misses_at: tuple[int, list[tuple[int, int]]] = (-1, [])  # (runs seen, misses): runs only add up
 
-    def _timeline(self, b: int) -> Sequence[int]:
-        m = self.runs.done[b].measurement
-        assert m is not None
-        return m.timeline
-
     def _pick(self, near: int, count: int) -> dict[int, Sequence[int]]:
         """Timelines of up to ``count`` runs for a curve around ``near``: the nearest run, the one farthest
         from it (a long baseline), then the next nearest; all of one length (the same steps)."""
@@ -49,14 +44,14 @@ class EstimateCurve:
         if not runs:
             return {}
         first = min(runs, key=lambda b: (abs(b - near), -b))
-        same = [b for b in runs if len(self._timeline(b)) == len(self._timeline(first))]
+        same = [b for b in runs if len(runs[b]) == len(runs[first])]
         chosen = [first]
         if len(same) > 1:
             chosen.append(max((b for b in same if b != first), key=lambda b: (abs(b - first), b)))
         rest = [b for b in same if b not in chosen]
         if count > 2 and rest:
             chosen.append(min(rest, key=lambda b: (abs(b - near), -b)))
-        return {b: self._timeline(b) for b in chosen}
+        return {b: runs[b] for b in chosen}
 
     def _misses(self) -> list[tuple[int, int]]:
         """(batch, bytes off) of every run against the lines through the two smallest runs of its length."""
@@ -67,12 +62,11 @@ class EstimateCurve:
     def _find_misses(self) -> list[tuple[int, int]]:
         runs = self.runs.timelines()
         out = []
-        for b, attempt in runs.items():
-            same = sorted(s for s in runs if s != b and len(self._timeline(s)) == len(self._timeline(b)))[:2]
-            curve = PeakCurve.try_fit({s: self._timeline(s) for s in same}) if len(same) == 2 else None
+        for b, line in runs.items():
+            same = sorted(s for s in runs if s != b and len(runs[s]) == len(line))[:2]
+            curve = PeakCurve.try_fit({s: runs[s] for s in same}) if len(same) == 2 else None
             if curve is not None and b > max(same):
-                assert attempt.measurement is not None
-                out.append((b, abs(attempt.measurement.tracked_peak_bytes - curve.peak(b))))
+                out.append((b, abs(self._tracked(b) - curve.peak(b))))
         return out
 
     def bends(self) -> bool:

@@ -16,7 +16,10 @@ estimate's peak grows with the batch measures how far off the estimate is. While
 some size ran out of memory where the expectation, spread included, says it
 would not, the next real run is at most the geometric mean of the largest size
 that fitted and the smallest that did not. While the real runs show no memory
-rising with the batch, a run is at most twice the largest size that fitted. Real
+rising with the batch, a run is at most twice the largest size that fitted; a
+line through two real peaks whose runs took different steps (no per-point
+curve), not yet checked by a third run, is followed half way when it reaches
+far past them. Real
 runs raise the device's own out-of-memory error at its capacity, so none takes
 more memory than the budget.
 """
@@ -35,6 +38,9 @@ from .trials import Trials
 
 #: Guessed real runs before the search falls back to doubling and (geometric) bisection.
 GUESSES = 8
+#: A line through two real peaks (no per-point curve) is followed only half way when it reaches further
+#: past them than this many times the distance between them.
+LINE_REACH = 4
 #: The calibration run: the smallest size where the estimate's peak has risen by this share above its
 #: peak at the smallest size it ran (so the real peak there shows memory that grows with the batch).
 CALIBRATION_RISE = 0.1
@@ -91,7 +97,7 @@ class Learner:
                  estimate: EstimateCurve | None = None):
         self.real, self.usable, self.capacity, self.max_batch = real, usable, capacity, max_batch
         self.estimate = estimate
-        self.rate = 0.0  # what the last checked correction missed, per sample past its anchors
+        self.rate = 0.0  # what the last checked correction missed beyond its spread, per sample past its anchors
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}
 
     def bracket(self) -> tuple[int, int]:
@@ -119,8 +125,7 @@ class Learner:
             runs = self.real.timelines()
             fitted = None
             if len(sizes) == 2 and all(b in runs for b in sizes):
-                fitted = PeakCurve.try_fit({b: runs[b].measurement.timeline for b in sizes  # type: ignore[union-attr]
-                                            })
+                fitted = PeakCurve.try_fit({b: runs[b] for b in sizes})
             self._curves[sizes] = fitted
         return self._curves[sizes]
 
@@ -140,10 +145,9 @@ class Learner:
         expected, spread = before
         reach = max(1, fitted.reach(batch))
         if attempt.peak_bytes is not None:
-            off = abs(attempt.peak_bytes - expected)
-            self.rate = max(self.rate, (off - spread) / reach)
-        else:
-            self.rate = max(self.rate, (self.capacity - expected - spread) / reach)
+            self.rate = max(0.0, abs(attempt.peak_bytes - expected) - spread) / reach
+        else:  # more than the capacity: the expectation was off by at least that much
+            self.rate = max(0.0, self.capacity - expected - spread) / reach
         return attempt.fits
 
     def _contradicted(self) -> bool:
@@ -166,18 +170,26 @@ class Learner:
         return True
 
     def _predicted_max(self, lo: int, hi: int) -> tuple[int, bool]:
-        """Where the expected peak meets the usable memory in (lo, hi), and whether memory rises. Between two
-        real peaks on either side of the line, interpolated; elsewhere spread included."""
+        """The next size to run in (lo, hi), and whether memory rises with the batch.
+
+        Where the expected peak, spread included, fits the usable memory; but at least half way from ``lo``
+        to where the expected peak alone meets it (between two real peaks on either side of the line: there),
+        and never where the spread could take the run past the capacity (an out-of-memory error costs more
+        than a run that peaks over the usable memory)."""
         base, fitted, rises = self.model(lo, hi)
         peaks = self.real.peaks()
-        measured = lo in peaks and hi in peaks
 
-        def expected_fits(b: int) -> bool:
-            value = base(b)
-            return value is not None and value + fitted.at(b) + (0 if measured else fitted.spread(b)) <= self.usable
+        def largest(limit: float, spread: bool) -> int:
+            def within(b: int) -> bool:
+                value = base(b)
+                return value is not None and value + fitted.at(b) + (fitted.spread(b) if spread else 0) <= limit
 
-        found = search_max(expected_fits, low=lo, high=hi - 1)  # arithmetic, no trials
-        return found, rises
+            return search_max(within, low=lo, high=hi - 1)  # arithmetic, no trials
+
+        point = largest(self.usable, spread=False)
+        careful = point if lo in peaks and hi in peaks else max(largest(self.usable, spread=True),
+                                                                 lo + (point - lo) // 2)
+        return min(careful, largest(self.capacity, spread=True)), rises
 
     def calibration(self, hi: int) -> int | None:
         """With no real peak yet: the smallest size below ``hi`` where the estimate's peak has risen by
@@ -208,6 +220,13 @@ class Learner:
             found = min(found, _geometric(lo, hi))
         if not rises and lo > 0:
             found = min(found, GROWTH * lo)
+        peaks = self.real.peaks()
+        if self.estimate is None and len(peaks) == 2 and self._real_curve(tuple(peaks)) is None:
+            # Only a line through two peaks whose runs took different steps, unchecked: half way when that
+            # is far past the two (more than LINE_REACH times the distance between them).
+            baseline = max(peaks) - min(peaks)
+            if found - lo > LINE_REACH * baseline:
+                found = lo + (found - lo) // 2
         return found
 
     def settled(self, lo: int, hi: int) -> bool:

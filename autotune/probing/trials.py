@@ -57,9 +57,9 @@ class Trials:
         """Batch size -> peak bytes of every trial that ran to the end."""
         return {b: a.peak_bytes for b, a in sorted(self.done.items()) if a.peak_bytes is not None}
 
-    def timelines(self) -> dict[int, Attempt]:
-        """The trials that ran to the end with a timeline of live bytes, by batch size."""
-        return {b: a for b, a in sorted(self.done.items())
+    def timelines(self) -> dict[int, tuple[int, ...]]:
+        """Batch size -> the timeline of live bytes of every trial that ran to the end with one."""
+        return {b: a.measurement.timeline for b, a in sorted(self.done.items())
                 if a.measurement is not None and len(a.measurement.timeline) > 0}
 
     def misses(self) -> int:
