@@ -25,31 +25,32 @@ class SyntheticTrials(Trials):
     """Trials of ``timeline(b)``; with a ``capacity``, a peak past it is an out-of-memory error."""
 
     def __init__(self, timeline: Timeline, usable: int, source: str, log: list[Trial] | None = None,
-                 capacity: int | None = None):
+                 capacity: int | None = None, reserve: Callable[[int], int] | None = None):
         super().__init__(None, None, usable, source, [] if log is None else log, False)  # type: ignore[arg-type]
-        self.timeline, self.capacity = timeline, capacity
+        self.timeline, self.capacity, self.reserve = timeline, capacity, reserve
 
     def __call__(self, batch: int) -> Attempt:
         if batch not in self.done:
             line = [int(x) for x in self.timeline(batch)]
-            peak = max(line)
+            tracked = max(line)
+            peak = tracked if self.reserve is None else self.reserve(tracked)  # what a caching allocator holds
             if self.capacity is not None and peak > self.capacity:
                 attempt = Attempt(Trial(batch=batch, source=self.source, peak_bytes=None, fits=False, seconds=0.0,
                                         oom=True, why="synthetic out of memory"))
             else:
                 attempt = Attempt(Trial(batch=batch, source=self.source, peak_bytes=peak, fits=peak <= self.usable,
                                         seconds=0.0),
-                                  Measurement(peak_bytes=peak, tracked_peak_bytes=peak, breakdown={}, seconds=0.0,
+                                  Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={}, seconds=0.0,
                                               timeline=tuple(line)))
             self.done[batch] = attempt
             self.log.append(attempt.trial)
         return self.done[batch]
 
 
-def true_max(timeline: Timeline, usable: int, limit: int) -> int:
+def true_max(timeline: Timeline, usable: int, limit: int, reserve: Callable[[int], int] = int) -> int:
     """The largest size whose peak, and every smaller size's, is at most ``usable``."""
     b = 0
-    while b < limit and max(timeline(b + 1)) <= usable:
+    while b < limit and reserve(max(timeline(b + 1))) <= usable:
         b += 1
     return b
 
@@ -63,18 +64,20 @@ def estimate_max(timeline: Timeline, usable: int, limit: int = 4096, *, exact: b
     return found, len(runs.done), note
 
 
-def probe_max(estimate: Timeline | None, real: Timeline, capacity: int, limit: int = 4096, margin: float = 0.1
-              ) -> tuple[int, int, int, str | None]:
+def probe_max(estimate: Timeline | None, real: Timeline, capacity: int, limit: int = 4096, margin: float = 0.1,
+              reserve: Callable[[int], int] | None = None) -> tuple[int, int, int, str | None]:
     """What the probe finds on a device whose real timelines are ``real`` (out of memory past ``capacity``),
-    estimated by ``estimate`` (None: not estimable): (answer, real runs, misses, note)."""
+    estimated by ``estimate`` (None: not estimable): (answer, real runs, misses, note). ``reserve``: the
+    peak a caching allocator holds for a live-bytes peak, on the device and in the estimate alike (the
+    estimate's figures are then not exact)."""
     usable = int(capacity * (1 - margin))
     log: list[Trial] = []
-    real_runs = SyntheticTrials(real, usable, "real", log, capacity=capacity)
+    real_runs = SyntheticTrials(real, usable, "real", log, capacity=capacity, reserve=reserve)
     if estimate is None:
         found, note = learn.search_device(real_runs, usable, capacity, limit, why="not estimable")
     else:
-        est = SyntheticTrials(estimate, usable, "estimate", log)
-        curve = EstimateCurve(est, exact=True)
+        est = SyntheticTrials(estimate, usable, "estimate", log, reserve=reserve)
+        curve = EstimateCurve(est, exact=reserve is None)
         assert est.fits(2) and est.fits(3)
         m, _ = search_estimate(est, curve, usable, limit)
         found, note = learn.confirm(real_runs, curve, m, usable, capacity, limit)

@@ -87,6 +87,23 @@ def test_a_line_through_two_small_real_peaks_is_followed_half_way():
     assert max(ragged(line)) > 12 * MiB and f"2: {max(ragged(2)) / 1024:.1f} KiB, {2 + (line - 2) // 2}: " in note
 
 
+def segments(peak: int) -> int:
+    """A caching allocator's reserved peak: live bytes rounded up to 2 KiB, plus 20 KiB it keeps cached
+    (on these 4-64 MiB devices what 2 and 20 MiB segments are on GPUs a thousand times larger)."""
+    return -(-peak // 2048) * 2048 + 20 * 1024
+
+
+@pytest.mark.parametrize("real,runs,misses", [(exact, 1, 0), (workspace, 4, 1), (offset, 3, 1)],
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+@pytest.mark.parametrize("capacity", [4 * MiB, 8 * MiB, 64 * MiB])
+def test_standing_in_for_a_gpu_the_estimate_is_evaluated_where_the_real_runs_go(real, runs, misses, capacity):
+    # The estimate's figures are a simulated allocator's, not exact: every size a real run goes to, and the
+    # one above the answer, is evaluated rather than read off lines.
+    found, real_runs, missed, note = probe_max(estimate, real, capacity, reserve=segments)
+    assert found == true_max(real, int(capacity * 0.9), 4096, segments)
+    assert real_runs <= runs and missed <= misses, note
+
+
 def test_an_estimate_that_misses_memory_is_recalibrated_by_one_small_real_run():
     # The estimate's max runs out of memory: no real peak yet, so one run at the smallest size where the
     # estimate's peak grows with the batch (10% over its flat part: 6) measures how far off it is; the

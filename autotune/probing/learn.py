@@ -19,7 +19,8 @@ that fitted and the smallest that did not. While the real runs show no memory
 rising with the batch, a run is at most twice the largest size that fitted; a
 line through two real peaks whose runs took different steps (no per-point
 curve), not yet checked by a third run, is followed half way when it reaches
-far past them. Real
+far past them. When two real runs in a row have not halved the bracket, the
+next one does. Real
 runs raise the device's own out-of-memory error at its capacity, so none takes
 more memory than the budget.
 """
@@ -99,6 +100,7 @@ class Learner:
         self.estimate = estimate
         self.rate = 0.0  # what the last checked correction missed beyond its spread, per sample past its anchors
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}
+        self._widths: list[int] = []  # the bracket's width at every guess
 
     def bracket(self) -> tuple[int, int]:
         """(largest size that fitted for real or 0, smallest that did not or max_batch + 1)."""
@@ -211,6 +213,10 @@ class Learner:
         """The next real run: where the expected peak, spread included, meets the usable memory."""
         if not self.real.peaks():
             return self.calibration(hi)
+        self._widths.append(hi - lo)
+        if len(self._widths) > 2 and hi <= self.max_batch and 2 * (hi - lo) > self._widths[-3]:
+            # Two runs did not halve the bracket (memory moving in steps, or noise): halve it.
+            return (lo + hi) // 2 if hi in self.real.peaks() else _geometric(lo, hi)
         found, rises = self._predicted_max(lo, hi)
         for _ in range(3):  # the estimate evaluated there may move it
             if not self._evaluate(max(found, lo + 1)):
