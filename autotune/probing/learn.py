@@ -260,6 +260,11 @@ def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity
     if first.oom:
         head = (f"the estimate under-counted: micro-batch {m} ran out of memory on the real device, estimated "
                 f"peak {format_bytes(predicted)}")
+        after = [t for t in real.log if t.source == "real"][1:2]
+        calibrated = after[0] if after and after[0].peak_bytes is not None else None
+        if calibrated is not None and (at := estimate.at(calibrated.batch)):
+            head += (f"; a real run at micro-batch {calibrated.batch}, where the estimate starts to grow with the "
+                     f"batch, measured {format_bytes(calibrated.peak_bytes)} against {format_bytes(at)} estimated")
     else:
         assert first.peak_bytes is not None and predicted
         error = (first.peak_bytes - predicted) / predicted
