@@ -61,7 +61,7 @@ def test_a_size_with_no_bound_is_searched_on_the_device_with_a_note():
     assert result.max_micro_batch == expected
     assert any("cannot run this workload" in n and "repeat_interleave" in n and "no bound" in n
                for n in result.notes), result.notes
-    _assert_bounded(result)
+    assert result.real_runs <= 5 and sum(not t.fits for t in result.trials if t.source == "real") <= 1
 
 
 def test_a_shape_read_from_the_batch_is_answered_from_its_values():
@@ -86,7 +86,7 @@ def test_a_shape_read_from_values_that_depend_on_parameters_is_flagged_and_not_t
     assert abs(result.max_micro_batch - expected) <= 1
     assert any("read values it cannot know (4 reads" in n and "depend on parameters" in n and "not trusted" in n
                for n in result.notes), result.notes
-    _assert_bounded(result)
+    assert result.real_runs <= 4 and sum(not t.fits for t in result.trials if t.source == "real") <= 1
 
 
 def test_real_runs_on_the_cpu_never_take_more_than_the_budget():
@@ -118,16 +118,3 @@ def real_fits(workload, device, result, batch: int) -> bool:
         if t.source == "real" and t.batch == batch:
             return t.fits
     return run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=False).fits
-
-
-def _assert_bounded(result) -> None:
-    """No real run is more than twice the largest size that fitted, unless a smaller one already failed."""
-    fitted, failed = 0, 0
-    for t in result.trials:
-        if t.source != "real":
-            continue
-        assert t.batch <= max(1, 2 * fitted) or t.batch < failed, f"real run at {t.batch} after {fitted} fitted"
-        if t.fits:
-            fitted = max(fitted, t.batch)
-        else:
-            failed = t.batch if not failed else min(failed, t.batch)

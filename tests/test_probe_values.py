@@ -58,13 +58,7 @@ def test_the_estimate_from_the_batchs_values_is_the_real_peak(name):
         assert estimated.measurement.unknown_reads == 0
 
 
-_NEEDS_THE_SEARCH = pytest.mark.xfail(
-    strict=True, reason="the estimate is exact at every size (test above), but the line through micro-batches 2 "
-    "and 3 misses the longest target's growth with the batch: searching with the estimate instead of a line "
-    "(issue 29 point 3) confirms it in one or two real runs")
-
-
-@pytest.mark.parametrize("name", [*EXACT[:-1], pytest.param("ctc", marks=_NEEDS_THE_SEARCH)])
+@pytest.mark.parametrize("name", EXACT)
 def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_miss(name):
     workload, device, _ = _build(name)
     result = probe(workload, device, max_batch=4096)

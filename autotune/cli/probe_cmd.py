@@ -24,6 +24,8 @@ from .common import (
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
 one real run of the fit rule: two optimizer steps of two micro-steps each.
+When a real run disagrees, the real peaks correct the estimate and the next
+run goes where they predict; what cannot be estimated is searched on the device.
 
 examples:
   autotune probe

@@ -2,19 +2,20 @@
 
 1. Estimate: the fit rule on shape-only tensors (``meta``, or ``FakeTensorMode``
    where the meta engine cannot run the workload) at batch sizes 2 and 3 gives
-   the peak-vs-batch curve and its predicted max. Without a real device
-   (``estimate``), shape-only runs check the prediction (usually two: the
-   predicted max fits, one more does not).
-2. Confirm: one real run of the fit rule at the predicted max. When the real
-   peak says the next size would not fit either, that is the answer. When it
-   does not fit, or leaves room for more, the search continues on the real
-   device, guided by the estimate corrected by what the real runs measured.
+   the peak-vs-batch curve and its first guess; evaluations of the estimate at the
+   guessed sizes find the largest size that fits by the estimate
+   (:mod:`autotune.probing.estimates`): a curve that bends (memory quadratic in
+   the batch) or is flat, then rising, comes out exact.
+2. Confirm: one real run of the fit rule at that size. When the real peak says
+   the next size would not fit either, that is the answer. When it does not fit,
+   or leaves room for more, the real peaks correct the estimate and the search
+   goes straight to the size they predict (:mod:`autotune.probing.learn`).
 3. When the estimate cannot run the workload (data-dependent shapes) or its
    peak depends on values it cannot know (``.item()`` deciding a shape), it
-   says so and the search runs on the device from micro-batch 1. Real runs
-   raise the device's out-of-memory error at its capacity, and no real run is
-   more than twice the largest size that fitted while no larger one is known
-   not to fit.
+   says so and the search runs on the device: real runs at 1 and 2 give a peak
+   curve from the live bytes they measured, refitted through the real runs
+   nearest the answer after every run. Real runs raise the device's
+   out-of-memory error at its capacity, so none takes more than the budget.
 
 Only the device's own out-of-memory error means "does not fit"; any other
 error from the workload stops the probe with that error and the batch size.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .. import log, options
 from ..devices.base import Device, own_random_state
@@ -33,58 +35,25 @@ from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
 from ..units import format_bytes
 from ..workload import Workload
+from . import learn
+from .estimates import EstimateCurve, search_estimate
 from .fitrule import Attempt, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
-from .search import PeakCurve, search_max
+from .search import search_max
+from .trials import Trials
 
-#: Relative difference between estimated and real peak worth a note.
-MISMATCH_NOTE = 0.01
-#: A real search never tries more than this many times the largest size that fitted for real
-#: while no larger size is known not to fit.
-GROWTH = 2
 #: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
 FAR_BELOW = 0.5
 
 
-class _Trials:
-    """Runs and remembers fit-rule trials of one source (estimate or real)."""
+@dataclass(frozen=True)
+class Estimate:
+    """What the estimate says: the largest size that fits by it, the estimate at any size, and a note
+    when finding that size took more than the curve's first guess."""
 
-    def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None):
-        self.device, self.workload, self.usable, self.source = device, workload, usable, source
-        self.data_parallel, self.sharding = data_parallel, sharding
-        self.log = log
-        self.done: dict[int, Attempt] = {}
-
-    def __call__(self, batch: int) -> Attempt:
-        if batch not in self.done:
-            on_step = None
-            if self.source == "real":
-                log.progress(f"real run at micro-batch {batch} ...")
-                begin = time.perf_counter()
-
-                def on_step(done: int, total: int) -> None:
-                    log.progress(f"real run at micro-batch {batch}: micro-step {done}/{total} "
-                                 f"({time.perf_counter() - begin:.1f} s)", transient=True)
-
-            # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
-            # trial never takes more than the budget; estimates measure the whole step.
-            attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                                capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                sharding=self.sharding, on_step=on_step)
-            self.done[batch] = attempt
-            self.log.append(attempt.trial)
-            trial = attempt.trial
-            peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
-            verdict = "fits" if trial.fits else "does not fit"
-            log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
-        return self.done[batch]
-
-    def fits(self, batch: int) -> bool:
-        return self(batch).fits
-
-    def last(self) -> Attempt:
-        return self.done[self.log[-1].batch]
+    max: int
+    curve: EstimateCurve
+    note: str | None = None
 
 
 def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
@@ -97,8 +66,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     FSDP; the fit rule is this rank's of a sharded model (estimated under
     FakeTensorMode, see :mod:`autotune.probing.fsdp`). When the estimate cannot run the
     workload, or its peak depends on values it cannot know (``.item()`` in the
-    forward), the search runs on the device alone: from micro-batch 1, never
-    more than doubling the largest size that fitted.
+    forward), the search runs on the device alone (see :mod:`autotune.probing.learn`).
     """
     margin, max_batch = options.margin(margin), options.whole(max_batch, "max_batch")
     start = time.perf_counter()
@@ -109,12 +77,11 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     notes: list[str] = []
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
-        est = _Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding)
-        # With a real device to confirm on, the curve's prediction is checked by the real run
-        # (fake runs cost more than real ones there); an estimate alone checks it with fake runs, and so
-        # does a simulated allocator, whose reserved peak the live-bytes curve only approximates.
-        check = device.estimated or getattr(est.device, "simulates", False)
-        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, check=check)
+        est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding)
+        # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
+        # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
+        simulates = bool(getattr(est.device, "simulates", False))
+        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, exact=not simulates)
         notes.extend(_values_notes(est, estimate))
         fallback = getattr(est.device, "fallback", None)
         if fallback:
@@ -123,42 +90,39 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
         if sharding is not None:
             notes.append(sharding_note(sharding))
+        curve = EstimateCurve(est, exact=not simulates)
         if isinstance(estimate, str):  # why the estimate cannot be used
             if device.estimated:
                 raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate}; "
                                           "probe it on a real device (cpu or cuda:N) instead")
-            notes.append(f"{estimate}; searched on the real device from micro-batch 1, at most doubling the "
-                         "largest size that fitted")
-            est_max, curve = 0, None
         else:
-            est_max, curve = estimate
-            log.detail(f"the estimate predicts max micro-batch {est_max} (usable {format_bytes(usable)}, "
-                       f"engine {getattr(est.device, 'engine', 'n/a')}, {len(curve.lines()) if curve else 0} "
-                       "lines in the peak curve)")
-        estimate_at = _estimate_at(est, curve)
+            curve = estimate.curve
+            notes.extend([estimate.note] if estimate.note else [])
+            log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
+                       f"{getattr(est.device, 'engine', 'n/a')}, {len(est.done)} evaluations)")
         if device.estimated:
-            final = est_max
-            measured = est(est_max)
+            assert not isinstance(estimate, str)
+            final = estimate.max
+            measured = est(final)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = _Trials(device, workload, usable, "real", trials, data_parallel, sharding)
+            real = Trials(device, workload, usable, "real", trials, data_parallel, sharding)
+            note: str | None
             if isinstance(estimate, str):
-                final = search_max(real.fits, low=0, high=max_batch, guess=_from_real_runs(real, usable),
-                                   growth=GROWTH)
+                final, note = learn.search_device(real, usable, capacity, max_batch, why=estimate)
             else:
-                final = _confirm(real, est_max, estimate_at, usable, max_batch, notes)
-            notes.extend(_surprising_ooms(trials, estimate_at, usable))
+                final, note = learn.confirm(real, curve, estimate.max, usable, capacity, max_batch)
+            notes.extend([note] if note else [])
+            notes.extend(_surprising_ooms(trials, curve.at, usable))
             if final == 0:
                 raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
             measured = real(final)
-            if getattr(est.device, "simulates", False) and curve is not None:
+            if simulates and not isinstance(estimate, str):
                 est(final)  # the simulation's figures beside the real ones at the answer
     assert measured.peak_bytes is not None and measured.measurement is not None
-    predicted = estimate_at(final)
+    predicted = curve.at(final)
     error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
-    upto = max(final + final // 2, max(est.done, default=1), 4)
-    sizes = [b for b, _ in curve.points(min(upto, max_batch) if final < max_batch else upto)] if curve else []
-    points = sorted({b: p for b in {*sizes, *est.done} if (p := estimate_at(b)) is not None}.items())
+    points, lines = _curve_figures(curve, final, max_batch)
     notes.extend(_allocator_notes(est, measured))
     return ProbeResult(
         workload=workload.name,
@@ -175,8 +139,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         limited_by="max_batch" if final == max_batch else "memory",
         estimate_error=error,
         notes=tuple(notes),
-        curve=tuple(points),
-        curve_lines=tuple((a + _offset(est, curve, final), c) for a, c in curve.lines()) if curve else (),
+        curve=points,
+        curve_lines=lines,
         trials=tuple(trials),
         seconds=time.perf_counter() - start,
         options=dict(workload.chosen),
@@ -188,6 +152,20 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         world_size=sharding.world_size if sharding is not None else None,
     )
 
+
+def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
+                   ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[float, float], ...]]:
+    """The estimated curve as the result keeps it: (batch, peak) points, at every size the estimate ran
+    and along the curve up to half again past the answer, and its lines (none when it bends)."""
+    runs = curve.runs.done
+    fitted = curve.curve(final)
+    upto = max(final + final // 2, max(runs, default=1), 4)
+    sizes = [b for b, _ in fitted.points(min(upto, max_batch) if final < max_batch else upto)] if fitted else []
+    points = tuple(sorted({b: p for b in {*sizes, *runs} if (p := curve.at(b)) is not None}.items()))
+    if fitted is None:
+        return points, ()
+    shift = curve.shift(fitted, final)
+    return points, tuple((a + shift, c) for a, c in fitted.lines())
 
 
 def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, *,
@@ -212,39 +190,12 @@ def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, 
     return search_max(fits, low=1, high=limit)
 
 
-def _estimate_at(est: _Trials, curve: PeakCurve | None) -> Callable[[int], int | None]:
-    """The estimated peak at a size: from a fake run at that size, else from the curve, shifted by what
-    the fake run nearest that size measured above it (None when the estimate could not be used).
-
-    On the CPU the curve is exact and the shift 0. Standing in for a GPU, the runs measure the simulated
-    allocator's reserved peak and the curve counts live tensor bytes: the shift is the allocator's
-    rounding, cache and workspaces at the nearest size run."""
-
-    def at(b: int) -> int | None:
-        if curve is None:
-            return None
-        if b in est.done and est.done[b].peak_bytes is not None:
-            return est.done[b].peak_bytes
-        return curve.peak(b) + _offset(est, curve, b)
-
-    return at
-
-
-def _offset(est: _Trials, curve: PeakCurve, b: int) -> int:
-    """Measured minus curve at the fake run nearest ``b`` (the larger one on a tie)."""
-    done = [(abs(s - b), -s, a.peak_bytes) for s, a in est.done.items() if a.peak_bytes is not None]
-    if not done:
-        return 0
-    _, s, peak = min(done)
-    return peak - curve.peak(-s)
-
-
-def _simulated_allocated(est: _Trials, batch: int) -> int | None:
+def _simulated_allocated(est: Trials, batch: int) -> int | None:
     attempt = est.done.get(batch)
     return attempt.trial.allocated_bytes if attempt is not None else None
 
 
-def _allocator_notes(est: _Trials, measured: Attempt) -> list[str]:
+def _allocator_notes(est: Trials, measured: Attempt) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry."""
     notes = [n for a in est.done.values() if a.measurement is not None for n in a.measurement.notes]
     peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
@@ -264,8 +215,8 @@ def _allocator_notes(est: _Trials, measured: Attempt) -> list[str]:
     return list(dict.fromkeys(notes))
 
 
-def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
-                         check: bool) -> tuple[int, PeakCurve | None] | str:
+def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
+                         exact: bool) -> Estimate | str:
     """The estimate's max and curve, or why the estimate cannot be used for this workload."""
     try:
         first = est(min(2, max_batch))
@@ -284,12 +235,12 @@ def _estimate_or_why_not(est: _Trials, usable: int, max_batch: int, capacity: in
                     f"parameters{f'; {answered} more were answered from the batch' if answered else ''}) and the "
                     "memory it holds depends on them, so it is not trusted")
     try:
-        return _estimate(est, usable, max_batch, capacity, margin, check=check)
+        return _estimate(est, usable, max_batch, capacity, margin, exact=exact)
     except WorkloadError as exc:
         return f"the estimate cannot run this workload ({_cause(exc)})"
 
 
-def _values_notes(est: _Trials, estimate: object) -> list[str]:
+def _values_notes(est: Trials, estimate: object) -> list[str]:
     """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
     first = next(iter(est.done.values()), None)
     m = first.measurement if first is not None else None
@@ -303,23 +254,6 @@ def _values_notes(est: _Trials, estimate: object) -> list[str]:
         text += (f"; {m.unknown_reads} reads of values that depend on parameters stayed unknown and did not change "
                  "the memory it holds (checked with other answers)")
     return [text]
-
-
-def _from_real_runs(real: _Trials, usable: int) -> Callable[[int, int], int | None]:
-    """A guess from the real runs alone: the line through the measured peaks nearest the bracket."""
-
-    def guess(lo: int, hi: int) -> int | None:
-        peaks = sorted({t.batch: t.peak_bytes for t in real.log if t.peak_bytes is not None}.items())
-        below = [(b, p) for b, p in peaks if p <= usable]
-        above = [(b, p) for b, p in peaks if p > usable]
-        if not below or len(peaks) < 2:
-            return None
-        (b1, p1), (b2, p2) = (below[-1], above[0]) if above else (below[-2], below[-1]) if len(below) > 1 \
-            else (below[-1], peaks[-1])
-        slope = (p2 - p1) / (b2 - b1) if b2 != b1 else 0.0
-        return hi - 1 if slope <= 0 else b1 + int((usable - p1) // slope)
-
-    return guess
 
 
 def _cause(exc: WorkloadError) -> str:
@@ -339,99 +273,23 @@ def _surprising_ooms(trials: list[Trial], estimate_at: Callable[[int], int | Non
     return []
 
 
-def _estimate(est: _Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
-              check: bool) -> tuple[int, PeakCurve | None]:
-    """Largest size the estimate says fits, and the estimated curve.
+def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *, exact: bool) -> Estimate:
+    """Largest size the estimate says fits, found by evaluating it (see :mod:`autotune.probing.estimates`).
 
-    ``check``: confirm the curve's prediction with fake runs (the predicted max
-    fits, one more does not); otherwise the prediction stands as it is.
+    ``exact``: the engine's figures are exact live bytes (no allocator simulation).
     """
+    curve = EstimateCurve(est, exact=exact)
     first = est(min(2, max_batch))
     if not first.fits:
         if first.trial.batch == 1 or not est(1).fits:
             raise DoesNotFit(_does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False))
-        return 1, None
+        return Estimate(1, curve)
     if max_batch <= 2:
-        return max_batch, None
-    second = est(3)
-    assert first.measurement is not None and second.measurement is not None
-    curve = PeakCurve.try_fit(2, first.measurement.timeline, 3, second.measurement.timeline)
-
-    def guess(lo: int, hi: int) -> int:
-        # The curve's prediction, shifted by how the run nearest the usable line compared with it
-        # (exact on the CPU, where the shift is 0; for a CUDA stand-in, the simulated allocator's
-        # rounding, cache and workspaces there).
-        assert curve is not None
-        near = min((a for b in (lo, hi) if (a := est.done.get(b)) is not None and a.peak_bytes is not None),
-                   key=lambda a: abs(usable - (a.peak_bytes or 0)), default=est.last())
-        shift = near.peak_bytes - curve.peak(near.trial.batch) if near.peak_bytes is not None else 0
-        return curve.max_fitting(usable - shift, limit=max_batch)
-
-    low = 3 if second.fits else 2
-    if curve is not None and not check and curve.max_fitting(usable, limit=max_batch) >= low:
-        return curve.max_fitting(usable, limit=max_batch), curve
-    return search_max(est.fits, low=low, high=max_batch, guess=guess if curve else None), curve
-
-
-def _confirm(real: _Trials, m: int, estimate_at: Callable[[int], int | None], usable: int, max_batch: int,
-             notes: list[str]) -> int:
-    """The real maximum, starting from the estimate's ``m``."""
-    first = real(m)
-    predicted = estimate_at(m)
-    error = None if first.peak_bytes is None or predicted is None else (first.peak_bytes - predicted) / predicted
-    if first.fits:
-        if m == max_batch:
-            return m
-        # Would one more fit for real? Scale the estimate for m + 1 by the real/estimate ratio.
-        next_estimate = estimate_at(m + 1)
-        if next_estimate is None or first.peak_bytes is None or not predicted or \
-                first.peak_bytes / predicted * next_estimate > usable:
-            _note_mismatch(notes, error, m, first, predicted, searched=False)
-            return m
-        _note_mismatch(notes, error, m, first, predicted, searched=True, direction="room to spare")
-        low, high = m, max_batch
-    else:
-        _note_mismatch(notes, error, m, first, predicted, searched=True, direction="does not fit")
-        low, high = 0, m - 1
-
-    def guess(lo: int, hi: int) -> int | None:
-        # Real peak ~ estimate + extra; the extra is affine in the batch size, fitted
-        # to the real runs (through the origin while there is only one).
-        points = [(t.batch, t.peak_bytes - e) for t in real.log
-                  if t.source == "real" and t.peak_bytes is not None and (e := estimate_at(t.batch)) is not None]
-        if not points:
-            return None
-        (b1, d1), (b2, d2) = (points[-2], points[-1]) if len(points) > 1 and points[-2][0] != points[-1][0] \
-            else ((0, 0.0), points[-1])
-        slope = (d2 - d1) / (b2 - b1)
-
-        def predicted_fits(b: int) -> bool:
-            e = estimate_at(b)
-            return e is not None and e + d1 + slope * (b - b1) <= usable
-
-        return search_max(predicted_fits, low=lo, high=hi - 1)  # pure arithmetic, no trials
-
-    found = search_max(real.fits, low=low, high=high, guess=guess, growth=GROWTH, high_fails=not first.fits)
-    if found != m:
-        notes.append(f"searched on the real device: the max micro-batch is {found}, the estimate said {m}")
-    return found
-
-
-def _note_mismatch(notes: list[str], error: float | None, m: int, attempt: Attempt, predicted: int | None, *,
-                   searched: bool, direction: str = "") -> None:
-    trial = attempt.trial
-    if trial.oom:
-        notes.append(f"the estimate under-counted: micro-batch {m} ran out of memory on the real device, "
-                     f"estimated peak {format_bytes(predicted)}; searched on the real device")
-        return
-    if error is None or predicted is None or trial.peak_bytes is None or abs(error) < MISMATCH_NOTE and not searched:
-        return
-    word = "under-counted" if error > 0 else "over-counted"
-    text = (f"the estimate {word} by {abs(error):.1%}: real peak {format_bytes(trial.peak_bytes)} vs estimated "
-            f"{format_bytes(predicted)} at micro-batch {m}")
-    if searched:
-        text += f" ({direction}); searched on the real device"
-    notes.append(text)
+        return Estimate(max_batch, curve)
+    if not est(3).fits:
+        return Estimate(2, curve)
+    found, note = search_estimate(est, curve, usable, max_batch)
+    return Estimate(found, curve, note)
 
 
 def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float, *, measured: bool) -> str:

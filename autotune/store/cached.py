@@ -30,7 +30,7 @@ from typing import Any
 from .. import log, options
 from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
-from ..probing import finder
+from ..probing import finder, learn
 from ..probing.fitrule import Attempt, isolate, run_trial
 from ..probing.fsdp import FsdpRule
 from ..results.device import DeviceInfo
@@ -184,7 +184,8 @@ def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: 
         return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, {abs(change):.1%} "
                 f"{'above' if change > 0 else 'below'} the stored {format_bytes(stored.peak_bytes)}")
     if stored.limited_by == "memory" and m < max_batch:
-        at_m, at_next = stored.predicted_peak_at(m), stored.predicted_peak_at(m + 1)
+        # One more, as the stored real runs corrected the estimate, scaled by how the confirm run compares.
+        at_m, at_next = stored.peak_bytes, learn.expected_peak(stored, m + 1)
         if at_m and at_next and peak / at_m * at_next <= usable:
             return (f"micro-batch {m + 1} would fit the {format_bytes(usable)} usable now (about "
                     f"{format_bytes(int(peak / at_m * at_next))}); it was stored with "
