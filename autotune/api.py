@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
-from .probing import finder
 from .probing.fsdp import FsdpRule
 from .results.probe import ProbeResult
+from .store import cached
 from .training import distributed
 from .units import plural
 from .workload import DEFAULT_PROBE, Workload, load_workload
@@ -90,13 +90,8 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     elif data_parallel is None:
         data_parallel = distributed.active() or (world_size or 1) > 1
     rule: dict[str, Any] = {"data_parallel": bool(data_parallel)} if sharding is None else {"sharding": sharding}
-    if kept is None:
-        result = finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
-    else:
-        from .store import cached
-
-        result = cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
-                              parallel=parallel)
+    result = cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
+                          parallel=parallel)  # finder.probe, through the store when there is one
     if distributed.active():
         result = agree_across_ranks(result)
     return replace(result, source=_source(workload))
@@ -112,7 +107,7 @@ def _open_store(store: StoreSpec) -> Store | None:
         from .store import open_store
 
         return open_store(store)
-    if not all(hasattr(store, a) for a in ("entry", "put", "record")):
+    if not all(hasattr(store, a) for a in ("get", "claim", "put")):
         raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
     return store
 
@@ -163,7 +158,8 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     """
-    from .planning.planner import UNIFORM, check_plan, make_plan
+    from .planning.planner import UNIFORM, check_plan
+    from .planning.probed import measured_or_assumed, plan_probed
 
     target_batch = options.whole(target_batch, "target_batch", example="1024")
     margin = options.margin(margin)
@@ -199,16 +195,14 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
                          world_size_source=source)
         assert tuned.probe is not None
         return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
-                       notes=tuned.notes + _measured_or_assumed(tuned.probe, world, source))
+                       notes=tuned.notes + measured_or_assumed(tuned.probe, world, source))
     result = probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=per_rank,
                    data_parallel=world > 1, parallel=parallel, world_size=world,
                    store=kept if kept is not None else False)
-    made = make_plan(target_batch, result.max_micro_batch, world_size=world, multiple_of=multiple_of,
-                     uniform=uniform, probe=result, world_size_source=source)
-    stored = tuple(n for n in result.notes[:1] if result.from_store)
-    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, world, source))
+    made = plan_probed(target_batch, result, world_size=world, world_size_source=source, multiple_of=multiple_of,
+                       uniform=uniform)
     if kept is not None and result.fingerprint is not None:
-        kept.put_plan(result.fingerprint, made)
+        kept.put(result.fingerprint, plan=made)  # kept beside its probe
     return made
 
 
@@ -223,16 +217,6 @@ def _world_size(flag: int | None, env: dict[str, str] | None) -> tuple[int, str]
                            f"or launch {flag} processes")
         return world, "process group"
     return world_size_from(flag, os.environ if env is None else env)
-
-
-def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[str, ...]:
-    if world == 1:
-        return ()
-    if source == "process group":
-        return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
-    where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
-    return (f"assumed: {world} ranks ({where}), each with a device like this one; measured: the probe on "
-            f"{result.device.name} here only",)
 
 
 _probe_and_plan = plan  # ``run`` takes a parameter called plan
@@ -302,6 +286,4 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
 
     if kept is None:
         return train()
-    from .store import cached
-
     return cached.record_run(kept, planned, wl, dev, precision, train)

@@ -1,6 +1,9 @@
 """The plan store's tables and the typed rows read from them. No torch here.
 
-Four tables, in any database SQLAlchemy reaches (SQLite by default):
+Six tables, in any database SQLAlchemy reaches (SQLite by default, PostgreSQL for a team):
+
+- ``autotune_store_info``: the store's layout version (its ``schema`` row), which
+  :mod:`autotune.store.migrations` brings up to date;
 
 - ``autotune_entries``: one probe result per fingerprint, with the fingerprint's
   parts, when and on what it was measured, how often it was served, and, once a
@@ -11,7 +14,11 @@ Four tables, in any database SQLAlchemy reaches (SQLite by default):
   probe, confirm runs, planned runs, runs reported over HTTP), against the
   fingerprint, with the estimate for the same micro-batch;
 - ``autotune_claims``: who is probing a fingerprint right now, so that
-  concurrent requests for it probe once and the others wait.
+  concurrent requests for it probe once and the others wait, and until when
+  (the holder renews it while it probes);
+- ``autotune_requests``: the requests ``autotune serve`` answered, by a digest of
+  their settings, and the fingerprint each was answered with: a request seen
+  before is answered from the store without taking its fingerprint again.
 
 Times are seconds since the epoch (UTC), stored as floats.
 """
@@ -43,8 +50,11 @@ from ..errors import BadInput
 if TYPE_CHECKING:
     from ..results.probe import ProbeResult
 
-#: The layout this autotune writes; a store written by a newer one is refused.
-STORE_SCHEMA = 1
+#: The layout this autotune writes; a store written by a newer one is refused, an older one brought up to
+#: date (:mod:`autotune.store.migrations`).
+STORE_SCHEMA = 2
+#: The oldest layout this autotune reads as it is, where it may not write (a store opened read-only).
+READS_FROM = 1
 
 metadata = MetaData()
 
@@ -72,6 +82,7 @@ entries = Table(
     Column("components", Text, nullable=False),
     Column("probe", Text, nullable=False),
     Column("autotune_version", String(32), nullable=False),
+    Index("autotune_entries_created_at", "created_at"),  # layout 2
 )
 
 plans = Table(
@@ -104,6 +115,7 @@ measurements = Table(
     Column("seconds", Float),
     Column("note", Text),
     Index("autotune_measurements_fingerprint", "fingerprint"),
+    Index("autotune_measurements_recorded_at", "recorded_at"),  # layout 2
 )
 
 claims = Table(
@@ -112,6 +124,14 @@ claims = Table(
     Column("owner", String(200), nullable=False),
     Column("claimed_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
+)
+
+requests = Table(  # layout 2
+    "autotune_requests", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("autotune_requests_fingerprint", "fingerprint"),
 )
 
 #: Where a measurement came from.
