@@ -29,6 +29,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for this test process (tests/postgres.py), or the tests that need one skipped
+    with the reason."""
+    from .postgres import Server, Unavailable
+
+    try:
+        server = Server.start()
+    except Unavailable as exc:
+        pytest.skip(f"needs a PostgreSQL server: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """A plan store's URL, on each database: an SQLite file in the test's folder, and a fresh PostgreSQL
+    database (dropped after the test)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'plans.db'}"
+        return
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None:
+        pytest.skip(f"SQLite only: {only.args[0]}")
+    server = request.getfixturevalue("postgres")
+    url = server.database()
+    yield url
+    server.drop(url)
+
+
 @pytest.fixture
 def mlp():
     from autotune.workload import load_workload
