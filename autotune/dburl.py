@@ -35,8 +35,8 @@ def check_storage(url: str | None, name: str = "storage", *, store: bool = False
         raise BadInput(f"{name} {shown!r} names no database driver SQLAlchemy knows ({parsed.drivername}): "
                        "use e.g. sqlite:///tune.db, postgresql://HOST/DB or mysql://HOST/DB") from None
     except ImportError as exc:
-        fix = "pip install 'autotune[postgres]'" if store and parsed.get_backend_name() == "postgresql" else \
-            "install it"
+        fix = "pip install 'autotune[postgres]'" if store and parsed.drivername in (
+            "postgresql", "postgres", "postgresql+psycopg") else "install it"
         raise BadInput(f"{name} {shown!r} needs the Python driver {exc.name or exc}, which is not installed: "
                        f"{fix}, or use sqlite:///FILE") from None
     except (SQLAlchemyError, ValueError, TypeError) as exc:  # any other refusal of the URL

@@ -77,21 +77,25 @@ def take(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> str 
                      .values(owner=owner, claimed_at=now, expires_at=now + lease_s))
         return None
     values = {"fingerprint": fingerprint, "owner": owner, "claimed_at": now, "expires_at": now + lease_s}
-    return None if conn.execute(_insert_new(conn, values)).rowcount else "another process"
+    return None if conn.execute(_insert_new(conn, values)).first() is not None else "another process"
 
 
 def _insert_new(conn: Connection, values: dict[str, Any]) -> Any:
-    """An insert of a claim that does nothing when another transaction inserted one first."""
+    """An insert of a claim that returns its row, and nothing when another transaction inserted one first
+    (an insert's row count is not known on every driver: psycopg's is -1)."""
+    t = schema.claims
     name = conn.dialect.name
     if name == "postgresql":
         from sqlalchemy.dialects import postgresql
 
-        return postgresql.insert(schema.claims).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
-    if name == "sqlite":
+        made: Any = postgresql.insert(t).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
+    elif name == "sqlite":
         from sqlalchemy.dialects import sqlite
 
-        return sqlite.insert(schema.claims).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
-    return insert(schema.claims).values(**values)  # the primary key refuses a second (Store.take: "another process")
+        made = sqlite.insert(t).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
+    else:  # the primary key refuses a second insert (Store.take says "another process")
+        made = insert(t).values(**values)
+    return made.returning(t.c.fingerprint)
 
 
 def renew(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import replace
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +19,8 @@ from autotune.results.probe import ProbeResult, Trial
 from autotune.store import Observation, open_store
 from autotune.store.schema import STORE_SCHEMA
 from autotune.store.store import Store, accuracy, owner_id
+
+from ..stores import rows
 
 FP = "ab" * 32
 OTHER = "cd" * 32
@@ -259,6 +261,52 @@ def test_single_flight_makes_the_second_wait_for_the_first(store):
     thread.join()
     assert waited and order == ["first done", "second in"] and len(waits) == 1
     assert store.take(FP, owner_id()) is None  # released
+
+
+#: A claim's owner on another host: whether its process lives cannot be seen from here.
+ELSEWHERE = "gpu-node-9:4242:1"
+
+
+def test_a_claim_from_another_host_ends_with_its_lease(store):
+    assert store.take(FP, ELSEWHERE, lease_s=0.5) is None
+    (expires,) = rows(store.url, "autotune_claims", "expires_at")[0]
+    assert expires == pytest.approx(time.time() + 0.5, abs=0.3)  # every process sees until when it holds
+    assert store.take(FP, owner_id()) == ELSEWHERE
+    time.sleep(0.6)
+    assert store.take(FP, owner_id()) is None, "a claim whose lease ran out is taken over"
+    assert rows(store.url, "autotune_claims", "owner") == [(owner_id(),)]
+
+
+@pytest.mark.parametrize("heartbeat", [True, False])
+def test_a_claim_is_renewed_while_it_is_held(store, monkeypatch, heartbeat):
+    from autotune.store import claims
+
+    if not heartbeat:  # plant the fault: no renewal, and the claim goes with its first lease
+        monkeypatch.setattr(claims.Heartbeat, "_beat", lambda self: None)
+    with store.claim(FP, lease_s=0.6):
+        time.sleep(1.5)  # past two leases
+        taken = store.take(FP, ELSEWHERE)
+    assert (taken is not None) is heartbeat
+    if heartbeat:
+        assert store.take(FP, ELSEWHERE) is None  # let go at the end of the block
+
+
+def test_of_many_asking_at_once_one_gets_the_claim(store):
+    start = threading.Barrier(8)
+    got: list[str | None] = []
+
+    def ask(i: int) -> None:
+        start.wait(10)
+        got.append(store.take(FP, f"node-{i}:1:1"))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(g is None for g in got) == [False] * 7 + [True], got
+    (owner,) = rows(store.url, "autotune_claims", "owner")
+    assert all(g == owner[0] or g == "another process" for g in got if g is not None)
 
 
 _WRITER = """
