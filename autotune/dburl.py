@@ -52,7 +52,7 @@ def check_storage(url: str | None, name: str = "storage", *, store: bool = False
 
 def store_url(url: str) -> str:
     """The URL a plan store connects with: ``postgresql://`` without a driver means psycopg (3), the
-    ``postgres`` extra's driver, when it is installed (SQLAlchemy's own default is psycopg2)."""
+    ``postgres`` extra's driver, when it is installed (SQLAlchemy 2.0's own default is psycopg2)."""
     from importlib.util import find_spec
 
     from sqlalchemy.engine import make_url

@@ -43,12 +43,26 @@ def postgres():
     server.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+#: The databases every store and service test runs on.
+DATABASES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=DATABASES)
 def store_url(request, tmp_path):
-    """A plan store's URL, on each database: an SQLite file in the test's folder, and a fresh PostgreSQL
-    database (dropped after the test)."""
+    """A new plan store's URL, on each database: an SQLite file in the test's folder, and a fresh
+    PostgreSQL database (dropped after the test)."""
+    yield from _new_store(request, tmp_path)
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def module_store_url(request, tmp_path_factory):
+    """:func:`store_url` for a whole test file (a server the file's tests share)."""
+    yield from _new_store(request, tmp_path_factory.mktemp("store"))
+
+
+def _new_store(request, folder):
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'plans.db'}"
+        yield f"sqlite:///{folder / 'plans.db'}"
         return
     only = request.node.get_closest_marker("sqlite_only")
     if only is not None:

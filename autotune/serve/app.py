@@ -8,11 +8,14 @@
     POST /v1/measurements               what a job measured, against a fingerprint
     GET  /v1/probes                     the probes this service runs
     GET  /healthz                       liveness (without the token: the status alone)
+    GET  /metrics                       Prometheus metrics (:mod:`autotune.serve.metrics`)
     GET  /docs, /openapi.json           the API, described by FastAPI
 
 Requests name probes from :class:`~autotune.serve.probes.Catalogue` only and plan
-for estimates only (nothing runs on the server's own devices). Probes run in
-worker processes (:mod:`autotune.serve.worker`); a plan request whose client
+for estimates only (nothing runs on the server's own devices). A plan request
+whose settings the store has answered before is answered here, from the store
+(:mod:`autotune.serve.stored`); any other runs in a worker process
+(:mod:`autotune.serve.worker`), and a plan request whose client
 hangs up stops its probe unless another request waits for the same one. A
 request's ``Host`` must be a name of the address the service listens on (or one
 of ``--allowed-hosts``): a page elsewhere cannot reach a service on 127.0.0.1
@@ -29,18 +32,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import BadInput
+from ..errors import AutotuneError, BadInput
 from ..store import open_store
 from ..store.schema import DamagedEntry
-from ..store.store import StoreUnavailable
+from ..store.store import Store, StoreUnavailable
+from . import stored
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
 from .guard import Guard, authorised
-from .jobs import Job, JobFailed
+from .jobs import Job, JobFailed, one_line, status_of
+from .metrics import Metrics, Observe
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -69,7 +75,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     store = open_store(settings.store, name="--store")
     pool = Pool(settings.store, settings.workers, timeout_s=settings.probe_timeout_s)
+    metrics = Metrics(pool)
     token = settings.token.encode() if settings.token else None
+    stored.environment()  # what the workers' fingerprints depend on, read once now
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -83,17 +91,25 @@ def create_app(settings: Settings) -> FastAPI:
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
                               "GPUs, from a plan store shared by every job.")
     app.state.pool = pool
+    app.state.metrics = metrics
     app.add_middleware(Guard, token=settings.token, max_body=MAX_BODY, hosts=settings.allowed_hosts)
-    _handlers(app)
+    app.add_middleware(Observe, metrics=metrics, routes=app.routes)
+    _handlers(app, metrics)
 
     @app.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
     async def plan(body: PlanRequest, request: Request) -> dict[str, Any]:
         probe, function = settings.probes.resolve(body.probe)
-        fields = body.model_dump()
-        spec = probe.spec(function)
-        key = (spec, *(fields[k] for k in ("device", "memory_budget", "world_size", "parallel", "margin",
-                                          "precision")))
-        answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, **fields}, key))
+        key = stored.request_key(probe, function, body)
+        answer = await run_in_threadpool(_from_store, store, key, body)
+        if answer is None:
+            fields = body.model_dump()
+            spec = probe.spec(function)
+            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, **fields},
+                                                     (spec, *(fields[k] for k in stored.PROBED))))
+            if answer["fingerprint"] is not None:  # the next request with these settings is answered here
+                await run_in_threadpool(store.put, answer["fingerprint"], request=key)
+        metrics.answered(answer)
+        request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
         return {"plan": answer["plan"], "cached": answer["cached"], "fingerprint": answer["fingerprint"]}
 
     @app.get("/v1/plans", summary="The store's entries, the most recent first")
@@ -123,7 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
     def measurements(body: MeasurementRequest) -> Any:
         from ..store.schema import Observation
 
-        found = store.entry(body.fingerprint)
+        found = store.get(body.fingerprint)
         if found is None:
             return _error(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
                                "fingerprints POST /v1/plan returned")
@@ -147,7 +163,23 @@ def create_app(settings: Settings) -> FastAPI:
         full = token is None or authorised(token, request.headers.get("authorization", "").encode())
         return _health(store, pool, full=full)
 
+    @app.get("/metrics", summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, "
+                                 "store errors")
+    def prometheus() -> Response:
+        content, kind = metrics.exposition()
+        return Response(content, media_type=kind)
+
     return app
+
+
+def _from_store(store: Store, key: str, body: PlanRequest) -> dict[str, Any] | None:
+    """:func:`autotune.serve.stored.answer`, its planning errors said as a worker says them."""
+    try:
+        return stored.answer(store, key, body)
+    except StoreUnavailable:
+        raise
+    except AutotuneError as exc:
+        raise JobFailed(status_of(exc), one_line(str(exc))) from None
 
 
 def _health(store: Any, pool: Pool, *, full: bool) -> JSONResponse:
@@ -177,9 +209,9 @@ def _latest(store: Any, entry: Any) -> Any:
     return entry.probe()
 
 
-def _handlers(app: FastAPI) -> None:
+def _handlers(app: FastAPI, metrics: Metrics) -> None:
     """One-line answers for bad requests, failed jobs, unknown or broken probes, damaged entries and a
-    store that cannot be reached."""
+    store that cannot be reached (counted)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -194,6 +226,8 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(JobFailed)
     async def failed(_request: Request, exc: JobFailed) -> JSONResponse:
+        if exc.store:
+            metrics.store_errors.labels("worker").inc()
         return _error(exc.status, in_request_terms(exc.message))
 
     @app.exception_handler(UnknownProbe)
@@ -210,7 +244,15 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def unavailable(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+        metrics.store_errors.labels("server").inc()
         return _error(503, str(exc))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def unreachable(_request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        metrics.store_errors.labels("server").inc()
+        text = str(exc).strip().splitlines()
+        return _error(503, f"the store cannot be used now ({type(exc).__name__}: {text[0] if text else ''}); the "
+                           "service is fine: try again once the database answers")
 
 
 async def attend(request: Request, pool: Pool, job: Job) -> dict[str, Any]:

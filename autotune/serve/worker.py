@@ -9,7 +9,7 @@ past its time limit has its worker stopped (and the store claims it held
 dropped); a worker that dies takes no request with it but its own, which gets
 its one-line error. The next job starts a fresh worker. Concurrent jobs for the
 same fingerprint probe once: the store's claims make the others wait for the
-answer (see :meth:`autotune.store.Store.single_flight`).
+answer (see :meth:`autotune.store.Store.claim`).
 
 A job ends early, its worker stopped the same way, when every client that asked
 for its probe has gone (a job whose own client went runs on while another
@@ -75,8 +75,10 @@ class Worker:
         self.process: Any = None
         self.conn: Connection | None = None
         self.ready = False
+        self.starts = 0
 
     def start(self) -> None:
+        self.starts += 1
         context: Any = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (with the first worker)
@@ -120,7 +122,7 @@ class Worker:
             raise JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next "
                                  "request starts a new worker") from None
         if not answer["ok"]:
-            raise JobFailed(answer["status"], answer["error"])
+            raise JobFailed(answer["status"], answer["error"], store=answer.get("store_error", False))
         return answer
 
     def _ready(self, stop: Callable[[], JobFailed | None]) -> bool:
@@ -221,6 +223,11 @@ class Pool:
     def waiting(self) -> int:
         with self._lock:
             return self._waiting
+
+    @property
+    def restarted(self) -> int:
+        """Worker processes started again after one was stopped or died."""
+        return sum(max(0, w.starts - 1) for w in self.workers)
 
     def run(self, job: Job) -> dict[str, Any]:
         """``job``'s answer, from the first free worker; JobFailed when it failed, or ended early (see the module)."""

@@ -295,3 +295,28 @@ def test_the_store_commands_load_no_heavy_library(made, argv):
     done = subprocess.run([sys.executable, "-c", _HEAVY, *argv], capture_output=True, text=True, timeout=120)
     seen = json.loads(done.stderr.strip().splitlines()[-1])
     assert seen == {"code": 0, "heavy": []}, done.stderr
+
+
+def test_serve_help_shows_a_postgresql_deployment_with_two_replicas(capsys):
+    code, out, _ = run(capsys, "serve", "--help")
+    assert code == 0 and "pip install 'autotune[serve,postgres]'" in out
+    assert "AUTOTUNE_STORE=postgresql://" in out and "/metrics" in out
+    replicas = [line for line in out.splitlines() if line.strip().startswith("autotune serve --host 0.0.0.0")]
+    assert len(replicas) == 2 and "replica 1" in replicas[0] and "replica 2" in replicas[1]
+
+
+def test_a_postgresql_store_connects_with_psycopg_or_says_how_to_get_it(monkeypatch):
+    import importlib.util
+
+    from autotune.dburl import check_storage, store_url
+    from autotune.errors import BadInput
+
+    assert store_url("postgresql://team@db.internal/plans") == "postgresql+psycopg://team@db.internal/plans"
+    assert store_url("postgresql+psycopg2://db.internal/plans") == "postgresql+psycopg2://db.internal/plans"
+    check_storage("postgresql://team:secret@db.internal/plans", "--store", store=True)  # connects to nothing
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as where no driver is installed
+    for driver in ("psycopg", "psycopg2"):  # SQLAlchemy 2.1's default driver, and 2.0's
+        monkeypatch.setitem(sys.modules, driver, None)
+    with pytest.raises(BadInput, match=r"^--store 'postgresql://team:\*\*\*@db.internal/plans' needs the Python "
+                                       r"driver psycopg2?, which is not installed: pip install 'autotune\[postgres\]'"):
+        check_storage("postgresql://team:secret@db.internal/plans", "--store", store=True)
