@@ -25,7 +25,7 @@ from typing import Any
 
 VARIABLE = "AUTOTUNE_TEST_POSTGRES"
 _SETTINGS = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-             "-c", "max_connections=300", "-c", "listen_addresses=127.0.0.1")
+             "-c", "max_connections=300", "-c", "listen_addresses=127.0.0.1")  # the last two always
 
 
 class Unavailable(Exception):
@@ -54,7 +54,9 @@ class Server:
         self._conn: Any = None
 
     @classmethod
-    def start(cls) -> Server:
+    def start(cls, *, durable: bool = False) -> Server:
+        """The server ``$AUTOTUNE_TEST_POSTGRES`` names, else one started here (``durable``: with
+        PostgreSQL's own fsync and commit settings, as a benchmark wants, instead of none)."""
         try:
             import psycopg  # noqa: F401
         except ImportError:
@@ -82,7 +84,8 @@ class Server:
         if made.returncode != 0:
             shutil.rmtree(folder, ignore_errors=True)
             raise Unavailable(f"initdb failed: {made.stderr.strip().splitlines()[-1:]}")
-        options = " ".join((*_SETTINGS, "-p", str(port), "-k", str(folder)))
+        settings = _SETTINGS[-4:] if durable else _SETTINGS
+        options = " ".join((*settings, "-p", str(port), "-k", str(folder)))
         started = subprocess.run([pg_ctl, "-D", str(folder / "data"), "-o", options, "-l", str(folder / "log"),
                                   "-w", "-t", "60", "start"], **run)
         if started.returncode != 0:

@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..errors import AutotuneError, BadInput
 from ..store import open_store
 from ..store.schema import DamagedEntry
-from ..store.store import Store, StoreUnavailable
+from ..store.store import StoreUnavailable
 from . import stored
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
 from .guard import Guard, authorised
@@ -75,6 +75,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     store = open_store(settings.store, name="--store")
     pool = Pool(settings.store, settings.workers, timeout_s=settings.probe_timeout_s)
+    from_store = stored.FromStore(store)
     metrics = Metrics(pool)
     token = settings.token.encode() if settings.token else None
     stored.environment()  # what the workers' fingerprints depend on, read once now
@@ -82,10 +83,12 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         pool.start()
+        from_store.start()
         try:
             yield
         finally:
             pool.stop()
+            from_store.stop()
 
     app = FastAPI(title="autotune", version=autotune.__version__, lifespan=lifespan,
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
@@ -97,10 +100,10 @@ def create_app(settings: Settings) -> FastAPI:
     _handlers(app, metrics)
 
     @app.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
-    async def plan(body: PlanRequest, request: Request) -> dict[str, Any]:
+    async def plan(body: PlanRequest, request: Request) -> Any:
         probe, function = settings.probes.resolve(body.probe)
         key = stored.request_key(probe, function, body)
-        answer = await run_in_threadpool(_from_store, store, key, body)
+        answer = await run_in_threadpool(_from_store, from_store, key, body)
         if answer is None:
             fields = body.model_dump()
             spec = probe.spec(function)
@@ -108,16 +111,19 @@ def create_app(settings: Settings) -> FastAPI:
                                                      (spec, *(fields[k] for k in stored.PROBED))))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
+            answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
         metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
-        return {"plan": answer["plan"], "cached": answer["cached"], "fingerprint": answer["fingerprint"]}
+        return Response(answer["body"], media_type="application/json")
 
     @app.get("/v1/plans", summary="The store's entries, the most recent first")
     def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        from_store.flush()  # what this service answered, as it lists the store
         return {"plans": [e.to_dict() for e in store.entries(limit=limit)]}
 
     @app.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements")
     def entry(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+        from_store.flush()
         found = _find(store, fingerprint)
         if isinstance(found, JSONResponse):
             return found
@@ -130,6 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
     def report(fingerprint: Annotated[str, _fingerprint()]) -> Any:
         from ..report import content, html
 
+        from_store.flush()
         found = _find(store, fingerprint)
         if isinstance(found, JSONResponse):
             return found
@@ -172,10 +179,10 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _from_store(store: Store, key: str, body: PlanRequest) -> dict[str, Any] | None:
-    """:func:`autotune.serve.stored.answer`, its planning errors said as a worker says them."""
+def _from_store(answers: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
+    """:meth:`autotune.serve.stored.FromStore.answer`, its planning errors said as a worker says them."""
     try:
-        return stored.answer(store, key, body)
+        return answers.answer(key, body)
     except StoreUnavailable:
         raise
     except AutotuneError as exc:

@@ -16,6 +16,9 @@ for its probe has gone (a job whose own client went runs on while another
 request with the same probe key waits: that request takes its answer from the
 store), and when the service is told to stop (:meth:`Pool.shutdown`): the
 request is answered 503 within a few seconds instead of when the probe ends.
+
+Workers run at a lower CPU priority than the server (:data:`NICE`): where CPUs are short, a probe
+takes what the server leaves, and a request the store answers is not slowed by probes of others.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ START_METHOD = "forkserver"
 PRELOAD = ["autotune.api", "torch._dynamo"]
 #: How often a request waiting for a worker or a probe looks whether its client has gone or the service stops.
 POLL_S = 0.1
+#: How much lower than the server's a worker's CPU priority is (``nice``): under load, answers from the store
+#: in the server come before probes.
+NICE = 10
 #: The status of a job whose every client has gone (nginx's "client closed request"): no one reads it.
 GONE = 499
 STOPPING = "the service is stopping: this request's probe was stopped; send it again once the service is back"
@@ -45,8 +51,10 @@ STOPPING = "the service is stopping: this request's probe was stopped; send it a
 
 def _main(conn: Connection, store_url: str) -> None:
     """A worker's life: import, say it is ready, then answer jobs until the server goes."""
+    import os
     import signal
 
+    os.nice(NICE)  # a probe takes what CPU the server leaves: answers from the store come first
     import autotune.api  # noqa: F401  (torch and the stages load here, before the first job's clock starts)
 
     from ..devices.base import _load_dispatch_machinery

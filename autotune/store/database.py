@@ -27,6 +27,9 @@ MODES = ("create", "write", "read")
 SQLITE_TIMEOUT_S = 60.0
 #: How long connecting to a database server may take before the store says it cannot be reached.
 CONNECT_TIMEOUT_S = 10
+#: Connections to a database server a process keeps open (a service's threads each use one while they
+#: read): opening one costs a PostgreSQL backend's start, more than most queries.
+POOL_SIZE = 16
 #: The advisory lock (a PostgreSQL bigint key: "autotune" in ASCII, halved) held while a store's layout is
 #: made or brought up to date.
 LAYOUT_LOCK = int.from_bytes(b"autotune", "big") >> 1
@@ -76,9 +79,15 @@ def identity(path: Path | None) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
+#: The execution option of a connection that only reads: on SQLite its transactions take no write lock
+#: (in WAL, a reader waits for no writer).
+READING = "autotune_reading"
+
+
 def engine(url: str, *, readonly: bool = False, immutable: bool = False) -> Engine:
     """An engine. SQLite waits for other writers, takes its write lock at the start of every
-    transaction (no deadlock between two readers that both want to write), and journals in WAL.
+    transaction that may write (no deadlock between two readers that both want to write; a connection
+    with the :data:`READING` option only reads, and waits for no one), and journals in WAL.
     ``readonly``: an SQLite file is opened read-only (``immutable`` too: read without locks, for a
     file in a folder this process cannot write); a PostgreSQL store runs read-only transactions."""
     from urllib.parse import quote
@@ -89,7 +98,8 @@ def engine(url: str, *, readonly: bool = False, immutable: bool = False) -> Engi
 
     parsed = make_url(store_url(url))
     if parsed.get_backend_name() != "sqlite":
-        made = create_engine(parsed, pool_pre_ping=True, connect_args=_server_connect_args(parsed))
+        made = create_engine(parsed, pool_size=POOL_SIZE, max_overflow=POOL_SIZE,
+                             connect_args=_server_connect_args(parsed))
         return made.execution_options(postgresql_readonly=True) if readonly and _postgres(parsed) else made
     memory = in_memory(url)
     file = sqlite_file(url)
@@ -107,7 +117,8 @@ def engine(url: str, *, readonly: bool = False, immutable: bool = False) -> Engi
 
     @event.listens_for(made, "begin")
     def begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        reading = readonly or conn.get_execution_options().get(READING, False)
+        conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
     return made
 
@@ -135,5 +146,8 @@ def lock_layout(conn: Connection) -> None:
 
 
 def retryable(exc: BaseException) -> bool:
-    """Did the server abort this transaction so that another could go on (try it again)?"""
-    return getattr(getattr(exc, "orig", None), "sqlstate", None) in RETRY_STATES
+    """Is a transaction that failed so worth trying again: the server aborted it so that another could go
+    on, or the connection had gone (the server restarted; the engine connects afresh)? Connections are
+    not checked before each use (a round trip per query on a server): a dead one fails once, here."""
+    return bool(getattr(exc, "connection_invalidated", False)) or \
+        getattr(getattr(exc, "orig", None), "sqlstate", None) in RETRY_STATES

@@ -38,12 +38,16 @@ def entry_row(result: ProbeResult, parts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def plan_key(plan: Plan) -> str:
+    """Which plans of an entry one ``autotune_plans`` row keeps: one per target batch, world size,
+    ``multiple_of`` and uniformity, the latest."""
+    return f"{plan.target_batch}/{plan.world_size}/{plan.multiple_of}/{plan.uniform}"
+
+
 def plan_row(plan: Plan) -> tuple[str, dict[str, Any]]:
-    """The key and the rest of a plan's ``autotune_plans`` row (its fingerprint aside): one row per target
-    batch, world size, ``multiple_of`` and uniformity, the latest kept."""
-    return (f"{plan.target_batch}/{plan.world_size}/{plan.multiple_of}/{plan.uniform}",
-            {"target_batch": plan.target_batch, "world_size": plan.world_size, "created_at": time.time(),
-             "plan": json.dumps(plan.to_dict(), sort_keys=True)})
+    """The key (:func:`plan_key`) and the rest of a plan's ``autotune_plans`` row (its fingerprint aside)."""
+    return (plan_key(plan), {"target_batch": plan.target_batch, "world_size": plan.world_size,
+                             "created_at": time.time(), "plan": json.dumps(plan.to_dict(), sort_keys=True)})
 
 
 def keeps(old: Entry, new: ProbeResult) -> bool:

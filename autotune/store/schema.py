@@ -26,6 +26,7 @@ Times are seconds since the epoch (UTC), stored as floats.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -185,12 +186,12 @@ class Entry:
         return str(self.fingerprint)[:12]
 
     @cached_property
-    def damage(self) -> str | None:
-        """Why this entry cannot be read back, or None when it can."""
+    def _read(self) -> ProbeResult | str:
+        """The stored ProbeResult, read once, or why the row cannot be read back."""
         if self.unreadable is not None:
             return self.unreadable
         try:
-            result = self._read_probe()
+            result = _probe_result(self.probe_json, self.short)
         except (ValueError, TypeError, BadInput) as exc:  # JSONDecodeError is a ValueError
             text = str(exc).strip().splitlines()
             return f"its probe result cannot be read ({type(exc).__name__}: {text[0] if text else ''})"
@@ -198,21 +199,20 @@ class Entry:
             if getattr(result, name) != getattr(self, name):
                 return (f"its {name} column ({getattr(self, name)!r}) disagrees with its probe result "
                         f"({getattr(result, name)!r})")
-        return None
+        return result
 
-    def _read_probe(self) -> ProbeResult:
-        from ..results.probe import ProbeResult
-
-        data = json.loads(self.probe_json)
-        return ProbeResult.from_dict(data, source=f"the store's entry {self.short}")
+    @property
+    def damage(self) -> str | None:
+        """Why this entry cannot be read back, or None when it can."""
+        return self._read if isinstance(self._read, str) else None
 
     def probe(self) -> ProbeResult:
         """The stored ProbeResult; DamagedEntry when the row cannot be read back."""
-        if self.damage is not None:
-            raise DamagedEntry(f"the store's entry {self.short} is damaged: {self.damage}; it is probed again "
+        if isinstance(self._read, str):
+            raise DamagedEntry(f"the store's entry {self.short} is damaged: {self._read}; it is probed again "
                                f"and replaced the next time it is asked for, or remove it with autotune store rm "
                                f"{self.short}")
-        return self._read_probe()
+        return self._read
 
     def answers(self, max_batch: int) -> bool:
         """Does this entry answer a probe limited to ``max_batch`` (per rank)? A maximum that memory
@@ -256,6 +256,15 @@ class Entry:
         if not isinstance(data["probe_json"], str):
             data["unreadable"] = "its probe result is not text"
         return cls(**data)
+
+
+@functools.lru_cache(maxsize=256)
+def _probe_result(text: str, short: str) -> ProbeResult:
+    """The ProbeResult a stored row's JSON holds, read once per process for the same text (a service reads
+    the same entries for every request; the result is frozen)."""
+    from ..results.probe import ProbeResult
+
+    return ProbeResult.from_dict(json.loads(text), source=f"the store's entry {short}")
 
 
 @dataclass(frozen=True, kw_only=True)

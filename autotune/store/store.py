@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import delete, func, insert, select, update
@@ -37,7 +37,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from ..errors import BadInput
 from . import claims, schema
 from .claims import LEASE_S, POLL_S, owner_id
-from .database import MODES, Mode, engine, identity, in_memory, retryable, sqlite_file
+from .database import MODES, READING, Mode, engine, identity, in_memory, retryable, sqlite_file
 from .migrations import prepare
 from .rows import accuracy, entry_row, keeps, plan_row
 from .schema import Entry, Observation
@@ -140,9 +140,17 @@ class Store:
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Connection], R]) -> R:
+        """``work`` in a transaction that only reads (on SQLite it waits for no writer), tried once more
+        on a fresh connection when the one it had was gone."""
         self.check()
-        with self.engine.connect() as conn:
-            return work(conn)
+        for attempt in range(2):
+            try:
+                with self.engine.connect() as conn:
+                    return work(conn.execution_options(**{READING: True}))
+            except DBAPIError as exc:
+                if attempt or not exc.connection_invalidated:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def _purpose(self) -> str:
@@ -247,6 +255,24 @@ class Store:
             return kept
 
         return self._run(write)
+
+    def served(self, hits: Mapping[str, int], plans: Sequence[tuple[str, Plan]] = ()) -> None:
+        """Count the hits a service served from entries (fingerprint -> how many) and keep the plans it made
+        from them (fingerprint, plan), in one transaction: what :meth:`put` keeps for an answer, for many."""
+        now = time.time()
+        rows = sorted(((fingerprint, plan_row(plan)) for fingerprint, plan in plans),
+                      key=lambda row: (row[0], row[1][0]))  # rows locked in one order: no deadlock between two
+        e = schema.entries
+
+        def write(conn: Connection) -> None:
+            for fingerprint, n in sorted(hits.items()):
+                conn.execute(update(e).where(e.c.fingerprint == fingerprint).values(hits=e.c.hits + n,
+                                                                                    last_hit_at=now))
+            for fingerprint, (key, values) in rows:
+                _upsert(conn, schema.plans, {"fingerprint": fingerprint, "key": key}, values)
+
+        if hits or rows:
+            self._run(write)
 
     # -- claims, one step at a time (what claim() is made of; the service drops a stopped worker's) ---------
 

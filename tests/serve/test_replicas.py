@@ -52,7 +52,7 @@ def test_a_request_to_either_replica_reuses_what_the_other_probed(replicas):
 
 
 def test_a_replica_killed_while_probing_blocks_the_fingerprint_only_until_its_lease_runs_out(replicas):
-    a, b, folder = replicas  # A is killed: the last test of the module
+    a, b, folder = replicas  # A is killed: the module's last test but one
     body = {**PLAN, "probe": "gated", "target_batch": 64}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         asked_a = pool.submit(_post, a, body)
@@ -93,24 +93,17 @@ def _claims_once(store: str, pick, asked: concurrent.futures.Future, timeout: fl
     return found
 
 
-def test_a_store_that_fails_is_answered_503_and_counted(tmp_path, store_url, request):
-    folder = tmp_path / "store"
-    folder.mkdir()
-    url = store_url if not store_url.startswith("sqlite") else f"sqlite:///{folder / 'plans.db'}"
-    server = Server(tmp_path, store=url)
-    try:
-        with server.client() as http:
-            assert http.post("/v1/plan", json=PLAN).status_code == 200
-            if url.startswith("sqlite"):  # the store's folder goes: it cannot be made again
-                import shutil
+def test_a_store_that_fails_is_answered_503_and_counted(replicas, request):
+    _, b, _ = replicas  # after A was killed: the store goes now, the last test of the module
+    if b.store.startswith("sqlite"):  # the store's folder goes: it cannot be made again
+        import shutil
 
-                shutil.rmtree(folder)
-            else:  # the database goes, its connections with it
-                request.getfixturevalue("postgres").execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-            failed = http.post("/v1/plan", json=PLAN)
-            health = http.get("/healthz")
-        assert failed.status_code == 503 and "\n" not in failed.json()["detail"], failed.text
-        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
-        assert metrics(server)[("autotune_store_errors_total", "server")] >= 1
-    finally:
-        server.stop()
+        shutil.rmtree(Path(b.store.removeprefix("sqlite:///")).parent)
+    else:  # the database goes, its connections with it
+        request.getfixturevalue("postgres").execute(f'DROP DATABASE "{b.store.rsplit("/", 1)[1]}" WITH (FORCE)')
+    with b.client() as http:
+        failed = http.post("/v1/plan", json={**PLAN, "target_batch": 100})
+        health = http.get("/healthz")
+    assert failed.status_code == 503 and "\n" not in failed.json()["detail"], failed.text
+    assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+    assert metrics(b)[("autotune_store_errors_total", "server")] >= 1

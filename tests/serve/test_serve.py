@@ -338,7 +338,13 @@ def test_every_request_is_one_access_log_line(server):
         http.post("/v1/plan", json=body)
     with server.client(authorized=False) as http:
         http.get(f"/v1/plans/{fp}")
-    lines = [json.loads(line) for line in Path(server.log.name).read_text().splitlines() if line.startswith("{")]
+    deadline = time.monotonic() + 10  # a request's line is written once its answer is sent: soon after it comes
+    while True:
+        lines = [json.loads(line) for line in Path(server.log.name).read_text().splitlines()
+                 if line.startswith("{") and line.endswith("}")]
+        if any(line["path"] == f"/v1/plans/{fp}" for line in lines) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     plans = [line for line in lines if line["fingerprint"] == fp]
     assert [(p["method"], p["path"], p["status"], p["cached"]) for p in plans] == \
         [("POST", "/v1/plan", 200, False), ("POST", "/v1/plan", 200, True)]

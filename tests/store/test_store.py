@@ -291,6 +291,25 @@ def test_a_claim_is_renewed_while_it_is_held(store, monkeypatch, heartbeat):
         assert store.take(FP, ELSEWHERE) is None  # let go at the end of the block
 
 
+def test_a_read_waits_for_no_writer(store):
+    store.put(FP, parts={}, result=probe_result())
+    holding, done = threading.Event(), threading.Event()
+
+    def write() -> None:  # a writer holding its transaction (on SQLite, the write lock) for up to 10 s
+        with store.engine.begin():
+            holding.set()
+            done.wait(10)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert holding.wait(10)
+    read = store.get(FP)
+    still_held = not done.is_set() and writer.is_alive()
+    done.set()
+    writer.join()
+    assert read is not None and still_held, "the read waited for the writer to finish"
+
+
 def test_of_many_asking_at_once_one_gets_the_claim(store):
     start = threading.Barrier(8)
     got: list[str | None] = []
@@ -468,6 +487,21 @@ def test_a_store_read_is_opened_read_only(store):
         reader.put(FP, result=served(result))
     reader.close()
     assert store.get(FP).hits == 0
+
+
+def test_a_store_whose_server_dropped_its_connections_connects_afresh(postgres):
+    url = postgres.database()
+    try:
+        store = Store(url)
+        store.put(FP, parts={}, result=probe_result())
+        name = url.rsplit("/", 1)[1]
+        postgres.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        assert store.get(FP) is not None  # a read on a connection that went, tried again on a new one
+        postgres.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        assert store.put(FP, result=served(probe_result())) and store.get(FP).hits == 1  # and a write
+        store.close()
+    finally:
+        postgres.drop(url)
 
 
 def test_a_store_file_removed_while_open_is_opened_afresh(sqlite_store):
