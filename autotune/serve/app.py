@@ -68,6 +68,18 @@ class Settings:
     allowed_hosts: frozenset[str] | None = None
 
 
+@dataclass
+class Service:
+    """What a running service's routes share."""
+
+    settings: Settings
+    store: Any
+    pool: Pool
+    from_store: stored.FromStore
+    metrics: Metrics
+    token: bytes | None
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The service over ``settings.store``; ``app.state.pool`` runs its probes (its ``shutdown`` ends
     them when the server is told to stop)."""
@@ -75,35 +87,43 @@ def create_app(settings: Settings) -> FastAPI:
 
     store = open_store(settings.store, name="--store")
     pool = Pool(settings.store, settings.workers, timeout_s=settings.probe_timeout_s)
-    from_store = stored.FromStore(store)
-    metrics = Metrics(pool)
-    token = settings.token.encode() if settings.token else None
+    service = Service(settings=settings, store=store, pool=pool, from_store=stored.FromStore(store),
+                      metrics=Metrics(pool), token=settings.token.encode() if settings.token else None)
     stored.environment()  # what the workers' fingerprints depend on, read once now
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         pool.start()
-        from_store.start()
+        service.from_store.start()
         try:
             yield
         finally:
             pool.stop()
-            from_store.stop()
+            service.from_store.stop()
 
     app = FastAPI(title="autotune", version=autotune.__version__, lifespan=lifespan,
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
                               "GPUs, from a plan store shared by every job.")
     app.state.pool = pool
-    app.state.metrics = metrics
+    app.state.metrics = service.metrics
     app.add_middleware(Guard, token=settings.token, max_body=MAX_BODY, hosts=settings.allowed_hosts)
-    app.add_middleware(Observe, metrics=metrics, routes=app.routes)
-    _handlers(app, metrics)
+    app.add_middleware(Observe, metrics=service.metrics, routes=app.routes)
+    _handlers(app, service.metrics)
+    _plan_route(app, service)
+    _store_routes(app, service)
+    _service_routes(app, service)
+    return app
+
+
+def _plan_route(app: FastAPI, service: Service) -> None:
+    """``POST /v1/plan``: from the store in this process when it can be, else by a worker."""
+    store, pool = service.store, service.pool
 
     @app.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
     async def plan(body: PlanRequest, request: Request) -> Any:
-        probe, function = settings.probes.resolve(body.probe)
+        probe, function = service.settings.probes.resolve(body.probe)
         key = stored.request_key(probe, function, body)
-        answer = await run_in_threadpool(_from_store, from_store, key, body)
+        answer = await run_in_threadpool(_from_store, service.from_store, key, body)
         if answer is None:
             fields = body.model_dump()
             spec = probe.spec(function)
@@ -112,9 +132,14 @@ def create_app(settings: Settings) -> FastAPI:
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
-        metrics.answered(answer)
+        service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
         return Response(answer["body"], media_type="application/json")
+
+
+def _store_routes(app: FastAPI, service: Service) -> None:
+    """The store's entries, one entry, its report, and measurements reported."""
+    store, from_store = service.store, service.from_store
 
     @app.get("/v1/plans", summary="The store's entries, the most recent first")
     def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
@@ -160,23 +185,26 @@ def create_app(settings: Settings) -> FastAPI:
         (key,) = store.record(observed)
         return {"id": key, "estimated_peak_bytes": observed.estimated_peak_bytes, "error": observed.error}
 
+
+def _service_routes(app: FastAPI, service: Service) -> None:
+    """The probes served, liveness and metrics."""
+
     @app.get("/v1/probes", summary="The probes this service runs")
     def probes() -> dict[str, Any]:
         return {"probes": [{"name": p.name, "builtin": p.builtin, "functions": list(p.functions), "error": p.error}
-                           for p in settings.probes.all()]}
+                           for p in service.settings.probes.all()]}
 
     @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)")
     def healthz(request: Request) -> Any:
+        token = service.token
         full = token is None or authorised(token, request.headers.get("authorization", "").encode())
-        return _health(store, pool, full=full)
+        return _health(service.store, service.pool, full=full)
 
     @app.get("/metrics", summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, "
                                  "store errors")
     def prometheus() -> Response:
-        content, kind = metrics.exposition()
+        content, kind = service.metrics.exposition()
         return Response(content, media_type=kind)
-
-    return app
 
 
 def _from_store(answers: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
