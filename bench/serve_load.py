@@ -206,6 +206,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(machine())
+    print("# load average (1, 5, 15 min) at the start: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     postgres = None
     if "postgresql" in args.databases:
         if args.postgres:
@@ -221,6 +222,7 @@ def main() -> None:
     finally:
         if postgres is not None:
             postgres.stop()
+    print("# load average at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     print(f"2 replicas x {args.workers} workers, one store; {args.clients} clients, {args.requests} plan requests "
           f"(95% for {args.stored} stored fingerprints, 5% new, each new one asked twice); latency as a client waits")
     print(f"{'database':<11} {'requests':>8} {'errors':>6} {'stored p50 ms':>13} {'stored p99 ms':>13} "

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import threading
+import time
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -67,22 +68,27 @@ def request_key(probe: Probe, function: str, body: PlanRequest) -> str:
 
 
 class FromStore:
-    """Answers plan requests from the store in this process (see the module). An answer made for an
-    entry is kept here, as the bytes sent, until that entry changes (:data:`ANSWERS` of them, the oldest
-    dropped first). What an answer keeps in the store (its hit; its plan, when it was made) waits for no
-    answer: a thread of this object's writes it once a second (:data:`FLUSH_S`), in one transaction, and
-    :meth:`flush` does before this service lists the store and when it stops."""
+    """Answers plan requests from the store in this process (see the module). The entry a request's
+    settings found is read again once it is :data:`READ_S` old; an answer made from it is kept here, as
+    the bytes sent, until that entry changes (:data:`ANSWERS` of them, the oldest dropped first). What
+    an answer keeps in the store (its hit; its plan, when it was made) waits for no answer: a thread of
+    this object's writes it once a second (:data:`FLUSH_S`), in one transaction, and :meth:`flush` does
+    before this service lists the store and when it stops."""
 
     #: How often the hits served and the plans made are written to the store.
     FLUSH_S = 1.0
     #: How many answers are kept, made.
     ANSWERS = 4096
+    #: For how long an entry read for a request answers the same request again without a read (another
+    #: replica's change to it, or its removal, is seen this much later at most).
+    READ_S = 1.0
 
     def __init__(self, store: Store):
         self.store = store
         self._hits: collections.Counter[str] = collections.Counter()
         self._plans: list[tuple[str, Plan]] = []
         self._answers: collections.OrderedDict[tuple[Any, ...], bytes] = collections.OrderedDict()
+        self._read: dict[str, tuple[float, Entry]] = {}  # request key -> (when read, the entry)
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         self._stop = threading.Event()
@@ -125,7 +131,7 @@ class FromStore:
         answer this request's per-rank target). Raises PlanError or BadInput for a target that cannot be
         planned, as a worker would."""
         per_rank = math.ceil(body.target_batch / body.world_size)
-        entry = self.store.get(request=key)
+        entry = self._entry(key)
         if entry is None or not entry.estimated or not entry.answers(per_rank):
             return None
         made_for = (key, body.probe, body.target_batch, body.multiple_of, body.uniform, entry.fingerprint,
@@ -143,6 +149,23 @@ class FromStore:
         with self._lock:
             self._hits[entry.fingerprint] += 1
         return {"cached": True, "fingerprint": entry.fingerprint, "body": sent}
+
+    def _entry(self, key: str) -> Entry | None:
+        """The entry that answered ``key`` before, read from the store at most :data:`READ_S` ago."""
+        now = time.monotonic()
+        with self._lock:
+            read = self._read.get(key)
+        if read is not None and now - read[0] < self.READ_S:
+            return read[1]
+        entry = self.store.get(request=key)
+        with self._lock:
+            if entry is None:
+                self._read.pop(key, None)
+            else:
+                if len(self._read) >= self.ANSWERS:
+                    self._read.clear()
+                self._read[key] = (now, entry)
+        return entry
 
     def _make(self, entry: Entry, per_rank: int, body: PlanRequest) -> bytes:
         """The answer from ``entry``, as a worker gives it; its plan to be kept in the store."""

@@ -16,9 +16,9 @@ and its configuration, to run steps that SQLAlchemy's DDL runs as well (create a
 add a column), and the steps must run under the store's own lock in the transaction that opens it,
 which alembic's command runner does not do. Importing ``alembic.migration`` and
 ``alembic.operations`` after SQLAlchemy costs 0.14 s on a 2-core machine (the best of 3), on every
-open of a store, up to date or not, in every job and service worker. Should a later layout need a table rebuilt on SQLite (which
-cannot drop or retype a column in place), alembic's ``Operations.batch_alter_table`` does that inside a
-step here: alembic is installed with optuna.
+open of a store, up to date or not, in every job and service worker. Should a later layout need a
+table rebuilt on SQLite (which cannot drop or retype a column in place), alembic's
+``Operations.batch_alter_table`` does that inside a step here: alembic is installed with optuna.
 """
 
 from __future__ import annotations

@@ -331,6 +331,21 @@ def test_metrics_count_requests_hits_misses_and_probes_behind_the_token(server):
     assert after[("autotune_store_errors_total", "server")] == after[("autotune_store_errors_total", "worker")] == 0
 
 
+def test_an_entry_removed_elsewhere_is_probed_again_a_second_later(server):
+    from autotune.store.store import Store
+
+    body = {**PLAN, "margin": 0.85}
+    with server.client() as http:
+        first = http.post("/v1/plan", json=body).json()
+        assert http.post("/v1/plan", json=body).json()["cached"]  # answered here, from the store
+        remover = Store(server.store, mode="write")  # as autotune store rm does, from another process
+        assert remover.remove([first["fingerprint"]]) == 1
+        remover.close()
+        time.sleep(1.2)  # the service reads an entry it answered from again once it is a second old
+        again = http.post("/v1/plan", json=body).json()
+    assert not first["cached"] and not again["cached"] and again["fingerprint"] == first["fingerprint"]
+
+
 def test_every_request_is_one_access_log_line(server):
     body = {**PLAN, "margin": 0.65}
     with server.client() as http:
