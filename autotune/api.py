@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
-from .probing import finder
 from .probing.fsdp import FsdpRule
 from .results.device import DeviceInfo
 from .results.probe import ProbeResult
+from .store import cached
 from .training import distributed
 from .units import plural
 from .workload import DEFAULT_PROBE, Workload, load_workload
@@ -172,10 +172,6 @@ def _probe_here(wl: Workload, dev: Device, *, margin: float, max_batch: int, dat
     log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                  (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
     rule = _rule(parallel, world, rank, data_parallel)
-    if kept is None:
-        return finder.probe(wl, dev, margin=margin, max_batch=max_batch, **rule)
-    from .store import cached
-
     return cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
                         parallel=parallel, ranks=ranks)
 
@@ -199,7 +195,7 @@ def _open_store(store: StoreSpec) -> Store | None:
         from .store import open_store
 
         return open_store(store)
-    if not all(hasattr(store, a) for a in ("entry", "put", "record")):
+    if not all(hasattr(store, a) for a in ("get", "claim", "put")):
         raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
     return store
 
@@ -327,6 +323,7 @@ class _Settings:
 
 def _tuned(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, trials: int,
            storage: str | None, study_name: str | None) -> Plan:
+    from .planning.probed import measured_or_assumed
     from .training.study import check_storage
     from .training.tune import tune as run_tune
 
@@ -341,13 +338,14 @@ def _tuned(s: _Settings, workload: Spec, device: Device | str, memory_budget: An
                      world_size_source=s.source)
     assert tuned.probe is not None
     return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
-                   notes=tuned.notes + _measured_or_assumed(tuned.probe, s.world, s.source))
+                   notes=tuned.notes + measured_or_assumed(tuned.probe, s.world, s.source))
 
 
 def _plan_alike(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, *,
                 source: str | None = None) -> Plan:
     """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
     from .planning.planner import make_plan
+    from .planning.probed import plan_probed
 
     def planned_batch(r: ProbeResult) -> int:
         return make_plan(s.target, r.max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
@@ -359,12 +357,10 @@ def _plan_alike(s: _Settings, workload: Spec, device: Device | str, memory_budge
                     at=s.at if s.at is not None else planned_batch)
     if source is not None:
         result = replace(result, source=source)
-    made = make_plan(s.target, result.max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
-                     uniform=s.uniform, probe=result, world_size_source=s.source)
-    stored = tuple(n for n in result.notes[:1] if result.from_store)
-    made = replace(made, notes=stored + made.notes + _measured_or_assumed(result, s.world, s.source))
+    made = plan_probed(s.target, result, world_size=s.world, world_size_source=s.source,
+                       multiple_of=s.multiple_of, uniform=s.uniform)
     if s.kept is not None and result.fingerprint is not None:
-        s.kept.put_plan(result.fingerprint, made)
+        s.kept.put(result.fingerprint, plan=made)  # kept beside its probe
     return made
 
 
@@ -408,7 +404,7 @@ def _plan_mixed(s: _Settings, wl: Workload, devices: dict[int, Device], ranks: t
     if s.kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
         for fp in dict.fromkeys(p.fingerprint for p in probes):
             if fp is not None:
-                s.kept.put_plan(fp, made)
+                s.kept.put(fp, plan=made)
     return made
 
 
@@ -449,16 +445,6 @@ def _world_size(flag: int | None, env: dict[str, str] | None, listed: int | None
                            "world_size (the list gives it) or give one per rank")
         return listed, "the device list"
     return world_size_from(flag, os.environ if env is None else env)
-
-
-def _measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[str, ...]:
-    if world == 1:
-        return ()
-    if source == "process group":
-        return (f"measured on all {world} ranks (max micro-batch per rank: {', '.join(map(str, result.ranks))})",)
-    where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(source, source)
-    return (f"assumed: {world} ranks ({where}), each with a device like this one; measured: the probe on "
-            f"{result.device.name} here only",)
 
 
 _probe_and_plan = plan  # ``run`` takes a parameter called plan
@@ -547,6 +533,4 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
 
     if kept is None:
         return train()
-    from .store import cached
-
     return cached.record_run(kept, planned, wl, dev, precision, train)

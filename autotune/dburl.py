@@ -10,9 +10,10 @@ from pathlib import Path
 from .errors import BadInput
 
 
-def check_storage(url: str | None, name: str = "storage") -> None:
+def check_storage(url: str | None, name: str = "storage", *, store: bool = False) -> None:
     """BadInput (one line, naming ``name``) unless ``url`` is a database URL SQLAlchemy can use here:
-    a dialect SQLAlchemy knows, its driver installed, an SQLite file's folder present. Connects to nothing."""
+    a dialect SQLAlchemy knows, its driver installed, an SQLite file's folder present. Connects to nothing.
+    ``store``: the URL of a plan store, which connects to PostgreSQL with psycopg (3) (:func:`store_url`)."""
     if url is None:
         return
     if not isinstance(url, str) or not url.strip():
@@ -26,14 +27,18 @@ def check_storage(url: str | None, name: str = "storage") -> None:
     except ArgumentError:
         raise BadInput(f"{name} {url!r} is not a database URL: use e.g. sqlite:///{url}") from None
     shown = shown_url(url)
+    if store:
+        parsed = make_url(store_url(url))
     try:
         create_engine(parsed).dispose()
     except NoSuchModuleError:
         raise BadInput(f"{name} {shown!r} names no database driver SQLAlchemy knows ({parsed.drivername}): "
                        "use e.g. sqlite:///tune.db, postgresql://HOST/DB or mysql://HOST/DB") from None
     except ImportError as exc:
+        fix = "pip install 'autotune[postgres]'" if store and parsed.drivername in (
+            "postgresql", "postgres", "postgresql+psycopg") else "install it"
         raise BadInput(f"{name} {shown!r} needs the Python driver {exc.name or exc}, which is not installed: "
-                       "install it, or use sqlite:///FILE") from None
+                       f"{fix}, or use sqlite:///FILE") from None
     except (SQLAlchemyError, ValueError, TypeError) as exc:  # any other refusal of the URL
         raise BadInput(f"{name} {shown!r} cannot be used: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     database = parsed.database or ""
@@ -43,6 +48,23 @@ def check_storage(url: str | None, name: str = "storage") -> None:
             raise BadInput(f"{name} {shown!r}: folder {path.parent} does not exist; create it or choose another path")
         if path.is_dir():
             raise BadInput(f"{name} {shown!r}: {path} is a folder, not a database file; name a file in it")
+
+
+def store_url(url: str) -> str:
+    """The URL a plan store connects with: ``postgresql://`` without a driver means psycopg (3), the
+    ``postgres`` extra's driver, when it is installed (SQLAlchemy 2.0's own default is psycopg2)."""
+    from importlib.util import find_spec
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url  # check_storage says why
+    if parsed.drivername in ("postgresql", "postgres") and find_spec("psycopg") is not None:
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
 
 
 def shown_url(url: str | None) -> str | None:

@@ -29,6 +29,50 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for this test process (tests/postgres.py), or the tests that need one skipped
+    with the reason."""
+    from .postgres import Server, Unavailable
+
+    try:
+        server = Server.start()
+    except Unavailable as exc:
+        pytest.skip(f"needs a PostgreSQL server: {exc}")
+    yield server
+    server.stop()
+
+
+#: The databases every store and service test runs on.
+DATABASES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=DATABASES)
+def store_url(request, tmp_path):
+    """A new plan store's URL, on each database: an SQLite file in the test's folder, and a fresh
+    PostgreSQL database (dropped after the test)."""
+    yield from _new_store(request, tmp_path)
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def module_store_url(request, tmp_path_factory):
+    """:func:`store_url` for a whole test file (a server the file's tests share)."""
+    yield from _new_store(request, tmp_path_factory.mktemp("store"))
+
+
+def _new_store(request, folder):
+    if request.param == "sqlite":
+        yield f"sqlite:///{folder / 'plans.db'}"
+        return
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None:
+        pytest.skip(f"SQLite only: {only.args[0]}")
+    server = request.getfixturevalue("postgres")
+    url = server.database()
+    yield url
+    server.drop(url)
+
+
 @pytest.fixture
 def mlp():
     from autotune.workload import load_workload

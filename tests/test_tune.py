@@ -263,8 +263,8 @@ def test_a_named_study_with_other_settings_is_bad_input(mlp, monkeypatch, tmp_pa
     ("tune.db", r"storage 'tune.db' is not a database URL: use e.g. sqlite:///tune.db"),
     ("sqlite:////no/such/folder/tune.db", (r"storage 'sqlite:////no/such/folder/tune.db': folder /no/such/folder "
                                            r"does not exist")),
-    ("postgresql://me:secret@db.example/tune", (r"storage 'postgresql://me:\*\*\*@db.example/tune' needs the "
-                                                r"Python driver psycopg, which is not installed")),
+    ("postgresql+pg8000://me:secret@db.example/tune", (r"storage 'postgresql\+pg8000://me:\*\*\*@db.example/tune' "
+                                                       r"needs the Python driver pg8000, which is not installed")),
 ])
 def test_bad_storage_is_found_before_any_work(mlp, monkeypatch, url, match):
     def no_probe(*args, **kwargs):

@@ -213,7 +213,7 @@ def check_store(args) -> None:
     if url is not None:
         from ..dburl import check_storage
 
-        check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE")
+        check_storage(url, "--store" if args.store else "$AUTOTUNE_STORE", store=True)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

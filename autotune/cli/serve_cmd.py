@@ -29,15 +29,29 @@ service is up). A request's Host must name the address listened on (on
 whose client hangs up stops its probe unless another request waits for the
 same one; Ctrl-C or SIGTERM stops running probes and answers their requests
 503 within seconds. The store must be a database every worker process can
-reach: not an in-memory one. The API is described at /docs.
+reach: not an in-memory one. A request answered before (the same probe,
+code and settings) is answered from the store without a worker. GET /metrics
+gives Prometheus metrics (behind the token like the rest); each request is
+logged as one JSON line on stderr (--no-access-log: none). The API is
+described at /docs.
+
+Several replicas share one PostgreSQL store (pip install 'autotune[serve,postgres]'):
+a plan probed by one is answered by every other, a probe asked of two at
+once runs once, and a replica that dies while probing frees its probe once
+its claim's lease (30 s) runs out, or at once on the same host.
 
 examples:
   autotune serve --store sqlite:///plans.db
   curl -s localhost:8321/v1/plan -H 'content-type: application/json' \\
        -d '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
   python -c 'import secrets; print(secrets.token_urlsafe(32))' > token && chmod 600 token
-  autotune serve --store postgresql://db.internal/autotune --host 0.0.0.0 --token-file token --probes ./probes
   autotune serve --store sqlite:///plans.db --host 10.0.0.5 --token-file token --allowed-hosts plans.internal
+
+  # a team: two replicas (on two hosts, or two ports) behind a load balancer, one PostgreSQL store
+  export AUTOTUNE_STORE=postgresql://autotune:PASSWORD@db.internal:5432/autotune
+  autotune serve --host 0.0.0.0 --port 8321 --token-file token --probes ./probes --workers 2   # replica 1
+  autotune serve --host 0.0.0.0 --port 8322 --token-file token --probes ./probes --workers 2   # replica 2
+  curl -s -H "Authorization: Bearer $(cat token)" plans.internal:8321/metrics
 """
 
 DEFAULT_PORT = 8321
@@ -65,7 +79,10 @@ def add_parser(sub) -> None:
                    help="worker processes running probes, one probe at a time each")
     p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=600.0,
                    metavar="SECONDS", help="a probe running longer is stopped and its request answered 504")
-    p.add_argument("--verbose", "-v", action="store_true", help="log every request")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no access-log line per request (by default one JSON object a line on stderr: time, method, "
+                        "path, status, seconds, cached, fingerprint)")
+    p.add_argument("--verbose", "-v", action="store_true", help="uvicorn's own log too")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     p.set_defaults(handler=run)
 
@@ -105,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from ..store.database import in_memory
 
     name = "--store" if args.store else "$AUTOTUNE_STORE"
-    check_storage(url, name)
+    check_storage(url, name, store=True)
     if in_memory(url):
         raise BadInput(f"{name} {url!r} is an in-memory database, private to each connection: the service's "
                        "workers would not see what it stores; give a file, e.g. --store sqlite:///plans.db")
@@ -131,10 +148,25 @@ def run(args: argparse.Namespace) -> int:
     served = ", ".join(p.name for p in catalogue.all())
     print(f"autotune serve: http://{where}:{args.port} (docs at /docs; probes: {served}; "
           f"{'bearer token required' if token else 'no token: this machine only'})", file=sys.stderr, flush=True)
+    if args.access_log:
+        _log_access()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                            access_log=args.verbose)
+                            access_log=False)
     _server(uvicorn.Server, app.state.pool.shutdown)(config).run()
     return 0
+
+
+def _log_access() -> None:
+    """Access-log lines (:mod:`autotune.serve.metrics`) on stderr, as they are: one JSON object each."""
+    import logging
+
+    from ..serve.metrics import access
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def _server(base: type, on_exit: Callable[[], None]) -> type:

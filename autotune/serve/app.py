@@ -8,11 +8,14 @@
     POST /v1/measurements               what a job measured, against a fingerprint
     GET  /v1/probes                     the probes this service runs
     GET  /healthz                       liveness (without the token: the status alone)
+    GET  /metrics                       Prometheus metrics (:mod:`autotune.serve.metrics`)
     GET  /docs, /openapi.json           the API, described by FastAPI
 
 Requests name probes from :class:`~autotune.serve.probes.Catalogue` only and plan
-for estimates only (nothing runs on the server's own devices). Probes run in
-worker processes (:mod:`autotune.serve.worker`); a plan request whose client
+for estimates only (nothing runs on the server's own devices). A plan request
+whose settings the store has answered before is answered here, from the store
+(:mod:`autotune.serve.stored`); any other runs in a worker process
+(:mod:`autotune.serve.worker`), and a plan request whose client
 hangs up stops its probe unless another request waits for the same one. A
 request's ``Host`` must be a name of the address the service listens on (or one
 of ``--allowed-hosts``): a page elsewhere cannot reach a service on 127.0.0.1
@@ -29,18 +32,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import BadInput
+from ..errors import AutotuneError, BadInput
 from ..store import open_store
 from ..store.schema import DamagedEntry
 from ..store.store import StoreUnavailable
+from . import stored
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
 from .guard import Guard, authorised
-from .jobs import Job, JobFailed
+from .jobs import Job, JobFailed, one_line, status_of
+from .metrics import Metrics, Observe
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -62,6 +68,18 @@ class Settings:
     allowed_hosts: frozenset[str] | None = None
 
 
+@dataclass
+class Service:
+    """What a running service's routes share."""
+
+    settings: Settings
+    store: Any
+    pool: Pool
+    from_store: stored.FromStore
+    metrics: Metrics
+    token: bytes | None
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The service over ``settings.store``; ``app.state.pool`` runs its probes (its ``shutdown`` ends
     them when the server is told to stop)."""
@@ -69,39 +87,68 @@ def create_app(settings: Settings) -> FastAPI:
 
     store = open_store(settings.store, name="--store")
     pool = Pool(settings.store, settings.workers, timeout_s=settings.probe_timeout_s)
-    token = settings.token.encode() if settings.token else None
+    service = Service(settings=settings, store=store, pool=pool, from_store=stored.FromStore(store),
+                      metrics=Metrics(pool), token=settings.token.encode() if settings.token else None)
+    stored.environment()  # what the workers' fingerprints depend on, read once now
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         pool.start()
+        service.from_store.start()
         try:
             yield
         finally:
             pool.stop()
+            service.from_store.stop()
 
     app = FastAPI(title="autotune", version=autotune.__version__, lifespan=lifespan,
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
                               "GPUs, from a plan store shared by every job.")
     app.state.pool = pool
+    app.state.metrics = service.metrics
     app.add_middleware(Guard, token=settings.token, max_body=MAX_BODY, hosts=settings.allowed_hosts)
-    _handlers(app)
+    app.add_middleware(Observe, metrics=service.metrics, routes=app.routes)
+    _handlers(app, service.metrics)
+    _plan_route(app, service)
+    _store_routes(app, service)
+    _service_routes(app, service)
+    return app
+
+
+def _plan_route(app: FastAPI, service: Service) -> None:
+    """``POST /v1/plan``: from the store in this process when it can be, else by a worker."""
+    store, pool = service.store, service.pool
 
     @app.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
-    async def plan(body: PlanRequest, request: Request) -> dict[str, Any]:
-        probe, function = settings.probes.resolve(body.probe)
-        fields = body.model_dump()
-        spec = probe.spec(function)
-        key = (spec, *(fields[k] for k in ("device", "memory_budget", "world_size", "parallel", "margin",
-                                          "precision")))
-        answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, **fields}, key))
-        return {"plan": answer["plan"], "cached": answer["cached"], "fingerprint": answer["fingerprint"]}
+    async def plan(body: PlanRequest, request: Request) -> Any:
+        probe, function = service.settings.probes.resolve(body.probe)
+        key = stored.request_key(probe, function, body)
+        answer = await run_in_threadpool(_from_store, service.from_store, key, body)
+        if answer is None:
+            fields = body.model_dump()
+            spec = probe.spec(function)
+            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, **fields},
+                                                     (spec, *(fields[k] for k in stored.PROBED))))
+            if answer["fingerprint"] is not None:  # the next request with these settings is answered here
+                await run_in_threadpool(store.put, answer["fingerprint"], request=key)
+            answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
+        service.metrics.answered(answer)
+        request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
+        return Response(answer["body"], media_type="application/json")
+
+
+def _store_routes(app: FastAPI, service: Service) -> None:
+    """The store's entries, one entry, its report, and measurements reported."""
+    store, from_store = service.store, service.from_store
 
     @app.get("/v1/plans", summary="The store's entries, the most recent first")
     def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        from_store.flush()  # what this service answered, as it lists the store
         return {"plans": [e.to_dict() for e in store.entries(limit=limit)]}
 
     @app.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements")
     def entry(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+        from_store.flush()
         found = _find(store, fingerprint)
         if isinstance(found, JSONResponse):
             return found
@@ -114,6 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
     def report(fingerprint: Annotated[str, _fingerprint()]) -> Any:
         from ..report import content, html
 
+        from_store.flush()
         found = _find(store, fingerprint)
         if isinstance(found, JSONResponse):
             return found
@@ -123,7 +171,7 @@ def create_app(settings: Settings) -> FastAPI:
     def measurements(body: MeasurementRequest) -> Any:
         from ..store.schema import Observation
 
-        found = store.entry(body.fingerprint)
+        found = store.get(body.fingerprint)
         if found is None:
             return _error(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
                                "fingerprints POST /v1/plan returned")
@@ -137,17 +185,36 @@ def create_app(settings: Settings) -> FastAPI:
         (key,) = store.record(observed)
         return {"id": key, "estimated_peak_bytes": observed.estimated_peak_bytes, "error": observed.error}
 
+
+def _service_routes(app: FastAPI, service: Service) -> None:
+    """The probes served, liveness and metrics."""
+
     @app.get("/v1/probes", summary="The probes this service runs")
     def probes() -> dict[str, Any]:
         return {"probes": [{"name": p.name, "builtin": p.builtin, "functions": list(p.functions), "error": p.error}
-                           for p in settings.probes.all()]}
+                           for p in service.settings.probes.all()]}
 
     @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)")
     def healthz(request: Request) -> Any:
+        token = service.token
         full = token is None or authorised(token, request.headers.get("authorization", "").encode())
-        return _health(store, pool, full=full)
+        return _health(service.store, service.pool, full=full)
 
-    return app
+    @app.get("/metrics", summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, "
+                                 "store errors")
+    def prometheus() -> Response:
+        content, kind = service.metrics.exposition()
+        return Response(content, media_type=kind)
+
+
+def _from_store(answers: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
+    """:meth:`autotune.serve.stored.FromStore.answer`, its planning errors said as a worker says them."""
+    try:
+        return answers.answer(key, body)
+    except StoreUnavailable:
+        raise
+    except AutotuneError as exc:
+        raise JobFailed(status_of(exc), one_line(str(exc))) from None
 
 
 def _health(store: Any, pool: Pool, *, full: bool) -> JSONResponse:
@@ -177,9 +244,9 @@ def _latest(store: Any, entry: Any) -> Any:
     return entry.probe()
 
 
-def _handlers(app: FastAPI) -> None:
+def _handlers(app: FastAPI, metrics: Metrics) -> None:
     """One-line answers for bad requests, failed jobs, unknown or broken probes, damaged entries and a
-    store that cannot be reached."""
+    store that cannot be reached (counted)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -194,6 +261,8 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(JobFailed)
     async def failed(_request: Request, exc: JobFailed) -> JSONResponse:
+        if exc.store:
+            metrics.store_errors.labels("worker").inc()
         return _error(exc.status, in_request_terms(exc.message))
 
     @app.exception_handler(UnknownProbe)
@@ -210,7 +279,15 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def unavailable(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+        metrics.store_errors.labels("server").inc()
         return _error(503, str(exc))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def unreachable(_request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        metrics.store_errors.labels("server").inc()
+        text = str(exc).strip().splitlines()
+        return _error(503, f"the store cannot be used now ({type(exc).__name__}: {text[0] if text else ''}); the "
+                           "service is fine: try again once the database answers")
 
 
 async def attend(request: Request, pool: Pool, job: Job) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, P
 
 
 class JobFailed(Exception):
-    """A job that did not give a plan: the HTTP status to answer with and one line saying why."""
+    """A job that did not give a plan: the HTTP status to answer with and one line saying why; ``store``:
+    the plan store failed it (it could not be reached, read or written)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, *, store: bool = False):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.store = store
 
 
 def status_of(exc: BaseException) -> int:
@@ -102,12 +104,18 @@ def scrub(text: str, spec: str) -> str:
 
 def answer(job: dict[str, Any], store_url: str) -> dict[str, Any]:
     """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..store.store import StoreUnavailable
+
     try:
         return {"ok": True, **run_job(job, store_url)}
     except AutotuneError as exc:
-        return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"])}
+        return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"]),
+                "store_error": isinstance(exc, StoreUnavailable)}
     except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
-        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"])}
+        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"]),
+                "store_error": isinstance(exc, SQLAlchemyError)}
     except SystemExit as exc:
         return {"ok": False, "status": 500, "error": f"the probe called exit({exc.code})"}
 

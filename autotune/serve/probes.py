@@ -12,7 +12,11 @@ imported: the service's worker process imports them when a request needs one.
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
+import os
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +51,11 @@ class Probe:
         """What :func:`autotune.workload.load_workload` loads for ``function``."""
         return f"{self.name}:{function}" if self.builtin else f"{self.path}:{function}"
 
+    def source(self) -> str:
+        """A digest of the code the probe may run as it is now: the ``*.py`` files of its folder (the file
+        itself and the modules beside it that it may import)."""
+        return folder_digest(self.path.parent)
+
 
 class Catalogue:
     """The built-in probes and the ``*.py`` files in ``folders``, looked up afresh on every request
@@ -62,12 +71,12 @@ class Catalogue:
     def find(self, name: str) -> Probe | None:
         if name in self.builtins:
             path = _builtin_dir() / f"{name}.py"
-            return Probe(name=name, path=path, builtin=True, functions=functions(path))
+            return Probe(name=name, path=path, builtin=True, functions=_read(path)[0])
         for folder in self.folders:
             path = folder / f"{name}.py"
             if path.is_file():
                 try:
-                    found = functions(path)
+                    found = _read(path)[0]
                 except (OSError, SyntaxError, ValueError) as exc:
                     return Probe(name=name, path=path, builtin=False, functions=(), error=_why(exc))
                 return Probe(name=name, path=path, builtin=False, functions=found)
@@ -115,6 +124,44 @@ def functions(path: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+_READ: dict[Path, tuple[tuple[int, int, int], tuple[str, ...], str]] = {}
+_READ_LOCK = threading.Lock()
+
+
+def _read(path: Path) -> tuple[tuple[str, ...], str]:
+    """``path``'s callable functions (:func:`functions`) and the digest of its bytes, read again only once
+    the file changed (its inode, size or time of change); raises as :func:`functions` does."""
+    found = os.stat(path)
+    signature = (found.st_ino, found.st_size, found.st_mtime_ns)
+    with _READ_LOCK:
+        known = _READ.get(path)
+    if known is not None and known[0] == signature:
+        return known[1], known[2]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        names = functions(path)
+    except (SyntaxError, ValueError):
+        names = None
+    with _READ_LOCK:
+        if names is not None:
+            _READ[path] = (signature, names, digest)
+    if names is None:
+        functions(path)  # raises again, for the caller to say why
+    return names or (), digest
+
+
+def folder_digest(folder: Path) -> str:
+    """A digest of the names and contents of the ``*.py`` files in ``folder`` (a file that cannot be read
+    counts by its name)."""
+    parts = []
+    for path in sorted(folder.glob("*.py")):
+        try:
+            parts.append(f"{path.name}:{_read(path)[1]}")
+        except (OSError, SyntaxError, ValueError):
+            parts.append(f"{path.name}:unreadable")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
 def _why(exc: BaseException) -> str:
     """Why a probe file cannot be read, without its path: ``SyntaxError at line 3``."""
     if isinstance(exc, SyntaxError):
@@ -124,6 +171,7 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: the file is not UTF-8 Python text"
 
 
+@functools.cache
 def _builtin_dir() -> Path:
     """Where the built-in probes are: the installed ``autotune.probes`` package (found without importing it)."""
     import importlib.util

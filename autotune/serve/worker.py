@@ -9,13 +9,16 @@ past its time limit has its worker stopped (and the store claims it held
 dropped); a worker that dies takes no request with it but its own, which gets
 its one-line error. The next job starts a fresh worker. Concurrent jobs for the
 same fingerprint probe once: the store's claims make the others wait for the
-answer (see :meth:`autotune.store.Store.single_flight`).
+answer (see :meth:`autotune.store.Store.claim`).
 
 A job ends early, its worker stopped the same way, when every client that asked
 for its probe has gone (a job whose own client went runs on while another
 request with the same probe key waits: that request takes its answer from the
 store), and when the service is told to stop (:meth:`Pool.shutdown`): the
 request is answered 503 within a few seconds instead of when the probe ends.
+
+Workers run at a lower CPU priority than the server (:data:`NICE`): where CPUs are short, a probe
+takes what the server leaves, and a request the store answers is not slowed by probes of others.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ START_METHOD = "forkserver"
 PRELOAD = ["autotune.api", "torch._dynamo"]
 #: How often a request waiting for a worker or a probe looks whether its client has gone or the service stops.
 POLL_S = 0.1
+#: How much lower than the server's a worker's CPU priority is (``nice``): under load, answers from the store
+#: in the server come before probes.
+NICE = 10
 #: The status of a job whose every client has gone (nginx's "client closed request"): no one reads it.
 GONE = 499
 STOPPING = "the service is stopping: this request's probe was stopped; send it again once the service is back"
@@ -45,8 +51,10 @@ STOPPING = "the service is stopping: this request's probe was stopped; send it a
 
 def _main(conn: Connection, store_url: str) -> None:
     """A worker's life: import, say it is ready, then answer jobs until the server goes."""
+    import os
     import signal
 
+    os.nice(NICE)  # a probe takes what CPU the server leaves: answers from the store come first
     import autotune.api  # noqa: F401  (torch and the stages load here, before the first job's clock starts)
 
     from ..devices.base import _load_dispatch_machinery
@@ -75,8 +83,10 @@ class Worker:
         self.process: Any = None
         self.conn: Connection | None = None
         self.ready = False
+        self.starts = 0
 
     def start(self) -> None:
+        self.starts += 1
         context: Any = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (with the first worker)
@@ -120,7 +130,7 @@ class Worker:
             raise JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next "
                                  "request starts a new worker") from None
         if not answer["ok"]:
-            raise JobFailed(answer["status"], answer["error"])
+            raise JobFailed(answer["status"], answer["error"], store=answer.get("store_error", False))
         return answer
 
     def _ready(self, stop: Callable[[], JobFailed | None]) -> bool:
@@ -221,6 +231,11 @@ class Pool:
     def waiting(self) -> int:
         with self._lock:
             return self._waiting
+
+    @property
+    def restarted(self) -> int:
+        """Worker processes started again after one was stopped or died."""
+        return sum(max(0, w.starts - 1) for w in self.workers)
 
     def run(self, job: Job) -> dict[str, Any]:
         """``job``'s answer, from the first free worker; JobFailed when it failed, or ended early (see the module)."""

@@ -1,23 +1,22 @@
-"""Probing through the plan store, and recording what real runs measured.
+"""The plan store as a cache around the probe: ``probe`` is :func:`autotune.probing.finder.probe`,
+answered from the store when it holds the answer and kept there when it does not.
 
-A probe with a store first takes the fingerprint (:mod:`autotune.store.fingerprint`).
-The entry stored under it answers the probe when memory set its max (whatever
-the probe's own limit), or when it stopped at a limit no smaller than the
-probe's (:meth:`~autotune.store.schema.Entry.answers`). When it does:
+A probe with a store takes the fingerprint (:mod:`autotune.store.fingerprint`), then uses the store by
+its three calls only: ``get`` the entry under it, ``claim`` it to probe once while others asking wait,
+``put`` what the probe gave with its measurements. The entry answers the probe when memory set its max
+(whatever the probe's own limit), or when it stopped at a limit no smaller than the probe's
+(:meth:`~autotune.store.schema.Entry.answers`). When it does:
 
-- on an estimate, that answer is the result: nothing is estimated again;
-- on a real device, one confirm run of the fit rule at the stored max runs. It must
-  fit the usable memory now, peak within :data:`CONFIRM_TOLERANCE` of the stored
-  peak, and leave no room for one more (when memory set the max and the probe's
-  limit is larger); otherwise the entry is invalidated with the reason, and the
-  probe runs in full.
+- on an estimate, that answer is the result (:func:`autotune.store.answer.for_estimate`): nothing is
+  estimated again;
+- on a real device, one confirm run of the fit rule at the stored max runs. It must fit the usable
+  memory now, peak within :data:`CONFIRM_TOLERANCE` of the stored peak, and leave no room for one
+  more (when memory set the max and the probe's limit is larger); otherwise the entry is invalidated
+  with the reason, and the probe runs in full.
 
-A stored max above the probe's limit is cut to the limit (:func:`narrowed`), as
-the probe would have stopped there. Otherwise the probe runs, once for all
-processes asking at the same time (the others wait for its answer), and its
-result is stored; a damaged entry (one that cannot be read back) is probed
-again and replaced. Every real fit-rule run is recorded as a measurement
-against the fingerprint.
+Otherwise the probe runs, once for all processes asking at the same time (the others wait for its
+answer), and its result is stored; a damaged entry (one that cannot be read back) is probed again and
+replaced. Every real fit-rule run is recorded as a measurement against the fingerprint.
 """
 
 from __future__ import annotations
@@ -40,25 +39,29 @@ from ..results.run import RunResult
 from ..training import distributed
 from ..units import format_bytes
 from ..workload import Workload
+from .answer import for_estimate, narrowed, note, stored
+from .claims import owner_words
 from .fingerprint import Untraceable, fingerprint
-from .schema import Entry, Observation, when
-from .store import Store, device_label, owner_words
+from .rows import device_label
+from .schema import Entry, Observation
+from .store import Store
 
 #: A confirm run whose peak differs from the stored one by more than this share disagrees with it.
 CONFIRM_TOLERANCE = 0.05
-#: How a result served from the store begins its notes.
-FROM_STORE = "from the store"
 
 
-def probe(store: Store, workload: Workload, device: Device, *, margin: float, max_batch: int, world_size: int,
-          rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32",
+def probe(store: Store | None, workload: Workload, device: Device, *, margin: float, max_batch: int,
+          world_size: int, rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32",
           ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
-    """:func:`autotune.probing.finder.probe`, answered from ``store`` when it can be (see the module).
+    """:func:`autotune.probing.finder.probe`, answered from ``store`` when it can be (see the module);
+    without a store, the probe itself.
 
     ``rule``: how the fit rule runs (``data_parallel`` or ``sharding``), as :func:`~autotune.probing.finder.probe`
     and :func:`~autotune.probing.fitrule.run_trial` take it; part of the fingerprint. ``ranks``: every rank's
     device in a job whose ranks differ, part of the fingerprint too (the plans kept beside it are that job's).
     """
+    if store is None:
+        return finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
     try:
         fp = fingerprint(workload, device, margin=margin, world_size=world_size, rule=rule, parallel=parallel,
                          precision=precision, ranks=ranks)
@@ -68,101 +71,80 @@ def probe(store: Store, workload: Workload, device: Device, *, margin: float, ma
             f"not kept in the store: the workload cannot be built on shape-only tensors to take its "
             f"fingerprint ({exc})",))
     log.detail(f"fingerprint {fp.short} ({fp.seconds:.2f} s)")
-    served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-    if served is not None:
-        return served
+
+    def answer() -> ProbeResult | None:
+        return _answer(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
 
     def waiting(holder: str) -> None:
         log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
                      f"{fp.short})")
 
-    with store.single_flight(fp.digest, on_wait=waiting):
+    if (served := answer()) is not None:
+        return served
+    with store.claim(fp.digest, on_wait=waiting):
         # Look again once the claim is held: another job may have stored its answer since the first look,
         # after waiting for it or not (it let go of the claim before this job asked).
-        served = _lookup(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-        if served is not None:
+        if (served := answer()) is not None:
             return served
-        result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
-        result = replace(result, fingerprint=fp.digest)
-        kept = store.put(fp.digest, fp.components, result)
-    store.record(*probe_observations(result))
+        result = replace(finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule),
+                         fingerprint=fp.digest)
+        kept = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
     if kept:
         log.detail(f"stored as fingerprint {fp.short} in {store.shown}")
     return result
 
 
-def _lookup(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
+def _answer(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
             rule: dict[str, Any]) -> ProbeResult | None:
-    entry = store.entry(digest)
+    """The stored answer (served, its hit counted), or None: none stored, damaged (then invalidated),
+    not answering this limit, or not borne out by a confirm run."""
+    entry = store.get(digest)
     if entry is None:
         return None
     if entry.damage is not None:
         if entry.valid:
             log.progress(f"the store's entry {entry.short} is damaged ({entry.damage}): probing again to replace it")
-            store.invalidate(digest, f"damaged: {entry.damage}")
+            store.put(digest, invalid=f"damaged: {entry.damage}")
         return None
     if not entry.answers(max_batch):
         return None
-    return serve(store, entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-
-
-def serve(store: Store, entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
-          rule: dict[str, Any]) -> ProbeResult | None:
-    """The stored answer to a probe limited to ``max_batch`` (:func:`narrowed`), confirmed by one real
-    run on a real device; None (and the entry invalidated, with the reason) when the confirm run disagrees."""
-    start = time.perf_counter()
-    stored = replace(entry.probe(), fingerprint=entry.fingerprint, from_store=True)
-    m = stored.max_micro_batch
-    note = f"{FROM_STORE} (fingerprint {entry.short}, measured {when(entry.created_at)} on {entry.device})"
     if device.estimated:
-        store.served(entry.fingerprint)
-        log.progress(note)
-        served = replace(stored, notes=(note,) + stored.notes)
-        return replace(narrowed(served, max_batch), seconds=time.perf_counter() - start)
+        served = for_estimate(entry, max_batch)
+        store.put(digest, result=served)
+        return served
+    confirm, measured, why = confirmed(entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+    store.put(digest, result=confirm, measurements=(measured,), invalid=why)
+    if why is not None:
+        log.progress(f"the store's entry {entry.short} no longer holds: {why}; probing again")
+    return confirm
+
+
+def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
+              rule: dict[str, Any]) -> tuple[ProbeResult | None, Observation, str | None]:
+    """The stored answer to a probe limited to ``max_batch`` on a real device, confirmed by one real run
+    of the fit rule at the stored max (:func:`narrowed`): the answer (None when the run disagrees), the
+    run's measurement, and why it disagrees (None when it agrees)."""
+    start = time.perf_counter()
+    result = stored(entry)
+    m = result.max_micro_batch
+    said = note(entry)
     capacity = device.capacity_bytes()
     usable = options.usable_bytes(capacity, margin)
-    log.progress(f"{note}; confirming micro-batch {m} with one real run ...")
+    log.progress(f"{said}; confirming micro-batch {m} with one real run ...")
     attempt = _confirm_run(device, workload, m, usable, rule)
-    why = disagreement(stored, attempt, usable, max_batch)
-    store.record(observation(attempt, stored, entry.fingerprint, device.describe(), "confirm", note=why))
+    why = disagreement(result, attempt, usable, max_batch)
+    measured = observation(attempt, result, entry.fingerprint, device.describe(), "confirm", note=why)
     if why is not None:
-        store.invalidate(entry.fingerprint, why)
-        log.progress(f"the store's entry {entry.short} no longer holds: {why}; probing again")
-        return None
-    store.served(entry.fingerprint)
+        return None, measured, why
     assert attempt.measurement is not None and attempt.peak_bytes is not None
-    predicted = stored.predicted_peak_at(m) or stored.predicted_peak_bytes
+    predicted = result.predicted_peak_at(m) or result.predicted_peak_bytes
     log.progress(f"real at micro-batch {m}: peak {format_bytes(attempt.peak_bytes)}, fits, as stored")
-    confirmed = replace(
-        stored, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
+    result = replace(
+        result, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
         peak_bytes=attempt.peak_bytes, breakdown=dict(attempt.measurement.breakdown),
         estimate_error=(attempt.peak_bytes - predicted) / predicted if predicted else None,
-        trials=stored.trials + (attempt.trial,), notes=(f"{note}; confirmed by one real run",) + stored.notes)
-    return replace(narrowed(confirmed, max_batch), seconds=time.perf_counter() - start)
-
-
-def narrowed(result: ProbeResult, max_batch: int) -> ProbeResult:
-    """A stored ``result`` as a probe limited to ``max_batch`` (per rank) gives it. Up to its max it
-    stands as it is; below it the probe stops at ``max_batch``: its peak is the stored curve's
-    prediction there (what a plan of that micro-batch from the stored result predicts; standing in for
-    a GPU, with the allocator's overhead at the stored max, so on the high side far below it), its
-    breakdown the same parameters, gradients and optimizer state with the rest of that peak as
-    activations, and the caching allocator's figures (known at the stored max only) go."""
-    m = result.max_micro_batch
-    if m <= max_batch:
-        return replace(result, max_batch=max_batch, limited_by="max_batch" if m == max_batch else "memory")
-    predicted = result.predicted_peak_at(max_batch)
-    peak = predicted if predicted is not None else result.peak_bytes  # memory only grows with the batch
-    fixed = {k: v for k, v in result.breakdown.items() if k not in ("activations", "other")}
-    breakdown = {**fixed, "activations": max(0, peak - sum(fixed.values()))} if result.breakdown else {}
-    why = "memory" if result.limited_by == "memory" else f"its own limit, {result.max_batch}"
-    note = (f"the stored probe found micro-batch {m} fits ({why} set it); this probe stops at {max_batch}, "
-            + ("whose peak is the stored curve's prediction" if predicted is not None
-               else f"whose peak is at most the {format_bytes(result.peak_bytes)} at {m}"))
-    return replace(result, max_micro_batch=max_batch, max_batch=max_batch, limited_by="max_batch",
-                   peak_bytes=peak, predicted_peak_bytes=peak, breakdown=breakdown, allocated_peak_bytes=None,
-                   alloc_retries=None, predicted_allocated_peak_bytes=None,
-                   notes=result.notes[:1] + (note,) + result.notes[1:])
+        trials=result.trials + (attempt.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
+    return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
 
 
 def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: dict[str, Any]) -> Attempt:
@@ -263,7 +245,7 @@ def record_run(store: Store, plan: Plan, workload: Workload, device: Device, pre
     try:
         result = train()
     except DoesNotFit as exc:
-        store.record(oom_observation(plan, digest, device, str(exc)))
+        store.put(digest, measurements=(oom_observation(plan, digest, device, str(exc)),))
         raise
-    store.record(run_observation(result, digest))
+    store.put(digest, measurements=(run_observation(result, digest),))
     return result

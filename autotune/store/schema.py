@@ -1,6 +1,9 @@
 """The plan store's tables and the typed rows read from them. No torch here.
 
-Four tables, in any database SQLAlchemy reaches (SQLite by default):
+Six tables, in any database SQLAlchemy reaches (SQLite by default, PostgreSQL for a team):
+
+- ``autotune_store_info``: the store's layout version (its ``schema`` row), which
+  :mod:`autotune.store.migrations` brings up to date;
 
 - ``autotune_entries``: one probe result per fingerprint, with the fingerprint's
   parts, when and on what it was measured, how often it was served, and, once a
@@ -11,7 +14,11 @@ Four tables, in any database SQLAlchemy reaches (SQLite by default):
   probe, confirm runs, planned runs, runs reported over HTTP), against the
   fingerprint, with the estimate for the same micro-batch;
 - ``autotune_claims``: who is probing a fingerprint right now, so that
-  concurrent requests for it probe once and the others wait.
+  concurrent requests for it probe once and the others wait, and until when
+  (the holder renews it while it probes);
+- ``autotune_requests``: the requests ``autotune serve`` answered, by a digest of
+  their settings, and the fingerprint each was answered with: a request seen
+  before is answered from the store without taking its fingerprint again.
 
 Times are seconds since the epoch (UTC), stored as floats.
 """
@@ -19,6 +26,7 @@ Times are seconds since the epoch (UTC), stored as floats.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -43,8 +51,11 @@ from ..errors import BadInput
 if TYPE_CHECKING:
     from ..results.probe import ProbeResult
 
-#: The layout this autotune writes; a store written by a newer one is refused.
-STORE_SCHEMA = 1
+#: The layout this autotune writes; a store written by a newer one is refused, an older one brought up to
+#: date (:mod:`autotune.store.migrations`).
+STORE_SCHEMA = 2
+#: The oldest layout this autotune reads as it is, where it may not write (a store opened read-only).
+READS_FROM = 1
 
 metadata = MetaData()
 
@@ -72,6 +83,7 @@ entries = Table(
     Column("components", Text, nullable=False),
     Column("probe", Text, nullable=False),
     Column("autotune_version", String(32), nullable=False),
+    Index("autotune_entries_created_at", "created_at"),  # layout 2
 )
 
 plans = Table(
@@ -104,6 +116,7 @@ measurements = Table(
     Column("seconds", Float),
     Column("note", Text),
     Index("autotune_measurements_fingerprint", "fingerprint"),
+    Index("autotune_measurements_recorded_at", "recorded_at"),  # layout 2
 )
 
 claims = Table(
@@ -112,6 +125,14 @@ claims = Table(
     Column("owner", String(200), nullable=False),
     Column("claimed_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
+)
+
+requests = Table(  # layout 2
+    "autotune_requests", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("autotune_requests_fingerprint", "fingerprint"),
 )
 
 #: Where a measurement came from.
@@ -165,12 +186,12 @@ class Entry:
         return str(self.fingerprint)[:12]
 
     @cached_property
-    def damage(self) -> str | None:
-        """Why this entry cannot be read back, or None when it can."""
+    def _read(self) -> ProbeResult | str:
+        """The stored ProbeResult, read once, or why the row cannot be read back."""
         if self.unreadable is not None:
             return self.unreadable
         try:
-            result = self._read_probe()
+            result = _probe_result(self.probe_json, self.short)
         except (ValueError, TypeError, BadInput) as exc:  # JSONDecodeError is a ValueError
             text = str(exc).strip().splitlines()
             return f"its probe result cannot be read ({type(exc).__name__}: {text[0] if text else ''})"
@@ -178,21 +199,20 @@ class Entry:
             if getattr(result, name) != getattr(self, name):
                 return (f"its {name} column ({getattr(self, name)!r}) disagrees with its probe result "
                         f"({getattr(result, name)!r})")
-        return None
+        return result
 
-    def _read_probe(self) -> ProbeResult:
-        from ..results.probe import ProbeResult
-
-        data = json.loads(self.probe_json)
-        return ProbeResult.from_dict(data, source=f"the store's entry {self.short}")
+    @property
+    def damage(self) -> str | None:
+        """Why this entry cannot be read back, or None when it can."""
+        return self._read if isinstance(self._read, str) else None
 
     def probe(self) -> ProbeResult:
         """The stored ProbeResult; DamagedEntry when the row cannot be read back."""
-        if self.damage is not None:
-            raise DamagedEntry(f"the store's entry {self.short} is damaged: {self.damage}; it is probed again "
+        if isinstance(self._read, str):
+            raise DamagedEntry(f"the store's entry {self.short} is damaged: {self._read}; it is probed again "
                                f"and replaced the next time it is asked for, or remove it with autotune store rm "
                                f"{self.short}")
-        return self._read_probe()
+        return self._read
 
     def answers(self, max_batch: int) -> bool:
         """Does this entry answer a probe limited to ``max_batch`` (per rank)? A maximum that memory
@@ -236,6 +256,15 @@ class Entry:
         if not isinstance(data["probe_json"], str):
             data["unreadable"] = "its probe result is not text"
         return cls(**data)
+
+
+@functools.lru_cache(maxsize=256)
+def _probe_result(text: str, short: str) -> ProbeResult:
+    """The ProbeResult a stored row's JSON holds, read once per process for the same text (a service reads
+    the same entries for every request; the result is frozen)."""
+    from ..results.probe import ProbeResult
+
+    return ProbeResult.from_dict(json.loads(text), source=f"the store's entry {short}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,23 @@
 """The plan store: probe results by fingerprint, the plans made from them, and what real runs measured.
 
     store = open_store("sqlite:///plans.db")          # or postgresql://host/db for a team
-    entry = store.entry(fingerprint)                  # None, or the stored probe result and its record
+    entry = store.get(fingerprint)                    # None, or the stored probe result and its record
+    with store.claim(fingerprint):                    # this process probes it; others asking wait
+        store.put(fingerprint, result=result, parts=parts, measurements=observed)
 
-Any SQLAlchemy URL works; SQLite needs nothing started. Several processes may
-use one store at once: every write is one short transaction (on SQLite taken
-with ``BEGIN IMMEDIATE``, so that writers queue instead of failing), and
-claims (:meth:`Store.single_flight`) let one process probe a fingerprint while
-the others wait for its answer. A store opened to read (``mode="read"``) or to
-prune (``mode="write"``) must exist already; one opened to read is opened
-read-only. An SQLite file that is removed or replaced while a process holds the
-store open is noticed at the next transaction and opened afresh. No torch here:
-the service and ``autotune store`` read the store without it.
+A probe goes through the store by those three calls only (:mod:`autotune.store.cached`): ``get`` by
+key (a fingerprint, or a request the service answered before), ``claim`` (probe once, wherever the
+others asking run), and ``put`` a result with its measurements, in one transaction. The rest is for
+looking inside and pruning (``autotune store``, the service's listings). Any SQLAlchemy URL works;
+SQLite needs nothing started, PostgreSQL (psycopg 3, the ``postgres`` extra) serves a team. Several
+processes may use one store at once: every write is one short transaction, tried again when another
+writer got there first (:mod:`autotune.store.database` says how each database does it); claims
+(:mod:`autotune.store.claims`) let one process probe a fingerprint while the others wait for its
+answer. A store opened to read (``mode="read"``) or to prune (``mode="write"``) must exist already;
+one opened to read is opened read-only. A store of an earlier layout is brought up to date when
+opened (:mod:`autotune.store.migrations`). An SQLite file that is removed or replaced while a process
+holds the store open is noticed at the next transaction and opened afresh. No torch here: the
+service and ``autotune store`` read the store without it.
 """
 
 from __future__ import annotations
@@ -19,36 +25,30 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import delete, func, insert, inspect, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from ..errors import BadInput
-from . import schema
-from .database import MODES, Mode, engine, identity, in_memory, sqlite_file
+from . import claims, schema
+from .claims import LEASE_S, POLL_S, owner_id
+from .database import MODES, READING, Mode, engine, identity, in_memory, retryable, sqlite_file
+from .migrations import prepare
+from .rows import accuracy, entry_row, keeps, plan_row
 from .schema import Entry, Observation
 
 if TYPE_CHECKING:
-    from ..results.device import DeviceInfo
     from ..results.plan import Plan
     from ..results.probe import ProbeResult
 
 R = TypeVar("R")
 _log = logging.getLogger("autotune.store")
 
-#: A claim older than this is taken over (its owner crashed on another host); on this host a claim
-#: whose process is gone is taken over at once.
-LEASE_S = 3600.0
-#: How often a process waiting for another's probe looks again.
-POLL_S = 0.2
 #: The fingerprint prefix people type must be at least this long.
 MIN_PREFIX = 6
 
@@ -65,32 +65,11 @@ def open_store(url: str, *, name: str = "store", mode: Mode = "create") -> Store
     cannot be used, or (``mode`` "read" or "write") when no store is there."""
     from ..dburl import check_storage
 
-    check_storage(url, name)
+    check_storage(url, name, store=True)
     with _OPEN_LOCK:
         if (url, mode) not in _OPEN:
             _OPEN[url, mode] = Store(url, name=name, mode=mode)
         return _OPEN[url, mode]
-
-
-def device_label(info: DeviceInfo) -> str:
-    """A device as the store groups measurements: the GPU model, the CPU, or what the estimate stands for."""
-    if info.kind == "cuda":
-        return info.model or info.name
-    if info.kind == "cpu":
-        return f"cpu ({info.model})" if info.model else "cpu"
-    return info.summary.split("; ")[0]
-
-
-def owner_id() -> str:
-    """Who holds a claim: host, process and thread."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-
-
-def owner_words(owner: str) -> str:
-    """A claim's owner as people read it: ``process 4242 on gpu-node-3``."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    return f"process {pid} on {host}" if pid.isdigit() else owner
 
 
 class Store:
@@ -111,7 +90,7 @@ class Store:
         self._open()
 
     def _open(self) -> None:
-        """Connect and check (or make) the tables; remember which file this is."""
+        """Connect, and make the tables or bring them up to date; remember which file this is."""
         if self.mode != "create" and in_memory(self.url):
             raise BadInput(f"{self.name} {self.shown!r}: no store there: an in-memory database lives only inside "
                            "the process that made it; name the store's file, e.g. sqlite:///plans.db")
@@ -141,44 +120,37 @@ class Store:
     # -- transactions -------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        def make(conn: Connection) -> None:
-            if self.mode == "create":
-                schema.metadata.create_all(conn, checkfirst=True)
-            elif not inspect(conn).has_table(schema.info.name):
-                raise BadInput(f"{self.name} {self.shown!r}: no store there (the database has no autotune tables); "
-                               "autotune probe, plan, run or serve with --store make one")
-            found = conn.execute(select(schema.info.c.value).where(schema.info.c.key == "schema")).scalar()
-            if found is None and self.mode == "create":
-                conn.execute(insert(schema.info).values(key="schema", value=str(schema.STORE_SCHEMA)))
-            elif not isinstance(found, str) or not found.isdigit():
-                raise BadInput(f"{self.name} {self.shown!r} is damaged: its layout row ({schema.info.name} 'schema') "
-                               f"holds {found!r}, not a layout number: restore the store from a backup, or start "
-                               "a new one")
-            elif int(found) > schema.STORE_SCHEMA:
-                raise BadInput(f"{self.name} {self.shown!r} has layout {found}, newer than the {schema.STORE_SCHEMA} "
-                               "this autotune reads: upgrade autotune (pip install -U autotune)")
-
-        self._run(make, retry=(OperationalError, IntegrityError), fresh=False)
+        self._run(lambda conn: prepare(conn, mode=self.mode, name=self.name, shown=self.shown),
+                  retry=(OperationalError, IntegrityError), fresh=False)
 
     def _run(self, work: Callable[[Connection], R], *, retry: tuple[type[Exception], ...] = (IntegrityError,),
              attempts: int = 4, fresh: bool = True) -> R:
-        """``work`` in one transaction, tried again when another writer got there first."""
+        """``work`` in one transaction, tried again when another writer got there first (or the server
+        aborted it so that another could go on)."""
         if fresh:
             self.check()
         for attempt in range(attempts):
             try:
                 with self.engine.begin() as conn:
                     return work(conn)
-            except retry:
-                if attempt == attempts - 1:
+            except DBAPIError as exc:
+                if attempt == attempts - 1 or not (isinstance(exc, retry) or retryable(exc)):
                     raise
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Connection], R]) -> R:
+        """``work`` in a transaction that only reads (on SQLite it waits for no writer), tried once more
+        on a fresh connection when the one it had was gone."""
         self.check()
-        with self.engine.connect() as conn:
-            return work(conn)
+        for attempt in range(2):
+            try:
+                with self.engine.connect() as conn:
+                    return work(conn.execution_options(**{READING: True}))
+            except DBAPIError as exc:
+                if attempt or not exc.connection_invalidated:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def _purpose(self) -> str:
@@ -214,13 +186,115 @@ class Store:
             if _OPEN.get((self.url, self.mode)) is self:
                 del _OPEN[self.url, self.mode]
 
-    # -- entries --------------------------------------------------------------------------
+    # -- the cache's interface: get, claim, put -------------------------------------------
 
-    def entry(self, fingerprint: str) -> Entry | None:
-        """The entry stored under ``fingerprint`` (served or invalidated), or None."""
-        row = self._read(lambda c: c.execute(
-            select(schema.entries).where(schema.entries.c.fingerprint == fingerprint)).first())
+    def get(self, fingerprint: str | None = None, *, request: str | None = None) -> Entry | None:
+        """The entry stored under ``fingerprint`` (served or invalidated, readable or damaged), or the one
+        that answered the service's ``request`` (a digest of its settings) before; None when there is none."""
+        e, r = schema.entries, schema.requests
+        query = select(e).where(e.c.fingerprint == fingerprint) if request is None else \
+            select(e).join(r, r.c.fingerprint == e.c.fingerprint).where(r.c.key == request)
+        row = self._read(lambda c: c.execute(query).first())
         return None if row is None else Entry.from_row(row)
+
+    @contextlib.contextmanager
+    def claim(self, fingerprint: str, *, on_wait: Callable[[str], None] | None = None,
+              lease_s: float = LEASE_S, poll_s: float = POLL_S) -> Iterator[bool]:
+        """Hold the claim on ``fingerprint`` inside the block (renewed while it runs), waiting while
+        another process holds it; yields whether it waited. Holding the claim, look in the store again:
+        another process may have stored its answer since the last look, whether this one waited or not."""
+        owner = owner_id()
+        waited = False
+        while (holder := self.take(fingerprint, owner, lease_s)) is not None:
+            if not waited and on_wait is not None:
+                on_wait(holder)
+            waited = True
+            time.sleep(poll_s)
+        beat = claims.Heartbeat(lambda: self.renew(fingerprint, owner, lease_s), lease_s, fingerprint[:12])
+        try:
+            yield waited
+        finally:
+            beat.stop()
+            self.release(fingerprint, owner)
+
+    def put(self, fingerprint: str, *, result: ProbeResult | None = None, parts: dict[str, Any] | None = None,
+            plan: Plan | None = None, measurements: Sequence[Observation] = (), invalid: str | None = None,
+            request: str | None = None) -> bool:
+        """Keep what a probe of ``fingerprint`` gave, in one transaction:
+
+        - ``result`` served from the entry there (``from_store``): a hit is counted;
+        - a new ``result`` (with its fingerprint's ``parts``): stored, unless the served entry there answers
+          every limit it answers (memory set its max, and not the new one's; or both stopped at their own
+          limit, and its limit is not smaller); False when that entry is kept instead;
+        - ``invalid``: the entry is no longer served, and keeps why;
+        - ``plan``: kept beside the entry, the latest per target, world size, ``multiple_of`` and uniformity;
+        - ``measurements``: added;
+        - ``request``: the service's request digest, answered by this fingerprint from now on.
+        """
+        new = entry_row(result, parts or {}) if result is not None and not result.from_store else None
+        planned = plan_row(plan) if plan is not None else None
+        now = time.time()
+        e = schema.entries
+
+        def write(conn: Connection) -> bool:
+            kept = True
+            if new is not None:
+                assert result is not None
+                kept = _keep(conn, fingerprint, new, result)
+            elif result is not None:
+                conn.execute(update(e).where(e.c.fingerprint == fingerprint).values(hits=e.c.hits + 1,
+                                                                                    last_hit_at=now))
+            if invalid is not None:
+                conn.execute(update(e).where(e.c.fingerprint == fingerprint).values(invalidated_at=now,
+                                                                                    invalid_reason=invalid))
+            if planned is not None:
+                _upsert(conn, schema.plans, {"fingerprint": fingerprint, "key": planned[0]}, planned[1])
+            if request is not None:
+                _upsert(conn, schema.requests, {"key": request}, {"fingerprint": fingerprint, "created_at": now})
+            _insert_measurements(conn, measurements, now)
+            return kept
+
+        return self._run(write)
+
+    def served(self, hits: Mapping[str, int], plans: Sequence[tuple[str, Plan]] = ()) -> None:
+        """Count the hits a service served from entries (fingerprint -> how many) and keep the plans it made
+        from them (fingerprint, plan), in one transaction: what :meth:`put` keeps for an answer, for many."""
+        now = time.time()
+        rows = sorted(((fingerprint, plan_row(plan)) for fingerprint, plan in plans),
+                      key=lambda row: (row[0], row[1][0]))  # rows locked in one order: no deadlock between two
+        e = schema.entries
+
+        def write(conn: Connection) -> None:
+            for fingerprint, n in sorted(hits.items()):
+                conn.execute(update(e).where(e.c.fingerprint == fingerprint).values(hits=e.c.hits + n,
+                                                                                    last_hit_at=now))
+            for fingerprint, (key, values) in rows:
+                _upsert(conn, schema.plans, {"fingerprint": fingerprint, "key": key}, values)
+
+        if hits or rows:
+            self._run(write)
+
+    # -- claims, one step at a time (what claim() is made of; the service drops a stopped worker's) ---------
+
+    def take(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> str | None:
+        """Take the claim on ``fingerprint``: None when it is ``owner``'s now, else who holds it."""
+        try:
+            return self._run(lambda conn: claims.take(conn, fingerprint, owner, lease_s), attempts=1)
+        except IntegrityError:  # another process inserted its claim between our look and our insert
+            return "another process"
+
+    def renew(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> bool:
+        """Extend ``owner``'s claim by ``lease_s`` from now; False when it holds it no more."""
+        return self._run(lambda conn: claims.renew(conn, fingerprint, owner, lease_s))
+
+    def release(self, fingerprint: str, owner: str) -> None:
+        self._run(lambda conn: claims.release(conn, fingerprint, owner))
+
+    def release_all(self, owner_prefix: str) -> int:
+        """Drop every claim of owners starting with ``owner_prefix`` (a process that was stopped)."""
+        return self._run(lambda conn: claims.release_all(conn, owner_prefix))
+
+    # -- looking inside -----------------------------------------------------------------------
 
     def find(self, prefix: str) -> Entry:
         """The one entry whose fingerprint starts with ``prefix``; BadInput when none or several do."""
@@ -244,105 +318,6 @@ class Store:
             query = query.limit(limit)
         return [Entry.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
 
-    def put(self, fingerprint: str, components: dict[str, Any], result: ProbeResult) -> bool:
-        """Store ``result`` under ``fingerprint``; False when the served entry there answers every
-        limit ``result`` answers (memory set its max, and not ``result``'s; or both stopped at their
-        own limit, and its limit is not smaller), and is kept instead."""
-        import autotune
-
-        row = {
-            "workload": result.workload, "device": device_label(result.device), "device_kind": result.device.kind,
-            "estimated": result.estimated, "max_micro_batch": result.max_micro_batch, "max_batch": result.max_batch,
-            "limited_by": result.limited_by, "created_at": time.time(), "hits": 0, "last_hit_at": None,
-            "invalidated_at": None, "invalid_reason": None, "components": json.dumps(components, sort_keys=True),
-            "probe": json.dumps(result.to_dict(), sort_keys=True), "autotune_version": autotune.__version__,
-        }
-        table = schema.entries
-
-        def write(conn: Connection) -> bool:
-            old = conn.execute(select(table).where(table.c.fingerprint == fingerprint)).first()
-            if old is None:
-                conn.execute(insert(table).values(fingerprint=fingerprint, **row))
-                return True
-            if _keeps(Entry.from_row(old), result):
-                return False
-            conn.execute(update(table).where(table.c.fingerprint == fingerprint).values(**row))
-            return True
-
-        return self._run(write)
-
-    def served(self, fingerprint: str) -> None:
-        """Count a hit."""
-        table = schema.entries
-        self._run(lambda c: c.execute(update(table).where(table.c.fingerprint == fingerprint)
-                                      .values(hits=table.c.hits + 1, last_hit_at=time.time())))
-
-    def invalidate(self, fingerprint: str, reason: str) -> None:
-        """Stop serving an entry, and keep why."""
-        table = schema.entries
-        self._run(lambda c: c.execute(update(table).where(table.c.fingerprint == fingerprint)
-                                      .values(invalidated_at=time.time(), invalid_reason=reason)))
-
-    def remove(self, fingerprints: Sequence[str]) -> int:
-        """Remove entries with their plans and measurements; how many entries went."""
-        keys = list(fingerprints)
-
-        def write(conn: Connection) -> int:
-            for table in (schema.plans, schema.measurements, schema.claims):
-                conn.execute(delete(table).where(table.c.fingerprint.in_(keys)))
-            return conn.execute(delete(schema.entries).where(schema.entries.c.fingerprint.in_(keys))).rowcount
-
-        return self._run(write) if keys else 0
-
-    def gc(self, *, older_than_s: float | None = None, dry_run: bool = False) -> dict[str, int]:
-        """Remove invalidated entries, claims whose lease ran out, and with ``older_than_s`` entries
-        neither made nor served since then and measurements older than that. Counts of what went
-        (or would go, with ``dry_run``)."""
-        now = time.time()
-        e = schema.entries
-        stale: Any = e.c.invalidated_at.is_not(None)
-        if older_than_s is not None:
-            cutoff = now - older_than_s
-            stale = stale | ((e.c.created_at < cutoff) & (func.coalesce(e.c.last_hit_at, 0.0) < cutoff))
-
-        def work(conn: Connection) -> dict[str, int]:
-            keys = list(conn.execute(select(e.c.fingerprint).where(stale)).scalars())
-            old = schema.measurements.c.recorded_at < now - older_than_s if older_than_s is not None else None
-            counts = {
-                "entries": len(keys),
-                "plans": _count(conn, schema.plans, schema.plans.c.fingerprint.in_(keys)),
-                "measurements": _count(conn, schema.measurements, schema.measurements.c.fingerprint.in_(keys)
-                                       if old is None else schema.measurements.c.fingerprint.in_(keys) | old),
-                "claims": _count(conn, schema.claims, schema.claims.c.expires_at < now),
-            }
-            if not dry_run:
-                conn.execute(delete(schema.plans).where(schema.plans.c.fingerprint.in_(keys)))
-                m = schema.measurements
-                conn.execute(delete(m).where(m.c.fingerprint.in_(keys) if old is None else
-                                             m.c.fingerprint.in_(keys) | old))
-                conn.execute(delete(schema.claims).where(schema.claims.c.expires_at < now))
-                conn.execute(delete(e).where(e.c.fingerprint.in_(keys)))
-            return counts
-
-        return self._run(work)
-
-    # -- plans ------------------------------------------------------------------------------
-
-    def put_plan(self, fingerprint: str, plan: Plan) -> None:
-        """Keep the plan made from an entry (the latest per target, world size, multiple and uniformity)."""
-        key = f"{plan.target_batch}/{plan.world_size}/{plan.multiple_of}/{plan.uniform}"
-        table = schema.plans
-        values = {"target_batch": plan.target_batch, "world_size": plan.world_size, "created_at": time.time(),
-                  "plan": json.dumps(plan.to_dict(), sort_keys=True)}
-
-        def write(conn: Connection) -> None:
-            done = conn.execute(update(table).where((table.c.fingerprint == fingerprint) & (table.c.key == key))
-                                .values(**values)).rowcount
-            if not done:
-                conn.execute(insert(table).values(fingerprint=fingerprint, key=key, **values))
-
-        self._run(write)
-
     def plans(self, fingerprint: str) -> list[dict[str, Any]]:
         """The plans made from an entry (Plan JSON), the most recent first."""
         t = schema.plans
@@ -360,22 +335,9 @@ class Store:
                 _log.warning("autotune store: a damaged plan of entry %s is skipped", fingerprint[:12])
         return out
 
-    # -- measurements -----------------------------------------------------------------------
-
     def record(self, *observations: Observation) -> list[int]:
-        """Add measurements; their ids."""
-        now = time.time()
-
-        def write(conn: Connection) -> list[int]:
-            ids = []
-            for o in observations:
-                row = o.row()
-                row["recorded_at"] = row["recorded_at"] or now
-                key = conn.execute(insert(schema.measurements).values(**row)).inserted_primary_key
-                ids.append(int(key[0]) if key is not None else 0)
-            return ids
-
-        return self._run(write) if observations else []
+        """Add measurements (a job's, reported over HTTP); their ids."""
+        return self._run(lambda conn: _insert_measurements(conn, observations, time.time())) if observations else []
 
     def observations(self, fingerprint: str | None = None, *, limit: int | None = None) -> list[Observation]:
         """Measurements (of one fingerprint, or all), in the order they were recorded."""
@@ -404,86 +366,81 @@ class Store:
 
         return self._read(work)
 
-    # -- claims -----------------------------------------------------------------------------
+    # -- pruning ------------------------------------------------------------------------------
 
-    def claim(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> str | None:
-        """Take the claim on ``fingerprint``: None when it is ours now, else who holds it."""
-        t = schema.claims
+    def remove(self, fingerprints: Sequence[str]) -> int:
+        """Remove entries with their plans, measurements, claims and requests; how many entries went."""
+        keys = list(fingerprints)
 
-        def write(conn: Connection) -> str | None:
-            now = time.time()
-            row = conn.execute(select(t).where(t.c.fingerprint == fingerprint)).first()
-            if row is not None and row.owner != owner and row.expires_at > now and _alive(row.owner):
-                return str(row.owner)
-            conn.execute(delete(t).where(t.c.fingerprint == fingerprint))
-            conn.execute(insert(t).values(fingerprint=fingerprint, owner=owner, claimed_at=now,
-                                          expires_at=now + lease_s))
-            return None
+        def write(conn: Connection) -> int:
+            for table in (schema.plans, schema.measurements, schema.claims, schema.requests):
+                conn.execute(delete(table).where(table.c.fingerprint.in_(keys)))
+            return conn.execute(delete(schema.entries).where(schema.entries.c.fingerprint.in_(keys))).rowcount
 
-        try:
-            return self._run(write, attempts=1)
-        except IntegrityError:  # another process inserted its claim between our look and our insert
-            return "another process"
+        return self._run(write) if keys else 0
 
-    def release(self, fingerprint: str, owner: str) -> None:
-        t = schema.claims
-        self._run(lambda c: c.execute(delete(t).where((t.c.fingerprint == fingerprint) & (t.c.owner == owner))))
+    def gc(self, *, older_than_s: float | None = None, dry_run: bool = False) -> dict[str, int]:
+        """Remove invalidated entries, claims whose lease ran out, and with ``older_than_s`` entries
+        neither made nor served since then and measurements older than that. Counts of what went
+        (or would go, with ``dry_run``)."""
+        now = time.time()
+        e, m = schema.entries, schema.measurements
+        stale: Any = e.c.invalidated_at.is_not(None)
+        if older_than_s is not None:
+            cutoff = now - older_than_s
+            stale = stale | ((e.c.created_at < cutoff) & (func.coalesce(e.c.last_hit_at, 0.0) < cutoff))
 
-    def release_all(self, owner_prefix: str) -> int:
-        """Drop every claim of owners starting with ``owner_prefix`` (a process that was stopped)."""
-        t = schema.claims
-        return self._run(lambda c: c.execute(delete(t).where(t.c.owner.startswith(owner_prefix,
-                                                                                    autoescape=True))).rowcount)
+        def work(conn: Connection) -> dict[str, int]:
+            keys = list(conn.execute(select(e.c.fingerprint).where(stale)).scalars())
+            measured: Any = m.c.fingerprint.in_(keys)
+            if older_than_s is not None:
+                measured = measured | (m.c.recorded_at < now - older_than_s)
+            counts = {
+                "entries": len(keys),
+                "plans": _count(conn, schema.plans, schema.plans.c.fingerprint.in_(keys)),
+                "measurements": _count(conn, m, measured),
+                "claims": _count(conn, schema.claims, schema.claims.c.expires_at < now),
+            }
+            if not dry_run:
+                for table in (schema.plans, schema.requests):
+                    conn.execute(delete(table).where(table.c.fingerprint.in_(keys)))
+                conn.execute(delete(m).where(measured))
+                conn.execute(delete(schema.claims).where(schema.claims.c.expires_at < now))
+                conn.execute(delete(e).where(e.c.fingerprint.in_(keys)))
+            return counts
 
-    @contextlib.contextmanager
-    def single_flight(self, fingerprint: str, *, on_wait: Callable[[str], None] | None = None,
-                      lease_s: float = LEASE_S, poll_s: float = POLL_S) -> Iterator[bool]:
-        """Hold the claim on ``fingerprint`` inside the block, waiting while another process holds it.
-        Yields whether it waited. Holding the claim, look in the store again: another process may have
-        stored its answer since the last look, whether this one waited for it or not."""
-        owner = owner_id()
-        waited = False
-        while (holder := self.claim(fingerprint, owner, lease_s)) is not None:
-            if not waited and on_wait is not None:
-                on_wait(holder)
-            waited = True
-            time.sleep(poll_s)
-        try:
-            yield waited
-        finally:
-            self.release(fingerprint, owner)
+        return self._run(work)
 
 
-def accuracy(observations: Sequence[Observation]) -> list[dict[str, Any]]:
-    """Per device label: measurements, OOMs, and the estimate's error over those with an estimate
-    (signed mean, mean of the absolute, the worst, and the same for the allocated peak)."""
-    groups: dict[str, list[Observation]] = {}
-    for o in observations:
-        groups.setdefault(o.device, []).append(o)
-    out = []
-    for device, rows in sorted(groups.items()):
-        errors = [e for o in rows if (e := o.error) is not None]
-        alloc = [(o.peak_allocated_bytes - o.estimated_peak_bytes) / o.estimated_peak_bytes for o in rows
-                 if o.peak_allocated_bytes is not None and o.estimated_peak_bytes and not o.oom]
-        out.append({
-            "device": device, "kind": rows[0].device_kind, "measurements": len(rows),
-            "ooms": sum(o.oom for o in rows), "compared": len(errors),
-            "mean_error": statistics.fmean(errors) if errors else None,
-            "mean_abs_error": statistics.fmean(abs(e) for e in errors) if errors else None,
-            "worst_error": max(errors, key=abs) if errors else None,
-            "allocated_mean_error": statistics.fmean(alloc) if alloc else None,
-            "ooms_estimated_to_fit": sum(o.oom and o.estimated_peak_bytes is not None for o in rows),
-        })
-    return out
-
-
-def _keeps(old: Entry, new: ProbeResult) -> bool:
-    """Is the stored ``old`` kept instead of ``new``: served, readable, and answering every limit ``new`` answers?"""
-    if not old.valid or old.damage is not None:
+def _keep(conn: Connection, fingerprint: str, row: dict[str, Any], result: ProbeResult) -> bool:
+    """Store a new probe result under ``fingerprint`` (its row locked while it is decided), unless the
+    entry there is kept instead (:func:`~autotune.store.rows.keeps`)."""
+    e = schema.entries
+    old = conn.execute(select(e).where(e.c.fingerprint == fingerprint).with_for_update()).first()
+    if old is None:
+        conn.execute(insert(e).values(fingerprint=fingerprint, **row))  # a race is an IntegrityError: tried again
+        return True
+    if keeps(Entry.from_row(old), result):
         return False
-    if old.limited_by == "memory":
-        return new.limited_by != "memory"
-    return new.limited_by == "max_batch" and new.max_batch <= old.max_batch
+    conn.execute(update(e).where(e.c.fingerprint == fingerprint).values(**row))
+    return True
+
+
+def _upsert(conn: Connection, table: Any, key: dict[str, Any], values: dict[str, Any]) -> None:
+    """Update the row of ``table`` with ``key``, or insert it (a race is an IntegrityError: tried again)."""
+    where = [table.c[k] == v for k, v in key.items()]
+    if not conn.execute(update(table).where(*where).values(**values)).rowcount:
+        conn.execute(insert(table).values(**key, **values))
+
+
+def _insert_measurements(conn: Connection, observations: Sequence[Observation], now: float) -> list[int]:
+    ids = []
+    for o in observations:
+        row = o.row()
+        row["recorded_at"] = row["recorded_at"] or now
+        key = conn.execute(insert(schema.measurements).values(**row)).inserted_primary_key
+        ids.append(int(key[0]) if key is not None else 0)
+    return ids
 
 
 def _count(conn: Connection, table: Any, where: Any) -> int:
@@ -493,23 +450,6 @@ def _count(conn: Connection, table: Any, where: Any) -> int:
     return int(conn.execute(query).scalar() or 0)
 
 
-def _alive(owner: str) -> bool:
-    """Is the process holding a claim still running? Known on this host only; elsewhere assumed so."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-

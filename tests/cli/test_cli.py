@@ -201,8 +201,8 @@ def test_plans_past_the_limits_are_refused_before_any_work(capsys, monkeypatch, 
     (["--target-batch", "64", "--tune", "--storage", "bogus://"], "--storage 'bogus://' names no database driver"),
     (["--target-batch", "64", "--tune", "--storage", "sqlite:////no/such/folder/tune.db"],
      "folder /no/such/folder does not exist"),
-    (["--target-batch", "64", "--tune", "--storage", "postgresql://me:secret@db.example/tune"],
-     "--storage 'postgresql://me:***@db.example/tune' needs the Python driver psycopg, which is not installed"),
+    (["--target-batch", "64", "--tune", "--storage", "postgresql+pg8000://me:secret@db.example/tune"],
+     "--storage 'postgresql+pg8000://me:***@db.example/tune' needs the Python driver pg8000, which is not installed"),
     (["--target-batch", "64", "--storage", "sqlite:///tune.db"], "--storage needs --tune"),
 ])
 def test_bad_storage_is_refused_before_any_work(capsys, monkeypatch, argv, words):

@@ -15,6 +15,8 @@ import pytest
 
 from autotune.cli import main
 
+from ..stores import rows
+
 ESTIMATE = ["--probe", "mlp", "--device", "estimate", "--memory-budget", "1GiB"]
 CPU = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB"]
 
@@ -26,8 +28,9 @@ def run(capsys, *argv):
 
 
 @pytest.fixture
-def url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'plans.db'}"
+def url(store_url) -> str:
+    """A new store's URL, on SQLite and on PostgreSQL."""
+    return store_url
 
 
 @pytest.mark.slow
@@ -42,15 +45,50 @@ def test_plan_twice_answers_the_second_from_the_store_without_estimating(capsys,
     assert first.splitlines()[0] == second.splitlines()[0]  # the same plan
 
 
+#: A probe whose estimate, past the fingerprint's micro-batches, waits until the file $AUTOTUNE_TEST_GATE exists:
+#: the process probing it holds its claim until the test lets it go.
+GATED = (
+    "import os, time\nimport torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+    "def loss(model, batch):\n    if batch.shape[0] > 3:\n        deadline = time.time() + 120\n"
+    "        while not os.path.exists(os.environ['AUTOTUNE_TEST_GATE']) and time.time() < deadline:\n"
+    "            time.sleep(0.05)\n    return model(batch).pow(2).mean()\n\n"
+    "def build():\n    return Workload(name='gated', model=lambda: nn.Linear(4, 1),\n"
+    "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n")
+
+
 @pytest.mark.slow
-def test_two_jobs_at_once_probe_once(url):
-    argv = [sys.executable, "-m", "autotune", "plan", "--target-batch", "512", *ESTIMATE, "--store", url]
-    jobs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [job.communicate(timeout=300) for job in jobs]
-    assert [job.returncode for job in jobs] == [0, 0], [err for _, err in outs]
-    probed = [err.count("estimate at micro-batch 2:") for _, err in outs]
-    assert sorted(probed) == [0, 1], outs
-    assert sum("from the store" in out for out, _ in outs) == 1
+def test_eight_jobs_at_once_probe_once_and_print_the_same_plan(url, tmp_path):
+    import threading
+    import time
+
+    (tmp_path / "gated.py").write_text(GATED)
+    gate = tmp_path / "go"
+    argv = [sys.executable, "-m", "autotune", "plan", "--target-batch", "512", "--probe", str(tmp_path / "gated.py"),
+            "--device", "estimate", "--memory-budget", "1GiB", "--store", url]
+    env = {**os.environ, "AUTOTUNE_TEST_GATE": str(gate)}
+    env.pop("AUTOTUNE_STORE", None)
+    jobs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(8)]
+    errs: list[list[str]] = [[] for _ in jobs]
+    readers = [threading.Thread(target=lambda job=job, lines=lines: lines.extend(job.stderr), daemon=True)
+               for job, lines in zip(jobs, errs)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + 240
+    while sum(any("waiting for process" in line for line in lines) for lines in errs) < 7:  # all wait for one
+        assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), errs
+        time.sleep(0.1)
+    gate.touch()
+    outs = [job.stdout.read() for job in jobs]
+    assert [job.wait(240) for job in jobs] == [0] * 8, errs
+    for reader in readers:
+        reader.join(30)
+    probed = ["".join(lines).count("estimate at micro-batch 2:") for lines in errs]
+    assert sorted(probed) == [0] * 7 + [1], errs
+    assert sum("from the store (fingerprint " in out for out in outs) == 7, outs
+    assert len({out.splitlines()[0] for out in outs}) == 1 and outs[0].startswith("plan: 512 = "), outs
+    (hits,) = rows(url, "autotune_entries", "hits")
+    assert hits == (7,) and rows(url, "autotune_claims") == []
 
 
 def test_probe_json_says_where_the_answer_came_from(capsys, url):
@@ -257,3 +295,28 @@ def test_the_store_commands_load_no_heavy_library(made, argv):
     done = subprocess.run([sys.executable, "-c", _HEAVY, *argv], capture_output=True, text=True, timeout=120)
     seen = json.loads(done.stderr.strip().splitlines()[-1])
     assert seen == {"code": 0, "heavy": []}, done.stderr
+
+
+def test_serve_help_shows_a_postgresql_deployment_with_two_replicas(capsys):
+    code, out, _ = run(capsys, "serve", "--help")
+    assert code == 0 and "pip install 'autotune[serve,postgres]'" in out
+    assert "AUTOTUNE_STORE=postgresql://" in out and "/metrics" in out
+    replicas = [line for line in out.splitlines() if line.strip().startswith("autotune serve --host 0.0.0.0")]
+    assert len(replicas) == 2 and "replica 1" in replicas[0] and "replica 2" in replicas[1]
+
+
+def test_a_postgresql_store_connects_with_psycopg_or_says_how_to_get_it(monkeypatch):
+    import importlib.util
+
+    from autotune.dburl import check_storage, store_url
+    from autotune.errors import BadInput
+
+    assert store_url("postgresql://team@db.internal/plans") == "postgresql+psycopg://team@db.internal/plans"
+    assert store_url("postgresql+psycopg2://db.internal/plans") == "postgresql+psycopg2://db.internal/plans"
+    check_storage("postgresql://team:secret@db.internal/plans", "--store", store=True)  # connects to nothing
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as where no driver is installed
+    for driver in ("psycopg", "psycopg2"):  # SQLAlchemy 2.1's default driver, and 2.0's
+        monkeypatch.setitem(sys.modules, driver, None)
+    with pytest.raises(BadInput, match=r"^--store 'postgresql://team:\*\*\*@db.internal/plans' needs the Python "
+                                       r"driver psycopg2?, which is not installed: pip install 'autotune\[postgres\]'"):
+        check_storage("postgresql://team:secret@db.internal/plans", "--store", store=True)

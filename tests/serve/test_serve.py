@@ -1,9 +1,10 @@
 """autotune serve, tested as it runs: a real server process on a free localhost port, a real HTTP client,
-SQLite stores in a temporary folder."""
+its store on SQLite (a file in a temporary folder) and on a real PostgreSQL server."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from ..stores import execute, rows
 
 pytestmark = pytest.mark.slow
 
@@ -58,13 +61,14 @@ def free_port() -> int:
 
 
 class Server:
-    """``autotune serve`` in a process of its own."""
+    """``autotune serve`` in a process of its own, on ``store`` (by default an SQLite file in ``tmp``)."""
 
-    def __init__(self, tmp: Path, *, token: str | None = None, extra: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, *, store: str | None = None, token: str | None = None,
+                 extra: tuple[str, ...] = ()):
         self.folder = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.store = f"sqlite:///{tmp / 'plans.db'}"
+        self.store = store or f"sqlite:///{tmp / 'plans.db'}"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         if token:
             path = tmp / "token"
@@ -119,8 +123,8 @@ def probes_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, probes_dir) -> Iterator[Server]:
-    running = Server(tmp_path_factory.mktemp("serve"), token=TOKEN,
+def server(tmp_path_factory, probes_dir, module_store_url) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("serve"), store=module_store_url, token=TOKEN,
                      extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "6"))
     yield running
     running.stop()
@@ -266,6 +270,7 @@ def test_the_server_process_never_loads_torch(server):
 
 
 def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_service(server):
+    before = metrics(server)
     with server.client() as http:
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
         assert failing.status_code in (422, 500), failing.text
@@ -279,6 +284,117 @@ def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_ser
         after = http.post("/v1/plan", json={**PLAN, "probe": "small"})
         assert after.status_code == 200, after.text
         assert http.get("/healthz").json()["status"] == "ok"
+    counted = metrics(server)
+    # two workers stopped (the time limit) or dead; the next request started one of them again
+    assert counted["autotune_workers_restarted_total"] - before.get("autotune_workers_restarted_total", 0) >= 1
+    assert counted[("autotune_requests_total", "/v1/plan", "POST", "504")] >= 1
+
+
+def metrics(server: Server) -> dict:
+    """The service's metrics: a sample with no labels by its name, else by its name and its labels' values in
+    the order of their names (``endpoint``, ``method``, ``status``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with server.client() as http:
+        answer = http.get("/metrics")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain"), answer.text
+    found: dict = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            key = (sample.name, *(sample.labels[k] for k in sorted(sample.labels))) if sample.labels else sample.name
+            found[key] = sample.value
+    return found
+
+
+def test_metrics_count_requests_hits_misses_and_probes_behind_the_token(server):
+    body = {**PLAN, "margin": 0.55}  # a fingerprint no other test asks for
+    before = metrics(server)
+    with server.client() as http:
+        answers = [http.post("/v1/plan", json=body).json()["cached"] for _ in range(2)]
+        refused = http.get("/metrics", headers={"Authorization": "Bearer wrong"})
+    after = metrics(server)
+    assert answers == [False, True]
+    assert refused.status_code == 401
+
+    def grew(key: object) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert (grew(("autotune_plans_total", "miss")), grew(("autotune_plans_total", "hit"))) == (1, 1)
+    assert grew(("autotune_requests_total", "/v1/plan", "POST", "200")) == 2
+    assert grew(("autotune_requests_total", "/metrics", "GET", "401")) == 1
+    assert grew(("autotune_requests_total", "/metrics", "GET", "200")) == 1  # the first look, counted after it
+    assert grew("autotune_probe_seconds_count") == 1 and grew("autotune_probe_seconds_sum") > 0
+    assert grew(("autotune_request_seconds_count", "/v1/plan")) == 2
+    for name in ("autotune_jobs_queued", "autotune_workers_busy", "autotune_workers_restarted_total",
+                 "autotune_jobs_cancelled_total"):
+        assert name in after
+    assert after[("autotune_store_errors_total", "server")] == after[("autotune_store_errors_total", "worker")] == 0
+
+
+def test_an_entry_removed_elsewhere_is_probed_again_a_second_later(server):
+    from autotune.store.store import Store
+
+    body = {**PLAN, "margin": 0.85}
+    with server.client() as http:
+        first = http.post("/v1/plan", json=body).json()
+        assert http.post("/v1/plan", json=body).json()["cached"]  # answered here, from the store
+        remover = Store(server.store, mode="write")  # as autotune store rm does, from another process
+        assert remover.remove([first["fingerprint"]]) == 1
+        remover.close()
+        time.sleep(1.2)  # the service reads an entry it answered from again once it is a second old
+        again = http.post("/v1/plan", json=body).json()
+    assert not first["cached"] and not again["cached"] and again["fingerprint"] == first["fingerprint"]
+
+
+def test_every_request_is_one_access_log_line(server):
+    body = {**PLAN, "margin": 0.65}
+    with server.client() as http:
+        fp = http.post("/v1/plan", json=body).json()["fingerprint"]
+        http.post("/v1/plan", json=body)
+    with server.client(authorized=False) as http:
+        http.get(f"/v1/plans/{fp}")
+    deadline = time.monotonic() + 10  # a request's line is written once its answer is sent: soon after it comes
+    while True:
+        lines = [json.loads(line) for line in Path(server.log.name).read_text().splitlines()
+                 if line.startswith("{") and line.endswith("}")]
+        if any(line["path"] == f"/v1/plans/{fp}" for line in lines) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    plans = [line for line in lines if line["fingerprint"] == fp]
+    assert [(p["method"], p["path"], p["status"], p["cached"]) for p in plans] == \
+        [("POST", "/v1/plan", 200, False), ("POST", "/v1/plan", 200, True)]
+    assert all(p["seconds"] > 0 and p["time"].endswith("+00:00") for p in plans)
+    refused = [line for line in lines if line["path"] == f"/v1/plans/{fp}"]
+    assert [(r["method"], r["status"], r["cached"], r["fingerprint"]) for r in refused] == [("GET", 401, None, None)]
+    assert set(lines[-1]) == {"time", "method", "path", "status", "seconds", "cached", "fingerprint"}
+
+
+def test_a_request_seen_before_is_answered_without_a_worker(server, probes_dir):
+    body = {**PLAN, "margin": 0.75}
+    with server.client() as http:
+        def jobs() -> int:
+            return http.get("/healthz").json()["jobs"]
+
+        first = http.post("/v1/plan", json=body).json()
+        probed = jobs()
+        again = [http.post("/v1/plan", json={**body, "target_batch": t}).json() for t in (512, 300, 512)]
+        assert jobs() == probed, "a request whose settings the store answered before went to a worker"
+        assert [a["cached"] for a in again] == [True] * 3 and {a["fingerprint"] for a in again} == \
+            {first["fingerprint"]}
+        assert [a["plan"]["target_batch"] for a in again] == [512, 300, 512]
+        assert again[0]["plan"]["schedule"] == first["plan"]["schedule"]
+        assert again[0]["plan"]["notes"][0].startswith("from the store (fingerprint ")
+        assert again[0]["plan"]["probe"]["source"] == "mlp" and again[0]["plan"]["probe"]["from_store"]
+        wider = http.post("/v1/plan", json={**body, "world_size": 2}).json()  # other settings: a worker answers
+        assert jobs() == probed + 1 and not wider["cached"]
+        # a probe whose code changed is fingerprinted again by a worker (here to the same graph: the store answers)
+        (probes_dir / "edited.py").write_text(PROBES["small.py"])
+        kept = http.post("/v1/plan", json={**body, "probe": "edited"}).json()
+        (probes_dir / "edited.py").write_text(PROBES["small.py"] + "\n# edited\n")
+        edited = http.post("/v1/plan", json={**body, "probe": "edited"}).json()
+        assert jobs() == probed + 3 and (kept["cached"], edited["cached"]) == (False, True)
+        assert edited["fingerprint"] == kept["fingerprint"]
+        assert http.post("/v1/plan", json={**body, "probe": "edited"}).json()["cached"] and jobs() == probed + 3
 
 
 def test_a_token_is_required_when_given_and_compared_exactly(server):
@@ -398,13 +514,10 @@ def test_implausible_measurements_are_refused(server):
 
 
 def test_a_damaged_entry_is_served_as_damaged_then_probed_again(server):
-    import sqlite3
-
     body = {**PLAN, "margin": 0.35}
     with server.client() as http:
         fp = http.post("/v1/plan", json=body).json()["fingerprint"]
-        with sqlite3.connect(server.folder / "plans.db") as db:
-            db.execute("update autotune_entries set probe = '{not json' where fingerprint = ?", (fp,))
+        execute(server.store, "update autotune_entries set probe = '{not json' where fingerprint = :fp", fp=fp)
         listed = http.get("/v1/plans")
         one = http.get(f"/v1/plans/{fp}")
         report = http.get(f"/v1/plans/{fp}/report")
@@ -481,24 +594,19 @@ def test_a_probe_whose_client_hung_up_runs_on_while_another_waits_for_it(server)
 
 
 def _claims(server: Server) -> list:
-    import sqlite3
-
-    with sqlite3.connect(server.folder / "plans.db") as db:
-        return db.execute("select fingerprint, owner from autotune_claims").fetchall()
+    return rows(server.store, "autotune_claims", "fingerprint", "owner")
 
 
 def test_a_store_file_removed_while_serving_is_made_again(server):
-    import sqlite3
-
-    for path in server.folder.glob("plans.db*"):
+    if not server.store.startswith("sqlite"):
+        pytest.skip("SQLite only: a store that is a file on this machine")
+    for path in Path(server.store.removeprefix("sqlite:///")).parent.glob("plans.db*"):
         path.unlink()
     with server.client() as http:
         made = http.post("/v1/plan", json={**PLAN, "margin": 0.45})
         health = http.get("/healthz").json()
     assert made.status_code == 200, made.text
-    with sqlite3.connect(server.folder / "plans.db") as db:
-        kept = db.execute("select fingerprint from autotune_entries").fetchall()
-    assert kept == [(made.json()["fingerprint"],)]
+    assert rows(server.store, "autotune_entries", "fingerprint") == [(made.json()["fingerprint"],)]
     assert health["status"] == "ok" and health["store_reopened"] >= 1
 
 
@@ -509,7 +617,7 @@ def test_a_killed_server_restarts_with_its_store_intact(server):
         assert made.status_code == 200, made.text
         listed = http.get("/v1/plans").json()["plans"]
     server.kill()
-    second = Server(server.folder)  # the same store, served with no token: open to every request
+    second = Server(server.folder, store=server.store)  # the same store, served with no token: open to every request
     try:
         with second.client() as http:  # the store, read without a probe worker
             fp = made.json()["fingerprint"]

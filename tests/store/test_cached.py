@@ -20,8 +20,9 @@ BUDGET = "3MB"  # mlp fits 307 samples: memory sets the max
 
 
 @pytest.fixture
-def url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'plans.db'}"
+def url(store_url) -> str:
+    """A new store's URL, on SQLite and on PostgreSQL."""
+    return store_url
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def _cpu_plan(url: str, target: int = 1021, budget: str = BUDGET):
 def _set_probe(url: str, digest: str, **changes) -> None:
     """Plant a fault: change the stored probe result behind the store's back."""
     store = open_store(url)
-    stored = replace(store.entry(digest).probe(), **changes)
+    stored = replace(store.get(digest).probe(), **changes)
     with store.engine.begin() as conn:
         conn.execute(update(schema.entries).where(schema.entries.c.fingerprint == digest).values(
             probe=json.dumps(stored.to_dict()), max_micro_batch=stored.max_micro_batch))
@@ -65,7 +66,7 @@ def test_an_estimate_seen_before_is_answered_from_the_store_without_estimating(u
     assert second.notes[0].startswith(f"from the store (fingerprint {first.probe.fingerprint[:12]}, measured ")
     assert second.micro_batch == first.micro_batch and second.schedule == first.schedule
     store = open_store(url)
-    assert store.entry(first.probe.fingerprint).hits == 1
+    assert store.get(first.probe.fingerprint).hits == 1
     assert [p["target_batch"] for p in store.plans(first.probe.fingerprint)] == [512]
     assert store.observations() == [], "an estimate measures nothing real"
 
@@ -74,13 +75,13 @@ def test_an_answer_stored_between_the_look_and_the_claim_is_served_not_probed_ag
     # Two jobs at once on a busy machine: the other job stored its answer after this one looked (a miss), and
     # let go of its claim before this one asked for it, so this one never waited. Holding the claim, it looks again.
     autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)  # the other job
-    looks, real_entry = [], Store.entry
+    looks, real_get = [], Store.get
 
-    def entry(self, digest):
+    def get(self, digest=None, **kwargs):
         looks.append(digest)
-        return None if len(looks) == 1 else real_entry(self, digest)  # the first look came too early
+        return None if len(looks) == 1 else real_get(self, digest, **kwargs)  # the first look came too early
 
-    monkeypatch.setattr(Store, "entry", entry)
+    monkeypatch.setattr(Store, "get", get)
     second = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert len(looks) >= 2 and counted["probe"] == 1, "the job probed what the store already held"
     assert second.probe.from_store
@@ -105,7 +106,7 @@ def test_a_max_that_memory_set_answers_larger_and_smaller_targets(url, counted):
     smaller = _cpu_plan(url, 200)  # the probe would stop at 200, which fits: the stored 307 answers it
     assert counted["probe"] == 1 and smaller.probe.from_store
     assert (smaller.probe.max_micro_batch, smaller.probe.max_batch, smaller.probe.limited_by) == (200, 200, "max_batch")
-    entry = open_store(url).entry(smaller.probe.fingerprint)
+    entry = open_store(url).get(smaller.probe.fingerprint)
     assert entry.max_micro_batch == 307 and entry.limited_by == "memory", "the memory-limited entry is kept"
 
 
@@ -123,7 +124,7 @@ def test_a_stored_probe_serves_every_target_it_answers_without_probing_again(url
     assert small.schedule == fresh.schedule and small.probe.max_micro_batch == fresh.probe.max_micro_batch == 100
     assert small.probe.limited_by == fresh.probe.limited_by == "max_batch"
     assert small.predicted_peak_bytes == fresh.predicted_peak_bytes  # the CPU's estimate is exact
-    entry = open_store(url).entry(big.probe.fingerprint)
+    entry = open_store(url).get(big.probe.fingerprint)
     assert (entry.max_micro_batch, entry.limited_by, entry.hits) == (1419, "memory", 1)
 
 
@@ -146,7 +147,7 @@ def test_a_damaged_entry_is_probed_again_and_replaced(url, counted, damage):
         conn.execute(update(schema.entries).where(schema.entries.c.fingerprint == digest).values(probe=damage))
     again = _cpu_plan(url, 64)
     assert counted["probe"] == 2 and not again.probe.from_store and again.probe.fingerprint == digest
-    entry = store.entry(digest)
+    entry = store.get(digest)
     assert entry.damage is None and entry.valid and entry.probe().max_micro_batch == 64
     assert _cpu_plan(url, 64).probe.from_store
 
@@ -159,7 +160,7 @@ def test_a_confirm_run_that_disagrees_invalidates_the_entry_and_the_probe_runs(u
     assert counted["probe"] == 2 and not again.probe.from_store
     confirm = [o for o in open_store(url).observations(digest) if o.source == "confirm"]
     assert len(confirm) == 1 and "above the stored" in confirm[0].note
-    entry = open_store(url).entry(digest)
+    entry = open_store(url).get(digest)
     assert entry.valid and entry.probe().peak_bytes == again.probe.peak_bytes  # replaced by the new probe
 
 
@@ -176,7 +177,7 @@ def test_a_stored_max_with_room_for_more_now_is_caught(url, counted):
     wl, dev = load_workload("mlp"), autotune.get_device("cpu", memory_budget=4_000_000)
     small = _cpu_plan(url, budget=BUDGET).probe  # 307 under 3MB
     digest = fingerprint(wl, dev, margin=0.1, world_size=1, rule={"data_parallel": False}).digest
-    open_store(url).put(digest, {}, replace(small, fingerprint=digest))  # the 3MB answer, stored for 4MB
+    open_store(url).put(digest, result=replace(small, fingerprint=digest))  # the 3MB answer, stored for 4MB
     bigger = _cpu_plan(url, budget="4MB")
     assert not bigger.probe.from_store and bigger.probe.max_micro_batch > 307
     note = [o.note for o in open_store(url).observations(digest) if o.source == "confirm"][0]
@@ -200,7 +201,7 @@ def test_no_store_when_asked_for_none(url, monkeypatch):
     result = autotune.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=64, store=False)
     assert result.fingerprint is None and not open_store(url).entries()
     taken = autotune.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=64)
-    assert taken.fingerprint is not None and open_store(url).entry(taken.fingerprint) is not None
+    assert taken.fingerprint is not None and open_store(url).get(taken.fingerprint) is not None
 
 
 def test_an_unusable_store_fails_before_any_work(counted):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +19,8 @@ from autotune.results.probe import ProbeResult, Trial
 from autotune.store import Observation, open_store
 from autotune.store.schema import STORE_SCHEMA
 from autotune.store.store import Store, accuracy, owner_id
+
+from ..stores import rows
 
 FP = "ab" * 32
 OTHER = "cd" * 32
@@ -36,21 +40,35 @@ def probe_result(*, max_micro_batch: int = 48, max_batch: int = 1024, limited_by
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
+def store(store_url) -> Iterator[Store]:
+    """A new store, on SQLite and on PostgreSQL."""
+    made = Store(store_url)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path) -> Store:
+    """A new store in an SQLite file (for what a file does: be removed, replaced, read-only)."""
     return Store(f"sqlite:///{tmp_path / 'plans.db'}")
+
+
+def served(result: ProbeResult) -> ProbeResult:
+    """``result`` as the store serves it: a hit, when put."""
+    return replace(result, from_store=True)
 
 
 def test_an_entry_round_trips_with_its_probe_result_and_parts(store):
     result = probe_result()
-    assert store.entry(FP) is None
-    assert store.put(FP, {"margin": 0.1}, result)
-    entry = store.entry(FP)
+    assert store.get(FP) is None
+    assert store.put(FP, parts={"margin": 0.1}, result=result)
+    entry = store.get(FP)
     assert entry is not None and entry.valid and entry.hits == 0
     assert entry.probe() == result and entry.components == {"margin": 0.1}
     assert (entry.device, entry.device_kind, entry.max_micro_batch) == ("Test GPU", "cuda", 48)
-    store.served(FP)
-    store.served(FP)
-    assert store.entry(FP).hits == 2 and store.entry(FP).last_hit_at is not None
+    store.put(FP, result=served(result))
+    store.put(FP, result=served(result))
+    assert store.get(FP).hits == 2 and store.get(FP).last_hit_at is not None
 
 
 @pytest.mark.parametrize("limited_by,stored_max,asked,answers", [
@@ -64,44 +82,46 @@ def test_an_entry_round_trips_with_its_probe_result_and_parts(store):
     ("max_batch", 64, 128, False),
 ])
 def test_an_entry_answers_the_limits_its_answer_holds_for(store, limited_by, stored_max, asked, answers):
-    store.put(FP, {}, probe_result(max_micro_batch=stored_max, max_batch=stored_max if limited_by == "max_batch"
-                                   else 1024, limited_by=limited_by))
-    assert store.entry(FP).answers(asked) is answers
+    store.put(FP, parts={}, result=probe_result(max_micro_batch=stored_max, limited_by=limited_by,
+                                                max_batch=stored_max if limited_by == "max_batch" else 1024))
+    assert store.get(FP).answers(asked) is answers
 
 
 def test_an_invalidated_entry_answers_nothing_and_says_why(store):
-    store.put(FP, {}, probe_result())
-    store.invalidate(FP, "micro-batch 48 ran out of memory")
-    entry = store.entry(FP)
+    store.put(FP, parts={}, result=probe_result())
+    store.put(FP, invalid="micro-batch 48 ran out of memory")
+    entry = store.get(FP)
     assert not entry.valid and not entry.answers(4096)
     assert entry.invalid_reason == "micro-batch 48 ran out of memory"
-    assert store.put(FP, {}, probe_result(max_micro_batch=40))  # a new probe replaces it
-    assert store.entry(FP).valid and store.entry(FP).max_micro_batch == 40
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=40))  # a new probe replaces it
+    assert store.get(FP).valid and store.get(FP).max_micro_batch == 40
 
 
 def test_a_limited_result_never_replaces_one_that_memory_limited(store):
-    assert store.put(FP, {}, probe_result(max_micro_batch=48, limited_by="memory"))
-    assert not store.put(FP, {}, probe_result(max_micro_batch=16, max_batch=16, limited_by="max_batch"))
-    assert store.entry(FP).max_micro_batch == 48
-    assert store.put(FP, {}, probe_result(max_micro_batch=50, limited_by="memory"))
-    assert store.entry(FP).max_micro_batch == 50
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=48, limited_by="memory"))
+    assert not store.put(FP, parts={}, result=probe_result(max_micro_batch=16, max_batch=16,
+                                                           limited_by="max_batch"))
+    assert store.get(FP).max_micro_batch == 48
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=50, limited_by="memory"))
+    assert store.get(FP).max_micro_batch == 50
 
 
 def test_a_result_limited_lower_never_replaces_one_limited_higher(store):
-    assert store.put(FP, {}, probe_result(max_micro_batch=101, max_batch=101, limited_by="max_batch"))
-    assert not store.put(FP, {}, probe_result(max_micro_batch=100, max_batch=100, limited_by="max_batch"))
-    assert store.entry(FP).max_batch == 101
-    assert store.put(FP, {}, probe_result(max_micro_batch=102, max_batch=102, limited_by="max_batch"))
-    assert store.put(FP, {}, probe_result(max_micro_batch=48, limited_by="memory"))
-    assert store.entry(FP).limited_by == "memory"
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=101, max_batch=101, limited_by="max_batch"))
+    assert not store.put(FP, parts={}, result=probe_result(max_micro_batch=100, max_batch=100,
+                                                           limited_by="max_batch"))
+    assert store.get(FP).max_batch == 101
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=102, max_batch=102, limited_by="max_batch"))
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=48, limited_by="memory"))
+    assert store.get(FP).limited_by == "memory"
 
 
 def test_plans_are_kept_per_target_and_replaced_when_made_again(store):
     from autotune.planning.planner import make_plan
 
-    store.put(FP, {}, probe_result())
+    store.put(FP, parts={}, result=probe_result())
     for target in (100, 200, 100):
-        store.put_plan(FP, make_plan(target, 48))
+        store.put(FP, plan=make_plan(target, 48))
     made = [Plan.from_dict(p) for p in store.plans(FP)]
     assert sorted(p.target_batch for p in made) == [100, 200]
     assert made[0].target_batch == 100  # the most recent first
@@ -148,8 +168,8 @@ def test_observations_are_validated():
 
 
 def test_find_takes_a_unique_prefix(store):
-    store.put(FP, {}, probe_result())
-    store.put("ab" * 31 + "ff", {}, probe_result())
+    store.put(FP, parts={}, result=probe_result())
+    store.put("ab" * 31 + "ff", parts={}, result=probe_result())
     with pytest.raises(BadInput, match="several"):
         store.find("ababab")
     assert store.find(FP[:-1]).fingerprint == FP
@@ -160,17 +180,17 @@ def test_find_takes_a_unique_prefix(store):
 
 
 def test_rm_and_gc(store):
-    store.put(FP, {}, probe_result())
-    store.put(OTHER, {}, probe_result())
-    store.put_plan(FP, Plan.from_dict(_plan_dict()))
+    store.put(FP, parts={}, result=probe_result())
+    store.put(OTHER, parts={}, result=probe_result())
+    store.put(FP, plan=Plan.from_dict(_plan_dict()))
     store.record(Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=1,
                              peak_reserved_bytes=1))
     assert store.remove([FP]) == 1
-    assert store.entry(FP) is None and store.plans(FP) == [] and store.observations(FP) == []
-    store.invalidate(OTHER, "the confirm run disagreed")
-    assert store.gc(dry_run=True)["entries"] == 1 and store.entry(OTHER) is not None
-    assert store.gc()["entries"] == 1 and store.entry(OTHER) is None
-    store.put(FP, {}, probe_result())
+    assert store.get(FP) is None and store.plans(FP) == [] and store.observations(FP) == []
+    store.put(OTHER, invalid="the confirm run disagreed")
+    assert store.gc(dry_run=True)["entries"] == 1 and store.get(OTHER) is not None
+    assert store.gc()["entries"] == 1 and store.get(OTHER) is None
+    store.put(FP, parts={}, result=probe_result())
     assert store.gc(older_than_s=3600)["entries"] == 0
     assert store.gc(older_than_s=0)["entries"] == 1
 
@@ -181,8 +201,8 @@ def _plan_dict() -> dict:
     return make_plan(96, 48).to_dict()
 
 
-def test_a_store_written_by_a_newer_autotune_is_refused(tmp_path):
-    url = f"sqlite:///{tmp_path / 'new.db'}"
+def test_a_store_written_by_a_newer_autotune_is_refused(store_url):
+    url = store_url
     store = Store(url)
     from sqlalchemy import update
 
@@ -206,19 +226,19 @@ def test_unusable_urls_are_refused_naming_the_parameter(url, match):
 
 
 def test_a_claim_is_held_once_and_taken_over_from_a_dead_process(store):
-    assert store.claim(FP, "me") is None
-    assert store.claim(FP, "someone-else:1:1") == "me"  # "me" is no host:pid: assumed alive
+    assert store.take(FP, "me") is None
+    assert store.take(FP, "someone-else:1:1") == "me"  # "me" is no host:pid: assumed alive
     store.release(FP, "me")
-    assert store.claim(FP, "someone-else:1:1") is None
+    assert store.take(FP, "someone-else:1:1") is None
     import socket
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = f"{socket.gethostname()}:{dead.stdout.strip()}:1"
     store.release(FP, "someone-else:1:1")
-    assert store.claim(FP, gone) is None
-    assert store.claim(FP, "alive") is None, "a claim whose process is gone is taken over"
-    assert store.claim(OTHER, "x", lease_s=-1) is None
-    assert store.claim(OTHER, "y") is None, "a claim whose lease ran out is taken over"
+    assert store.take(FP, gone) is None
+    assert store.take(FP, "alive") is None, "a claim whose process is gone is taken over"
+    assert store.take(OTHER, "x", lease_s=-1) is None
+    assert store.take(OTHER, "y") is None, "a claim whose lease ran out is taken over"
 
 
 def test_single_flight_makes_the_second_wait_for_the_first(store):
@@ -226,7 +246,7 @@ def test_single_flight_makes_the_second_wait_for_the_first(store):
     inside = threading.Event()
 
     def first() -> None:
-        with store.single_flight(FP) as waited:
+        with store.claim(FP) as waited:
             assert not waited
             inside.set()
             time.sleep(0.5)
@@ -236,11 +256,76 @@ def test_single_flight_makes_the_second_wait_for_the_first(store):
     thread.start()
     inside.wait(5)
     waits: list[str] = []
-    with store.single_flight(FP, on_wait=waits.append, poll_s=0.02) as waited:
+    with store.claim(FP, on_wait=waits.append, poll_s=0.02) as waited:
         order.append("second in")
     thread.join()
     assert waited and order == ["first done", "second in"] and len(waits) == 1
-    assert store.claim(FP, owner_id()) is None  # released
+    assert store.take(FP, owner_id()) is None  # released
+
+
+#: A claim's owner on another host: whether its process lives cannot be seen from here.
+ELSEWHERE = "gpu-node-9:4242:1"
+
+
+def test_a_claim_from_another_host_ends_with_its_lease(store):
+    assert store.take(FP, ELSEWHERE, lease_s=0.5) is None
+    (expires,) = rows(store.url, "autotune_claims", "expires_at")[0]
+    assert expires == pytest.approx(time.time() + 0.5, abs=0.3)  # every process sees until when it holds
+    assert store.take(FP, owner_id()) == ELSEWHERE
+    time.sleep(0.6)
+    assert store.take(FP, owner_id()) is None, "a claim whose lease ran out is taken over"
+    assert rows(store.url, "autotune_claims", "owner") == [(owner_id(),)]
+
+
+@pytest.mark.parametrize("heartbeat", [True, False])
+def test_a_claim_is_renewed_while_it_is_held(store, monkeypatch, heartbeat):
+    from autotune.store import claims
+
+    if not heartbeat:  # plant the fault: no renewal, and the claim goes with its first lease
+        monkeypatch.setattr(claims.Heartbeat, "_beat", lambda self: None)
+    with store.claim(FP, lease_s=0.6):
+        time.sleep(1.5)  # past two leases
+        taken = store.take(FP, ELSEWHERE)
+    assert (taken is not None) is heartbeat
+    if heartbeat:
+        assert store.take(FP, ELSEWHERE) is None  # let go at the end of the block
+
+
+def test_a_read_waits_for_no_writer(store):
+    store.put(FP, parts={}, result=probe_result())
+    holding, done = threading.Event(), threading.Event()
+
+    def write() -> None:  # a writer holding its transaction (on SQLite, the write lock) for up to 10 s
+        with store.engine.begin():
+            holding.set()
+            done.wait(10)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert holding.wait(10)
+    read = store.get(FP)
+    still_held = not done.is_set() and writer.is_alive()
+    done.set()
+    writer.join()
+    assert read is not None and still_held, "the read waited for the writer to finish"
+
+
+def test_of_many_asking_at_once_one_gets_the_claim(store):
+    start = threading.Barrier(8)
+    got: list[str | None] = []
+
+    def ask(i: int) -> None:
+        start.wait(10)
+        got.append(store.take(FP, f"node-{i}:1:1"))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(g is None for g in got) == [False] * 7 + [True], got
+    (owner,) = rows(store.url, "autotune_claims", "owner")
+    assert all(g == owner[0] or g == "another process" for g in got if g is not None)
 
 
 _WRITER = """
@@ -254,15 +339,15 @@ time.sleep(max(0.0, start - time.time()))  # both write from the same moment
 for i in range(n):
     store.record(Observation(fingerprint=me * 32, source="reported", device=me, device_kind="cuda", batch=i + 1,
                              peak_reserved_bytes=i))
-    store.put_plan(me * 32, make_plan(i + 1, 8))
-    store.claim("ee" * 32, me) is None and store.release("ee" * 32, me)
+    store.put(me * 32, plan=make_plan(i + 1, 8))
+    store.take("ee" * 32, me) is None and store.release("ee" * 32, me)
 print("ok")
 """
 
 
 @pytest.mark.slow
-def test_two_processes_writing_one_store_at_once_lose_nothing(tmp_path):
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+def test_two_processes_writing_one_store_at_once_lose_nothing(store_url):
+    url = store_url
     n = 150
     Store(url)  # made once; the writers open it concurrently
     start = str(time.time() + 3)
@@ -300,16 +385,17 @@ def _damage(store: Store, **values) -> None:
     ({"probe": "{not json"}, "probe result cannot be read (JSONDecodeError"),
     ({"probe": "{}"}, "probe result cannot be read (ResultFileError"),
     ({"components": "[1, 2"}, "parts are not a JSON object"),
-    ({"max_micro_batch": "abc"}, "max_micro_batch column holds 'abc'"),
+    pytest.param({"max_micro_batch": "abc"}, "max_micro_batch column holds 'abc'", marks=pytest.mark.sqlite_only(
+        "PostgreSQL enforces column types: an integer column cannot hold 'abc'")),
     ({"max_micro_batch": 47}, "max_micro_batch column (47) disagrees"),
 ])
 def test_a_damaged_entry_is_listed_answers_nothing_and_can_be_removed(store, values, words):
     from autotune.store.schema import DamagedEntry
 
-    store.put(FP, {"margin": 0.1}, probe_result())
-    store.put(OTHER, {}, probe_result())
+    store.put(FP, parts={"margin": 0.1}, result=probe_result())
+    store.put(OTHER, parts={}, result=probe_result())
     _damage(store, **values)
-    entry = store.entry(FP)
+    entry = store.get(FP)
     assert entry.damage is not None and words in entry.damage
     assert not entry.answers(4096) and entry.to_dict(probe=True)["probe"] is None
     assert entry.to_dict()["damaged"] == entry.damage
@@ -317,10 +403,10 @@ def test_a_damaged_entry_is_listed_answers_nothing_and_can_be_removed(store, val
         entry.probe()
     assert {e.fingerprint: e.damage is None for e in store.entries()} == {FP: False, OTHER: True}
     assert store.find(FP[:8]).fingerprint == FP
-    assert store.put(FP, {}, probe_result(max_micro_batch=16, max_batch=16, limited_by="max_batch"))
-    assert store.entry(FP).damage is None and store.entry(FP).max_micro_batch == 16  # replaced
+    assert store.put(FP, parts={}, result=probe_result(max_micro_batch=16, max_batch=16, limited_by="max_batch"))
+    assert store.get(FP).damage is None and store.get(FP).max_micro_batch == 16  # replaced
     _damage(store, probe="{}")
-    assert store.remove([FP]) == 1 and store.entry(FP) is None
+    assert store.remove([FP]) == 1 and store.get(FP) is None
 
 
 def test_damaged_plans_and_measurements_are_skipped(store):
@@ -328,8 +414,8 @@ def test_damaged_plans_and_measurements_are_skipped(store):
 
     from autotune.store import schema
 
-    store.put(FP, {}, probe_result())
-    store.put_plan(FP, Plan.from_dict(_plan_dict()))
+    store.put(FP, parts={}, result=probe_result())
+    store.put(FP, plan=Plan.from_dict(_plan_dict()))
     store.record(*[Observation(fingerprint=FP, source="run", device="x", device_kind="cuda", batch=b,
                                peak_reserved_bytes=1) for b in (1, 2)])
     with store.engine.begin() as conn:
@@ -341,12 +427,12 @@ def test_damaged_plans_and_measurements_are_skipped(store):
 
 
 @pytest.mark.parametrize("value", ["abc", "", "-1"])
-def test_a_damaged_layout_row_is_named_not_an_internal_error(tmp_path, value):
+def test_a_damaged_layout_row_is_named_not_an_internal_error(store_url, value):
     from sqlalchemy import update
 
     from autotune.store import schema
 
-    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    url = store_url
     store = Store(url)
     with store.engine.begin() as conn:
         conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value=value))
@@ -373,22 +459,58 @@ def test_reading_never_makes_a_store(tmp_path):
         Store(f"sqlite:///{other}", mode="read")
 
 
+def test_reading_never_makes_a_store_on_a_server(postgres):
+    url = postgres.database()  # a database, not a store
+    try:
+        for mode in ("read", "write"):
+            with pytest.raises(BadInput, match="^--store .*: no store there .*no autotune tables"):
+                Store(url, name="--store", mode=mode)
+        from sqlalchemy import create_engine, inspect
+
+        from autotune.dburl import store_url
+
+        engine = create_engine(store_url(url))
+        assert inspect(engine).get_table_names() == []
+        engine.dispose()
+    finally:
+        postgres.drop(url)
+
+
 def test_a_store_read_is_opened_read_only(store):
-    store.put(FP, {}, probe_result())
+    result = probe_result()
+    store.put(FP, parts={}, result=result)
     reader = Store(store.url, mode="read")
     assert [e.fingerprint for e in reader.entries()] == [FP]
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import InternalError, OperationalError
 
-    with pytest.raises(OperationalError, match="readonly"):
-        reader.served(FP)
+    with pytest.raises((OperationalError, InternalError), match="readonly|read-only transaction"):
+        reader.put(FP, result=served(result))
+    reader.close()
+    assert store.get(FP).hits == 0
 
 
-def test_a_store_file_removed_while_open_is_opened_afresh(store):
-    store.put(FP, {}, probe_result())
+def test_a_store_whose_server_dropped_its_connections_connects_afresh(postgres):
+    url = postgres.database()
+    try:
+        store = Store(url)
+        store.put(FP, parts={}, result=probe_result())
+        name = url.rsplit("/", 1)[1]
+        postgres.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        assert store.get(FP) is not None  # a read on a connection that went, tried again on a new one
+        postgres.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        assert store.put(FP, result=served(probe_result())) and store.get(FP).hits == 1  # and a write
+        store.close()
+    finally:
+        postgres.drop(url)
+
+
+def test_a_store_file_removed_while_open_is_opened_afresh(sqlite_store):
+    store = sqlite_store
+    store.put(FP, parts={}, result=probe_result())
     assert store.file is not None
     for path in store.file.parent.glob(store.file.name + "*"):
         path.unlink()
-    store.put(OTHER, {}, probe_result())  # written to the new file, which others see
+    store.put(OTHER, parts={}, result=probe_result())  # written to the new file, which others see
     again = Store(store.url)
     assert [e.fingerprint for e in again.entries()] == [OTHER]
     assert [e.fingerprint for e in store.entries()] == [OTHER]

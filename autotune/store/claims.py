@@ -1,0 +1,144 @@
+"""Claims: which process probes a fingerprint now, so that the processes, service replicas and hosts
+asking for it at the same time probe it once and the others wait for its answer. No torch here.
+
+A claim is a row of ``autotune_claims``: who holds it (host, process, thread) and until when
+(``expires_at``). The holder renews it every third of its lease while it probes (:class:`Heartbeat`),
+so a claim outlives its holder by at most one lease (:data:`LEASE_S`), wherever the holder ran: a
+process killed on another host, or a host that went away, frees its fingerprints once the lease runs
+out, which the row shows everyone. On the holder's own host a claim whose process is gone is taken
+over at once. A claim is taken in one transaction: on PostgreSQL its row is locked
+(``SELECT ... FOR UPDATE``) and a new one inserted with ``ON CONFLICT DO NOTHING``, so that of two
+processes asking at once exactly one gets it; on SQLite ``BEGIN IMMEDIATE``'s write lock does the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..errors import BadInput
+from . import schema
+
+#: How long a claim holds unless its holder renews it (a third of this apart, while it probes).
+LEASE_S = 30.0
+#: How often a process waiting for another's probe looks again.
+POLL_S = 0.2
+
+_log = logging.getLogger("autotune.store")
+
+
+def owner_id() -> str:
+    """Who holds a claim: host, process and thread."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def owner_words(owner: str) -> str:
+    """A claim's owner as people read it: ``process 4242 on gpu-node-3``."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return f"process {pid} on {host}" if pid.isdigit() else owner
+
+
+def alive(owner: str) -> bool:
+    """Is the process holding a claim still running? Known on this host only; elsewhere assumed so
+    (its claim then ends with its lease)."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def take(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> str | None:
+    """Take the claim on ``fingerprint`` for ``owner`` in this transaction: None when it is the
+    owner's now, else who holds it."""
+    t = schema.claims
+    now = time.time()
+    row = conn.execute(select(t).where(t.c.fingerprint == fingerprint).with_for_update()).first()
+    if row is not None:
+        if row.owner != owner and row.expires_at > now and alive(row.owner):
+            return str(row.owner)
+        conn.execute(update(t).where(t.c.fingerprint == fingerprint)
+                     .values(owner=owner, claimed_at=now, expires_at=now + lease_s))
+        return None
+    values = {"fingerprint": fingerprint, "owner": owner, "claimed_at": now, "expires_at": now + lease_s}
+    return None if conn.execute(_insert_new(conn, values)).first() is not None else "another process"
+
+
+def _insert_new(conn: Connection, values: dict[str, Any]) -> Any:
+    """An insert of a claim that returns its row, and nothing when another transaction inserted one first
+    (an insert's row count is not known on every driver: psycopg's is -1)."""
+    t = schema.claims
+    name = conn.dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        made: Any = postgresql.insert(t).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
+    elif name == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        made = sqlite.insert(t).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
+    else:  # the primary key refuses a second insert (Store.take says "another process")
+        made = insert(t).values(**values)
+    return made.returning(t.c.fingerprint)
+
+
+def renew(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> bool:
+    """Extend the owner's claim by a lease from now; False when it is not the owner's any more."""
+    t = schema.claims
+    done = conn.execute(update(t).where((t.c.fingerprint == fingerprint) & (t.c.owner == owner))
+                        .values(expires_at=time.time() + lease_s))
+    return bool(done.rowcount)
+
+
+def release(conn: Connection, fingerprint: str, owner: str) -> None:
+    t = schema.claims
+    conn.execute(delete(t).where((t.c.fingerprint == fingerprint) & (t.c.owner == owner)))
+
+
+def release_all(conn: Connection, owner_prefix: str) -> int:
+    """Drop every claim of owners starting with ``owner_prefix`` (a process that was stopped)."""
+    t = schema.claims
+    return int(conn.execute(delete(t).where(t.c.owner.startswith(owner_prefix, autoescape=True))).rowcount)
+
+
+class Heartbeat:
+    """Renews a claim every third of its lease (a daemon thread), until stopped or the claim is lost."""
+
+    def __init__(self, renew: Callable[[], bool], lease_s: float, what: str):
+        self._renew = renew
+        self._every = lease_s / 3
+        self._what = what
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="autotune-claim", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                if not self._renew():
+                    _log.warning("autotune store: the claim on %s was taken over (it was not renewed in time); "
+                                 "the probe goes on, and the store keeps the better answer", self._what)
+                    return
+            except (SQLAlchemyError, BadInput) as exc:  # the store is away for now: the next beat tries again
+                _log.warning("autotune store: the claim on %s could not be renewed (%s)", self._what,
+                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
