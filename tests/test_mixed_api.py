@@ -156,9 +156,9 @@ def test_a_mixed_plan_is_kept_in_the_store_under_fingerprints_that_cover_every_r
     assert None not in fingerprints and len(set(fingerprints)) == 2
     assert alone.probe.fingerprint not in fingerprints  # the A100 of a job beside a T4 is another entry
     store = open_store(url)
-    entry = store.entry(fingerprints[1])
+    entry = store.get(fingerprints[1])
     ranks = entry.components["ranks"]
     assert [r["name"] for r in ranks] == ["estimate:A100-80GB", "estimate:T4-16GB"]
-    assert "ranks" not in store.entry(alone.probe.fingerprint).components  # alike ranks: fingerprints as before
+    assert "ranks" not in store.get(alone.probe.fingerprint).components  # alike ranks: fingerprints as before
     kept = [p for p in store.plans(fingerprints[1]) if p.get("mixed")]
     assert kept and kept[0]["schedule"] == [list(r) for r in first.schedule]
