@@ -43,7 +43,7 @@ DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate, estimate:GPU"
 def _cuda_names(cuda) -> list[str]:
     try:
         count = cuda.device_count() if cuda.is_available() else 0
-    except Exception:
+    except (RuntimeError, AssertionError):  # torch's CUDA failed to start (a driver or build mismatch)
         count = 0
     return [f"cuda:{i}" for i in range(count)]
 

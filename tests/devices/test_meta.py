@@ -14,9 +14,9 @@ from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
 from autotune.devices.cudakernels import CudaKernelChoices, CudaTarget
 from autotune.devices.estimate import ENGINES
+from autotune.devices.cpukernels import CpuKernelChoices
 from autotune.devices.meta import (
     _ALWAYS_RUN,
-    CpuKernelChoices,
     MetaKernels,
     NeedsFakeTensors,
     _recipe,
@@ -278,7 +278,7 @@ def test_both_engines_count_exactly_what_the_cpu_holds(workload, engine):
 
 
 def test_moving_a_model_keeps_tied_weights_tied():
-    from autotune.devices.base import _move_module
+    from autotune.devices.measurement import _move_module
 
     model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight
