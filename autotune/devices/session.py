@@ -292,12 +292,15 @@ def leftovers() -> list[str]:
 
 
 def _remove_leftovers() -> None:
+    """Undo what :func:`leftovers` found, by the plainest means (not through the part that failed to)."""
     _WATCHING.clear()
-    _unwatch_resizes()
+    if "resize_" in vars(torch.UntypedStorage):
+        delattr(torch.UntypedStorage, "resize_")
     _unhook()
     for library in list(_LIBRARIES):
         compat.destroy_library(library)
-        _LIBRARIES.remove(library)
+        if not compat.library_alive(library):
+            _LIBRARIES.remove(library)
     for name in list(_FAKE_GROUPS):
         _unregister_group(name)
     _QUIET.clear()
