@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from autotune import compat
 from autotune.devices import session
 from autotune.devices.cpu import CpuDevice
 from autotune.devices.estimate import EstimateDevice
+from autotune.devices.measurement import Measurement
 from autotune.devices.recorder import Recorder, record_with
 from autotune.devices.session import EstimateSession, LeftBehind, fake_groups, leftovers
 from autotune.probing.fitrule import fit_rule_work
@@ -63,28 +65,19 @@ def test_two_threads_estimating_at_once_get_the_single_thread_answer(gpt):
     devices = [lambda: EstimateDevice(capacity=GiB, round_to=1, cuda_like=False), lambda: EstimateDevice.for_gpu(GiB)]
     alone = [make().measure(fit_rule_work(gpt, 2))[1] for make in devices]
     events: list[tuple[str, int]] = []
-    results: dict[int, tuple[object, str]] = {}
-    errors: list[BaseException] = []
     start = threading.Barrier(2)
 
-    def estimate(i: int) -> None:
+    def estimate(i: int) -> tuple[Measurement, str]:
         estimator = devices[i]()
         start.wait()
-        try:
-            results[i] = (estimator.measure(slow_start(gpt, events))[1], estimator.engine)
-        except Exception as exc:  # reported below, in the test's thread
-            errors.append(exc)
+        return estimator.measure(slow_start(gpt, events))[1], estimator.engine
 
-    threads = [threading.Thread(target=estimate, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    for i, (m, engine) in results.items():
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(estimate, i) for i in range(2)]
+    for i, future in enumerate(futures):
+        m, engine = future.result()  # a thread's error is raised here
         assert engine == "meta"
-        assert (m.peak_bytes, m.timeline, m.breakdown) == (alone[i].peak_bytes, alone[i].timeline,  # type: ignore
-                                                           alone[i].breakdown)
+        assert (m.peak_bytes, m.timeline, m.breakdown) == (alone[i].peak_bytes, alone[i].timeline, alone[i].breakdown)
     # One measurement after the other: never interleaved.
     assert [kind for kind, _ in events] == ["start", "end", "start", "end"]
     assert events[0][1] == events[1][1] != events[2][1] == events[3][1]
