@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 
 #: Lower layers first: a module may import from its own layer and the layers below, never above.
 LAYERS = [
-    {"errors", "units", "options", "log", "serial", "dburl", "lazy"},
+    {"errors", "units", "options", "log", "serial", "dburl", "lazy", "compat"},
     {"results"},
     {"planning"},
     {"workload"},
@@ -88,6 +88,40 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     imports = _imports(fake / "planning" / "planner.py")
     assert [(t, RANK[_part(t)] > RANK["planning"]) for _, t in imports] == [("autotune.training", True)]
+
+
+def _circles(package: Path, within: str) -> list[list[str]]:
+    """The import circles among the modules of ``autotune.<within>`` (lazy and type-checking imports count)."""
+    modules = {_module_name(p): p for p in (package / within).rglob("*.py")}
+    graph = {m: {t for _, t in _imports(p) if t in modules and t != m} for m, p in modules.items()}
+    circles, done = [], set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start and sorted(path) not in circles:
+                    circles.append(sorted(path))
+                elif nxt not in path and nxt not in done:
+                    stack.append((nxt, [*path, nxt]))
+        done.add(start)
+    return circles
+
+
+@pytest.mark.parametrize("part", ["devices", "probing"])
+def test_no_import_circles(part):
+    assert _circles(PACKAGE, part) == []
+
+
+def test_the_check_catches_an_import_circle(tmp_path, monkeypatch):
+    fake = tmp_path / "autotune"
+    (fake / "devices").mkdir(parents=True)
+    (fake / "devices" / "base.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from .estimate import EstimateDevice\n")
+    (fake / "devices" / "estimate.py").write_text("def f():\n    from .base import Session\n")
+    (fake / "devices" / "cpu.py").write_text("from .base import Session\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _circles(fake, "devices") == [["autotune.devices.base", "autotune.devices.estimate"]]
 
 
 @pytest.mark.parametrize("module", ["autotune.planning", "autotune.results", "autotune.serial", "autotune.options"])

@@ -55,7 +55,10 @@ def import_torch(*, freeze: bool) -> None:
     gc.disable()
     try:
         import torch  # noqa: F401
-        import torch._dynamo  # noqa: F401
+
+        from ..compat import import_compiler
+
+        import_compiler()
 
         from .. import api  # noqa: F401
     finally:

@@ -5,9 +5,11 @@ answers from NVML and /proc without importing torch.
 
 Owns: the devices, the live-storage tracker, out-of-memory recognition, the caching-allocator
 simulation, the CPU's and CUDA's kernel choices on meta (attention, recurrent layers, oneDNN's
-LSTM), the batch's known values and the shape rules they answer in estimates, GPU presets. May import:
-the foundation (errors,
-units, options, log, serial), results, planning, workload, and torch; never probing or above.
+LSTM), the batch's known values and the shape rules they answer in estimates, GPU presets, and the
+estimate session (session.py), the one place that changes torch's global state while a measurement
+runs (resize watcher, aten kernels, fake process groups, the recorder's hooks), one measurement at a
+time. May import: the foundation (errors, units, options, log, serial, compat: torch's private APIs),
+results, planning, workload, and torch; never probing or above.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ DEVICE_FORMS = "auto, cpu, cuda, cuda:N, estimate, estimate:GPU"
 def _cuda_names(cuda) -> list[str]:
     try:
         count = cuda.device_count() if cuda.is_available() else 0
-    except Exception:
+    except (RuntimeError, AssertionError):  # torch's CUDA failed to start (a driver or build mismatch)
         count = 0
     return [f"cuda:{i}" for i in range(count)]
 

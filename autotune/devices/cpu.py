@@ -12,8 +12,8 @@ import torch
 
 from ..results.device import DeviceInfo
 from ..units import format_bytes
-from .base import Measurement, Session, T, timed_measure
 from .host import ram_bytes
+from .measurement import Measurement, Session, T, timed_measure
 from .tracker import LiveStorageTracker
 
 if TYPE_CHECKING:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..compat import clear_cublas_workspaces, nvml_device_index
 from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .allocconf import conf_from_environment
-from .base import Measurement, Session, T, timed_measure
+from .measurement import Measurement, Session, T, timed_measure
 from .nvml import GpuInfo, Nvml, load_nvml
 from .tracker import LiveStorageTracker
 
@@ -61,8 +62,8 @@ class CudaDevice:
 
     def _nvml_index(self) -> int:
         try:
-            return int(torch.cuda._get_nvml_device_index(self.index)) if self.cuda is torch.cuda else self.index
-        except Exception:
+            return nvml_device_index(self.index) if self.cuda is torch.cuda else self.index
+        except (RuntimeError, ValueError):  # CUDA_VISIBLE_DEVICES names no such device, or NVML cannot say
             return self.index
 
     def _read_capacity(self) -> tuple[int, int, int]:
@@ -106,9 +107,8 @@ class CudaDevice:
         """Give memory back after a trial or an OOM: drop garbage and the cuBLAS workspaces (the next
         trial allocates them again, as a fresh process does), empty the cache."""
         gc.collect()
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None and self.cuda is torch.cuda:
-            clear()
+        if self.cuda is torch.cuda:
+            clear_cublas_workspaces()
         self.cuda.empty_cache()
 
     def capability(self) -> tuple[int, int]:
@@ -136,7 +136,7 @@ class CudaDevice:
         props = None
         try:
             props = self.cuda.get_device_properties(self.index)
-        except Exception:
+        except (RuntimeError, AssertionError):  # CUDA cannot say: the description goes without it
             pass
         name = self._info.name if self._info else (getattr(props, "name", None) or self.name)
         source = "NVML free memory + this process's reserved memory"

@@ -35,6 +35,7 @@ as 0 bytes with the largest such convolution's size given for scale.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -44,7 +45,8 @@ from typing import Any
 
 import torch
 
-from .meta import attention_library
+from ..compat import current_autograd_node, sdp_priority_order
+from .meta import attention_kernels
 
 MiB = 1024**2
 FLASH, EFFICIENT, CUDNN, MATH = "flash", "efficient", "cudnn", "math"
@@ -248,9 +250,8 @@ _DEFAULT_ORDER = [FLASH, EFFICIENT, MATH, CUDNN]  # at::Context's sdp_priority_o
 
 def priority_order() -> list[str]:
     """``at::globalContext().sDPPriorityOrder()`` (``sdpa_kernel(..., set_priority=True)`` changes it)."""
-    get = getattr(torch._C, "_get_sdp_priority_order", None)
-    ids = get() if get is not None else [1, 2, 0, 3]
-    return [_BACKEND_IDS[int(i)] for i in ids if int(i) in _BACKEND_IDS]
+    ids = sdp_priority_order() or [1, 2, 0, 3]
+    return [_BACKEND_IDS[i] for i in ids if i in _BACKEND_IDS]
 
 
 def select_sdp_backend(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
@@ -347,19 +348,17 @@ class CudaKernelChoices:
         self.backends: dict[str, int] = {}
         self._workspaces: dict[tuple[str, str, int], int] = {}
         self._conv_scale = 0
-        self._library: torch.library.Library | None = None
+        self._kernels = contextlib.ExitStack()
 
     def __enter__(self) -> CudaKernelChoices:
         if self.attention:
-            self._library = attention_library(self._attention, self.key)
+            self._kernels.enter_context(attention_kernels(self._attention, self.key))
         self.tracker.after_op = self.after_op
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.tracker.after_op = None
-        if self._library is not None:
-            self._library._destroy()
-            self._library = None
+        self._kernels.close()
         for kind in ("cuBLAS", "cuBLASLt"):
             sizes = [n for (k, _, _), n in self._workspaces.items() if k == kind and n]
             if sizes:
@@ -390,7 +389,7 @@ class CudaKernelChoices:
 
     def _cublas_workspaces(self, func: Any, args: tuple) -> None:
         # One handle per thread: the forward's (this thread) and the backward's (autograd's device thread).
-        handle = "backward" if torch._C._current_autograd_node() is not None else "forward"
+        handle = "backward" if current_autograd_node() is not None else "forward"
         stream = self.tracker.stream
         if ("cuBLAS", handle, stream) not in self._workspaces:
             size = self._workspaces["cuBLAS", handle, stream] = self.target.cublas_workspace_bytes()

@@ -43,34 +43,36 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.utils._pytree import tree_flatten
 
-from ..errors import BadInput
+from ..compat import FakeTensor, FakeTensorMode, tree_flatten, unset_fake_temporarily
+from ..errors import BadInput, WorkloadError
 from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .allocator import AllocatorConfig
 from .allocconf import conf_from_environment, describe_conf
-from .base import Measurement, Session, T, _move_module, timed_measure
+from .cpukernels import CpuKernelChoices
 from .cudakernels import CudaKernelChoices, CudaTarget
-from .meta import CpuKernelChoices, MetaKernels
+from .measurement import Measurement, Session, T, _move_module, timed_measure
+from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
-from .quiet import quiet_torch_logs
 from .replay import replay
-from .shaperules import rule_library
+from .session import EstimateSession
+from .shaperules import rule_kernels
 from .tracker import LiveStorageTracker
-from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
+from .values import BATCH_LIMIT, KnownValues, batch_bytes
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
 CUDA_CONTEXT_ALLOWANCE = CONTEXT_ALLOWANCE
 CUDA_ROUNDING = 512  # the caching allocator's smallest block (kMinBlockSize), which the simulation applies
 ENGINES = ("meta", "fake")
+#: What the meta engine's inability is raised as (:func:`~autotune.devices.meta.meta_cannot_run` decides).
+_FALLBACK_ERRORS = (NeedsFakeTensors, WorkloadError, *META_ERRORS)
 ENGINE_VARIABLE = "AUTOTUNE_ESTIMATE_ENGINE"
 _MEASURED_BY = {
     "meta": "live tensor-storage bytes of meta tensors (no real compute)",
@@ -174,21 +176,22 @@ class EstimateDevice:
     def capacity_bytes(self) -> int:
         return self.budget - self.allowance
 
-    @quiet_torch_logs
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
-        # Estimates never emulate an OOM: they measure the whole step and compare.
-        if self.engine == "meta":
+        # Estimates never emulate an OOM: they measure the whole step and compare. Everything an estimate
+        # changes in torch lives in one session, one measurement at a time.
+        with EstimateSession(quiet=True):
+            if self.engine == "fake":
+                return self._measure_fake(work)
             try:
                 return self._measure_meta(work)
-            except Unbounded:
-                raise  # FakeTensorMode cannot size it either
-            except Exception as exc:  # the meta engine cannot run this workload: FakeTensorMode can
-                reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            except _FALLBACK_ERRORS as exc:
+                reason = meta_cannot_run(exc)
+                if reason is None:
+                    raise  # the work's own error: it surfaces as it is, the engine stays
                 del exc
-            result = self._measure_fake(work)  # the workload's own error, if it fails here too
-            self.engine, self.fallback = "fake", reason
+            result = self._measure_fake(work)  # the workload's own error, if it fails here
+            self.engine, self.fallback = "fake", reason  # the meta engine cannot run it: FakeTensorMode can
             return result
-        return self._measure_fake(work)
 
     def _tracker(self, **kwargs: Any) -> LiveStorageTracker:
         return LiveStorageTracker(round_to=self.round_to, fake_scalars=True, guess=self.guess,
@@ -242,7 +245,7 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=False)
-        with choices, _rules(values, "AutogradMeta"):
+        with choices, rule_kernels(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)
         return result, self._finish(m, tracker, choices)
 
@@ -263,8 +266,10 @@ class EstimateDevice:
                 try:
                     with unset_fake_temporarily(), torch.device("meta"):
                         return factory()
-                except Exception:
-                    return factory()
+                except _FALLBACK_ERRORS as exc:
+                    if meta_cannot_run(exc) is None:
+                        raise
+                return factory()  # code that needs real data, on FakeTensorMode's CPU fakes
 
         def move_model(model: Any) -> Any:
             faked: dict[int, torch.Tensor] = {}  # one fake per tensor: shared buffers stay shared
@@ -292,7 +297,7 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=True)
-        with fake_mode, choices, _rules(values, "AutogradCPU"):
+        with fake_mode, choices, rule_kernels(values, "AutogradCPU"):
             result, m = timed_measure(tracker, session, work)
         return result, self._finish(m, tracker, choices)
 
@@ -362,19 +367,10 @@ def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> An
             return make()
         with fake_mode:
             return make()
-    except Exception:
+    except RuntimeError:  # what FakeTensorMode refuses (a value read, a data-dependent shape, .numpy()), all
+        # RuntimeErrors; the real build reproduces the batch code's own error, if that is what it was
         with unset_fake_temporarily():
             return make()
-
-
-@contextlib.contextmanager
-def _rules(values: KnownValues, key: str) -> Iterator[None]:
-    """The shape rules PyTorch composes above autograd, for the tensors of dispatch ``key``, while inside."""
-    library = rule_library(values, key)
-    try:
-        yield
-    finally:
-        library._destroy()
 
 
 def _build_batch(fake_mode: FakeTensorMode | None, make: Callable[[], Any], values: KnownValues) -> Any:

@@ -33,16 +33,18 @@ class RecordingDevice:
         return getattr(self.device, name)
 
     def measure(self, work: Callable[[Any], Any], **kwargs: Any) -> Any:
+        from ..compat import memory_snapshot, record_memory_history
+
         memory = self.memory
-        memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=MAX_ENTRIES,
-                                      clear_history=True)
+        record_memory_history(memory, "all", context="alloc", stacks="python", max_entries=MAX_ENTRIES,
+                              clear_history=True)
         try:
             return self.device.measure(work, **kwargs)
         finally:
             try:
-                self.snapshots.append(memory._snapshot())
+                self.snapshots.append(memory_snapshot(memory))
             finally:
-                memory._record_memory_history(enabled=None)
+                record_memory_history(memory, None)
 
     def snapshot_of(self, trials: Any, batch: int) -> dict[str, Any] | None:
         """The snapshot of the last real trial at ``batch`` that ran to the end (``trials``: the probe's, in

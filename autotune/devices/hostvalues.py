@@ -17,8 +17,8 @@ import contextlib
 import weakref
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
+
+from ..compat import FakeTensor, disable_current_modes
 
 #: Elements: a value larger than this is not kept and counts as unknown.
 VALUE_LIMIT = 1 << 22
@@ -57,7 +57,7 @@ class HostValues:
     def host() -> contextlib.AbstractContextManager:
         """Inside, ops run on real host tensors: no dispatch mode sees them (no tracker counts them, no
         ``FakeTensorMode`` fakes them)."""
-        return _disable_current_modes()
+        return disable_current_modes()
 
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
         """``t``'s value as a host tensor (its view of the host copy; a real host tensor is its own value), or

@@ -8,24 +8,27 @@ micro-step). :class:`MetaKernels` remembers, per op and per input metadata, what
 the op returned (fresh tensors of a shape, or its in-place argument) and replays
 that instead of running the kernel again.
 
-Some composite ops pick a kernel by the device they run on, and on ``meta``
-they would pick another one than on the CPU, with other temporaries.
-:class:`CpuKernelChoices` makes ``scaled_dot_product_attention`` choose as on
-the CPU (the fused flash kernel where the CPU takes it, instead of the math
-path that materialises the attention matrix) and runs recurrent layers as the
-CPU does (:mod:`autotune.devices.recurrent`: oneDNN's LSTM kernel with its
-workspace, RNN.cpp's cells otherwise). What the meta engine cannot stand in for
-stops the run with :class:`NeedsFakeTensors`: the estimate then runs under
-``FakeTensorMode``, which sees a CPU device throughout.
+Some composite ops pick a kernel by the device they run on: :func:`attention_kernels`
+registers the kernel choices of the device stood in for
+(:mod:`autotune.devices.cpukernels`, :mod:`autotune.devices.cudakernels`).
+What the meta engine cannot stand in for stops the run with
+:class:`NeedsFakeTensors`, or with torch's own error for a ``meta`` tensor where
+real data or a CPU tensor is needed (:func:`meta_cannot_run` tells those from
+the work's own errors): the estimate then runs under ``FakeTensorMode``, which
+sees a CPU device throughout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.nn.attention import SDPBackend
+
+from ..compat import op_schema, storage_key
+from .session import aten_kernels
 
 _META = torch.device("meta")
 _HASHABLE = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
@@ -42,6 +45,31 @@ class NeedsFakeTensors(Exception):
 
 class _Unhashable(Exception):
     pass
+
+
+#: The types torch's errors for a ``meta`` tensor come as (``NotImplementedError`` is a RuntimeError).
+META_ERRORS = (RuntimeError, TypeError)
+_NAMES_META = re.compile(r"\bmeta\b", re.IGNORECASE)
+
+
+def meta_cannot_run(exc: BaseException) -> str | None:
+    """Why the meta engine cannot run the work that raised ``exc`` (``FakeTensorMode`` can), in one line; None
+    when ``exc`` is the work's own error.
+
+    The meta engine's inability is :class:`NeedsFakeTensors`, or torch's own error naming the ``meta`` device
+    (no ``Meta`` kernel for an op, ``Cannot copy out of meta tensor``, ``can't convert meta device type tensor to
+    numpy``, a CPU tensor where a meta one is expected), raised directly or as the explicit cause of the error
+    that wraps it (a model factory's, in :class:`~autotune.errors.WorkloadError`)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).strip().splitlines()
+        line = f"{type(cause).__name__}: {text[0] if text else ''}"[:300]
+        if isinstance(cause, NeedsFakeTensors) or (isinstance(cause, META_ERRORS) and _NAMES_META.search(line)):
+            return line
+        cause = cause.__cause__
+    return None
 
 
 def _signature(x: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
@@ -68,7 +96,7 @@ def _never_memo(func) -> bool:
     """Views (their outputs share an input's storage) and data-dependent ops always run."""
     flag = _NEVER_MEMO.get(func)
     if flag is None:
-        returns = func._schema.returns
+        returns = op_schema(func).returns
         flag = any(r.alias_info is not None and not r.alias_info.is_write for r in returns) or any(
             tag in _DYNAMIC for tag in func.tags)
         _NEVER_MEMO[func] = flag
@@ -138,7 +166,7 @@ def _recipe(out: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
     for t, sig in zip(tensors, sigs):
         if (t.shape, t.stride(), t.dtype, t.storage_offset()) != sig:
             return _ALWAYS_RUN
-    inputs = {t.untyped_storage()._cdata for t in tensors}
+    inputs = {storage_key(t.untyped_storage()) for t in tensors}
     fresh: set[int] = set()
 
     def leaf(x: Any) -> tuple | None:
@@ -152,11 +180,12 @@ def _recipe(out: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
         if x.storage_offset() != 0 or x.is_conj() or x.is_neg():
             return None
         storage = x.untyped_storage()
-        if storage._cdata in inputs or storage._cdata in fresh:
+        key = storage_key(storage)
+        if key in inputs or key in fresh:
             return None
         if storage.nbytes() != _dense_bytes(x.shape, x.stride(), x.element_size()):
             return None
-        fresh.add(storage._cdata)
+        fresh.add(key)
         return (_NEW, x.shape, x.stride(), x.dtype)
 
     if isinstance(out, (tuple, list)):
@@ -168,72 +197,17 @@ def _recipe(out: Any, tensors: list[torch.Tensor], sigs: list[tuple]) -> Any:
 
 
 _RECURRENT = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-_SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
-class CpuKernelChoices:
-    """While active, composite ops on ``meta`` tensors choose their kernels as on the CPU.
-
-    A context manager: it registers ``meta`` kernels for the composite ops that
-    choose by device and removes them on exit. ``pause``: a context manager
-    under which the stand-ins used to ask the CPU for its choice are not counted
-    as device memory.
-    """
-
-    def __init__(self, pause: Callable[[], Any]):
-        self._pause = pause
-        self._choices: dict[tuple, int] = {}
-        self._library: torch.library.Library | None = None
-
-    def __enter__(self) -> CpuKernelChoices:
-        from .recurrent import register_cpu_recurrent  # it raises NeedsFakeTensors, defined here
-
-        self._library = attention_library(self._attention,
-                                          recurrent=lambda library: register_cpu_recurrent(library, self._pause))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._library is not None:
-            self._library._destroy()
-            self._library = None
-
-    def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                   enable_gqa=False) -> torch.Tensor:
-        args = (query, key, value, attn_mask, dropout_p, is_causal)
-        # What the CPU's choice reads: sizes, last strides, dtypes, the arguments, and
-        # which kernels are enabled (sdpa_kernel(...) contexts change that).
-        signature = tuple((t.shape, t.stride(-1), t.dtype, t.requires_grad) if t is not None else None
-                          for t in args[:4]) + (dropout_p, is_causal, scale, enable_gqa,
-                                                torch.backends.cuda.flash_sdp_enabled(),
-                                                torch.backends.cuda.math_sdp_enabled())
-        choice = self._choices.get(signature)
-        if choice is None:
-            with self._pause():
-                q, k, v = (_stand_in(t) for t in (query, key, value))
-                m = _stand_in(attn_mask) if attn_mask is not None else None
-                choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale,
-                                                     enable_gqa=enable_gqa))
-            self._choices[signature] = choice
-        if choice != SDPBackend.FLASH_ATTENTION.value:
-            # The math path: the same composite on meta as on the CPU.
-            return _SDPA.decompose(*args, scale=scale, enable_gqa=enable_gqa)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            # As the CPU does: a boolean mask becomes an additive one first.
-            attn_mask = torch.where(attn_mask, 0.0, torch.scalar_tensor(float("-inf"), dtype=query.dtype,
-                                                                        device=attn_mask.device))
-        out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-        return out
-
-
-def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta",
-                      recurrent: Callable[[torch.library.Library], None] | None = None) -> torch.library.Library:
-    """``attention`` as ``scaled_dot_product_attention``'s kernel for tensors of the autograd dispatch ``key``,
-    above autograd, where the composite would decompose (the kernels it picks record their own backward). On
-    ``meta`` tensors, ``recurrent(library)`` registers the recurrent layers' kernels; without it they raise
-    :class:`NeedsFakeTensors`. Destroy the library to undo it."""
-    library = torch.library.Library("aten", "IMPL")
-    try:
+@contextlib.contextmanager
+def attention_kernels(attention: Callable[..., Any], key: str = "AutogradMeta",
+                      recurrent: Callable[[torch.library.Library], None] | None = None
+                      ) -> Iterator[torch.library.Library]:
+    """While inside, ``attention`` is ``scaled_dot_product_attention``'s kernel for tensors of the autograd
+    dispatch ``key``, above autograd, where the composite would decompose (the kernels it picks record their own
+    backward). On ``meta`` tensors, ``recurrent(library)`` registers the recurrent layers' kernels; without it
+    they raise :class:`NeedsFakeTensors`."""
+    with aten_kernels() as library:
         library.impl("scaled_dot_product_attention", attention, key)
         if key == "AutogradMeta" and recurrent is not None:
             recurrent(library)
@@ -241,10 +215,7 @@ def attention_library(attention: Callable[..., Any], key: str = "AutogradMeta",
             for name in _RECURRENT:
                 for overload in ("input", "data"):
                     library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
-    except BaseException:
-        library._destroy()
-        raise
-    return library
+        yield library
 
 
 def _recurrent(name: str) -> Callable[..., Any]:
@@ -253,14 +224,3 @@ def _recurrent(name: str) -> Callable[..., Any]:
                                "tensors do not stand in for")
 
     return kernel
-
-
-def _stand_in(x: torch.Tensor) -> torch.Tensor:
-    """A real CPU tensor with ``x``'s sizes, dtype and last stride, holding a handful of bytes:
-    what the CPU's kernel choice looks at."""
-    if x.dim() == 0:
-        return torch.empty((), dtype=x.dtype, requires_grad=x.requires_grad)
-    last = x.stride(-1)
-    base = torch.empty((x.shape[-1] - 1) * last + 1 if x.shape[-1] else 1, dtype=x.dtype,
-                       requires_grad=x.requires_grad)
-    return base.as_strided(x.shape, (0,) * (x.dim() - 1) + (last,))

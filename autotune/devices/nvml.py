@@ -24,6 +24,8 @@ class Nvml:
 
     def __init__(self, module):
         self._nv = module
+        # pynvml's errors (NVMLError_NotSupported...), and a facade's RuntimeError
+        self._errors = (RuntimeError, getattr(module, "NVMLError", RuntimeError))
         self._nv.nvmlInit()
 
     def driver_version(self) -> str:
@@ -40,7 +42,7 @@ class Nvml:
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
         try:
             procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception:  # not supported on every driver; the figures above still hold
+        except self._errors:  # not supported on every driver; the figures above still hold
             procs = []
         others = tuple(
             (int(p.pid), int(p.usedGpuMemory or 0)) for p in procs if int(p.pid) != own_pid
@@ -63,5 +65,5 @@ def load_nvml() -> tuple[Nvml | None, str]:
         return None, f"the pynvml module (package nvidia-ml-py) is not installed: {exc}"
     try:
         return Nvml(pynvml), ""
-    except Exception as exc:
+    except (pynvml.NVMLError, OSError) as exc:  # no driver library, or one that does not start
         return None, f"NVML could not load ({type(exc).__name__}: {exc}); no NVIDIA driver on this machine?"

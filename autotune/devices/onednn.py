@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..compat import library_alive, mkldnn_half_supported, torch_meta_kernel
+
 LSTM_MODE = 2  # ideep::rnn_kind::LSTM, the ``mode`` argument of mkldnn_rnn_layer
 PAGE = 4096  # oneDNN aligns every part of an RNN workspace to a page (rnn_utils.cpp set_offsets)
 CHECK_SEQUENCE, CHECK_BATCH = 3, 17  # where the rule is confirmed: a few steps of a batch whose padding shows
@@ -30,15 +32,14 @@ def uses_onednn(input: torch.Tensor, hx: Sequence[torch.Tensor]) -> bool:
     """``use_mkldnn`` in aten/src/ATen/native/RNN.cpp for an LSTM whose tensors are all on the CPU, and no
     projections (``lstm`` takes its own path for those): oneDNN enabled, float32 (bfloat16 where the CPU has
     it, float16 in inference where it has that) and a non-empty input."""
-    if not torch.backends.mkldnn.is_available() or not torch._C._get_mkldnn_enabled():
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
         return False
     if hx[0].size(2) != hx[1].size(2):
         return False
     dtype = input.dtype
     supported = (dtype == torch.float32
-                 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-                 or (dtype == torch.float16 and not torch.is_grad_enabled()
-                     and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
+                 or (dtype == torch.bfloat16 and mkldnn_half_supported(dtype))
+                 or (dtype == torch.float16 and not torch.is_grad_enabled() and mkldnn_half_supported(dtype)))
     return supported and input.numel() != 0
 
 
@@ -155,8 +156,8 @@ def register_meta_kernels(library: torch.library.Library) -> None:
 
 def _while_registered(library: torch.library.Library, op: Any, kernel: Callable[..., Any]) -> Callable[..., Any]:
     def meta(*args: Any, **kwargs: Any) -> Any:
-        if library.m is None:  # destroyed
-            return op.py_kernels[torch._C.DispatchKey.Meta](*args, **kwargs)
+        if not library_alive(library):
+            return torch_meta_kernel(op)(*args, **kwargs)
         return kernel(*args, **kwargs)
 
     return meta

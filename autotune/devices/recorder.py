@@ -18,7 +18,9 @@ Nothing here runs unless a recorder is active: trackers check one attribute.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import weakref
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -26,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.modules import module as nn_module
 
-from . import tracker as tracker_mod
+from ..compat import current_autograd_node, next_sequence_nr, node_sequence_nr
+from .session import recording
 
 SETUP = "setup"
 _SKIP = (str(Path(__file__).resolve().parent) + "/", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
@@ -95,29 +97,24 @@ class Recorder:
         self._stack: list[tuple[str, int]] = []
         self._phase = SETUP
         self._frame_cache: dict[tuple[Any, int], dict[str, Any] | None] = {}
-        self._handles: list[Any] = []
+        self._active = contextlib.ExitStack()
+        self._thread = threading.get_ident()
 
     # -- activation ----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        self._handles = [nn_module.register_module_forward_pre_hook(self._enter_module),
-                         nn_module.register_module_forward_hook(self._leave_module, always_call=True)]
-        tracker_mod.RECORDERS.append(self)
+        self._active.enter_context(recording(self))  # the estimate session binds the trackers that start
         return self
 
     def __exit__(self, *exc: object) -> None:
-        tracker_mod.RECORDERS.remove(self)
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        if self._tracker is not None:
-            self._tracker.recorder = None
+        self._active.close()
 
     def bind(self, tracker: Any) -> None:
         """A tracker starts: it records its trace, and a new recording begins (the last tracker's is kept)."""
         if self._tracker is not None:
             self._tracker.recorder = None
         self._tracker = tracker
+        self._thread = threading.get_ident()
         tracker.recorder = self
         if tracker.trace is None:
             tracker.trace = []
@@ -125,15 +122,21 @@ class Recorder:
         self._phase = SETUP
         self._stack = []
 
+    def unbind(self, tracker: Any) -> None:
+        """``tracker`` stops: it tells this recorder nothing more (its recording is kept)."""
+        tracker.recorder = None
+        if self._tracker is tracker:
+            self._tracker = None
+
     # -- what the tracker tells ---------------------------------------------------------
 
     def alloc(self, key: int, serial: int, label: str | None = None) -> None:
         rec = self.recording
         assert rec is not None
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         module = self._stack[-1][0] if self._stack else ""
         rec.made[key] = Made(serial, self._frames() if self.frames else (), module,
-                             None if node is None else node._sequence_nr(), self._phase, label)
+                             None if node is None else node_sequence_nr(node), self._phase, label)
 
     def mark(self, phase: str) -> None:
         rec = self.recording
@@ -155,14 +158,15 @@ class Recorder:
             self._names.setdefault(child, name)
         return self._names[module]
 
-    def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
-        if self.recording is not None:
-            self._stack.append((self._path(module), torch._C._autograd._get_sequence_nr()))
+    def enter_module(self, module: torch.nn.Module, args: Any) -> None:
+        """A global forward pre-hook while a tracker is bound (another thread's modules are not the fit rule's)."""
+        if self.recording is not None and threading.get_ident() == self._thread:
+            self._stack.append((self._path(module), next_sequence_nr()))
 
-    def _leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self.recording is not None and self._stack:
+    def leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.recording is not None and self._stack and threading.get_ident() == self._thread:
             path, start = self._stack.pop()
-            end = torch._C._autograd._get_sequence_nr()
+            end = next_sequence_nr()
             if end > start:
                 self.recording.spans.append((start, end, path))  # sorted by start when read
 

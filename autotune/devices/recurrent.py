@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from ..compat import FakeTensor
 from . import onednn
 from .meta import NeedsFakeTensors
 
@@ -243,8 +244,7 @@ def _layers(cell: Callable, x: torch.Tensor, hiddens: list, params: list[_Params
 
 def _batch_sizes(batch_sizes: torch.Tensor) -> list[int]:
     """A packed sequence's step sizes, which the CPU's kernel reads from the real CPU tensor."""
-    if batch_sizes.is_meta or batch_sizes.device.type != "cpu" or \
-            isinstance(batch_sizes, torch._subclasses.fake_tensor.FakeTensor):
+    if batch_sizes.is_meta or batch_sizes.device.type != "cpu" or isinstance(batch_sizes, FakeTensor):
         raise NeedsFakeTensors("a packed sequence's batch sizes are not known on meta tensors")
     return [int(b) for b in batch_sizes.tolist()]
 

@@ -33,16 +33,44 @@ Each rule's ``(values, func, args, kwargs)`` receives the
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .values import KnownValues
+from .. import compat
+from .session import aten_kernels
 
 aten = torch.ops.aten
 _MASKS = (torch.bool, torch.uint8)
+
+
+class KnownValues(Protocol):
+    """What the rules use of :class:`~autotune.devices.values.KnownValues` (the estimate's kernel, which runs
+    them)."""
+
+    cpu: bool
+    shapes: int
+    inner: Callable[[Any, tuple, dict], Any]
+
+    def value(self, t: torch.Tensor) -> torch.Tensor | None: ...
+
+    def known(self, *tensors: torch.Tensor | None) -> bool: ...
+
+    def is_device(self, t: torch.Tensor) -> bool: ...
+
+    def host(self) -> contextlib.AbstractContextManager: ...
+
+    def attach(self, t: torch.Tensor, host: torch.Tensor, *, own: bool = False) -> bool: ...
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor: ...
+
+    def bound(self, func: Any) -> None: ...
+
+    def generic(self, func: Any, args: tuple, kwargs: dict) -> Any: ...
+
+    def dynamic(self, func: Any, args: tuple, kwargs: dict) -> Any: ...
 
 
 def _empty(like: torch.Tensor, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -65,13 +93,13 @@ def pack_padded_sequence(values: KnownValues, func: Any, args: tuple, kwargs: di
         return _empty(data, (steps * batch, *rest)), torch.empty(steps, dtype=torch.long)
     with values.host():
         stand_in = torch.empty((*data.shape[:2], 1), dtype=torch.uint8)
-        rows, batch_sizes = torch._VF._pack_padded_sequence(stand_in, host_lengths, batch_first)
+        rows, batch_sizes = compat.pack_padded_sequence(stand_in, host_lengths, batch_first)
     values.shapes += 1
     out = _empty(data, (rows.shape[0], *rest))
     host = values.value(data)
     if host is not None:
         with values.host():
-            values.attach(out, torch._VF._pack_padded_sequence(host, host_lengths, batch_first)[0])
+            values.attach(out, compat.pack_padded_sequence(host, host_lengths, batch_first)[0])
     return out, batch_sizes
 
 
@@ -133,7 +161,7 @@ def _fast_dtypes() -> tuple[torch.dtype, ...]:
     FBGEMM."""
     global _FAST
     if _FAST is None:
-        with torch.utils._python_dispatch._disable_current_modes():
+        with compat.disable_current_modes():
             out = torch.ops.aten._embedding_bag_forward_only(torch.zeros(1, 1, dtype=torch.bfloat16),
                                                              torch.zeros(1, dtype=torch.long),
                                                              torch.zeros(1, dtype=torch.long))
@@ -199,17 +227,14 @@ def pad_packed_sequence(values: KnownValues, data: torch.Tensor, batch_sizes: to
     return output.transpose(0, 1) if batch_first else output, lengths
 
 
-def rule_library(values: KnownValues, key: str) -> torch.library.Library:
-    """The rules PyTorch composes above autograd (``_pad_packed_sequence`` reads its batch sizes' data, which
-    shape-only tensors lack), as kernels for tensors of the autograd dispatch ``key`` (``AutogradMeta``, or
-    ``AutogradCPU`` for FakeTensorMode's tensors). Destroy the library to undo it."""
-    library = torch.library.Library("aten", "IMPL")
-    try:
+@contextlib.contextmanager
+def rule_kernels(values: KnownValues, key: str) -> Iterator[None]:
+    """While inside, the rules PyTorch composes above autograd (``_pad_packed_sequence`` reads its batch sizes'
+    data, which shape-only tensors lack) are kernels for tensors of the autograd dispatch ``key``
+    (``AutogradMeta``, or ``AutogradCPU`` for FakeTensorMode's tensors)."""
+    with aten_kernels() as library:
         library.impl("_pad_packed_sequence", lambda *args: pad_packed_sequence(values, *args), key)
-    except BaseException:
-        library._destroy()
-        raise
-    return library
+        yield
 
 
 def masked_select(values: KnownValues, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -242,7 +267,7 @@ RULES: dict[Any, Callable[[KnownValues, Any, tuple, dict], Any]] = {
 
 def _arg(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
     """The argument ``name`` of a call of ``func``, given or defaulted."""
-    for i, a in enumerate(func._schema.arguments):
+    for i, a in enumerate(compat.op_schema(func).arguments):
         if a.name == name:
             if i < len(args):
                 return args[i]
@@ -263,7 +288,8 @@ def _masked_select(values: KnownValues, func: Any, args: tuple, kwargs: dict) ->
 def _unique(values: KnownValues, func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
     """``_unique2``, ``unique_dim`` and ``unique_consecutive``: every element (or slice along ``dim``) distinct."""
     x = args[0]
-    dim = _arg(func, args, kwargs, "dim") if any(a.name == "dim" for a in func._schema.arguments) else None
+    dim = _arg(func, args, kwargs, "dim") if any(a.name == "dim" for a in compat.op_schema(func).arguments) \
+        else None
     inverse, counts = _arg(func, args, kwargs, "return_inverse"), _arg(func, args, kwargs, "return_counts")
     if dim is None:
         unique, positions = (x.numel(),), x.shape

@@ -42,14 +42,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import (
+
+from ..compat import (
+    DataDependentOutputException,
     TorchDispatchMode,
     is_traceable_wrapper_subclass,
     is_traceable_wrapper_subclass_type,
+    op_schema,
+    tree_flatten,
 )
-from torch.utils._pytree import tree_flatten
-
 from ..units import format_bytes
+from .session import watch
 
 if TYPE_CHECKING:
     from .values import KnownValues
@@ -71,7 +74,7 @@ def _aliased_returns(func) -> tuple[bool, ...]:
     """Per return of ``func``: does its schema say it aliases an input?"""
     flags = _ALIASED.get(func)
     if flags is None:
-        returns = func._schema.returns
+        returns = op_schema(func).returns
         flags = tuple(r.alias_info is not None and func not in _CREATES for r in returns) or (False,)
         _ALIASED[func] = flags
     return flags
@@ -97,20 +100,6 @@ def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
                 yield from _plain(inner)
     else:
         yield t
-
-
-_RESIZE = torch.UntypedStorage.resize_
-_WATCHING: list[LiveStorageTracker] = []
-#: The active recorders (autotune.devices.recorder); the innermost binds every tracker that starts.
-RECORDERS: list[Any] = []
-
-
-def _watched_resize(storage: torch.UntypedStorage, size: int) -> Any:
-    """``UntypedStorage.resize_``, which no dispatch mode sees, told to every active tracker."""
-    out = _RESIZE(storage, size)
-    for tracker in _WATCHING:
-        tracker.resized(storage)
-    return out
 
 
 def _unknown_scalar(dtype: torch.dtype, guess: int) -> bool | float | int:
@@ -192,6 +181,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.stream = 0
         self.after_op: Callable[[Any, tuple, dict, Any], None] | None = None
         self.recorder: Any = None  # told about every allocation in the trace, when set (see the module docstring)
+        self._session = contextlib.ExitStack()  # what entering it installed in torch
 
     # -- counting -------------------------------------------------------------------
 
@@ -277,27 +267,18 @@ class LiveStorageTracker(TorchDispatchMode):
             self._category[serial] = category
 
     def __enter__(self) -> LiveStorageTracker:
-        if RECORDERS and self.recorder is None:
-            RECORDERS[-1].bind(self)
-        if not _WATCHING:
-            setattr(torch.UntypedStorage, "resize_", _watched_resize)  # noqa: B010
-        _WATCHING.append(self)
-        try:
-            return super().__enter__()
-        except BaseException:
-            self._unwatch()
-            raise
+        # In the estimate session: resizes outside any op are told to it, an active recorder binds it.
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(watch(self))
+            entered = super().__enter__()
+            self._session = stack.pop_all()
+        return entered
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            self._unwatch()
-
-    def _unwatch(self) -> None:
-        _WATCHING.remove(self)
-        if not _WATCHING:
-            setattr(torch.UntypedStorage, "resize_", _RESIZE)  # noqa: B010
+            self._session.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _IGNORED:
@@ -311,7 +292,7 @@ class LiveStorageTracker(TorchDispatchMode):
             if not args[0].is_meta:
                 try:
                     return func(*args, **(kwargs or {}))
-                except torch._subclasses.fake_tensor.DataDependentOutputException:
+                except DataDependentOutputException:
                     pass
             if not self._reads_do_not_shape:
                 self.unknown_reads += 1

@@ -58,9 +58,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map
 
+from ..compat import KERNEL_ERRORS, FakeTensorMode, op_schema, tree_flatten, tree_map
 from ..units import format_bytes
 from .hostvalues import HOST_LIMIT, VALUE_LIMIT, HostValues
 from .shaperules import BOUNDS, RULES
@@ -89,7 +88,7 @@ class _Op:
     __slots__ = ("dynamic", "empty", "plain", "random", "resets", "views", "writes")
 
     def __init__(self, func: Any):
-        schema = func._schema
+        schema = op_schema(func)
         self.writes = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                             if a.alias_info is not None and a.alias_info.is_write)
         returns = schema.returns
@@ -265,7 +264,7 @@ class KnownValues(HostValues):
         try:
             with self.host():
                 return func(*h_args, **h_kwargs)
-        except Exception:  # any failure of the host kernel (a dtype the CPU lacks...) leaves the value unknown
+        except KERNEL_ERRORS:  # the host kernel refuses (a dtype the CPU lacks...): the value stays unknown
             return _UNKNOWN
 
     def _faked(self, x: Any) -> Any:
@@ -301,8 +300,8 @@ class KnownValues(HostValues):
         if bound is None:
             try:
                 return self.inner(func, args, kwargs)  # a kernel that sizes it without the values (output_size=)
-            except Exception as exc:  # meta kernels raise NotImplementedError or RuntimeError, FakeTensorMode
-                # DynamicOutputShapeException: whichever it is, no engine can size this output
+            except RuntimeError as exc:  # meta kernels raise NotImplementedError or RuntimeError, FakeTensorMode
+                # DynamicOutputShapeException (a RuntimeError): whichever it is, no engine can size this output
                 raise Unbounded(f"{func}: its output size depends on values that depend on parameters, and "
                                 f"has no bound ({type(exc).__name__})") from None
         out = bound(self, func, args, kwargs)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from ..compat import tree_flatten
 from ..training import Accumulator
 from ..units import plural
 from ..workload.batches import batch_size

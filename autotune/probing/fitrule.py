@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
+from ..compat import FakeTensorMode, unset_fake_temporarily
 from ..devices.base import Device, Measurement, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, WorkloadError
@@ -150,7 +150,8 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
                                             on_step=on_step), enforce_capacity=capacity_guard)
     except AutotuneError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # the workload's own code runs here, and may raise anything: an OOM means "does not
+        # fit", any other error stops the probe as a WorkloadError naming it (never a silent "does not fit")
         if is_oom(exc, device.torch_device.type):
             stopped = _first_line(exc)
             del exc
@@ -190,7 +191,7 @@ def isolate(workload: Workload) -> Workload:
                     del first
                     second = workload.make_model()
                 break
-            except Exception:
+            except WorkloadError:  # the factory needs real devices (or fails): the next place, the real one last
                 if where is contextlib.nullcontext:
                     raise
     if ref() is not second:

@@ -36,106 +36,23 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .. import options
+from .. import compat, options
 from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
+from ..devices.session import fake_groups, fake_mesh, shape_propagation_uncounted
 from ..workload import Workload
 
-_FAKE_GROUPS: dict[str, list[Any]] = {}  # name -> [group, blocks using it]
-_QUIET: list[Any] = []  # trackers that do not count DTensor's shape propagation
-
-
-@contextlib.contextmanager
-def shape_propagation_uncounted(tracker: Any) -> Iterator[None]:
-    """While the block runs, ``tracker`` does not count the fake tensors DTensor makes to work out
-    an op's output shape (once per op and shapes): they are no device memory.
-
-    DTensor runs each new op once on fake global-shape tensors, inside whatever
-    ``FakeTensorMode`` is active (an estimate's own) or a fresh one, and every
-    dispatch mode sees those ops.
-    """
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    if not _QUIET:
-        original = ShardingPropagator._propagate_tensor_meta_non_cached
-
-        def quiet(self: Any, op_schema: Any) -> Any:
-            with contextlib.ExitStack() as stack:
-                for t in _QUIET:
-                    stack.enter_context(t.paused())
-                return original(self, op_schema)
-
-        quiet.original = original  # type: ignore[attr-defined]
-        setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", quiet)  # noqa: B010
-    _QUIET.append(tracker)
-    try:
-        yield
-    finally:
-        _QUIET.remove(tracker)
-        if not _QUIET:
-            patched: Any = ShardingPropagator._propagate_tensor_meta_non_cached
-            setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", patched.original)  # noqa: B010
-
-
-@contextlib.contextmanager
-def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Iterator[Any]:
-    """A one-dimensional DeviceMesh of ``world_size`` ranks on a private fake process group.
-
-    The group is registered (DTensor finds groups by name) for as long as the
-    block runs, under a name of its own per world size, rank and device type,
-    and never becomes the default group. The mesh's dimension is named
-    ``autotune_fake``, so DTensor's caches never confuse it with a real mesh
-    of the same ranks, and a later fake mesh of the same shape, which shares
-    those caches, finds its own group under the same name.
-    """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-
-    if not dist.is_available():
-        raise NeedsFakeTensors("this torch build has no torch.distributed, which FSDP needs")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside a world of {world_size}")
-    c10d: Any = torch._C._distributed_c10d
-    name: Any = f"autotune-fake-{world_size}-{rank}-{device_type}"
-    entry = _FAKE_GROUPS.get(name)
-    if entry is None:
-        group = c10d.ProcessGroup(rank, world_size)
-        backend = c10d.FakeProcessGroup._create_internal(rank, world_size)
-        group._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
-        for kind in {"cpu", device_type}:
-            group._register_backend(torch.device(kind), c10d.ProcessGroup.BackendType.CUSTOM, backend)
-        group._set_group_name(name)
-        c10d._register_process_group(name, group)
-        entry = _FAKE_GROUPS[name] = [group, 0]
-    entry[1] += 1
-    try:
-        with unset_fake_temporarily():
-            mesh = DeviceMesh(device_type, torch.arange(world_size), mesh_dim_names=("autotune_fake",),
-                              _init_backend=False, _rank=rank)
-        mesh._dim_group_names = [name]
-        mesh._pg_registry[name] = entry[0]
-        yield mesh
-    finally:
-        entry[1] -= 1
-        if not entry[1]:
-            del _FAKE_GROUPS[name]
-            c10d._unregister_process_group(name)
-
-
-def fake_groups() -> list[str]:
-    """Names of the fake process groups registered now (none outside a measurement)."""
-    return sorted(_FAKE_GROUPS)
-
+__all__ = ["FsdpRule", "fake_engine", "fake_groups", "fake_mesh", "held_bytes", "real_mesh", "release",
+           "shape_propagation_uncounted", "shard", "sharded_model", "sharding_note", "skeleton"]
 
 def real_mesh(device_type: str) -> Any:
     """The DeviceMesh of the active default process group (under torchrun)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    with unset_fake_temporarily():
+    with compat.unset_fake_temporarily():
         world: Any = dist.group.WORLD
         return DeviceMesh.from_group(world, device_type)
 
@@ -183,15 +100,13 @@ def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Cal
     rank's part of the host model's values (an estimate has none: its device
     tensors are fakes of the session's ``FakeTensorMode``).
     """
-    from torch.utils._python_dispatch import _disable_current_modes
-
     tracker, device = session.tracker, session.torch_device
     host = session.host_model(factory)
     estimate = any(p.is_meta for p in itertools.chain(host.parameters(), host.buffers()))
-    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    fake_mode = compat.active_fake_mode()
     if estimate and fake_mode is None:
         raise NeedsFakeTensors("fully_shard refuses meta parameters: FSDP estimates run under FakeTensorMode")
-    with _disable_current_modes():
+    with compat.disable_current_modes():
         model = skeleton(host)
         shard(model, units(model), mesh, precision)
     with _fakes_of_meta(fake_mode):
@@ -268,6 +183,8 @@ class FsdpRule:
             if device.type == "cuda":
                 stack.enter_context(torch.cuda.device(device))
             stack.enter_context(shape_propagation_uncounted(session.tracker))
+            if not self.real_group and not torch.distributed.is_available():
+                raise NeedsFakeTensors("this torch build has no torch.distributed, which FSDP needs")
             with session.tracker.paused():
                 mesh = real_mesh(device.type) if self.real_group else \
                     stack.enter_context(fake_mesh(self.world_size, self.rank, device.type))
@@ -304,19 +221,14 @@ def _param_groups(model: nn.Module) -> Iterator[Any]:
 
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            state = module._get_fsdp_state()
-            groups = getattr(state, "_fsdp_param_groups", None)
-            if groups is None:  # torch before 2.12: at most one group per module
-                group = getattr(state, "_fsdp_param_group", None)
-                groups = () if group is None else (group,)
-            yield from groups
+            yield from compat.fsdp_param_groups(module)
 
 
 def _unsharded_gradients(model: nn.Module) -> Iterator[torch.Tensor | None]:
     for group in _param_groups(model):
         for param in group.fsdp_params:
             yield getattr(param, "unsharded_accumulated_grad", None)
-            unsharded = getattr(param, "_unsharded_param", None)
+            unsharded = compat.unsharded_param(param)
             yield None if unsharded is None else unsharded.grad
 
 
@@ -333,23 +245,27 @@ def held_bytes(model: nn.Module) -> int:
     return total
 
 
+#: What FSDP's own checks raise on a unit that a failed step left half way (its asserts, torch's errors).
+_MID_STEP = (RuntimeError, AssertionError)
+
+
 def release(model: nn.Module) -> None:
     """Give back what FSDP holds beyond the shards after a step that did not finish: reshard
     every unit, drop unsharded and sharded gradients, all-gather results and reduce-scatter buffers."""
     for group in _param_groups(model):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*_MID_STEP):
             group.reshard()
-        group._all_gather_result = None
+        compat.drop_all_gather_result(group)
         context = getattr(group, "comm_ctx", None)
         if context is not None:
             context.all_gather_state = None
             getattr(context, "reduce_scatter_states", []).clear()
         for param in group.fsdp_params:
             param.unsharded_accumulated_grad = None
-            unsharded = getattr(param, "_unsharded_param", None)
+            unsharded = compat.unsharded_param(param)
             if unsharded is not None:
                 unsharded.grad = None
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*_MID_STEP):
                 param.free_unsharded_param()
     for p in model.parameters():
         p.grad = None

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import AutotuneError
 from ..units import format_bytes
 from ..workload import Workload
 from .timeline import Recorded, Walk, activations_by_family, analyse, record
@@ -88,7 +89,7 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *,
     try:
         again = record(checkpointed(workload, name), recorded.device, batch, frames=False, runner=recorded.device,
                        **rule)
-    except Exception as exc:  # the workload's own code under checkpointing: any error means "cannot say"
+    except AutotuneError as exc:  # the workload's own code failed under checkpointing (a WorkloadError): "cannot say"
         return (f"activations of {name} hold {held_bytes / peak:.0%} of the peak ({format_bytes(held_bytes)}) "
                 f"{where}; activation checkpointing of these modules could not be estimated "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})."), None

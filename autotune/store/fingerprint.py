@@ -38,9 +38,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from ..compat import TorchDispatchMode, tree_flatten
 from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from .. import options
+from ..compat import tree_map
 from ..errors import BadInput
 from ..workload.batches import batch_size, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..compat import queue_backward_callback, sequence_number, tree_leaves
 from ..errors import AutotuneError, BadInput
 from ..units import plural
 
@@ -173,19 +174,17 @@ class RoundCounter:
     def __init__(self, ddp_model: nn.Module):
         self.rounds = 0
         group: Any = getattr(ddp_model, "process_group", None) or dist.group.WORLD
-        self._sequence = group._get_sequence_number_for_group
+        self._sequence = sequence_number(group)
         ddp_model.register_forward_hook(self._watch)
 
     def _watch(self, module: nn.Module, inputs: object, output: object) -> None:
-        from torch.utils._pytree import tree_leaves
-
         tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
         if tensors:
             torch.autograd.graph.register_multi_grad_hook(tensors, self._backward_starts, mode="any")
 
     def _backward_starts(self, grad: torch.Tensor) -> None:
         start = self._sequence()
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_ends(start))
+        queue_backward_callback(lambda: self._backward_ends(start))
 
     def _backward_ends(self, start: int) -> None:
         if self._sequence() != start:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compat import fsdp_default_reduce_scatter
 from ..devices.base import Session
 from ..probing.fsdp import fake_mesh, real_mesh, shape_propagation_uncounted, shard, sharded_model
 from ..workload import Workload
@@ -83,10 +84,10 @@ class ReduceScatterCounter:
 
     def __init__(self, model: nn.Module):
         from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
         counts: dict[int, int] = {}
         self.counts = counts
+        DefaultReduceScatter: Any = fsdp_default_reduce_scatter()
 
         class Counting(DefaultReduceScatter):
             """FSDP's own reduce-scatter (whichever collective this torch calls it with), counted."""

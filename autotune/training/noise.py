@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from ..compat import foreach_norm
 from ..results.noise import NoiseScaleEstimate, NoiseStep, ratio_interval
 from ..workload.bookkeeping import PENDING_LIMIT, PENDING_VALUES, noise_buffer
 
@@ -426,7 +427,7 @@ class GradientNoiseScale:
         if not grads:
             return 0.0
         if all(g.device == self._device for g in grads):
-            norms = torch.stack(torch._foreach_norm(grads)).float()
+            norms = torch.stack(foreach_norm(grads)).float()
         else:
             norms = torch.stack([torch.linalg.vector_norm(g).float().to(self._device) for g in grads])
         total = torch.dot(norms, norms)

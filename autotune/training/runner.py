@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from .. import log, options
+from ..compat import tree_map
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, DoesNotFit, WorkloadError

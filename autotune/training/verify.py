@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
+from ..compat import BATCH_NORM, DROPOUT, INSTANCE_NORM, tree_map
 from ..results.run import Check
 from ..units import format_bytes, plural
 from .accumulate import Accumulator
@@ -27,7 +27,7 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}
 #: Above this many parameter bytes in float64, the reference runs on the device instead.
 FP64_REFERENCE_LIMIT = 2 * 1024**3
 
-RUNNING_STAT_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+RUNNING_STAT_LAYERS = (BATCH_NORM, INSTANCE_NORM)
 BN_FIXES = ("replace BatchNorm with GroupNorm or LayerNorm, freeze BatchNorm (eval mode, or requires_grad off "
             "and fixed statistics), or accumulate fewer micro-batches (SyncBatchNorm only joins ranks, "
             "not micro-steps)")
@@ -38,7 +38,7 @@ def running_stat_layers(model: nn.Module) -> list[str]:
     found = []
     for name, module in model.named_modules():
         if isinstance(module, RUNNING_STAT_LAYERS) and (
-                isinstance(module, nn.modules.batchnorm._BatchNorm) or module.track_running_stats):
+                isinstance(module, BATCH_NORM) or module.track_running_stats):
             found.append(f"{name or '<model>'} ({type(module).__name__})")
     return found
 
@@ -47,7 +47,7 @@ def dropout_off(model: nn.Module) -> list[str]:
     """Put every dropout module in eval mode (identity); returns their names."""
     names = []
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
+        if isinstance(module, DROPOUT):
             module.eval()
             names.append(name)
     return names
@@ -146,7 +146,7 @@ def gradient_check(acc: Accumulator, model: nn.Module, batch: Any, *, reference_
                      message=f"the {bad} is not finite (nan or inf) on the first effective batch, so no gradient "
                              "can be compared: check the loss for a log of 0, a division by zero or an overflow")
     error = relative_error(got, want)
-    dropouts = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    dropouts = [n for n, m in model.named_modules() if isinstance(m, DROPOUT)]
     if dropouts:
         details["dropout"] = f"dropout disabled for this check only ({plural(len(dropouts), 'layer')})"
     passed = error <= limit

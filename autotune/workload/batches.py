@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+
+from ..compat import tree_flatten, tree_map
 
 
 def _leaves(batch: Any) -> list:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
+from ..compat import tree_flatten
 from ..errors import ProbeFileError, WorkloadError
 from .batches import batch_size
 

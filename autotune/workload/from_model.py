@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
+from ..compat import tree_map
 from ..errors import BadInput, ProbeFileError
 from .batches import batch_size
 from .core import Workload, default_optimizer

@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.devices import CpuDevice, EstimateDevice
 from autotune.devices import estimate as estimate_mod
+from autotune.devices.cpukernels import CpuKernelChoices
 from autotune.devices.cudakernels import CudaKernelChoices, CudaTarget
 from autotune.devices.estimate import ENGINES
 from autotune.devices.meta import (
     _ALWAYS_RUN,
-    CpuKernelChoices,
     MetaKernels,
     NeedsFakeTensors,
     _recipe,
@@ -278,7 +278,7 @@ def test_both_engines_count_exactly_what_the_cpu_holds(workload, engine):
 
 
 def test_moving_a_model_keeps_tied_weights_tied():
-    from autotune.devices.base import _move_module
+    from autotune.devices.measurement import _move_module
 
     model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight
@@ -360,3 +360,65 @@ def test_unknown_engine(monkeypatch):
     monkeypatch.setenv("AUTOTUNE_ESTIMATE_ENGINE", "jit")
     with pytest.raises(BadInput, match="AUTOTUNE_ESTIMATE_ENGINE='jit' is not an estimate engine"):
         EstimateDevice.for_gpu(GiB)
+
+
+def test_an_error_in_the_forward_is_the_workloads_own_and_never_switches_the_engine():
+    """A user's error on the meta engine surfaces as that error: no second run under FakeTensorMode (where a
+    forward that fails once would pass and hide it), the engine stays."""
+    from autotune.errors import WorkloadError
+    from autotune.probing.fitrule import run_trial
+
+    calls = []
+
+    class FailsOnce(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            calls.append(x.device.type)
+            if len(calls) == 1:
+                raise ValueError("the user's check failed")
+            return self.linear(x)
+
+    workload = Workload(name="fails-once", model=FailsOnce, batch=lambda n, g: torch.randn(n, 8, generator=g),
+                        loss=lambda m, b: m(b).pow(2).mean())
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
+    with pytest.raises(WorkloadError, match="ValueError: the user's check failed"):
+        run_trial(estimator, workload, 4, GiB, source="estimate")
+    assert calls == ["meta"]  # the user's code ran once
+    assert estimator.engine == "meta" and estimator.fallback is None
+
+
+@pytest.mark.parametrize(("error", "why"), [
+    (NeedsFakeTensors("autocast on the CPU does not apply to meta tensors"), "NeedsFakeTensors: autocast"),
+    (TypeError("can't convert meta device type tensor to numpy. Use Tensor.cpu()"), "TypeError: can't convert meta"),
+    (NotImplementedError("Cannot copy out of meta tensor; no data!"), "NotImplementedError: Cannot copy out of meta"),
+    (NotImplementedError("Could not run 'aten::foo' with arguments from the 'Meta' backend."), "NotImplementedError"),
+    (RuntimeError("Tensor on device cpu is not on the expected device meta!"), "RuntimeError: Tensor on device cpu"),
+    (RuntimeError("a and b must have same reduction dim, but got [2, 5] X [4, 2]."), None),  # a shape error
+    (ValueError("expected a meta-learning config"), None),  # the user's own error, whatever it says
+    (KeyError("meta"), None),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 TiB"), None),
+    (RuntimeError("metadata mismatch"), None),
+])
+def test_only_the_meta_engines_own_inability_switches_it(error, why):
+    from autotune.devices.meta import meta_cannot_run
+
+    found = meta_cannot_run(error)
+    assert (found is None) == (why is None) and (why is None or found.startswith(why))
+
+
+def test_a_model_factory_that_needs_real_data_is_the_meta_engines_inability_even_wrapped():
+    from autotune.devices.meta import meta_cannot_run
+    from autotune.errors import WorkloadError
+
+    def make():
+        torch.empty(2, device="meta").numpy()
+
+    try:
+        Workload(name="real-only", model=make, batch=lambda n, g: torch.randn(n, 2), loss=lambda m, b: b.sum()
+                 ).make_model()
+    except WorkloadError as exc:
+        assert meta_cannot_run(exc).startswith("TypeError: can't convert meta device type tensor to numpy")
+        assert meta_cannot_run(WorkloadError(str(exc))) is None  # no cause: nothing to go by

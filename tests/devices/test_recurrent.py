@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.devices import CpuDevice, EstimateDevice, onednn
-from autotune.devices.meta import CpuKernelChoices, MetaKernels, NeedsFakeTensors
+from autotune.devices.cpukernels import CpuKernelChoices
+from autotune.devices.meta import MetaKernels, NeedsFakeTensors
 from autotune.devices.tracker import LiveStorageTracker
 from autotune.probing.finder import probe
 from autotune.probing.fitrule import fit_rule_work

@@ -225,3 +225,24 @@ def test_real_and_predicted_timelines_share_allocation_numbers_and_the_peak_diff
     assert r.difference_bytes == (20 << 20) - walk.reserved_peak
     assert r.real == ((1, 20 << 20, 1000),)
     assert r.predicted[0][0] == 1
+
+
+@pytest.mark.slow
+def test_a_workload_that_fails_under_checkpointing_gets_no_figure_and_a_bug_of_ours_surfaces(monkeypatch):
+    from dataclasses import replace
+
+    from autotune.probing import lowering as low
+
+    workload = load_workload("gpt")
+    recorded = tl.record(workload, get_device(H100), 64, frames=False)
+    walk = tl.analyse(recorded)
+
+    def fails(*args):
+        raise ValueError("no checkpointing here")
+
+    monkeypatch.setattr(low, "checkpointed", lambda w, name: replace(w, loss=fails))
+    sentence, saved = low.lowering(recorded, walk, workload, 64, rule={})
+    assert saved is None and "could not be estimated (WorkloadError" in sentence and "no checkpointing" in sentence
+    monkeypatch.setattr(low, "record", lambda *a, **k: {}["a bug of autotune's"])
+    with pytest.raises(KeyError):
+        low.lowering(recorded, walk, workload, 64, rule={})
