@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from ..compat import TorchDispatchMode, tree_flatten
 from ..workload import Workload
 from .base import Device, Session, own_random_state
 from .presets import GpuPreset, find_preset

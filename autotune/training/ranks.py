@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from .. import log
+from ..compat import tree_map
 from ..devices import roofline
 from ..devices.base import Device, own_random_state
 from ..results.device import DeviceInfo
