@@ -83,13 +83,14 @@ class ReduceScatterCounter:
 
     def __init__(self, model: nn.Module):
         from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+        from ..probing.fsdpcomm import CallerReleasedReduceScatter
 
         counts: dict[int, int] = {}
         self.counts = counts
 
-        class Counting(DefaultReduceScatter):
-            """FSDP's own reduce-scatter (whichever collective this torch calls it with), counted."""
+        class Counting(CallerReleasedReduceScatter):
+            """The reduce-scatter :func:`~autotune.probing.fsdp.shard` gives every unit, counted."""
 
             def __init__(self, key: int):
                 self.key = key
