@@ -7,10 +7,10 @@ order: NCCL keeps no tensor of a collective on its own threads (its watchdog's
 copy of the work holds none), so the buffer is free when FSDP lets go of it.
 gloo does not: the work its worker thread ran holds the tensors it was given
 until that thread drops it, and a tensor's last reference dropped there waits
-for the GIL and a free CPU. On a loaded machine a buffer FSDP had freed could
-stay alive past the step's peak, how long depending on thread scheduling: a
-CPU measurement one unit's unsharded parameters too high, on one rank, in one
-run in a few.
+for the GIL and a free CPU. On a loaded machine a buffer FSDP has freed can
+thus stay alive past the step's peak, for as long as thread scheduling makes
+it: on FSDP's own buffers, a CPU measurement one unit's unsharded parameters
+too high, on one rank, in one run in a few.
 
 So the collectives FSDP calls on gloo run on copies of its buffers, made and
 freed outside every dispatch mode (the tracker counts none of them: they are
