@@ -307,6 +307,18 @@ def fsdp_default_reduce_scatter() -> type:
     return DefaultReduceScatter
 
 
+def fsdp_default_all_gather() -> type:
+    """FSDP2's own all-gather, the base class of one that runs on copies."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    return DefaultAllGather
+
+
+def group_backend(group: Any, device: torch.device) -> Any:
+    """The backend object ``group`` runs collectives for ``device`` with (gloo's, NCCL's, ...)."""
+    return group._get_backend(device)
+
+
 def parameter_slots(module: torch.nn.Module) -> dict[str, torch.nn.Parameter | None]:
     """``module``'s own parameters by name, the dict itself: a slot assigned here swaps the parameter in place."""
     return module._parameters

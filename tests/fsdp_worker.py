@@ -1,10 +1,12 @@
 """A case of tests/torchrun_cases.py: FSDP on two gloo ranks.
 
-Returns every rank's peak of the FSDP fit rule measured
-on the real process group; a probe where rank 1 has less memory than rank 0 (its
-real trials run out of memory mid-forward, with units all-gathered) and what was
-left alive after it; the runner's checks, on a plan made from that probe, for
-the correct accumulation and two planted faults.
+Returns every rank's peak of the FSDP fit rule measured on the real process
+group, and again with collectives that keep every buffer they were given until
+the end (what gloo's threads do for a while, longer on a loaded machine); a
+probe where rank 1 has less memory than rank 0 (its real trials run out of
+memory mid-forward, with units all-gathered) and what was left alive after it;
+the runner's checks, on a plan made from that probe, for the correct
+accumulation and two planted faults.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
 from ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks  # tests/ is this script's folder
+from helpers import transport_keeps_buffers
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -64,9 +67,13 @@ def case() -> dict:
     rank, world = distributed.rank(), distributed.world_size()
     gpt = load_workload("gpt")
     cpu = get_device("cpu", memory_budget=BUDGET)
-    _, measured = cpu.measure(fit_rule_work(gpt, BATCH, sharding=FsdpRule(world, rank, real_group=True)))
+    rule = FsdpRule(world, rank, real_group=True)
+    _, measured = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule))
+    with transport_keeps_buffers():
+        _, kept = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule), enforce_capacity=False)
     out: dict = {"batch": BATCH, "target": TARGET, "limit": LIMIT,
-                 "peaks": distributed.gather_ints(measured.peak_bytes)}
+                 "peaks": distributed.gather_ints(measured.peak_bytes),
+                 "peaks_transport_keeps": distributed.gather_ints(kept.peak_bytes)}
 
     # Rank 1 runs out of memory above ``LIMIT`` samples, where rank 0 fits.
     planted = replace(gpt, loss=out_of_memory_on_rank_1(LIMIT))

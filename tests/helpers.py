@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from autotune.probing.finder import exhaustive_max
@@ -42,3 +46,29 @@ def autocast_workload(width: int = 64) -> Workload:
     return Workload(name="bf16-autocast",
                     model=lambda: nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, width)),
                     batch=lambda n, g: torch.randn(n, width, generator=g), loss=_autocast_loss)
+
+
+@contextlib.contextmanager
+def transport_keeps_buffers() -> Iterator[list[list[object]]]:
+    """Planted: the collectives FSDP's all-gather and reduce-scatter call keep every argument they were given
+    (the list yielded) until the block ends, as gloo's worker threads keep a finished collective's tensors
+    until they next run: late, on a loaded machine."""
+    kept: list[list[object]] = []
+    names = [n for n in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+                         "reduce_scatter_tensor") if hasattr(dist, n)]
+    originals = {n: getattr(dist, n) for n in names}
+
+    def keeping(original):
+        def collective(*args, **kwargs):
+            kept.append([*args, *kwargs.values()])
+            return original(*args, **kwargs)
+        return collective
+
+    for name in names:
+        setattr(dist, name, keeping(originals[name]))
+    try:
+        yield kept
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+        kept.clear()

@@ -106,6 +106,29 @@ def test_estimating_inside_a_real_process_group_leaves_it_alone(mlp, tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("on_copies", [True, False])
+def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_path, monkeypatch, on_copies):
+    from autotune.probing import fsdpcomm
+
+    from .helpers import transport_keeps_buffers
+
+    if not on_copies:  # the planted fault: gloo is given FSDP's own buffers, which its threads free when they run
+        monkeypatch.setattr(fsdpcomm, "transport_keeps_tensors", lambda group, device: False)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        gathered, shard, reduced, grads = torch.zeros(6), torch.arange(6.0), torch.zeros(4), torch.arange(4.0)
+        with transport_keeps_buffers() as kept:
+            fsdpcomm.CallerReleasedAllGather()(output_tensor=gathered, input_tensor=shard, group=dist.group.WORLD)
+            fsdpcomm.CallerReleasedReduceScatter()(output_tensor=reduced, input_tensor=grads, group=dist.group.WORLD,
+                                                   op=dist.ReduceOp.SUM)
+            given = {t.untyped_storage().data_ptr() for call in kept for t in call if isinstance(t, torch.Tensor)}
+        fsdps = {t.untyped_storage().data_ptr() for t in (gathered, shard, reduced, grads)}
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(gathered, shard) and torch.equal(reduced, grads)  # the results land in FSDP's buffers
+    assert given and given.isdisjoint(fsdps) is on_copies
+
+
 # -- the fit rule per rank -----------------------------------------------------------------------------
 
 

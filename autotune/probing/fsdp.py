@@ -70,13 +70,17 @@ def mixed_precision(precision: str) -> Any:
 
 
 def shard(model: nn.Module, units: list[nn.Module], mesh: Any, precision: str = "fp32") -> nn.Module:
-    """``fully_shard`` every unit, then the root: the usual FSDP2 wrapping, in place."""
+    """``fully_shard`` every unit, then the root: the usual FSDP2 wrapping, in place, with collectives whose
+    buffers are freed when FSDP lets go of them (:mod:`autotune.probing.fsdpcomm`)."""
     from torch.distributed.fsdp import fully_shard
+
+    from .fsdpcomm import release_on_caller
 
     policy = mixed_precision(precision)
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    release_on_caller(model)
     return model
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compat import fsdp_default_reduce_scatter
 from ..devices.base import Session
 from ..probing.fsdp import fake_mesh, real_mesh, shape_propagation_uncounted, shard, sharded_model
 from ..workload import Workload
@@ -85,12 +84,13 @@ class ReduceScatterCounter:
     def __init__(self, model: nn.Module):
         from torch.distributed.fsdp import FSDPModule
 
+        from ..probing.fsdpcomm import CallerReleasedReduceScatter
+
         counts: dict[int, int] = {}
         self.counts = counts
-        DefaultReduceScatter: Any = fsdp_default_reduce_scatter()
 
-        class Counting(DefaultReduceScatter):
-            """FSDP's own reduce-scatter (whichever collective this torch calls it with), counted."""
+        class Counting(CallerReleasedReduceScatter):
+            """The reduce-scatter :func:`~autotune.probing.fsdp.shard` gives every unit, counted."""
 
             def __init__(self, key: int):
                 self.key = key
