@@ -57,13 +57,19 @@ def open_envelope(data: Any, kind: str | None = None, *, source: str = "data") -
     return found, body
 
 
+_EXACT = {int, str, bool, type(None)}
+
+
 def _clean(value: Any) -> Any:
-    """JSON cannot hold NaN or infinity: write them as null."""
+    """JSON cannot hold NaN or infinity: write them as null. Lists of plain numbers pass at C speed."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        kinds = set(map(type, value))
+        if kinds <= _EXACT or (kinds == {float} and all(map(math.isfinite, value))):
+            return list(value)
         return [_clean(v) for v in value]
     return value
 

@@ -8,15 +8,15 @@ per-round throughput ratios. ``Samples`` gives the median and a 95% interval
 of it that stays honest with the outliers of a shared machine.
 
 Why not ``torch.utils.benchmark.Timer``: its ``adaptive_autorange`` stops on the
-same rule (interquartile range over the median under a threshold), but it times
-one statement in blocks, first growing the block (1, 10, 100 runs ...) until one
-takes 50 ms, then at least four blocks, bounded by time alone (and at one thread
-unless told). Here every run is a real optimizer step the user waits for, and the
-steps are counted: for the mlp at micro-batch 256 on 2 CPU cores, adaptive_autorange
-ran 591 steps where ``time_plan`` ran at most 51 (``bench/step_timer.py``). Nor can
-it interleave two plans round by round, which is what makes a head-to-head ratio
-fair on a busy machine. So the one piece kept is the stopping rule, ``_adaptive``,
-over single steps or paired ratios.
+same rule (interquartile range over the median under a threshold) and, for steps
+this long, times one step per block, after one untimed run. But it bounds a
+measurement by time alone, after a fixed four timings, and runs at one thread
+unless told: on a noisy machine it ran the mlp at micro-batch 256 (a few ms a step)
+591 times in its 5 s, where ``time_plan`` stops at ``max_steps`` (51 steps with the
+warm-up; ``bench/step_timer.py``, 2 busy CPU cores). Every one is a real optimizer
+step the user waits for. Nor can it run two plans in paired rounds, which is what
+makes a head-to-head ratio fair on a busy machine, and that needs the same rule.
+So the rule is kept here, once (``_adaptive``), for single steps and paired ratios.
 """
 
 from __future__ import annotations
