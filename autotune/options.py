@@ -9,7 +9,6 @@ returns the value normalised, or raises :class:`BadInput`.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import os
@@ -100,19 +99,18 @@ def whole(value: Any, name: str, *, least: int = 1, example: str = "", fix: str 
     """A whole number of at least ``least``: an int or any integer type (never a bool), and with ``text`` a
     string of digits. The one check of whole numbers: options, the fields of results (``text=False``), the
     planner (``error=PlanError``). The error names ``name`` and ends with ``, e.g. EXAMPLE`` or ``: FIX``."""
-    hint = f": {fix}" if fix else f", e.g. {example}" if example else ""
-    number = None
-    if isinstance(value, str):
-        if text:
-            with contextlib.suppress(ValueError):
-                number = int(value.strip())
-    elif not isinstance(value, bool):
-        with contextlib.suppress(TypeError):
+    number: int | None = value if type(value) is int else None
+    try:
+        if number is None and not isinstance(value, (bool, str)):
             number = operator.index(value)
-    if number is None:
-        raise error(f"{name} {value!r} is not a whole number{hint}")
-    if number < least:
-        raise error(f"{name} {number} must be at least {least}{hint}")
+        elif number is None and isinstance(value, str) and text:
+            number = int(value.strip())
+    except (TypeError, ValueError):
+        pass
+    if number is None or number < least:
+        hint = f": {fix}" if fix else f", e.g. {example}" if example else ""
+        raise error(f"{name} {value!r} is not a whole number{hint}" if number is None else
+                    f"{name} {number} must be at least {least}{hint}")
     return number
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from .. import options
-from .record import Count, Record, Whole, rule
+from .record import Count, Record, Rule, Whole
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,11 +30,11 @@ class RampConfig(Record):
     noise-scale estimates the ramp decides from.
     """
 
-    start: Annotated[int, rule(options.whole, example="64")] | None = None
-    lr_scaling: Annotated[str, rule(options.lr_scaling)] = options.DEFAULT_LR_SCALING
-    min_steps: Annotated[int, rule(options.whole, example="10")] = options.RAMP_MIN_STEPS
-    growth: Annotated[float, rule(options.above_one, example="2.0")] = options.RAMP_GROWTH
-    window: Annotated[int, rule(options.whole, least=2, example="20")] = options.RAMP_WINDOW
+    start: Annotated[int, Rule(options.whole, example="64")] | None = None
+    lr_scaling: Annotated[str, Rule(options.lr_scaling)] = options.DEFAULT_LR_SCALING
+    min_steps: Annotated[int, Rule(options.whole, example="10")] = options.RAMP_MIN_STEPS
+    growth: Annotated[float, Rule(options.above_one, example="2.0")] = options.RAMP_GROWTH
+    window: Annotated[int, Rule(options.whole, least=2, example="20")] = options.RAMP_WINDOW
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +46,7 @@ class BatchPhase(Record):
     effective_batch: Whole
     b_simple: float | None      # the smoothed noise scale when the phase was decided (None: not measured yet)
     low: float | None           # its 95% lower bound then (None: not bounded)
-    lr_scale: Annotated[float, rule(options.positive)]  # the factor on the learning rate tuned for the target batch
+    lr_scale: Annotated[float, Rule(options.positive)]  # the factor on the learning rate tuned for the target batch
     schedule: tuple[tuple[int, ...], ...]
 
     def validate(self) -> None:

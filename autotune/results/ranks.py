@@ -11,7 +11,7 @@ from typing import Annotated
 
 from .. import options
 from ..units import format_bytes, plural
-from .record import Record, Whole, one_of, rule
+from .record import Record, Rule, Whole, one_of
 
 #: How a rank's time per sample is known: timed on the rank itself, or a roofline estimate for a GPU by name.
 TIMED_BY = ("measured", "roofline")
@@ -33,7 +33,7 @@ class RankShare(Record):
     usable_bytes: Whole
     budget_bytes: int | None = None
     peak_bytes: int | None = None
-    seconds_per_sample: Annotated[float, rule(options.seconds)] | None = None
+    seconds_per_sample: Annotated[float, Rule(options.seconds)] | None = None
     timed_by: str | None = None
     fingerprint: str | None = None
 

@@ -4,10 +4,11 @@ A record is a frozen, keyword-only dataclass that derives from :class:`Record`::
 
     @dataclass(frozen=True, kw_only=True)
     class Trial(Record):
-        batch: Whole                                    # type and rule: a whole number, at least 1
+        batch: Whole                                    # a whole number, at least 1
         source: Annotated[str, one_of(("estimate", "real"))]
-        seconds: float
-        oom: bool = False                               # not required in a file: missing reads as False
+        seconds: Annotated[float, Rule(options.seconds)]
+        fits: bool
+        oom: bool = False                               # missing in a file: reads as False
 
         def validate(self) -> None:                     # rules between fields, after each field's own
             if self.oom and self.fits:
@@ -28,6 +29,7 @@ Adding a field to a record is all it takes to write it, read it back and check i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -41,32 +43,39 @@ R = TypeVar("R", bound="Record")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclasses.dataclass(frozen=True)
 class Rule:
     """What value a field may take: ``check(value, name=field, **options)`` returns it normalised, or raises
     ValueError (:class:`autotune.errors.BadInput`) naming the field. None skips it where the type allows None."""
 
-    check: Callable[..., Any]
-    options: tuple[tuple[str, Any], ...] = ()
+    __slots__ = ("_call", "check", "options")
+
+    def __init__(self, check: Callable[..., Any], **options: Any):
+        self.check, self.options = check, tuple(sorted(options.items()))
+        self._call = functools.partial(check, **options)
 
     def __call__(self, value: Any, name: str) -> Any:
-        return self.check(value, name=name, **dict(self.options))
+        return self._call(value, name=name)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rule) and (self.check, self.options) == (other.check, other.options)
 
-def rule(check: Callable[..., Any], **kwargs: Any) -> Rule:
-    """The rule ``check`` (one of :mod:`autotune.options`' checks) with these keyword arguments."""
-    return Rule(check, tuple(sorted(kwargs.items())))
+    def __hash__(self) -> int:
+        return hash((self.check, self.options))
+
+    def __repr__(self) -> str:
+        return f"Rule({self.check.__name__}{''.join(f', {k}={v!r}' for k, v in self.options)})"
 
 
 def one_of(choices: tuple[str, ...]) -> Rule:
-    return rule(options.choice, choices=choices)
+    """A string among ``choices``."""
+    return Rule(options.choice, choices=choices)
 
 
 #: A whole number of at least 1 (never a bool or a string of digits), and of at least 0.
-Whole = Annotated[int, rule(options.whole, text=False)]
-Count = Annotated[int, rule(options.whole, least=0, text=False)]
+Whole = Annotated[int, Rule(options.whole, text=False)]
+Count = Annotated[int, Rule(options.whole, least=0, text=False)]
 #: A fraction in [0, 1): the share of memory kept free.
-Margin = Annotated[float, rule(options.margin)]
+Margin = Annotated[float, Rule(options.margin)]
 
 
 def derived(after: str) -> Callable[[F], F]:
@@ -115,10 +124,10 @@ class Record:
             value = getattr(self, name)
             if value is None and nullable:
                 continue
-            if not (all(isinstance(v, cls) for v in value) if many else isinstance(value, cls)):
-                got = "" if many else f", got {type(value).__name__}"
-                raise ValueError(f"{name} must be {cls.__name__} objects" if many else
-                                 f"{name} must be a {cls.__name__}{got}")
+            if many and not all(isinstance(v, cls) for v in value):
+                raise ValueError(f"{name} must be {cls.__name__} objects")
+            if not many and not isinstance(value, cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
         self.validate()
 
     def validate(self) -> None:
@@ -307,4 +316,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["Count", "Margin", "Record", "Rule", "Whole", "derived", "one_of", "rule"]
+__all__ = ["Count", "Margin", "Record", "Rule", "Whole", "derived", "one_of"]

@@ -33,7 +33,7 @@ import torch
 from .. import options
 from ..devices.base import Device, own_random_state
 from ..results.plan import Plan
-from ..results.record import Count, Record, Whole, rule
+from ..results.record import Count, Record, Rule, Whole
 from ..workload import Workload
 from .accumulate import Accumulator
 
@@ -48,10 +48,10 @@ class Timing(Record):
     have taken ``budget_s`` seconds."""
 
     warmup: Count = 1
-    min_steps: Annotated[int, rule(options.whole, least=2, fix="a spread needs two timings", text=False)] = 5
+    min_steps: Annotated[int, Rule(options.whole, least=2, fix="a spread needs two timings", text=False)] = 5
     max_steps: Whole = 50
     threshold: float = 0.05
-    budget_s: Annotated[float, rule(options.seconds)] = 5.0
+    budget_s: Annotated[float, Rule(options.seconds)] = 5.0
 
     def validate(self) -> None:
         if self.max_steps < self.min_steps:
