@@ -208,8 +208,10 @@ def _resolve(cls: type[Record]) -> _Layout:
         hint = hints[f.name]
         written.append((f.name, _writer(hint)))
         written += [(name, _plain) for name in after.pop(f.name, ())]
-        inner, nullable = _optional(hint)
+        inner, nullable = _optional(hint)  # Annotated[int, rule] | None, or Annotated[int | None, rule]:
+        nullable = nullable or _optional(_bare(inner))[1]
         rules += [(f.name, r, nullable) for r in getattr(inner, "__metadata__", ()) if isinstance(r, Rule)]
+        inner = _optional(_bare(inner))[0]
         if typing.get_origin(inner) is tuple:
             tuples.append(f.name)
         one = _record_in(inner)
