@@ -94,22 +94,23 @@ def _shown(value: Any) -> str:
     return value.strip() if isinstance(value, str) else repr(value)
 
 
-def whole(value: Any, name: str, *, least: int = 1, example: str = "") -> int:
-    """A whole number of at least ``least`` (strings of digits too)."""
-    hint = f", e.g. {example}" if example else ""
-    if isinstance(value, bool):
-        raise BadInput(f"{name} {value!r} is not a whole number{hint}")
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise BadInput(f"{name} {value!r} is not a whole number{hint}") from None
+def whole(value: Any, name: str, *, least: int = 1, example: str = "", fix: str = "", text: bool = True,
+          error: type[BadInput] = BadInput) -> int:
+    """A whole number of at least ``least``: an int or any integer type (never a bool), and with ``text`` a
+    string of digits. The one check of whole numbers: options, the fields of results (``text=False``), the
+    planner (``error=PlanError``). The error names ``name`` and ends with ``, e.g. EXAMPLE`` or ``: FIX``."""
+    number: int | None = value if type(value) is int else None
     try:
-        number = operator.index(value)
-    except TypeError:
-        raise BadInput(f"{name} {value!r} is not a whole number{hint}") from None
-    if number < least:
-        raise BadInput(f"{name} {number} must be at least {least}{hint}")
+        if number is None and not isinstance(value, (bool, str)):
+            number = operator.index(value)
+        elif number is None and isinstance(value, str) and text:
+            number = int(value.strip())
+    except (TypeError, ValueError):
+        pass
+    if number is None or number < least:
+        hint = f": {fix}" if fix else f", e.g. {example}" if example else ""
+        raise error(f"{name} {value!r} is not a whole number{hint}" if number is None else
+                    f"{name} {number} must be at least {least}{hint}")
     return number
 
 
@@ -145,12 +146,25 @@ def memory_budgets(value: Any, name: str = "memory_budget") -> tuple[int | None,
     return tuple(memory_budget(v, name) for v in per_rank(value, name))
 
 
+def _number(value: Any) -> float:
+    """``value`` as a float; NaN for a bool or anything that is not a number."""
+    try:
+        return float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def positive(value: Any, name: str, *, what: str = "a positive number") -> float:
+    """A finite number above 0; the error says it must be ``what``."""
+    number = _number(value)
+    if not (number > 0 and math.isfinite(number)):
+        raise BadInput(f"{name} {_shown(value)} must be {what}")
+    return number
+
+
 def margin(value: Any, name: str = "margin") -> float:
     """A fraction in [0, 1): the share of capacity kept free."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
+    number = _number(value)
     if not 0 <= number < 1:
         raise BadInput(f"{name} {_shown(value)} must be a fraction in [0, 1): the share of memory kept free, e.g. 0.1")
     return number
@@ -160,13 +174,7 @@ def max_norm(value: Any, name: str = "max_norm") -> float | None:
     """A positive, finite gradient norm to clip to, or None for no clipping."""
     if value is None:
         return None
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not (number > 0 and math.isfinite(number)):
-        raise BadInput(f"{name} {_shown(value)} must be a positive number, e.g. 1.0 (or no clipping at all)")
-    return number
+    return positive(value, name, what="a positive number, e.g. 1.0 (or no clipping at all)")
 
 
 def choice(value: Any, choices: Sequence[str], name: str) -> str:
@@ -189,23 +197,14 @@ def lr_scaling(value: Any, name: str = "lr_scaling") -> str:
 
 def above_one(value: Any, name: str, *, example: str) -> float:
     """A finite number above 1."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
+    number = _number(value)
     if not (number > 1 and math.isfinite(number)):
         raise BadInput(f"{name} {_shown(value)} must be a number above 1, e.g. {example}")
     return number
 
 
 def seconds(value: Any, name: str) -> float:
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not (number > 0 and math.isfinite(number)):
-        raise BadInput(f"{name} {_shown(value)} must be a positive number of seconds")
-    return number
+    return positive(value, name, what="a positive number of seconds")
 
 
 def snapshot_path(value: Any, name: str = "memory_snapshot") -> str | None:

@@ -6,19 +6,14 @@ No torch here: the planner and the reports use it too.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import json
 import math
 import os
 import signal
 import stat
 import threading
-import types
-import typing
 import uuid
-from collections.abc import Iterator, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,147 +57,19 @@ def open_envelope(data: Any, kind: str | None = None, *, source: str = "data") -
     return found, body
 
 
-def read_fields(cls: type, body: dict[str, Any], *, kind: str, source: str) -> dict[str, Any]:
-    """``body`` checked against the fields of the dataclass ``cls``, as its keyword arguments.
-
-    Every required field must be there and no unknown one; each value must have its annotated
-    JSON type (lists become the tuples the fields hold; null in a ``float`` field is the NaN or
-    infinity that :func:`dumps` wrote as null). Fields annotated with a class of their own (a
-    nested result) are left to the caller. ResultFileError names the field.
-    """
-    return read_dataclass(cls, body, kind=kind, source=source)
-
-
-def read_dataclass(cls: type, value: Any, *, kind: str, source: str, where: str = "") -> dict[str, Any]:
-    """:func:`read_fields` for a dataclass nested ``where`` inside a ``kind`` (a trial, a check)."""
-    types_, required = _field_types(cls)
-    return read_record(value, types_, required=required, extra=False, kind=kind, source=source, where=where)
-
-
-@functools.cache
-def _field_types(cls: type) -> tuple[Mapping[str, Any], frozenset[str]]:
-    """The dataclass ``cls``'s field types, resolved once (resolving string annotations compiles each one),
-    and the names of the fields without a default."""
-    hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)
-    required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING
-                         and f.default_factory is dataclasses.MISSING)
-    return types.MappingProxyType({f.name: hints[f.name] for f in fields}), required
-
-
-def read_record(value: Any, types_: Mapping[str, Any], *, kind: str, source: str, where: str = "",
-                required: AbstractSet[str] | None = None, extra: bool = True) -> dict[str, Any]:
-    """A JSON object (``where`` inside a ``kind`` read from ``source``) checked field by field against
-    ``types_`` (see :func:`read_fields`); ``required`` defaults to every field; ``extra`` lets fields
-    not in ``types_`` through unchecked."""
-    if not isinstance(value, dict):
-        raise invalid(kind, source, f"{where or 'the data'} is {_shown(value)}, expected an object")
-    prefix = f"{where}." if where else ""
-    for name in sorted(set(types_) if required is None else required):
-        if name not in value:
-            raise invalid(kind, source, f"the field {prefix}{name} is missing")
-    out = {}
-    for name, item in value.items():
-        if name not in types_:
-            if not extra:
-                raise invalid(kind, source, f"unknown field {prefix}{name}")
-            out[name] = item
-            continue
-        try:
-            out[name] = conform(item, types_[name], f"{prefix}{name}")
-        except _Mismatch as exc:
-            raise invalid(kind, source, f"{exc.where} is {_shown(exc.value)}, expected {exc.expected}") from None
-    return out
-
-
-def invalid(kind: str, source: str, why: str) -> ResultFileError:
-    """The one-line error for a ``kind`` in ``source`` that cannot be read back, and the fix."""
-    fix = f"write it again with {WRITTEN_BY[kind]}" if kind in WRITTEN_BY else "write it again with autotune"
-    return ResultFileError(f"{source}: not a valid {kind} ({why}); {fix}")
-
-
-class _Mismatch(Exception):
-    def __init__(self, where: str, value: Any, expected: str):
-        super().__init__(where)
-        self.where, self.value, self.expected = where, value, expected
-
-
-_PRIMITIVE = {bool: ("true or false", "true/false values"), int: ("a whole number", "whole numbers"),
-              float: ("a number", "numbers"), str: ("a string", "strings"), dict: ("an object", "objects")}
-
-
-def conform(value: Any, hint: Any, where: str) -> Any:
-    """``value`` (parsed JSON) as the type ``hint`` describes; raises _Mismatch when it is not one."""
-    if hint is Any:
-        return value
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return conform(value, option, where)
-            except _Mismatch:
-                pass
-        raise _Mismatch(where, value, _name(hint))
-    if hint in (int, float) and isinstance(value, bool):
-        raise _Mismatch(where, value, _name(hint))
-    if hint is float and (value is None or isinstance(value, (int, float))):
-        return math.nan if value is None else float(value)  # dumps writes NaN and infinity as null
-    if hint in (bool, int, str) and isinstance(value, hint):
-        return value
-    if (hint is dict or origin is dict) and isinstance(value, dict):
-        item = args[1] if args else Any
-        return {k: conform(v, item, f"{where}.{k}") for k, v in value.items()}
-    if origin in (tuple, list) and isinstance(value, list):
-        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
-            items = [conform(v, args[0] if args else Any, f"{where}[{i}]") for i, v in enumerate(value)]
-            return tuple(items) if origin is tuple else items
-        if len(value) == len(args):
-            return tuple(conform(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if isinstance(hint, type) and hint not in _PRIMITIVE and origin is None:
-        return value  # an object of its own (a nested result, a DataFrame): the caller builds it
-    raise _Mismatch(where, value, _name(hint))
-
-
-def _name(hint: Any, many: bool = False) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _name(a, many) for a in args)
-    if hint in _PRIMITIVE:
-        return _PRIMITIVE[hint][many]
-    if origin is dict:
-        return "objects" if many else "an object"
-    if origin in (tuple, list):
-        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
-            inner = _name(args[0], True) if args else "values"
-            return f"lists of {inner}" if many else f"a list of {inner}"
-        return f"lists of {len(args)}" if many else f"a list of {len(args)} ({', '.join(_name(a) for a in args)})"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _shown(value: Any) -> str:
-    """A JSON value as a person reads it in an error message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}" + ("..." if len(value) > 40 else "")
-    if isinstance(value, list):
-        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
-    if isinstance(value, dict):
-        return "an object"
-    return repr(value)
+_EXACT = {int, str, bool, type(None)}
 
 
 def _clean(value: Any) -> Any:
-    """JSON cannot hold NaN or infinity: write them as null."""
+    """JSON cannot hold NaN or infinity: write them as null. Lists of plain numbers pass at C speed."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        kinds = set(map(type, value))
+        if kinds <= _EXACT or (kinds == {float} and all(map(math.isfinite, value))):
+            return list(value)
         return [_clean(v) for v in value]
     return value
 

@@ -131,7 +131,7 @@ def test_large_targets_and_many_ranks_are_planned_without_loops_to_the_target():
     (18, [8, 8], None, 4, "target 18 is not a multiple of multiple_of 4: use target 16 or 20"),
     (10, [4, 4], [1.0], 1, "1 times per sample for 2 ranks"),
     (10, [4, 4], [1.0, 0.0], 1, "rank 1's time per sample 0.0 must be a positive number"),
-    (10, [4, 0], None, 1, "rank 1's max micro-batch 0 must be a whole number of at least 1"),
+    (10, [4, 0], None, 1, "rank 1's max micro-batch 0 must be at least 1"),
     (3 * 10**6, [1, 1], None, 1, "more than the 1,000,000 a plan may hold"),
 ])
 def test_split_errors_name_the_rank_and_the_fix(target, maxima, times, q, match):

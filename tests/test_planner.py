@@ -382,7 +382,7 @@ def test_note_when_max_is_above_the_probe():
     (dict(micro_batch=300), r"not the largest size 256"),
     (dict(uniform=False), r"uniform=False"),
     (dict(multiple_of=3), r"multiple of 3"),
-    (dict(target_batch=True), r"target_batch must be an integer"),
+    (dict(target_batch=True), r"target_batch True is not a whole number"),
     (dict(schedule=((256.0, 256, 256, 256),)), r"sizes must be integers"),
 ])
 def test_plan_validates_itself(change, match):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from .. import options
 from ..errors import PlanError, RanksDiffer
 from ..results.plan import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Plan
 from ..results.probe import ProbeResult
@@ -182,8 +183,7 @@ def _times(seconds_per_sample: Sequence[float] | None, unit_max: Sequence[int], 
 def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], int]:
     """(units, each rank's max in units, q) once a split can exist."""
     for name, value in (("target batch", target), ("multiple_of", q)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{name} {value!r} must be a whole number of at least 1")
+        options.whole(value, name, text=False, error=PlanError)
     if target > MAX_TARGET_BATCH:
         raise PlanError(f"target {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
                         "may hold: use a smaller target batch")
@@ -193,8 +193,7 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     if world > MAX_MICRO_BATCHES:
         raise PlanError(f"{world:,} ranks run more than the {MAX_MICRO_BATCHES:,} micro-batches a plan may hold")
     for r, m in enumerate(maxima):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise PlanError(f"rank {r}'s max micro-batch {m!r} must be a whole number of at least 1")
+        options.whole(m, f"rank {r}'s max micro-batch", text=False, error=PlanError)
         if m < q:
             raise PlanError(f"rank {r}'s max micro-batch {m} is smaller than multiple_of {q}: no micro-batch size is "
                             f"allowed there; use multiple_of {m} or less, or give that rank more memory")

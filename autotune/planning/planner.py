@@ -19,10 +19,10 @@ refused before any schedule is built, and no search loops up to the target.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from .. import options
 from ..errors import NoUniformPlan, PlanError
 from ..results.plan import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Plan, above_probe_note, arithmetic_line
 from ..results.probe import ProbeResult
@@ -37,20 +37,15 @@ Uniform = bool | Literal["force"] | None
 def world_size_from(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
     """(world size, where it came from): ``--world-size``, else ``$WORLD_SIZE`` as torchrun sets it, else 1."""
     if flag is not None:
-        if isinstance(flag, bool) or not isinstance(flag, int) or flag < 1:
-            raise PlanError(f"world_size {flag!r} must be a whole number of at least 1: pass 1 for one process")
-        return flag, "flag"
+        return options.whole(flag, "world_size", fix="pass 1 for one process", text=False, error=PlanError), "flag"
     text = env.get("WORLD_SIZE")
     if text is None:
         return 1, "default"
     try:
-        value = int(text.strip())
-    except ValueError:
-        value = 0
-    if value < 1:
+        return options.whole(text, "WORLD_SIZE", error=PlanError), "WORLD_SIZE"
+    except PlanError:
         raise PlanError(f"WORLD_SIZE={text!r} is not a whole number of at least 1 (torchrun sets it to the "
-                        "number of processes): unset it, or give world_size")
-    return value, "WORLD_SIZE"
+                        "number of processes): unset it, or give world_size") from None
 
 
 # ---- the arithmetic, in units of q -------------------------------------------------------------
@@ -187,15 +182,7 @@ def _build(target: int, m: int, world: int, q: int, steps: int, **fields) -> Pla
 
 
 def _whole(value: Any, what: str, fix: str) -> int:
-    if isinstance(value, bool):
-        raise PlanError(f"{what} {value!r} is not a whole number: {fix}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise PlanError(f"{what} {value!r} is not a whole number: {fix}") from None
-    if number < 1:
-        raise PlanError(f"{what} {number} must be at least 1: {fix}")
-    return number
+    return options.whole(value, what, fix=fix, text=False, error=PlanError)
 
 
 def _targets(below: int | None, above: int | None) -> str:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from ..serial import invalid, read_dataclass
+from .record import Record, Whole, one_of
 
 KINDS = ("cpu", "cuda", "estimate")
 #: How results written before DeviceInfo had a field for it said "the user's memory budget".
@@ -13,7 +13,7 @@ _LEGACY_BUDGET = "--memory-budget"
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeviceInfo:
+class DeviceInfo(Record):
     """A device as a result records it.
 
     ``capacity_bytes`` is what the fit rule's margin is taken from and
@@ -25,9 +25,9 @@ class DeviceInfo:
     """
 
     name: str
-    kind: str
+    kind: Annotated[str, one_of(KINDS)]
     estimated: bool
-    capacity_bytes: int
+    capacity_bytes: Whole
     capacity_source: str
     measured_by: str
     summary: str
@@ -50,28 +50,17 @@ class DeviceInfo:
     compute_capability: str | None = None  # "9.0": the GPU an estimate stood in for, or the GPU measured
     note: str | None = None
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         # torch.__version__ is a str subclass of torch's: kept as it is, a pickled result would import torch
         # wherever it is read (the service's server process, which never needs torch).
         object.__setattr__(self, "torch", str(self.torch))
-        if self.kind not in KINDS:
-            raise ValueError(f"device kind must be one of {KINDS}, got {self.kind!r}")
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"device capacity must be positive, got {self.capacity_bytes}")
         if self.other_processes is not None:
             object.__setattr__(self, "other_processes",
                                tuple((int(pid), int(n)) for pid, n in self.other_processes))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "device") -> DeviceInfo:
-        """A DeviceInfo inside a ``kind`` read from ``source`` (results of schema 1 included)."""
-        if isinstance(data, dict) and data.get("capacity_source") == _LEGACY_BUDGET and "budget_bytes" not in data:
-            data = {**data, "capacity_source": "memory budget", "budget_bytes": data.get("capacity_bytes")}
-        fields = read_dataclass(cls, data, kind=kind, source=source, where=where)
-        try:
-            return cls(**fields)
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"{where}: {exc}") from None
+    def upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Results of schema 1 said "the user's memory budget" in ``capacity_source`` alone."""
+        if data.get("capacity_source") == _LEGACY_BUDGET and "budget_bytes" not in data:
+            return {**data, "capacity_source": "memory budget", "budget_bytes": data.get("capacity_bytes")}
+        return data

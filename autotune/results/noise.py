@@ -10,14 +10,13 @@ the word to the user. No torch here.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from ..serial import invalid, read_dataclass
+from .record import Count, Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class NoiseStep:
+class NoiseStep(Record):
     """One optimizer step's raw estimates, and the smoothed noise scale after it (for plots)."""
 
     step: int                  # index of the optimizer step (counting every end_step)
@@ -31,7 +30,7 @@ class NoiseStep:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NoiseScaleEstimate:
+class NoiseScaleEstimate(Record):
     """The smoothed noise scale and what it rests on: what a run's result carries."""
 
     b_simple: float | None     # EMA(tr Σ) / EMA(|G|²), in items; None when either is <= 0 or no step counted
@@ -39,18 +38,14 @@ class NoiseScaleEstimate:
     high: float | None         # None with low set: unbounded above
     grad_sq: float | None      # EMA of the per-step |G|² (bias-corrected)
     trace_cov: float | None    # EMA of the per-step tr(Σ) (bias-corrected)
-    steps: int                 # optimizer steps with an estimate
-    skipped: int               # measured steps without one (one micro-batch, non-finite or split gradients)
+    steps: Count               # optimizer steps with an estimate
+    skipped: Count             # measured steps without one (one micro-batch, non-finite or split gradients)
     items_per_step: float | None  # mean N over the counted steps
     reason: str | None = None  # why there is no estimate, when steps == 0
     unit: str = "samples"      # what the batch sizes count: samples, or the items (tokens) the loss averages over
     history: tuple[NoiseStep, ...] = ()  # every counted step, oldest first (for plots)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "history", tuple(self.history))
-        for name in ("steps", "skipped"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} {getattr(self, name)} must be at least 0")
+    def validate(self) -> None:
         if not self.steps:
             return
         for name in ("grad_sq", "trace_cov", "items_per_step"):
@@ -65,20 +60,6 @@ class NoiseScaleEstimate:
                              "both above 0")
         if self.b_simple is not None and low is not None:
             raise ValueError(f"b_simple {self.b_simple} is given though {low} {getattr(self, low)} is not above 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "history": [asdict(step) for step in self.history]}
-
-    @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "noise_scale") -> NoiseScaleEstimate:
-        body = read_dataclass(cls, data, kind=kind, source=source, where=where)
-        try:
-            body["history"] = tuple(NoiseStep(**read_dataclass(NoiseStep, step, kind=kind, source=source,
-                                                               where=f"{where}.history[{i}]"))
-                                    for i, step in enumerate(body.get("history", ())))
-            return cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"{where}: {exc}") from None
 
 
 def describe(estimate: NoiseScaleEstimate, batch: float | None = None, *, unit: str | None = None) -> str:

@@ -9,23 +9,22 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Annotated, Any
 
 from ..errors import ResultFileError
-from ..serial import envelope, invalid, open_envelope, read_fields
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import PARALLEL, ProbeResult
 from .ranks import MixedRanks
+from .record import Record, Whole, derived, one_of
 from .tuning import Tuning
 
 MAX_TARGET_BATCH = 1_000_000_000
 MAX_MICRO_BATCHES = 1_000_000
-DERIVED = ("per_rank_batch", "arithmetic", "predicted_peak_bytes", "headroom_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Plan(Record):
     """How to run one optimizer step of exactly ``target_batch`` samples.
 
     ``schedule[r][i]`` is the micro-batch of rank ``r`` at micro-step ``i``;
@@ -41,34 +40,30 @@ class Plan:
     (``fully_shard``; its probe then sharded over exactly ``world_size`` ranks).
     """
 
-    target_batch: int
-    world_size: int
-    micro_batch: int
-    accumulation_steps: int
-    schedule: tuple[tuple[int, ...], ...]
-    uniform: bool
-    multiple_of: int = 1
-    max_micro_batch: int
+    KIND = "Plan"
+
+    target_batch: Whole
+    world_size: Whole
     world_size_source: str = "default"
-    probe: ProbeResult | None = None
+    parallel: Annotated[str, one_of(PARALLEL)] = "ddp"
+    micro_batch: Whole
+    accumulation_steps: Whole
+    multiple_of: Whole = 1
+    max_micro_batch: Whole
+    uniform: bool
+    schedule: tuple[tuple[int, ...], ...]
     notes: tuple[str, ...] = ()
     tuning: Tuning | None = None
-    parallel: str = "ddp"
     mixed: MixedRanks | None = None
+    probe: ProbeResult | None = None
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
         schedule = tuple(map(tuple, self.schedule))
         object.__setattr__(self, "schedule", schedule)
         if set(map(type, chain.from_iterable(schedule))) - {int}:
             bad = sorted({repr(b) for b in chain.from_iterable(schedule) if type(b) is not int})
             raise ValueError(f"schedule sizes must be integers, got {', '.join(bad)}")
-        object.__setattr__(self, "notes", tuple(self.notes))
-        for name in ("target_batch", "world_size", "micro_batch", "accumulation_steps", "multiple_of",
-                     "max_micro_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
         if self.target_batch > MAX_TARGET_BATCH:
             raise ValueError(f"target_batch {self.target_batch} is more than {MAX_TARGET_BATCH:,}")
         if self.world_size * self.accumulation_steps > MAX_MICRO_BATCHES:
@@ -95,8 +90,6 @@ class Plan:
             raise ValueError(f"uniform={self.uniform} but the sizes are {sorted(sizes)}")
         if not isinstance(self.world_size_source, str):
             raise ValueError(f"world_size_source must be a string, got {self.world_size_source!r}")
-        if self.parallel not in PARALLEL:
-            raise ValueError(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
         probed = self.probe.parallel if self.probe is not None else self.parallel
         if probed != self.parallel:
             raise ValueError(f"a plan for {self.parallel} needs a probe made for {self.parallel}, not {probed}")
@@ -139,11 +132,13 @@ class Plan:
         return None if self.probe is None else self.probe.device.budget_bytes
 
     @property
+    @derived(after="schedule")
     def per_rank_batch(self) -> tuple[int, ...]:
         """Samples each rank sees per optimizer step."""
         return tuple(map(sum, self.schedule))
 
     @property
+    @derived(after="schedule")
     def arithmetic(self) -> str:
         """One line a person checks by hand: ``1024 = 256 x 4 steps x 1 rank``, or for uneven
         sizes ``1021 = 3 x 255 + 1 x 256 over 4 steps x 1 rank`` (count x size); for mixed ranks
@@ -157,6 +152,7 @@ class Plan:
         return arithmetic_line(self.target_batch, self.world_size, self.accumulation_steps, counts)
 
     @property
+    @derived(after="schedule")
     def predicted_peak_bytes(self) -> int | None:
         """Peak memory at ``micro_batch``: measured when the probe confirmed that very size,
         else the probe's estimate; None without a probe. In a mixed plan: rank 0's, at its largest
@@ -166,6 +162,7 @@ class Plan:
         return None if self.probe is None else peak_at(self.probe, self.micro_batch)
 
     @property
+    @derived(after="schedule")
     def headroom_bytes(self) -> int | None:
         peak = self.predicted_peak_bytes
         usable = self.usable_bytes_of(0)
@@ -203,44 +200,10 @@ class Plan:
             lines.append(f"at micro-batch {probe.max_micro_batch}, {allocator}")
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
-        return envelope("Plan", {
-            "target_batch": self.target_batch,
-            "world_size": self.world_size,
-            "world_size_source": self.world_size_source,
-            "parallel": self.parallel,
-            "micro_batch": self.micro_batch,
-            "accumulation_steps": self.accumulation_steps,
-            "multiple_of": self.multiple_of,
-            "max_micro_batch": self.max_micro_batch,
-            "uniform": self.uniform,
-            "schedule": list(map(list, self.schedule)),
-            "per_rank_batch": list(self.per_rank_batch),
-            "arithmetic": self.arithmetic,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "notes": list(self.notes),
-            "tuning": None if self.tuning is None else self.tuning.to_dict(),
-            "mixed": None if self.mixed is None else self.mixed.to_dict(),
-            "probe": None if self.probe is None else self.probe.to_dict(),
-        })
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "data") -> Plan:
-        _, body = open_envelope(data, "Plan", source=source)
-        for derived in DERIVED:
-            body.pop(derived, None)
-        body = read_fields(cls, body, kind="Plan", source=source)
-        if body.get("probe") is not None:
-            body["probe"] = ProbeResult.from_dict(body["probe"], source=f"{source} (its probe)")
-        if body.get("tuning") is not None:
-            body["tuning"] = Tuning.from_dict(body["tuning"], kind="Plan", source=source)
-        try:
-            if body.get("mixed") is not None:
-                body["mixed"] = MixedRanks.from_dict(body["mixed"], kind="Plan", source=source)
-            plan = cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid("Plan", source, str(exc)) from None
+    def from_dict(cls, data: Any, *, source: str = "data", kind: str | None = None, where: str = "") -> Plan:
+        """The plan ``to_dict`` wrote; one whose schedule passes its probe's max is refused unless planned so."""
+        plan = super().from_dict(data, source=source)
         probed = plan.probe.max_micro_batch if plan.probe is not None and plan.mixed is None else None
         on_purpose = probed is not None and above_probe_note(plan.max_micro_batch, probed) in plan.notes
         if probed is not None and plan.micro_batch > probed and not on_purpose:

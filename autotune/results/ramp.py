@@ -9,17 +9,16 @@ decided from, and the factor on the learning rate.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
 from .. import options
-from ..serial import invalid, read_dataclass
+from .record import Count, Record, Rule, Whole
 
 
 @dataclass(frozen=True, kw_only=True)
-class RampConfig:
+class RampConfig(Record):
     """How the effective batch ramps up to the target (the rule: :mod:`autotune.planning.ramp`).
 
     ``start``: the first effective batch (``--ramp-from``), None for the smallest
@@ -31,53 +30,28 @@ class RampConfig:
     noise-scale estimates the ramp decides from.
     """
 
-    start: int | None = None
-    lr_scaling: str = options.DEFAULT_LR_SCALING
-    min_steps: int = options.RAMP_MIN_STEPS
-    growth: float = options.RAMP_GROWTH
-    window: int = options.RAMP_WINDOW
-
-    def __post_init__(self) -> None:
-        if self.start is not None:
-            object.__setattr__(self, "start", options.whole(self.start, "start", example="64"))
-        object.__setattr__(self, "lr_scaling", options.lr_scaling(self.lr_scaling))
-        object.__setattr__(self, "min_steps", options.whole(self.min_steps, "min_steps", example="10"))
-        object.__setattr__(self, "growth", options.above_one(self.growth, "growth", example="2.0"))
-        object.__setattr__(self, "window", options.whole(self.window, "window", least=2, example="20"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str) -> RampConfig:
-        body = read_dataclass(cls, data, kind=kind, source=source, where="ramp")
-        try:
-            return cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"ramp: {exc}") from None
+    start: Annotated[int, Rule(options.whole, example="64")] | None = None
+    lr_scaling: Annotated[str, Rule(options.lr_scaling)] = options.DEFAULT_LR_SCALING
+    min_steps: Annotated[int, Rule(options.whole, example="10")] = options.RAMP_MIN_STEPS
+    growth: Annotated[float, Rule(options.above_one, example="2.0")] = options.RAMP_GROWTH
+    window: Annotated[int, Rule(options.whole, least=2, example="20")] = options.RAMP_WINDOW
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchPhase:
+class BatchPhase(Record):
     """One phase of a ramp: from optimizer step ``first_step`` (0-based, an index into ``losses``) on, every
     step takes ``effective_batch`` samples over all ranks, split as ``schedule`` (per rank, per micro-step)."""
 
-    first_step: int
-    effective_batch: int
+    first_step: Count
+    effective_batch: Whole
     b_simple: float | None      # the smoothed noise scale when the phase was decided (None: not measured yet)
     low: float | None           # its 95% lower bound then (None: not bounded)
-    lr_scale: float             # the factor on the learning rate tuned for the target batch
+    lr_scale: Annotated[float, Rule(options.positive)]  # the factor on the learning rate tuned for the target batch
     schedule: tuple[tuple[int, ...], ...]
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         schedule = tuple(tuple(int(n) for n in row) for row in self.schedule)
         object.__setattr__(self, "schedule", schedule)
-        for name in ("first_step", "effective_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (name == "effective_batch"):
-                raise ValueError(f"{name} {value!r} must be a whole number of at least {int(name != 'first_step')}")
-        if not (self.lr_scale > 0 and math.isfinite(self.lr_scale)):
-            raise ValueError(f"lr_scale {self.lr_scale!r} must be a positive number")
         if not schedule or any(not row for row in schedule) or len({len(row) for row in schedule}) != 1:
             raise ValueError(f"schedule {[list(r) for r in schedule]}: every rank runs the same number (at least 1) "
                              "of micro-steps")
@@ -91,9 +65,6 @@ class BatchPhase:
     def micro_batch(self) -> int:
         """The largest micro-batch of the phase."""
         return max(max(row) for row in self.schedule)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "schedule": [list(row) for row in self.schedule]}
 
 
 def check_phases(phases: Sequence[BatchPhase], steps: int, world_size: int) -> None:
@@ -109,20 +80,6 @@ def check_phases(phases: Sequence[BatchPhase], steps: int, world_size: int) -> N
                              f"(step {phases[i - 1].first_step})")
         if phase.first_step >= steps:
             raise ValueError(f"batch_schedule[{i}] begins at step {phase.first_step}, past the {steps} steps run")
-
-
-def read_phases(value: Any, *, kind: str, source: str) -> tuple[BatchPhase, ...]:
-    """A ``batch_schedule`` read back from JSON."""
-    if not isinstance(value, (list, tuple)):
-        raise invalid(kind, source, f"batch_schedule is {type(value).__name__}, expected a list")
-    out = []
-    for i, item in enumerate(value):
-        body = read_dataclass(BatchPhase, item, kind=kind, source=source, where=f"batch_schedule[{i}]")
-        try:
-            out.append(BatchPhase(**body))
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"batch_schedule[{i}]: {exc}") from None
-    return tuple(out)
 
 
 def steps_per_phase(phases: Sequence[BatchPhase], steps: int) -> list[int]:

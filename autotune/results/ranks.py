@@ -6,11 +6,12 @@ No torch here.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
-from ..serial import read_dataclass
+from .. import options
 from ..units import format_bytes, plural
+from .record import Record, Rule, Whole, one_of
 
 #: How a rank's time per sample is known: timed on the rank itself, or a roofline estimate for a GPU by name.
 TIMED_BY = ("measured", "roofline")
@@ -19,7 +20,7 @@ BALANCED_BY = ("time", "memory")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankShare:
+class RankShare(Record):
     """One rank of a mixed plan: its device, its max micro-batch and memory, and its speed when known.
 
     ``peak_bytes`` is the predicted peak at this rank's largest micro-batch in the plan; ``budget_bytes`` the
@@ -28,23 +29,16 @@ class RankShare:
     """
 
     device: str
-    max_micro_batch: int
-    usable_bytes: int
+    max_micro_batch: Whole
+    usable_bytes: Whole
     budget_bytes: int | None = None
     peak_bytes: int | None = None
-    seconds_per_sample: float | None = None
+    seconds_per_sample: Annotated[float, Rule(options.seconds)] | None = None
     timed_by: str | None = None
     fingerprint: str | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("max_micro_batch", "usable_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"rank {name} must be an integer of at least 1, got {value!r}")
+    def validate(self) -> None:
         t = self.seconds_per_sample
-        number = isinstance(t, (int, float)) and not isinstance(t, bool)
-        if t is not None and not (number and t > 0 and math.isfinite(t)):
-            raise ValueError(f"seconds_per_sample must be a positive number or None, got {t!r}")
         if (t is None) != (self.timed_by is None) or (self.timed_by is not None and self.timed_by not in TIMED_BY):
             raise ValueError(f"timed_by must be one of {TIMED_BY} with a time per sample, None without; got "
                              f"{self.timed_by!r}")
@@ -57,7 +51,7 @@ class RankShare:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MixedRanks:
+class MixedRanks(Record):
     """How a plan shares the target over ranks that differ.
 
     ``ranks[r]``: rank ``r``. ``balanced_by``: "time" (every rank's time per sample known) or "memory".
@@ -68,19 +62,16 @@ class MixedRanks:
     """
 
     ranks: tuple[RankShare, ...]
-    balanced_by: str
+    balanced_by: Annotated[str, one_of(BALANCED_BY)]
     step_seconds: float | None = None
     uniform_per_rank: tuple[int, ...] | None = None
     uniform_micro_batch: int | None = None
     uniform_steps: int | None = None
     uniform_step_seconds: float | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ranks", tuple(self.ranks))
-        if not self.ranks or not all(isinstance(r, RankShare) for r in self.ranks):
+    def validate(self) -> None:
+        if not self.ranks:
             raise ValueError("ranks must be one RankShare per rank")
-        if self.balanced_by not in BALANCED_BY:
-            raise ValueError(f"balanced_by must be one of {BALANCED_BY}, got {self.balanced_by!r}")
         if self.uniform_per_rank is not None:
             object.__setattr__(self, "uniform_per_rank", tuple(int(n) for n in self.uniform_per_rank))
 
@@ -124,20 +115,6 @@ class MixedRanks:
             most = max(map(len, schedule))
             text += f"; the slowest rank runs {plural(most, 'micro-step')} instead of {self.uniform_steps}"
         return text
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["ranks"] = [asdict(r) for r in self.ranks]
-        out["uniform_per_rank"] = None if self.uniform_per_rank is None else list(self.uniform_per_rank)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str) -> MixedRanks:
-        fields = read_dataclass(cls, data, kind=kind, source=source, where="mixed")
-        fields["ranks"] = tuple(RankShare(**read_dataclass(RankShare, row, kind=kind, source=source,
-                                                           where=f"mixed.ranks[{i}]"))
-                                for i, row in enumerate(fields.get("ranks") or ()))
-        return cls(**fields)
 
 
 def _seconds(value: float) -> str:

@@ -6,11 +6,11 @@ Attached to a ProbeResult (``memory``) when a memory snapshot was asked for
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated
 
-from ..serial import invalid, read_dataclass
 from ..units import format_bytes
+from .record import Record, Whole, one_of
 
 #: What a part of the peak is. Tensors: parameters, gradients, optimizer_state, activations (activations, the
 #: batch and every temporary, by the module that made them). The allocator's own: workspace (cuBLAS, kernel
@@ -22,17 +22,13 @@ SERIES = ("parameters", "gradients", "optimizer_state", "activations", "workspac
 
 
 @dataclass(frozen=True, kw_only=True)
-class PeakPart:
+class PeakPart(Record):
     """Bytes of one kind at the peak, held by ``name`` (a module family such as ``blocks.*.attn`` for
     activations, the workspace's name, ``""`` for all of a kind)."""
 
-    kind: str
+    kind: Annotated[str, one_of(KINDS)]
     name: str
     bytes: int
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"peak part kind must be one of {KINDS}, got {self.kind!r}")
 
     @property
     def label(self) -> str:
@@ -45,7 +41,7 @@ class PeakPart:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AllocatorOption:
+class AllocatorOption(Record):
     """The fit rule at the timeline's micro-batch under one allocator setting (the simulation's figures).
 
     ``setting`` is what was added to the user's settings (``""`` for the user's own), ``conf`` the whole
@@ -65,7 +61,7 @@ class AllocatorOption:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RealTimeline:
+class RealTimeline(Record):
     """A real GPU's recorded snapshot (``torch.cuda.memory._record_memory_history``) of the fit rule at the
     same micro-batch, beside the prediction: (allocation number, reserved, requested bytes) points of each."""
 
@@ -83,7 +79,7 @@ class RealTimeline:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MemoryTimeline:
+class MemoryTimeline(Record):
     """The fit rule at ``batch`` allocation by allocation (the estimate's, ``simulated`` through the caching
     allocator when it stands in for a GPU): the peak, what is live there, and the timeline.
 
@@ -94,7 +90,7 @@ class MemoryTimeline:
     allocator settings, ``advice`` says which one helps.
     """
 
-    batch: int
+    batch: Whole
     simulated: bool
     reserved_peak_bytes: int
     allocated_peak_bytes: int
@@ -110,12 +106,6 @@ class MemoryTimeline:
     advice: tuple[str, ...] = ()
     snapshot_file: str | None = None
     real: RealTimeline | None = field(default=None)
-
-    def __post_init__(self) -> None:
-        if self.batch < 1:
-            raise ValueError(f"timeline batch must be at least 1, got {self.batch}")
-        for name in ("parts", "phases", "series", "options", "advice"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def top(self, n: int = 5) -> list[PeakPart]:
         """The ``n`` largest parts inside the allocator."""
@@ -142,23 +132,3 @@ class MemoryTimeline:
             out.append(f"memory snapshot: {self.snapshot_file} (python -m torch.cuda._memory_viz trace_plot "
                        f"{self.snapshot_file} -o memory.html, or pytorch.org/memory_viz)")
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "memory") -> MemoryTimeline:
-        body = read_dataclass(cls, data, kind=kind, source=source, where=where)
-        try:
-            body["parts"] = tuple(PeakPart(**read_dataclass(PeakPart, p, kind=kind, source=source,
-                                                            where=f"{where}.parts[{i}]"))
-                                  for i, p in enumerate(body.get("parts", ())))
-            body["options"] = tuple(AllocatorOption(**read_dataclass(AllocatorOption, o, kind=kind, source=source,
-                                                                     where=f"{where}.options[{i}]"))
-                                    for i, o in enumerate(body.get("options", ())))
-            if body.get("real") is not None:
-                body["real"] = RealTimeline(**read_dataclass(RealTimeline, body["real"], kind=kind, source=source,
-                                                             where=f"{where}.real"))
-            return cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"{where}: {exc}") from None

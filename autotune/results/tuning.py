@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..serial import invalid, read_dataclass
+from .record import Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeadToHead:
+class HeadToHead(Record):
     """The fastest candidate against the untuned plan, interleaved: its speed-up and the half-width of
     that ratio's ~95% interval over ``rounds`` rounds (None when it could not run, and ``why``)."""
 
@@ -20,7 +20,7 @@ class HeadToHead:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Candidate:
+class Candidate(Record):
     """One exact plan the tuner considered: its micro-batch, options, and what it measured.
 
     ``samples_per_s`` is None when it did not run (``why`` says so: estimated over the
@@ -55,7 +55,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Tuning:
+class Tuning(Record):
     """What the tuner measured: every candidate, the untuned plan (``baseline``), the fastest, the
     one chosen, and the head-to-head ratio that decided between them."""
 
@@ -72,46 +72,18 @@ class Tuning:
     study_name: str = ""
     timing: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "candidates", tuple(self.candidates))
-
     def is_chosen(self, candidate: Candidate) -> bool:
         return candidate.key == self.chosen.key
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, data: Any, *, kind: str, source: str, where: str = "tuning") -> Tuning:
-        if isinstance(data, dict) and "steps_per_trial" in data:  # written by schema 1: no baseline yet
-            data = _from_schema1(data)
-        body = read_dataclass(cls, data, kind=kind, source=source, where=where)
-
-        def candidate(value: Any, at: str) -> Candidate | None:
-            if value is None:
-                return None
-            row = read_dataclass(Candidate, value, kind=kind, source=source, where=at)
-            if row.get("head_to_head") is not None:
-                row["head_to_head"] = HeadToHead(**read_dataclass(HeadToHead, row["head_to_head"], kind=kind,
-                                                                  source=source, where=f"{at}.head_to_head"))
-            return Candidate(**row)
-
-        try:
-            body["candidates"] = tuple(candidate(c, f"{where}.candidates[{i}]")
-                                       for i, c in enumerate(body["candidates"]))
-            for name in ("chosen", "baseline", "fastest"):
-                body[name] = candidate(body.get(name), f"{where}.{name}")
-            return cls(**body)
-        except (TypeError, ValueError) as exc:
-            raise invalid(kind, source, f"{where}: {exc}") from None
-
-
-def _from_schema1(data: dict[str, Any]) -> dict[str, Any]:
-    """A tuning record of schema 1 (median of two steps, no baseline) in today's fields."""
-    data = {k: v for k, v in data.items() if k != "steps_per_trial"}
-    chosen = data.get("chosen")
-    if isinstance(chosen, dict) and "accumulation_steps" not in chosen:
-        same = [c for c in data.get("candidates") or [] if isinstance(c, dict)
-                and c.get("micro_batch") == chosen.get("micro_batch")]
-        data["chosen"] = same[0] if same else chosen
-    return data
+    def upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A tuning record of schema 1 (median of two steps, no baseline) in today's fields."""
+        if "steps_per_trial" not in data:
+            return data
+        data = {k: v for k, v in data.items() if k != "steps_per_trial"}
+        chosen = data.get("chosen")
+        if isinstance(chosen, dict) and "accumulation_steps" not in chosen:
+            same = [c for c in data.get("candidates") or [] if isinstance(c, dict)
+                    and c.get("micro_batch") == chosen.get("micro_batch")]
+            data["chosen"] = same[0] if same else chosen
+        return data

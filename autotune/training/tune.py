@@ -104,8 +104,7 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     """
     if device.estimated:
         raise BadInput("tuning measures real throughput: give a real device (cpu or cuda:N), not estimate")
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise BadInput(f"trials {trials!r} must be a whole number of at least 1")
+    trials = options.whole(trials, "trials", text=False)
     check_storage(storage)
     check_plan(target_batch, target_batch, world_size=world_size, multiple_of=multiple_of)
     timing = timing or Timing()

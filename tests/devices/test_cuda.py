@@ -215,7 +215,7 @@ def test_capacity_with_nvml_is_nvml_free_plus_reserved():
     desc = dev.describe().to_dict()
     assert desc["note"] is None
     assert desc["capacity_source"] == "NVML free memory + this process's reserved memory"
-    assert desc["other_processes"] == ((111, 8 * GiB), (222, 10 * GiB))
+    assert desc["other_processes"] == [[111, 8 * GiB], [222, 10 * GiB]]  # plain JSON data: lists
     assert (desc["driver"], desc["model"], desc["name"], desc["free_bytes"]) == (
         "550.54.15", "NVML GPU 1", "cuda:1", 60 * GiB)
 
