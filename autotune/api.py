@@ -1,30 +1,33 @@
 """The public API: probe a workload on a device, plan, (tune), run, for the command line and for programs.
 
-Every function takes what the command line takes (a probe spec such as "mlp"
-or "model.py:build", a device name, a size string such as "8GiB") as well as
-objects (a Workload, a Device), and checks every argument with autotune's
-errors, which name the parameter.
+Each verb takes what the command line takes (a probe spec such as "mlp" or "model.py:build", a device
+name, a size string such as "8GiB") as well as objects (a Workload, a Device), makes one request of them
+(:mod:`autotune.results.request`, every argument checked there, once, naming the parameter) and hands
+it on; the command line and the service build the same requests and call the request's own verb
+(:func:`probe_for`, :func:`plan_for`). The stages read as::
+
+    result = probe_for(request.probe, store=store)     # the store is a cache around the probe
+    plan = planner(result)                             # pure arithmetic
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
-from .probing.fsdp import FsdpRule
+from .planning.requests import plan_request, probe_request, this_rank
+from .probing.fsdp import fit_kwargs
 from .results.device import DeviceInfo
 from .results.probe import ProbeResult
+from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
 from .training import distributed
 from .units import plural
-from .workload import DEFAULT_PROBE, Workload, load_workload
+from .workload import Workload, load_workload
 
 if TYPE_CHECKING:
     from .planning.planner import Uniform
@@ -35,48 +38,57 @@ if TYPE_CHECKING:
 
 Spec = Workload | str | None
 StoreSpec: TypeAlias = "Store | str | Literal[False] | None"
-#: The plan store used when none is given.
-STORE_VARIABLE = "AUTOTUNE_STORE"
 
 
-def resolve(workload: Spec, device: Device | str, memory_budget: Any) -> tuple[Workload, Device]:
-    """Turn names into objects; device errors come before the workload is built.
+@dataclass(frozen=True)
+class Given:
+    """Objects given to the API beside a request (which names them): a Workload, a Device."""
 
-    Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU, and a device or a
-    memory budget given once per rank (``"cpu"`` and ``"8MiB,3MiB"``) is this rank's.
-    """
-    device, budget = _this_rank(device, memory_budget)
-    if device == "auto" and distributed.active():
-        device = distributed.local_device_name()
-    if isinstance(device, str):
-        dev = get_device(device, memory_budget=budget)
-    elif all(hasattr(device, a) for a in ("capacity_bytes", "measure", "estimator")):
-        dev = device
-    else:
-        raise BadInput(f"device {device!r} is neither a device name (auto, cpu, cuda:N, estimate) nor a Device")
-    if workload is not None and not isinstance(workload, (Workload, str)):
-        raise BadInput(f"workload {workload!r} is neither a Workload nor a probe spec (a built-in name such as "
-                       "'mlp', a .py file, or package.module[:function])")
-    wl = workload if isinstance(workload, Workload) else load_workload(workload)
+    workload: Workload | None = None
+    device: Device | None = None
+
+    @classmethod
+    def of(cls, workload: Any = None, device: Any = None) -> Given:
+        if workload is not None and not isinstance(workload, (Workload, str)):
+            raise BadInput(f"workload {workload!r} is neither a Workload nor a probe spec (a built-in name such as "
+                           "'mlp', a .py file, or package.module[:function])")
+        return cls(workload if isinstance(workload, Workload) else None,
+                   device if device is not None and not isinstance(device, (str, list, tuple)) else None)
+
+
+def group() -> tuple[int, int] | None:
+    """(world size, rank) of this process's process group, or None outside one."""
+    return (distributed.world_size(), distributed.rank()) if distributed.active() else None
+
+
+def resolve(request: ProbeRequest, given: Given = Given()) -> tuple[Workload, Device]:
+    """The Workload and the Device a request names (the objects given when there are); device errors come
+    before the workload is built. Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU."""
+    dev = given.device
+    if dev is None:
+        name = distributed.local_device_name() if request.device == "auto" and distributed.active() else \
+            request.device
+        dev = get_device(name, memory_budget=request.memory_budget)
+    wl = given.workload if given.workload is not None else load_workload(request.workload)
     return wl, dev
 
 
-def _this_rank(device: Device | str, memory_budget: Any) -> tuple[Device | str, int | None]:
-    """The device and budget of this process: under torchrun, its rank's item of a per-rank list."""
-    devices = options.per_rank(device, "device") if isinstance(device, (str, list, tuple)) else (device,)
-    budgets = options.memory_budgets(memory_budget)
-    listed = max(len(devices), len(budgets))
-    if listed == 1:
-        return devices[0], budgets[0]
-    if not distributed.active():
-        raise BadInput(f"a device or memory_budget per rank ({listed} given) is for a plan of several ranks, or for "
-                       "each rank of a torchrun job: plan with it, or launch that many processes")
-    rank, world = distributed.rank(), distributed.world_size()
-    for name, values in (("device", devices), ("memory_budget", budgets)):
-        if len(values) not in (1, world):
-            raise BadInput(f"{name} lists {len(values)} values for the {plural(world, 'rank')} running: give one, or "
-                           f"one per rank")
-    return devices[rank % len(devices)], budgets[rank % len(budgets)]
+def open_store(store: StoreSpec) -> Store | None:
+    """The plan store to use: ``store`` itself, the one at its URL, ``$AUTOTUNE_STORE``'s when None, none when False."""
+    if store is None:
+        store = options.store_from_environment() or False
+    if store is False:
+        return None
+    if isinstance(store, str):
+        from .store import open_store as open_url
+
+        return open_url(store)
+    if not all(hasattr(store, a) for a in ("get", "claim", "put")):
+        raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
+    return store
+
+
+# ---- probe -------------------------------------------------------------------------------------------------
 
 
 def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
@@ -101,45 +113,52 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     where the peak comes from, what would lower it most, and which allocator settings fit more (see
     :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
     """
-    return _probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
-                  data_parallel=data_parallel, parallel=parallel, world_size=world_size, store=store,
-                  memory_snapshot=memory_snapshot, at=at)
+    request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
+                            max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
+                            world_size=world_size, group=group())
+    return probe_for(request, store=store, given=Given.of(workload, device),
+                     snapshot=Snapshot.of(memory_snapshot, at))
 
 
-def _probe(workload: Spec, *, device: Device | str, memory_budget: int | str | None, margin: float, max_batch: int,
-           data_parallel: bool | None, parallel: str, world_size: int | None, store: StoreSpec,
-           memory_snapshot: str | os.PathLike[str] | bool | None, at: int | Callable[[ProbeResult], int] | None
-           ) -> ProbeResult:
-    margin = options.margin(margin)
-    if isinstance(at, int):
-        at = options.whole(at, "at")
-    path = options.snapshot_path(memory_snapshot)
-    max_batch = options.whole(max_batch, "max_batch")
-    parallel = options.parallel(parallel)
-    if world_size is not None:
-        world_size = options.whole(world_size, "world_size")
-    world, _ = _world_size(world_size, None)
-    kept = _open_store(store)
-    wl, dev = resolve(workload, device, memory_budget)
-    if data_parallel is None:
-        data_parallel = distributed.active() or (world_size or 1) > 1
-    ranks = _devices_if_they_differ([dev.describe()]) if distributed.active() else None
-    if memory_snapshot and not dev.estimated and dev.torch_device.type == "cuda":
+def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = Given(),
+              snapshot: Snapshot | None = None) -> ProbeResult:
+    """The probe a request asks for, through the plan store when there is one (a cache around the probe);
+    under torchrun the ranks agree on the smallest maximum. ``snapshot``: also the memory timeline at its
+    size (default: the max micro-batch)."""
+    wl, dev = resolve(request, given)
+    if snapshot is not None and not dev.estimated and dev.torch_device.type == "cuda":
         from .devices.history import RecordingDevice
 
         dev = RecordingDevice(dev)  # the confirm run records the GPU allocator's history
-    result = _probe_here(wl, dev, margin=margin, max_batch=max_batch, data_parallel=data_parallel,
-                         parallel=parallel, world=world, rank=distributed.rank(), kept=kept, ranks=ranks)
+    ranks = _devices_if_they_differ([dev.describe()]) if distributed.active() else None
+    result = _probe_one(request, wl, dev, open_store(store), ranks)
     if distributed.active():
         result = agree_across_ranks(result)
-    result = replace(result, source=_source(workload))
-    if memory_snapshot:
-        from .probing.memory import explain
+    return explained(result, request, wl, dev, snapshot)
 
-        batch = at(result) if callable(at) else at
-        result = replace(result, memory=explain(result, wl, dev, batch=batch, path=path,
-                                                rule=_rule(parallel, world, distributed.rank(), data_parallel)))
-    return result
+
+def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | None,
+               ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
+    """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
+    device when they differ (the store's fingerprint covers them)."""
+    rule = request.rule
+    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
+                 (f" (FSDP over {plural(rule.world_size, 'rank')})" if rule.sharded else ""))
+    result = cached.probe(kept, request, wl, dev, ranks=ranks)
+    return replace(result, source=request.workload)
+
+
+def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,
+              snapshot: Snapshot | None, *, at: int | None = None) -> ProbeResult:
+    """``result`` with its memory timeline when a snapshot was asked for (at ``snapshot.at``, else ``at``,
+    else the max micro-batch)."""
+    if snapshot is None:
+        return result
+    from .probing.memory import explain
+
+    batch = snapshot.at if snapshot.at is not None else at
+    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path,
+                                          rule=fit_kwargs(request.rule)))
 
 
 def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,
@@ -158,24 +177,6 @@ def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, 
                  parallel=parallel, world_size=world_size, memory_snapshot=path if path is not None else True, at=at)
 
 
-def _rule(parallel: str, world: int, rank: int, data_parallel: bool) -> dict[str, Any]:
-    """How the fit rule runs: FSDP's sharding over ``world`` as ``rank``, else whether DDP's buckets are held."""
-    if parallel == "fsdp":
-        return {"sharding": FsdpRule(world, rank)}
-    return {"data_parallel": bool(data_parallel)}
-
-
-def _probe_here(wl: Workload, dev: Device, *, margin: float, max_batch: int, data_parallel: bool, parallel: str,
-                world: int, rank: int, kept: Store | None, ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
-    """One device's probe, through the store when there is one, as rank ``rank`` of ``world`` (an FSDP probe
-    shards over them); ``ranks``: every rank's device, when they differ (the store's fingerprint covers them)."""
-    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
-                 (f" (FSDP over {plural(world, 'rank')})" if parallel == "fsdp" else ""))
-    rule = _rule(parallel, world, rank, data_parallel)
-    return cached.probe(kept, wl, dev, margin=margin, max_batch=max_batch, world_size=world, rule=rule,
-                        parallel=parallel, ranks=ranks)
-
-
 def _devices_if_they_differ(mine: list[DeviceInfo]) -> tuple[DeviceInfo, ...] | None:
     """Every rank's device (gathered under torchrun; ``mine`` lists them all otherwise), or None when they are
     alike (their kind, GPU model and capacity)."""
@@ -183,21 +184,6 @@ def _devices_if_they_differ(mine: list[DeviceInfo]) -> tuple[DeviceInfo, ...] | 
 
     infos = [i for got in gather_objects(mine) for i in got] if distributed.active() else mine
     return tuple(infos) if len({rank_key(i) for i in infos}) > 1 else None
-
-
-def _open_store(store: StoreSpec) -> Store | None:
-    """The plan store to use: ``store`` itself, the one at its URL, ``$AUTOTUNE_STORE``'s when None, none when False."""
-    if store is None:
-        store = os.environ.get(STORE_VARIABLE, "").strip() or False
-    if store is False:
-        return None
-    if isinstance(store, str):
-        from .store import open_store
-
-        return open_store(store)
-    if not all(hasattr(store, a) for a in ("get", "claim", "put")):
-        raise BadInput(f"store {store!r} is neither a database URL (e.g. sqlite:///plans.db) nor a Store")
-    return store
 
 
 def agree_across_ranks(result: ProbeResult) -> ProbeResult:
@@ -214,17 +200,7 @@ def agree_across_ranks(result: ProbeResult) -> ProbeResult:
                                          f"the peak at {low} is estimated",))
 
 
-def _source(workload: Workload | str | None) -> str | None:
-    """How to load the workload again, when it came from a probe spec."""
-    return None if isinstance(workload, Workload) else _portable(workload or DEFAULT_PROBE)
-
-
-def _portable(spec: str) -> str:
-    """A probe spec that still loads from another folder: files become absolute paths."""
-    path, _, func = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
-    if Path(path).is_file():
-        return str(Path(path).resolve()) + (f":{func}" if func else "")
-    return spec
+# ---- plan --------------------------------------------------------------------------------------------------
 
 
 def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
@@ -256,198 +232,131 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
     name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
     """
-    from .planning.planner import UNIFORM, check_plan
+    request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
+                           margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
+                           uniform_ranks=uniform_ranks, parallel=parallel, tune=tune, trials=trials,
+                           storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
+                           env=env, group=group())
+    return plan_for(request, store=store, given=Given.of(workload, device))
 
-    target_batch = options.whole(target_batch, "target_batch", example="1024")
-    margin = options.margin(margin)
-    multiple_of = options.whole(multiple_of, "multiple_of")
-    trials = options.whole(trials, "trials")
-    parallel = options.parallel(parallel)
-    if world_size is not None:
-        world_size = options.whole(world_size, "world_size")
-    if uniform not in UNIFORM:
-        raise BadInput(f"uniform {uniform!r} must be True, False, None or 'force'")
-    devices = options.per_rank(device, "device") if isinstance(device, (str, list, tuple)) else (device,)
-    budgets = options.memory_budgets(memory_budget)
-    world, source = _world_size(world_size, env, _listed(devices, budgets))
-    # Reject a target that can never be planned, or a storage that cannot open, before a probe.
-    check_plan(target_batch, max(1, target_batch), world_size=world, multiple_of=multiple_of)
-    if not tune and (storage is not None or study_name is not None):
-        raise BadInput("storage and study_name are for tune=True: pass tune=True, or leave them out")
-    if tune and parallel == "fsdp":
-        raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
-    if memory_snapshot and tune:
-        raise BadInput("memory_snapshot is for plans made without tune=True: drop one of them")
-    if memory_snapshot and _listed(devices, budgets) is not None:
-        raise BadInput("memory_snapshot is for one device: drop the device or memory_budget per rank, or the snapshot")
-    kept = _open_store(store)
-    settings = _Settings(target=target_batch, margin=margin, multiple_of=multiple_of, uniform=uniform,
-                         parallel=parallel, world=world, source=source, kept=kept, uniform_ranks=bool(uniform_ranks),
-                         snapshot=memory_snapshot, at=at)
-    if tune:
-        if len(devices) > 1 or len(budgets) > 1:
-            raise BadInput("tuning times one device: tune without a device or memory_budget per rank")
-        return _tuned(settings, workload, device, memory_budget, trials, storage, study_name)
-    if not distributed.active() and len(devices) == len(budgets) == 1:
-        return _plan_alike(settings, workload, device, memory_budget)
-    wl = workload if isinstance(workload, Workload) else load_workload(workload)
+
+def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Given()) -> Plan:
+    """The plan a request asks for: one probe (through the store when there is one), then the planner."""
+    kept = open_store(store)
+    if request.tuning is not None:
+        return _tuned(request, given, kept)
+    if request.ranks:
+        wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
+        devices = {r.rule.rank: resolve(r, Given(wl))[1] for r in request.ranks}
+        ranks = _devices_if_they_differ([d.describe() for d in devices.values()])
+        if ranks is not None:
+            return _plan_mixed(request, wl, devices, ranks, kept)
+        request = replace(request, ranks=())  # devices listed, all alike: one probe serves
+        given = Given(wl, devices[0])
     if distributed.active():
-        wl, dev = resolve(wl, device, memory_budget)
+        wl, dev = resolve(request.probe, given)
         ranks = _devices_if_they_differ([dev.describe()])
-        if ranks is None or settings.uniform_ranks:
-            return _plan_alike(settings, wl, dev, None, source=_source(workload))
-        return _plan_mixed(settings, wl, {distributed.rank(): dev}, ranks, _source(workload))
-    per_rank = {r: resolve(wl, devices[r % len(devices)], budgets[r % len(budgets)])[1] for r in range(world)}
-    ranks = _devices_if_they_differ([d.describe() for d in per_rank.values()])
-    if ranks is None:
-        return _plan_alike(settings, wl, per_rank[0], None, source=_source(workload))
-    return _plan_mixed(settings, wl, per_rank, ranks, _source(workload))
+        if ranks is not None and not request.uniform_ranks:
+            return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, kept)
+        given = Given(wl, dev)
+    return _plan_alike(request, given, kept)
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """What every way of planning takes, checked once by :func:`plan`."""
-
-    target: int
-    margin: float
-    multiple_of: int
-    uniform: Uniform
-    parallel: str
-    world: int
-    source: str
-    kept: Store | None
-    uniform_ranks: bool
-    snapshot: str | os.PathLike[str] | bool | None = None
-    at: int | None = None
-
-
-def _tuned(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, trials: int,
-           storage: str | None, study_name: str | None) -> Plan:
-    from .planning.probed import measured_or_assumed
-    from .training.study import check_storage
-    from .training.tune import tune as run_tune
-
-    check_storage(storage)
-    if distributed.active():
-        raise BadInput(f"tuning times one process: tune without torchrun, with world_size={s.world}")
-    wl, dev = resolve(workload, device, memory_budget)
-    if s.kept is not None:
-        log.progress("the plan store is not used with tune=True: tuning measures throughput here")
-    tuned = run_tune(wl, dev, s.target, world_size=s.world, multiple_of=s.multiple_of, uniform=s.uniform,
-                     margin=s.margin, trials=trials, storage=storage, study_name=study_name,
-                     world_size_source=s.source)
-    assert tuned.probe is not None
-    return replace(tuned, probe=replace(tuned.probe, source=_source(workload)),
-                   notes=tuned.notes + measured_or_assumed(tuned.probe, s.world, s.source))
-
-
-def _plan_alike(s: _Settings, workload: Spec, device: Device | str, memory_budget: Any, *,
-                source: str | None = None) -> Plan:
+def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
     """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
-    from .planning.planner import make_plan
     from .planning.probed import plan_probed
 
-    def planned_batch(r: ProbeResult) -> int:
-        return make_plan(s.target, r.max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
-                         uniform=s.uniform, probe=r, world_size_source=s.source).micro_batch
-
-    result = _probe(workload, device=device, memory_budget=memory_budget, margin=s.margin,
-                    max_batch=math.ceil(s.target / s.world), data_parallel=s.world > 1, parallel=s.parallel,
-                    world_size=s.world, store=s.kept if s.kept is not None else False, memory_snapshot=s.snapshot,
-                    at=s.at if s.at is not None else planned_batch)
-    if source is not None:
-        result = replace(result, source=source)
-    made = plan_probed(s.target, result, world_size=s.world, world_size_source=s.source,
-                       multiple_of=s.multiple_of, uniform=s.uniform)
-    if s.kept is not None and result.fingerprint is not None:
-        s.kept.put(result.fingerprint, plan=made)  # kept beside its probe
+    wl, dev = resolve(request.probe, given)
+    result = probe_for(request.probe, store=kept if kept is not None else False, given=Given(wl, dev))
+    made = plan_probed(request.target_batch, result, world_size=request.world_size,
+                       world_size_source=request.world_size_source, multiple_of=request.multiple_of,
+                       uniform=request.uniform)
+    if kept is not None and result.fingerprint is not None:
+        kept.put(result.fingerprint, plan=made)  # kept beside its probe
+    if request.snapshot is not None:
+        made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
     return made
 
 
-def _plan_mixed(s: _Settings, wl: Workload, devices: dict[int, Device], ranks: tuple[DeviceInfo, ...],
-                source: str | None) -> Plan:
+def _tuned(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
+    from .planning.probed import measured_or_assumed
+    from .training.tune import tune as run_tune
+
+    assert request.tuning is not None
+    wl, dev = resolve(request.probe, given)
+    if kept is not None:
+        log.progress("the plan store is not used with tune=True: tuning measures throughput here")
+    t = request.tuning
+    tuned = run_tune(wl, dev, request.target_batch, world_size=request.world_size, multiple_of=request.multiple_of,
+                     uniform=request.uniform, margin=request.probe.margin, trials=t.trials, storage=t.storage,
+                     study_name=t.study_name, world_size_source=request.world_size_source)
+    assert tuned.probe is not None
+    return replace(tuned, probe=replace(tuned.probe, source=request.probe.workload),
+                   notes=tuned.notes + measured_or_assumed(tuned.probe, request.world_size, request.world_size_source))
+
+
+def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], ranks: tuple[DeviceInfo, ...],
+                kept: Store | None) -> Plan:
     """Ranks that differ: each rank's device probed (here: every one of ``devices``, each distinct device once;
     under torchrun: this rank's, the others gathered), its speed known where it can be, then one plan that
     gives each rank its own micro-batch and micro-steps (or, with ``uniform_ranks``, the smallest-for-all)."""
-    from .planning.mixed import make_mixed_plan
-    from .planning.planner import make_plan
-    from .results.plan import peak_at
-    from .training.ranks import gather_objects, ranks_note, share_of, speed
+    from .training.ranks import gather_objects, speed
 
-    limit = math.ceil(s.target / s.world) if s.uniform_ranks else max(1, s.target - (s.world - 1) * s.multiple_of)
+    asked = {r.rule.rank: r for r in request.ranks} or \
+        {distributed.rank(): replace(request.probe, max_batch=_mixed_limit(request))}
     done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
     for r, dev in devices.items():
         twin = next((q for q in done if devices[q] is dev or _same_device(devices[q], dev)), None)
         if twin is not None:
             done[r] = done[twin]
             continue
-        result = replace(_probe_here(wl, dev, margin=s.margin, max_batch=limit, data_parallel=True,
-                                     parallel=s.parallel, world=s.world, rank=r, kept=s.kept, ranks=ranks),
-                         source=source)
-        done[r] = (result, *((None, None) if s.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
+        result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+        done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
     gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
-    probes = [gathered[r][0] for r in range(s.world)]
-    mine = probes[distributed.rank()]
-    if s.uniform_ranks:
-        low = min(range(s.world), key=lambda r: probes[r].max_micro_batch)
-        made = make_plan(s.target, probes[low].max_micro_batch, world_size=s.world, multiple_of=s.multiple_of,
-                         uniform=s.uniform, probe=probes[low], world_size_source=s.source)
-        note = (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
-                f"(max micro-batch per rank: {', '.join(str(p.max_micro_batch) for p in probes)})")
-        made = replace(made, notes=made.notes + (note, ranks_note([i.name for i in ranks], s.source)))
-    else:
-        shares = [share_of(*gathered[r]) for r in range(s.world)]
-        made = make_mixed_plan(s.target, shares, multiple_of=s.multiple_of, uniform=s.uniform, probe=mine,
-                               world_size_source=s.source, parallel=s.parallel,
-                               peak_of=lambda r, b: peak_at(probes[r], b),
-                               notes=(ranks_note([i.name for i in ranks], s.source),))
-    if s.kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
-        for fp in dict.fromkeys(p.fingerprint for p in probes):
+    made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
+    if kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
+        for fp in dict.fromkeys(gathered[r][0].fingerprint for r in range(request.world_size)):
             if fp is not None:
-                s.kept.put(fp, plan=made)
+                kept.put(fp, plan=made)
     return made
+
+
+def _mixed_limit(request: PlanRequest) -> int:
+    """The largest micro-batch a rank of a mixed job may need: its share of the target when the ranks run
+    alike, else all of the target but the others' least."""
+    if request.uniform_ranks:
+        return request.probe.max_batch
+    return max(1, request.target_batch - (request.world_size - 1) * request.multiple_of)
+
+
+def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None, str | None]],
+                ranks: tuple[DeviceInfo, ...]) -> Plan:
+    """The plan of ranks that differ, from each rank's probe and speed."""
+    from .planning.mixed import make_mixed_plan
+    from .planning.planner import make_plan
+    from .results.plan import peak_at
+    from .training.ranks import ranks_note, share_of
+
+    probes = [d[0] for d in done]
+    source, world = request.world_size_source, request.world_size
+    note = ranks_note([i.name for i in ranks], source)
+    if request.uniform_ranks:
+        low = min(range(world), key=lambda r: probes[r].max_micro_batch)
+        made = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
+                         multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
+                         world_size_source=source)
+        said = (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
+                f"(max micro-batch per rank: {', '.join(str(p.max_micro_batch) for p in probes)})")
+        return replace(made, notes=made.notes + (said, note))
+    return make_mixed_plan(request.target_batch, [share_of(*d) for d in done], multiple_of=request.multiple_of,
+                           uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
+                           parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
+                           notes=(note,))
 
 
 def _same_device(a: Device, b: Device) -> bool:
     """Two devices of a device list that probe alike: the same name and capacity."""
     return a.describe().name == b.describe().name and a.capacity_bytes() == b.capacity_bytes()
-
-
-def _listed(devices: tuple[Any, ...], budgets: tuple[Any, ...]) -> int | None:
-    """How many ranks a device or budget list names (None for one device and one budget); BadInput when two
-    lists disagree."""
-    listed = max(len(devices), len(budgets))
-    if listed == 1:
-        return None
-    if len(devices) > 1 and len(budgets) > 1 and len(devices) != len(budgets):
-        raise BadInput(f"device lists {len(devices)} ranks and memory_budget {len(budgets)}: give one per rank "
-                       "in both, or one of them once")
-    return listed
-
-
-def _world_size(flag: int | None, env: dict[str, str] | None, listed: int | None = None) -> tuple[int, str]:
-    """The process group's world size when there is one; else --world-size, the length of a device or budget
-    list (``listed``), $WORLD_SIZE, 1."""
-    from .planning.planner import world_size_from
-
-    if distributed.active():
-        world = distributed.world_size()
-        if flag is not None and flag != world:
-            raise BadInput(f"world_size {flag} but the process group has {plural(world, 'rank')}: drop world_size "
-                           f"or launch {flag} processes")
-        if listed is not None and listed != world:
-            raise BadInput(f"a device or memory_budget per rank lists {listed} but the process group has "
-                           f"{plural(world, 'rank')}: give one per rank, or one for all")
-        return world, "process group"
-    if listed is not None:
-        if flag is not None and flag != listed:
-            raise BadInput(f"world_size {flag} but the device or memory_budget list names {listed} ranks: drop "
-                           "world_size (the list gives it) or give one per rank")
-        return listed, "the device list"
-    return world_size_from(flag, os.environ if env is None else env)
-
-
-_probe_and_plan = plan  # ``run`` takes a parameter called plan
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
@@ -456,6 +365,9 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     from .serial import read_json
 
     return Plan.from_dict(read_json(path), source=str(path))
+
+
+# ---- run ---------------------------------------------------------------------------------------------------
 
 
 def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int | None = None, workload: Spec = None,
@@ -476,54 +388,31 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
     """
     from .planning.ramp import check_below, first_batch
-    from .results.ramp import RampConfig
     from .training.runner import run_plan
 
     steps = options.whole(steps, "steps")
-    if parallel is not None:
-        parallel = options.parallel(parallel)
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)
-    if ramp is True:
-        ramp = RampConfig()
-    elif ramp is False:
-        ramp = None
-    if ramp is not None and not isinstance(ramp, RampConfig):
-        raise BadInput(f"ramp {ramp!r} must be an autotune.RampConfig, True (its defaults) or None")
+    ramp = _ramp(ramp)
     if (plan is None) == (target_batch is None):
         raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
     if ramp is not None and ramp.start is not None and target_batch is not None:
         check_below(ramp.start, target_batch)
-    if isinstance(plan, (str, os.PathLike)):
-        plan = load_plan(plan)
-    if plan is not None and parallel is not None and parallel != plan.parallel:
-        raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
-                       f"again with parallel {parallel}")
-    # Before any work: a run needs as many processes as the plan has ranks.
     if plan is not None:
-        distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
-                                f"or plan for world_size={distributed.world_size()}")
+        planned, wl, dev = _given_plan(plan, workload, device, memory_budget, parallel)
     else:
-        world, source = _world_size(world_size, None)
-        distributed.check_world(world, f"world_size {world}" if source == "flag" else f"WORLD_SIZE={world}",
-                                f"or plan for {plural(world, 'rank')} without training them: plan, not run")
-    if plan is not None:
-        probed = plan.probe
-        if workload is None and probed is not None:
-            workload = probed.source or probed.workload
-        if memory_budget is None and plan.budget_bytes_of(distributed.rank()) is not None:
-            memory_budget = plan.budget_bytes_of(distributed.rank())  # run under the budget the plan was made for
-    kept = _open_store(store)
-    wl, dev = resolve(workload, device, memory_budget)
-    if dev.estimated:
-        raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
-    if plan is None:
-        assert target_batch is not None
-        plan = _probe_and_plan(target_batch, workload=wl, device=dev, margin=margin, world_size=world_size,
-                               multiple_of=multiple_of, uniform=uniform,
-                               parallel=parallel or options.DEFAULT_PARALLEL,
-                               store=kept if kept is not None else False, uniform_ranks=uniform_ranks)
-    planned = plan
+        this_rank(device, memory_budget, group())  # a device per rank is for a torchrun job
+        request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
+                               margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
+                               uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
+                               group=group())
+        # Before any work: a run needs as many processes as the plan has ranks, and a real device.
+        distributed.check_world(request.world_size, f"world_size {request.world_size}"
+                                if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
+                                f"or plan for {plural(request.world_size, 'rank')} without training them: "
+                                "plan, not run")
+        wl, dev = _real(request.probe, Given.of(workload, device))
+        planned = plan_for(request, store=store, given=Given(wl, dev))
     if ramp is not None:
         first_batch(planned, ramp)  # a ramp that cannot start fails before any training
 
@@ -531,6 +420,46 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
                         ramp=ramp)
 
-    if kept is None:
-        return train()
-    return cached.record_run(kept, planned, wl, dev, precision, train)
+    kept = open_store(store)
+    return train() if kept is None else cached.record_run(kept, planned, wl, dev, precision, train)
+
+
+def _ramp(ramp: Any) -> RampConfig | None:
+    from .results.ramp import RampConfig
+
+    if ramp is True:
+        return RampConfig()
+    if ramp is None or ramp is False:
+        return None
+    if not isinstance(ramp, RampConfig):
+        raise BadInput(f"ramp {ramp!r} must be an autotune.RampConfig, True (its defaults) or None")
+    return ramp
+
+
+def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any, memory_budget: Any,
+                parallel: str | None) -> tuple[Plan, Workload, Device]:
+    """A plan given to :func:`run` (or its file), checked against this job, with its workload and device: the
+    plan's own probe and, unless given, the budget it was made for."""
+    if isinstance(plan, (str, os.PathLike)):
+        plan = load_plan(plan)
+    if parallel is not None and options.parallel(parallel) != plan.parallel:
+        raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
+                       f"again with parallel {parallel}")
+    distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
+                            f"or plan for world_size={distributed.world_size()}")
+    probed = plan.probe
+    if workload is None and probed is not None:
+        workload = probed.source or probed.workload
+    if memory_budget is None and plan.budget_bytes_of(distributed.rank()) is not None:
+        memory_budget = plan.budget_bytes_of(distributed.rank())  # run under the budget the plan was made for
+    request = probe_request(workload, device=device, memory_budget=memory_budget, group=group())
+    wl, dev = _real(request, Given.of(workload, device))
+    return plan, wl, dev
+
+
+def _real(request: ProbeRequest, given: Given) -> tuple[Workload, Device]:
+    """What a run trains on: the request's workload and device, which must be real."""
+    wl, dev = resolve(request, given)
+    if dev.estimated:
+        raise BadInput("autotune run trains for real: give a real device (cpu or cuda:N), not estimate")
+    return wl, dev

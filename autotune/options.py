@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -218,3 +218,29 @@ def snapshot_path(value: Any, name: str = "memory_snapshot") -> str | None:
 
     check_writable(value, what=f"cannot write the {name} file {value}")
     return str(value)
+
+
+def text(value: Any, name: str) -> str:
+    """A non-empty string (a device's or a probe's name)."""
+    if not isinstance(value, str) or not value.strip():
+        raise BadInput(f"{name} {value!r} must be a non-empty name")
+    return value.strip()
+
+
+#: The plan store every command and the API use when given none.
+STORE_VARIABLE = "AUTOTUNE_STORE"
+
+
+def store_from_environment() -> str | None:
+    """``$AUTOTUNE_STORE``, when set to something."""
+    return os.environ.get(STORE_VARIABLE, "").strip() or None
+
+
+def torchrun_group(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(world size, rank) of the process group torchrun describes in the environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``; several ranks), which the commands join; None when not launched so."""
+    env = os.environ if env is None else env
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    world = whole(env["WORLD_SIZE"], "WORLD_SIZE")
+    return (world, whole(env["RANK"], "RANK", least=0)) if world > 1 else None

@@ -33,6 +33,7 @@ from common import machine
 
 import autotune
 from autotune.devices import get_device
+from autotune.results.request import ProbeRequest
 from autotune.store.fingerprint import fingerprint
 from autotune.workload import load_workload
 
@@ -63,7 +64,7 @@ def api_case(label: str, repeat: int, folder: Path) -> dict[str, float]:
     prints = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fingerprint(wl, dev, margin=0.1, world_size=1, rule={"data_parallel": False})
+        fingerprint(wl, dev, ProbeRequest())
         prints.append(time.perf_counter() - start)
     return {"miss": median(misses), "hit": median(hits), "fingerprint": median(prints)}
 

@@ -61,8 +61,9 @@ def test_counts_give_the_world_size_and_each_distinct_device_is_probed_once(monk
     from autotune import api
 
     probed = []
-    real = api._probe_here
-    monkeypatch.setattr(api, "_probe_here", lambda wl, dev, **kw: probed.append(dev.name) or real(wl, dev, **kw))
+    real = api._probe_one
+    monkeypatch.setattr(api, "_probe_one", lambda request, wl, dev, *a: probed.append(dev.name) or
+                        real(request, wl, dev, *a))
     plan = autotune.plan(4096, workload="mlp", device="estimate:H100-80GB*3,estimate:A10G-24GB*2")
     assert plan.world_size == 5 and probed == ["estimate:H100-80GB", "estimate:A10G-24GB"]
     assert [r.device for r in plan.mixed.ranks] == ["estimate:H100-80GB"] * 3 + ["estimate:A10G-24GB"] * 2

@@ -285,5 +285,5 @@ def test_the_plan_api_checks_storage_before_any_work(monkeypatch):
     monkeypatch.setattr(pipeline, "resolve", refuse)
     with pytest.raises(BadInput, match=r"^storage 'bogus://' names no database driver"):
         pipeline.plan(64, workload="mlp", device="cpu", memory_budget=3_000_000, tune=True, storage="bogus://")
-    with pytest.raises(BadInput, match=r"storage and study_name are for tune=True"):
+    with pytest.raises(BadInput, match=r"storage needs tune=True"):
         pipeline.plan(64, workload="mlp", device="cpu", memory_budget=3_000_000, storage="sqlite:///tune.db")

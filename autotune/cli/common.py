@@ -212,7 +212,7 @@ def check_probe(args) -> None:
 
 def check_store(args) -> None:
     """Fail on an unusable --store (or $AUTOTUNE_STORE) before any long work."""
-    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip() or None
+    url = args.store or options.store_from_environment()
     if url is not None:
         from ..dburl import check_storage
 

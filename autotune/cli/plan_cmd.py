@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING
 
 from .. import options
-from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
@@ -18,9 +16,7 @@ from .common import (
     add_report,
     add_schedule_flags,
     add_store,
-    check_memory_snapshot,
     check_output,
-    check_probe,
     check_report,
     check_store,
     import_torch,
@@ -31,6 +27,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..planning.planner import Uniform
+    from ..results.request import PlanRequest
 
 EXAMPLES = """\
 Probes the largest micro-batch that fits (estimate first, one real run to
@@ -89,17 +86,6 @@ def add_plan_flags(p) -> None:
     add_parallel(p)
 
 
-def check_plannable(args) -> None:
-    """Targets and world sizes no plan can hold are refused before torch loads."""
-    from ..planning.planner import check_plan, world_size_from
-
-    listed = max(len(options.per_rank(args.device, "--device")),
-                 len(args.memory_budget) if isinstance(args.memory_budget, tuple) else 1)
-    world, _ = world_size_from(args.world_size if listed == 1 or "RANK" in os.environ else
-                               args.world_size or listed, os.environ)
-    check_plan(args.target_batch, args.target_batch, world_size=world, multiple_of=args.multiple_of)
-
-
 def uniform_choice(args) -> Uniform:
     """--uniform: equal micro-batches, however many steps; framework formats: equal ones within twice the fewest."""
     if args.uniform:
@@ -107,32 +93,31 @@ def uniform_choice(args) -> Uniform:
     return True if getattr(args, "format", "table") in options.FRAMEWORKS else None
 
 
-def check_tune_flags(args) -> None:
-    for flag, value in (("--storage", args.storage), ("--study-name", args.study_name)):
-        if value is not None and not args.tune:
-            raise BadInput(f"{flag} needs --tune: add --tune, or drop {flag}")
-    if args.storage is not None:
-        from ..dburl import check_storage
+def request_of(args) -> PlanRequest:
+    """The plan the flags ask for, every flag checked here, once, before torch loads (a target no plan can
+    hold, an optuna storage that cannot open, flags that exclude each other)."""
+    from ..planning.requests import plan_request
 
-        check_storage(args.storage, "--storage")
+    return plan_request(args.target_batch, workload=args.probe, device=args.device, memory_budget=args.memory_budget,
+                        margin=args.margin, world_size=args.world_size, multiple_of=args.multiple_of,
+                        uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
+                        tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
+                        memory_snapshot=args.memory_snapshot, at=args.at, group=options.torchrun_group())
 
 
 def run(args) -> int:
     check_output(args.output)
-    check_memory_snapshot(args)
     check_report(args)
-    check_probe(args)
-    check_plannable(args)
-    check_tune_flags(args)
     check_store(args)
+    request = request_of(args)
     import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
-        return _plan(args, lead=distributed.rank() == 0)
+        return _plan(args, request, lead=distributed.rank() == 0)
 
 
-def _plan(args, *, lead: bool) -> int:
+def _plan(args, request: PlanRequest, *, lead: bool) -> int:
     from .. import api as pipeline
     from ..errors import NoUniformPlan, RanksDiffer
     from ..planning.exports import FRAMEWORKS, export, no_equal_split, ranks_differ
@@ -141,12 +126,7 @@ def _plan(args, *, lead: bool) -> int:
     framework = args.format in FRAMEWORKS  # equal micro-batches, printed as that framework's settings
     fmt = args.format if framework or not args.json else "json"
     try:
-        plan = pipeline.plan(args.target_batch, workload=args.probe, device=args.device,
-                             memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
-                             multiple_of=args.multiple_of, uniform=uniform_choice(args),
-                             tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
-                             parallel=args.parallel, store=args.store, uniform_ranks=args.uniform_ranks,
-                             memory_snapshot=args.memory_snapshot, at=args.at)
+        plan = pipeline.plan_for(request, store=args.store)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
     except RanksDiffer as exc:

@@ -12,9 +12,7 @@ from .common import (
     add_memory_snapshot,
     add_parallel,
     add_store,
-    check_memory_snapshot,
     check_output,
-    check_probe,
     check_store,
     import_torch,
     positive_int,
@@ -55,18 +53,20 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from ..planning.requests import probe_request
+    from ..results.request import Snapshot
+
     check_output(args.output)
-    check_memory_snapshot(args)
-    check_probe(args)
     check_store(args)
+    # Every flag checked here, once, before torch loads.
+    request = probe_request(args.probe, device=args.device, memory_budget=args.memory_budget, margin=args.margin,
+                            max_batch=args.max_batch, parallel=args.parallel, world_size=args.world_size)
+    snapshot = Snapshot.of(args.memory_snapshot, args.at)
     import_torch(freeze=args.own_process)
     from .. import api as pipeline
     from ..serial import dumps
 
-    result = pipeline.probe(args.probe, device=args.device, memory_budget=args.memory_budget,
-                            margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
-                            world_size=args.world_size, store=args.store, memory_snapshot=args.memory_snapshot,
-                            at=args.at)
+    result = pipeline.probe_for(request, store=args.store, snapshot=snapshot)
     text = dumps(result.to_dict())
     if args.json:
         print(text, end="")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import socket
 import stat
 import sys
@@ -115,7 +114,7 @@ def allowed_hosts(host: str, extra: frozenset[str] | None) -> frozenset[str] | N
 
 
 def run(args: argparse.Namespace) -> int:
-    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
+    url = args.store or options.store_from_environment()
     if not url:
         raise BadInput("autotune serve needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
     from ..dburl import check_storage

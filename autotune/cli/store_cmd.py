@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
+from .. import options
 from ..errors import BadInput
 from .common import Formatter, Parser, add_common, flag
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..store import open_store
 
-    url = args.store or os.environ.get("AUTOTUNE_STORE", "").strip()
+    url = args.store or options.store_from_environment()
     if not url:
         raise BadInput("autotune store needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
     name = "--store" if args.store else "$AUTOTUNE_STORE"

@@ -42,6 +42,7 @@ from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
 from ..devices.session import fake_groups, fake_mesh, shape_propagation_uncounted
+from ..results.request import FitRule
 from ..workload import Workload
 
 __all__ = ["FsdpRule", "fake_engine", "fake_groups", "fake_mesh", "held_bytes", "real_mesh", "release",
@@ -290,3 +291,11 @@ def sharding_note(rule: FsdpRule) -> str:
     return (f"FSDP: the fit rule of rank {rule.rank} of {rule.world_size} with fully_shard ({group}): its shards of "
             "the parameters, gradients and optimizer state, the unsharded units in flight, the unsharded gradients "
             "kept until the last micro-step synchronises, the reduce-scatter buffers")
+
+
+def fit_kwargs(rule: FitRule, precision: str = "fp32") -> dict[str, Any]:
+    """A request's fit rule as the fit-rule runs take it: ``data_parallel`` (DDP's buckets held), or
+    ``sharding`` (this rank of a model sharded over the world size, all-gathered in ``precision``)."""
+    if rule.sharded:
+        return {"sharding": FsdpRule(rule.world_size, rule.rank, precision)}
+    return {"data_parallel": rule.buckets}

@@ -125,16 +125,23 @@ def _plan_route(app: FastAPI, service: Service) -> None:
         key = stored.request_key(probe, function, body)
         answer = await run_in_threadpool(_from_store, service.from_store, key, body)
         if answer is None:
-            fields = body.model_dump()
-            spec = probe.spec(function)
-            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, **fields},
-                                                     (spec, *(fields[k] for k in stored.PROBED))))
+            asked, spec = _asked(body), probe.spec(function)
+            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": body.probe,
+                                                      "request": asked.to_dict()}, (spec, asked.probe)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
         service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
         return Response(answer["body"], media_type="application/json")
+
+
+def _asked(body: PlanRequest) -> Any:
+    """The library's request for a body; what it refuses is answered as a job's failure would be."""
+    try:
+        return body.asked()
+    except AutotuneError as exc:
+        raise JobFailed(status_of(exc), str(exc)) from None
 
 
 def _store_routes(app: FastAPI, service: Service) -> None:

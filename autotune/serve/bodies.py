@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from .. import options
 from ..errors import BadInput
+
+if TYPE_CHECKING:
+    from ..results.request import PlanRequest as Asked
 
 #: The largest target batch a plan takes (the planner's own limit).
 MAX_TARGET = 10**9
@@ -60,6 +63,16 @@ class PlanRequest(BaseModel):
             if not 0 < bytes_ <= 2**50:
                 raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
         return value
+
+
+    def asked(self) -> Asked:
+        """The library's request for this body (every rule checked there; the body's own checks are the
+        JSON's): the plan store's fingerprint and the worker take it."""
+        from ..planning.requests import plan_request
+
+        return plan_request(self.target_batch, workload=self.probe, device=self.device,
+                            memory_budget=self.memory_budget, margin=self.margin, world_size=self.world_size,
+                            multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel, env={})
 
 
 class MeasurementRequest(BaseModel):

@@ -47,21 +47,16 @@ class Job:
 
 
 def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
-    """One job, in a worker: a plan through the API and the store."""
-    from dataclasses import replace
-
+    """One job, in a worker: the plan its request asks for, through the API and the store."""
     from .. import api
+    from ..results.request import PlanRequest
 
     if job["kind"] != "plan":
         raise BadInput(f"unknown job {job['kind']!r}")
-    workload = load(job["spec"], job["probe"])
-    plan = api.plan(job["target_batch"], workload=workload, device=job["device"],
-                    memory_budget=job["memory_budget"], margin=job["margin"], world_size=job["world_size"],
-                    multiple_of=job["multiple_of"], uniform=job["uniform"], parallel=job["parallel"], store=store_url,
-                    env={})
+    request = PlanRequest.from_dict(job["request"], source="the job")
+    plan = api.plan_for(request, store=store_url, given=api.Given(load(job["spec"], job["probe"])))
     probe = plan.probe
     assert probe is not None
-    plan = replace(plan, probe=replace(probe, source=job["probe"]))  # the name asked for, not a path here
     return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
 
 

@@ -31,10 +31,11 @@ from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
 from ..probing.fitrule import Attempt, isolate, run_trial
-from ..probing.fsdp import FsdpRule
+from ..probing.fsdp import fit_kwargs
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
+from ..results.request import FitRule, ProbeRequest
 from ..results.run import RunResult
 from ..training import distributed
 from ..units import format_bytes
@@ -50,30 +51,30 @@ from .store import Store
 CONFIRM_TOLERANCE = 0.05
 
 
-def probe(store: Store | None, workload: Workload, device: Device, *, margin: float, max_batch: int,
-          world_size: int, rule: dict[str, Any], parallel: str = "ddp", precision: str = "fp32",
+def probe(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
           ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
-    """:func:`autotune.probing.finder.probe`, answered from ``store`` when it can be (see the module);
-    without a store, the probe itself.
+    """:func:`autotune.probing.finder.probe` of ``request``, answered from ``store`` when it can be (see the
+    module); without a store, the probe itself. The request is part of the fingerprint, and so are ``ranks``,
+    every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
+    rule = fit_kwargs(request.rule)
 
-    ``rule``: how the fit rule runs (``data_parallel`` or ``sharding``), as :func:`~autotune.probing.finder.probe`
-    and :func:`~autotune.probing.fitrule.run_trial` take it; part of the fingerprint. ``ranks``: every rank's
-    device in a job whose ranks differ, part of the fingerprint too (the plans kept beside it are that job's).
-    """
+    def probed() -> ProbeResult:
+        return finder.probe(workload, device, margin=request.margin, max_batch=request.max_batch, **rule)
+
     if store is None:
-        return finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
+        return probed()
     try:
-        fp = fingerprint(workload, device, margin=margin, world_size=world_size, rule=rule, parallel=parallel,
-                         precision=precision, ranks=ranks)
+        fp = fingerprint(workload, device, request, ranks=ranks)
     except Untraceable as exc:
-        result = finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule)
+        result = probed()
         return replace(result, notes=result.notes + (
             f"not kept in the store: the workload cannot be built on shape-only tensors to take its "
             f"fingerprint ({exc})",))
     log.detail(f"fingerprint {fp.short} ({fp.seconds:.2f} s)")
 
     def answer() -> ProbeResult | None:
-        return _answer(store, fp.digest, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+        return _answer(store, fp.digest, workload, device, margin=request.margin, max_batch=request.max_batch,
+                       rule=rule)
 
     def waiting(holder: str) -> None:
         log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
@@ -86,8 +87,7 @@ def probe(store: Store | None, workload: Workload, device: Device, *, margin: fl
         # after waiting for it or not (it let go of the claim before this job asked).
         if (served := answer()) is not None:
             return served
-        result = replace(finder.probe(workload, device, margin=margin, max_batch=max_batch, **rule),
-                         fingerprint=fp.digest)
+        result = replace(probed(), fingerprint=fp.digest)
         kept = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
     if kept:
         log.detail(f"stored as fingerprint {fp.short} in {store.shown}")
@@ -233,11 +233,10 @@ def record_run(store: Store, plan: Plan, workload: Workload, device: Device, pre
         digest = plan.mixed.ranks[distributed.rank()].fingerprint
     if digest is None:
         margin = plan.probe.margin if plan.probe is not None else options.MARGIN
+        request = ProbeRequest(device=device.describe().name, margin=margin, precision=precision,
+                               rule=FitRule.of(plan.parallel, plan.world_size, rank=distributed.rank()))
         try:
-            rule = {"data_parallel": plan.world_size > 1} if plan.parallel == "ddp" else \
-                {"sharding": FsdpRule(plan.world_size, distributed.rank())}
-            digest = fingerprint(workload, device, margin=margin, world_size=plan.world_size, rule=rule,
-                                 parallel=plan.parallel, precision=precision).digest
+            digest = fingerprint(workload, device, request).digest
         except Untraceable as exc:
             log.progress(f"the run is not recorded in the store: the workload cannot be built on shape-only "
                          f"tensors to take its fingerprint ({exc})")

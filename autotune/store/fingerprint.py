@@ -43,7 +43,9 @@ from ..compat import TorchDispatchMode, tree_flatten
 from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
+from ..probing.fsdp import fit_kwargs
 from ..results.device import DeviceInfo
+from ..results.request import ProbeRequest
 from ..workload import Workload
 from ..workload.bookkeeping import noise_buffer_numel
 
@@ -72,11 +74,11 @@ class Fingerprint:
         return self.digest[:12]
 
 
-def fingerprint(workload: Workload, device: Device, *, margin: float, world_size: int, rule: dict[str, Any],
-                parallel: str = "ddp", precision: str = "fp32",
+def fingerprint(workload: Workload, device: Device, request: ProbeRequest,
                 ranks: Sequence[DeviceInfo] | None = None) -> Fingerprint:
-    """The fingerprint of probing ``workload`` on ``device`` with these settings; ``rule`` is how the
-    fit rule runs (``data_parallel``: it holds DDP's gradient buckets). ``ranks``: every rank's device, in rank
+    """The fingerprint of probing ``workload`` on ``device`` as ``request`` asks: its margin, precision and
+    fit rule (its world size, parallel strategy, DDP's buckets or this rank's FSDP shard) count; the request's
+    names and max_batch do not (``workload`` and ``device`` are what they name). ``ranks``: every rank's device, in rank
     order, in a job whose ranks differ (then a part ``ranks``, each as the ``device`` part is; jobs whose ranks
     are alike have no such part, and their fingerprints are as before).
 
@@ -94,11 +96,11 @@ def fingerprint(workload: Workload, device: Device, *, margin: float, world_size
         "torch": str(torch.__version__),
         "autotune": autotune.__version__,
         "alloc_conf": conf_from_environment()[0],  # the settings decide, not the name they were given under
-        "precision": precision,
-        "world_size": int(world_size),
-        "rule": plain(rule),
-        "parallel": parallel,
-        "margin": float(margin),
+        "precision": request.precision,
+        "world_size": request.rule.world_size,
+        "rule": plain(fit_kwargs(request.rule, request.precision)),
+        "parallel": request.rule.parallel,
+        "margin": float(request.margin),
         "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS,
                      "holds": {"loss_sum": True, "noise_buffer": noise_buffer_numel(0)}},
     }

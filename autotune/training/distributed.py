@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import options
 from ..compat import queue_backward_callback, sequence_number, tree_leaves
 from ..errors import AutotuneError, BadInput
 from ..units import plural
@@ -54,9 +55,7 @@ def check_world(planned: int, what: str, fix: str) -> None:
 
 
 def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) and \
-        int(env.get("WORLD_SIZE", "1")) > 1
+    return options.torchrun_group(env) is not None
 
 
 @contextlib.contextmanager

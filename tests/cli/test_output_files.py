@@ -83,14 +83,14 @@ def test_a_symlink_at_the_output_path_stays_a_link_and_its_target_is_replaced(tm
 def test_an_output_that_fails_at_the_end_still_prints_the_result_first(capsys, tmp_path, monkeypatch):
     folder = tmp_path / "out"
     folder.mkdir()
-    real = pipeline.plan
+    real = pipeline.plan_for
 
     def plan_then_folder_vanishes(*args, **kwargs):
         made = real(*args, **kwargs)
         shutil.rmtree(folder)  # another process removed it while autotune worked
         return made
 
-    monkeypatch.setattr(pipeline, "plan", plan_then_folder_vanishes)
+    monkeypatch.setattr(pipeline, "plan_for", plan_then_folder_vanishes)
     code = main(["plan", "--target-batch", "1021", *MLP, "--output", str(folder / "plan.json")])
     out, err = capsys.readouterr()
     assert code == 2 and "1021 = 3 x 255 + 1 x 256" in out

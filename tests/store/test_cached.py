@@ -11,6 +11,7 @@ from sqlalchemy import update
 import autotune
 from autotune.errors import BadInput
 from autotune.probing import finder
+from autotune.results.request import ProbeRequest
 from autotune.store import cached, open_store, schema
 from autotune.store.fingerprint import fingerprint
 from autotune.store.store import Store
@@ -176,7 +177,7 @@ def test_a_stored_max_that_no_longer_fits_is_caught(url, counted):
 def test_a_stored_max_with_room_for_more_now_is_caught(url, counted):
     wl, dev = load_workload("mlp"), autotune.get_device("cpu", memory_budget=4_000_000)
     small = _cpu_plan(url, budget=BUDGET).probe  # 307 under 3MB
-    digest = fingerprint(wl, dev, margin=0.1, world_size=1, rule={"data_parallel": False}).digest
+    digest = fingerprint(wl, dev, ProbeRequest()).digest
     open_store(url).put(digest, result=replace(small, fingerprint=digest))  # the 3MB answer, stored for 4MB
     bigger = _cpu_plan(url, budget="4MB")
     assert not bigger.probe.from_store and bigger.probe.max_micro_batch > 307

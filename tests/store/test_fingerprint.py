@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from autotune.devices import CpuDevice, CudaDevice, EstimateDevice
-from autotune.probing.fsdp import FsdpRule
+from autotune.results.request import FitRule, ProbeRequest
 from autotune.store.fingerprint import Untraceable, device_part, fingerprint
 from autotune.workload import Workload, load_workload
 from tests.devices.test_cuda import FakeCuda
@@ -42,9 +42,14 @@ def estimate(budget: int = GiB) -> EstimateDevice:
     return EstimateDevice.for_gpu(budget)
 
 
+def asked(margin: float = 0.1, precision: str = "fp32", **rule) -> ProbeRequest:
+    """A probe's request: ``rule`` is its FitRule's (parallel, world_size, rank, buckets)."""
+    rule = {"parallel": "ddp", "world_size": 1, **rule}
+    return ProbeRequest(margin=margin, precision=precision, rule=FitRule.of(**rule))
+
+
 def digest(workload: Workload | None = None, device=None, **settings) -> str:
-    settings = {"margin": 0.1, "world_size": 1, "rule": {"data_parallel": False}, **settings}
-    return fingerprint(workload or tiny(), device or estimate(), **settings).digest
+    return fingerprint(workload or tiny(), device or estimate(), asked(**settings)).digest
 
 
 def test_the_same_probe_has_the_same_fingerprint_every_time():
@@ -65,14 +70,14 @@ def test_the_same_probe_has_the_same_fingerprint_every_time():
     ("the estimate's engine", dict(device=EstimateDevice.for_gpu(GiB, engine="fake"))),
     ("the margin", dict(margin=0.2)),
     ("the world size", dict(world_size=8)),
-    ("DDP's buckets in the fit rule", dict(rule={"data_parallel": True})),
+    ("DDP's buckets in the fit rule", dict(buckets=True)),
     ("the parallel strategy", dict(parallel="fsdp")),
     ("the precision", dict(precision="bf16")),
-    ("FSDP's rank", dict(rule={"sharding": FsdpRule(2, 1)}, parallel="fsdp", world_size=2)),
-    ("FSDP's precision", dict(rule={"sharding": FsdpRule(2, 0, "bf16")}, parallel="fsdp", world_size=2)),
+    ("FSDP's rank", dict(rank=1, parallel="fsdp", world_size=2)),
+    ("FSDP's precision", dict(precision="bf16", parallel="fsdp", world_size=2)),
 ])
 def test_everything_the_answer_depends_on_changes_the_fingerprint(what, change):
-    base = {"rule": {"sharding": FsdpRule(2, 0)}, "parallel": "fsdp", "world_size": 2} if "FSDP" in what else {}
+    base = {"parallel": "fsdp", "world_size": 2} if "FSDP" in what else {}
     assert digest(**change) != digest(**base), what
 
 
@@ -85,8 +90,7 @@ def test_what_the_fit_rule_holds_besides_the_model_changes_the_fingerprint(monke
 
 
 def test_fsdps_rule_is_written_out_in_the_parts():
-    parts = fingerprint(tiny(), estimate(), margin=0.1, world_size=2, rule={"sharding": FsdpRule(2, 1)},
-                        parallel="fsdp").components
+    parts = fingerprint(tiny(), estimate(), asked(parallel="fsdp", world_size=2, rank=1)).components
     assert parts["rule"] == {"sharding": {"autotune.probing.fsdp.FsdpRule": {
         "world_size": 2, "rank": 1, "precision": "fp32", "real_group": False}}}
 
@@ -118,8 +122,8 @@ def test_the_chosen_workload_options_change_the_fingerprint():
 
 
 def test_the_op_trace_sees_what_the_module_tree_does_not():
-    parts = fingerprint(tiny(square=False), estimate(), margin=0.1, world_size=1, rule={}).components
-    same = fingerprint(tiny(), estimate(), margin=0.1, world_size=1, rule={}).components
+    parts = fingerprint(tiny(square=False), estimate(), asked()).components
+    same = fingerprint(tiny(), estimate(), asked()).components
     assert parts["model"] == same["model"] and parts["batch"] == same["batch"]
     assert parts["ops"]["traced"] and parts["ops"]["digest"] != same["ops"]["digest"]
 
@@ -149,7 +153,7 @@ def test_a_workload_the_estimate_cannot_run_still_has_a_fingerprint():
         return out.mean() * float(out.detach().numpy().sum() * 0 + 1)  # needs real data
 
     untraced = replace(tiny(), loss=loss)
-    parts = fingerprint(untraced, estimate(), margin=0.1, world_size=1, rule={}).components
+    parts = fingerprint(untraced, estimate(), asked()).components
     assert parts["ops"]["traced"] is False and ".numpy()" in parts["ops"]["why"]
 
 
@@ -160,15 +164,16 @@ def test_a_model_that_cannot_be_built_without_data_has_none():
         return net
 
     with pytest.raises(Untraceable):
-        fingerprint(replace(tiny(), model=model), estimate(), margin=0.1, world_size=1, rule={})
+        fingerprint(replace(tiny(), model=model), estimate(), asked())
 
 
 @pytest.mark.slow
 def test_the_fingerprint_is_the_same_in_another_process():
     code = ("from autotune.store.fingerprint import fingerprint\nfrom autotune.devices import EstimateDevice\n"
             "from autotune.workload import load_workload\n"
-            "print(fingerprint(load_workload('gpt'), EstimateDevice.for_gpu(2**30), margin=0.1, world_size=1, "
-            "rule={'data_parallel': False}).digest)")
+            "from autotune.results.request import ProbeRequest\n"
+            "print(fingerprint(load_workload('gpt'), EstimateDevice.for_gpu(2**30), "
+            "ProbeRequest()).digest)")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    here = fingerprint(load_workload("gpt"), estimate(), margin=0.1, world_size=1, rule={"data_parallel": False})
+    here = fingerprint(load_workload("gpt"), estimate(), ProbeRequest())
     assert other.stdout.strip() == here.digest

@@ -1,0 +1,103 @@
+"""The one request a probe and a plan are asked with: checked once when made, the same from the command line,
+the API and the service's body, and carried whole to every stage."""
+
+from __future__ import annotations
+
+import pytest
+
+import autotune
+from autotune import api
+from autotune.cli import main
+from autotune.errors import AutotuneError, BadInput, ResultFileError
+from autotune.planning.requests import plan_request, probe_request, world_of
+from autotune.results.request import FitRule, PlanRequest, ProbeRequest, Snapshot
+
+MLP = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB"]
+
+
+@pytest.mark.parametrize("fields,words", [
+    (dict(world_size=2, rank=2), "rank 2 must be below world_size 2"),
+    (dict(parallel="fsdp", world_size=2, buckets=True), "buckets are DDP's"),
+    (dict(parallel="zero3"), "parallel 'zero3' must be one of ddp, fsdp"),
+    (dict(world_size=0), "world_size 0 must be at least 1"),
+    (dict(rank=-1), "rank -1 must be at least 0"),
+])
+def test_a_fit_rule_that_cannot_be_is_refused_naming_the_field(fields, words):
+    with pytest.raises((ValueError, AutotuneError), match=words):
+        FitRule(**fields)
+
+
+@pytest.mark.parametrize("fields,words", [
+    (dict(margin=1.0), "margin 1.0 must be a fraction in"),
+    (dict(max_batch=0), "max_batch 0 must be at least 1"),
+    (dict(memory_budget="lots"), "memory_budget"),
+    (dict(precision="fp64"), "precision 'fp64' must be one of"),
+    (dict(device=""), "device '' must be a non-empty name"),
+])
+def test_a_probe_request_checks_each_field_when_made(fields, words):
+    with pytest.raises((ValueError, AutotuneError), match=words):
+        ProbeRequest(**fields)
+
+
+def test_a_request_reads_back_from_its_own_json_and_refuses_a_damaged_one():
+    request = plan_request(1021, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", multiple_of=1,
+                           uniform="force", env={})
+    again = PlanRequest.from_dict(request.to_dict())
+    assert again == request and again.ranks[1].device == "estimate:T4-16GB" and again.uniform == "force"
+    damaged = request.to_dict()
+    damaged["probe"]["rule"]["rank"] = 5
+    with pytest.raises(ResultFileError, match="rank 5 must be below world_size 2"):
+        PlanRequest.from_dict(damaged)
+
+
+@pytest.mark.parametrize("flag,env,group,expected", [
+    (None, {}, None, (1, "default")),
+    (None, {"WORLD_SIZE": "4"}, None, (4, "WORLD_SIZE")),
+    (2, {"WORLD_SIZE": "4"}, None, (2, "flag")),
+    (None, {"WORLD_SIZE": "4"}, (4, 1), (4, "process group")),
+])
+def test_the_world_size_comes_from_the_group_the_flag_the_environment_in_that_order(flag, env, group, expected):
+    assert world_of(flag, env, group) == expected
+
+
+def test_settings_that_exclude_each_other_are_refused_before_any_probe():
+    cases = [
+        (dict(storage="sqlite:///t.db"), "storage needs tune=True"),
+        (dict(tune=True, parallel="fsdp"), "tuning times one process and cannot shard it"),
+        (dict(tune=True, memory_snapshot="m.pickle"), "drop tune or the snapshot"),
+        (dict(at=3), "at is where a memory snapshot is taken"),
+        (dict(device="cpu,cpu", world_size=3), "world_size 3 but the device or memory_budget list names 2"),
+        (dict(uniform="sometimes"), "uniform 'sometimes' must be"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(BadInput, match=words):
+            plan_request(64, workload="mlp", env={}, **kwargs)
+
+
+def test_under_a_process_group_each_rank_asks_for_its_own_device_and_shard():
+    mine = probe_request("mlp", device="cpu", memory_budget="8MiB,3MiB", parallel="fsdp", group=(2, 1))
+    assert mine.memory_budget == 3 * 2**20 and mine.rule == FitRule(parallel="fsdp", world_size=2, rank=1)
+    with pytest.raises(BadInput, match="a device or memory_budget per rank"):
+        probe_request("mlp", device="cpu", memory_budget="8MiB,3MiB")
+
+
+def test_the_command_line_asks_what_the_api_asks(monkeypatch, capsys, tmp_path):
+    """``autotune plan`` builds its request once, before torch's work, and hands it to the same verb the API
+    calls: the request equals the one the API's arguments make."""
+    asked = []
+    real = api.plan_for
+    monkeypatch.setattr(api, "plan_for", lambda request, **kw: asked.append(request) or real(request, **kw))
+    assert main(["plan", "--target-batch", "1021", *MLP, "--multiple-of", "1", "--quiet"]) == 0
+    autotune.plan(1021, workload="mlp", device="cpu", memory_budget="3MB")
+    capsys.readouterr()
+    assert len(asked) == 2 and asked[0] == asked[1]
+    assert asked[0].probe == ProbeRequest(workload="mlp", device="cpu", memory_budget=3_000_000, max_batch=1021)
+
+
+def test_a_snapshot_request_checks_its_file_and_size_when_made(tmp_path):
+    assert Snapshot.of(None) is None and Snapshot.of(True) == Snapshot()
+    assert Snapshot.of(str(tmp_path / "m.pickle"), 8) == Snapshot(path=str(tmp_path / "m.pickle"), at=8)
+    with pytest.raises(BadInput, match="at 0 must be at least 1"):
+        Snapshot.of(True, 0)
+    with pytest.raises(BadInput, match="memory_snapshot"):
+        Snapshot.of(str(tmp_path / "no" / "such" / "m.pickle"))
