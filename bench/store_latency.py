@@ -35,6 +35,7 @@ import autotune
 from autotune.devices import get_device
 from autotune.results.request import ProbeRequest
 from autotune.store.fingerprint import fingerprint
+from autotune.units import parse_size
 from autotune.workload import load_workload
 
 #: label -> (probe, device, memory budget, target batch)
@@ -60,7 +61,7 @@ def api_case(label: str, repeat: int, folder: Path) -> dict[str, float]:
             plan = autotune.plan(target, workload=probe, device=device, memory_budget=budget, store=url)
             times.append(time.perf_counter() - start)
             assert plan.probe is not None and plan.probe.from_store is (times is hits)
-    wl, dev = load_workload(probe), get_device(device, memory_budget=autotune.parse_size(budget))
+    wl, dev = load_workload(probe), get_device(device, memory_budget=parse_size(budget))
     prints = []
     for _ in range(repeat):
         start = time.perf_counter()

@@ -10,18 +10,26 @@ import sys
 import pytest
 
 import autotune
+from autotune.errors import BadInput
 
 
-def test_every_exported_name_resolves():
-    for name in autotune.__all__:
-        assert getattr(autotune, name) is not None, name
+def test_every_exported_name_is_the_object_its_module_defines():
+    """Each lazy name gives the very object its stage's module holds (not a copy, not a stale import)."""
+    for name, module in autotune._EXPORTS.items():
+        assert getattr(autotune, name) is getattr(importlib.import_module(f"autotune.{module}"), name), name
+
+
+def test_the_public_surface_is_a_handful_of_verbs_and_types():
+    names = [n for n in autotune.__all__ if n != "__version__"]
+    assert len(names) <= 16, names
+    assert not any(n.endswith("Error") or n == "BadInput" for n in names), "errors live in autotune.errors"
 
 
 def test_submodules_do_not_shadow_exported_functions():
     for info in pkgutil.walk_packages(autotune.__path__, "autotune."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-    for name in ("probe", "plan", "run", "load_plan", "load_workload", "get_device", "write_report"):
+    for name in ("probe", "plan", "run", "load_plan", "memory_snapshot", "write_report", "load_result"):
         assert callable(getattr(autotune, name)) and not isinstance(getattr(autotune, name), type(autotune)), name
 
 
@@ -54,7 +62,7 @@ def test_the_api_takes_what_the_command_line_takes():
     (lambda: autotune.run(workload="mlp", device="cpu"), "target_batch"),
 ])
 def test_bad_arguments_raise_autotunes_error_naming_the_parameter(call, name):
-    with pytest.raises(autotune.BadInput, match=name):
+    with pytest.raises(BadInput, match=name):
         call()
 
 

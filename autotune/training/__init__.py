@@ -7,8 +7,9 @@ tune. May import: everything below it (foundation, results, planning, workload, 
 from __future__ import annotations
 
 from .accumulate import Accumulator, StepOutcome
+from .noise import GradientNoiseScale
 from .ramp import BatchRamp, RampSampler
 from .runner import run_plan
 from .sampler import PlanSampler
 
-__all__ = ["Accumulator", "BatchRamp", "PlanSampler", "RampSampler", "StepOutcome", "run_plan"]
+__all__ = ["Accumulator", "BatchRamp", "GradientNoiseScale", "PlanSampler", "RampSampler", "StepOutcome", "run_plan"]

@@ -12,7 +12,8 @@ pytest.importorskip("accelerate")
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
-from autotune import Accumulator, BadInput  # noqa: E402
+from autotune import Accumulator  # noqa: E402
+from autotune.errors import BadInput  # noqa: E402
 from autotune.integrations.accelerate import accumulator  # noqa: E402
 from autotune.planning import make_plan  # noqa: E402
 

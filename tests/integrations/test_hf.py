@@ -15,7 +15,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 import autotune  # noqa: E402
 from autotune.devices import get_device  # noqa: E402
-from autotune.errors import PlanError  # noqa: E402
+from autotune.errors import BadInput, PlanError  # noqa: E402
 from autotune.integrations.hf import plan_training_args, trainer_optimizer, trainer_workload, worst_case_batch  # noqa: E402
 from autotune.probing.fitrule import fit_rule_work  # noqa: E402
 from autotune.units import parse_size  # noqa: E402
@@ -85,7 +85,7 @@ def test_the_worst_case_is_the_longest_examples_as_the_collator_pads_them():
     batch = worst_case_batch(data, collate, columns={"input_ids"})
     assert batch["input_ids"].shape == (6, 30)  # every example, longest first, padded to 30
     assert batch["input_ids"][0].tolist() == data[2]["input_ids"]  # the first of the longest first
-    with pytest.raises(autotune.BadInput, match="train_dataset is empty"):
+    with pytest.raises(BadInput, match="train_dataset is empty"):
         worst_case_batch([], collate)
 
 
@@ -97,12 +97,12 @@ def test_columns_the_trainer_drops_are_named_when_the_collator_is_left_without_t
     every = (r"^remove_unused_columns drops every column of train_dataset \(input_ids, source\): the Trainer keeps "
              r"only the parameters of Forwarding\.forward\(\*args, \*\*kwargs\) and the label names \(args, kwargs, "
              r"label, label_ids\); set remove_unused_columns=False")
-    with pytest.raises(autotune.BadInput, match=every):
+    with pytest.raises(BadInput, match=every):
         plan_training_args(args, model, data, target_batch=8, device="cpu", memory_budget=BUDGET)
     labelled = [{**e, "label": 0} for e in data]  # a column kept, the ones the collator needs dropped
     failed = (r"^data_collator failed \(KeyError: 'input_ids'\) on examples without the columns "
               r"remove_unused_columns drops \(input_ids, source\): the Trainer keeps only")
-    with pytest.raises(autotune.BadInput, match=failed):
+    with pytest.raises(BadInput, match=failed):
         plan_training_args(args, model, labelled, target_batch=8, data_collator=collate, device="cpu",
                            memory_budget=BUDGET)
 

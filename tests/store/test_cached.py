@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import update
 
 import autotune
+from autotune.devices import get_device
 from autotune.errors import BadInput
 from autotune.probing import finder
 from autotune.results.request import ProbeRequest
@@ -175,7 +176,7 @@ def test_a_stored_max_that_no_longer_fits_is_caught(url, counted):
 
 
 def test_a_stored_max_with_room_for_more_now_is_caught(url, counted):
-    wl, dev = load_workload("mlp"), autotune.get_device("cpu", memory_budget=4_000_000)
+    wl, dev = load_workload("mlp"), get_device("cpu", memory_budget=4_000_000)
     small = _cpu_plan(url, budget=BUDGET).probe  # 307 under 3MB
     digest = fingerprint(wl, dev, ProbeRequest()).digest
     open_store(url).put(digest, result=replace(small, fingerprint=digest))  # the 3MB answer, stored for 4MB
