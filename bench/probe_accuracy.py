@@ -18,8 +18,10 @@ real run past it raises the device's out-of-memory error; usable = budget x 0.9)
 Workloads: the built-in ``mlp`` (three budgets), ``gpt`` and ``convnet``, and
 every case of ``tests/realistic.py`` (padded Hugging Face models, peft LoRA,
 packed GRU, CTC, in-batch negatives, LSTM, mixture-of-experts routing) at its
-own budget. A case whose optional package is missing (transformers, peft) is
-listed as skipped.
+own budget, then two that no estimate can size (``tests/workloads.py``):
+routing with no bound (``repeat_interleave`` of counts the router computes)
+and a length read from values that depend on parameters. A case whose optional
+package is missing (transformers, peft) is listed as skipped.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from autotune.workload import Workload, load_workload  # noqa: E402
 
 MiB = 2**20
 BUILT_IN = [("mlp", 2_400_000), ("mlp", 4_000_000), ("mlp", 9_000_000), ("gpt", 64 * MiB), ("convnet", 24 * MiB)]
+#: tests/workloads.py builders no estimate can size: (name, builder, budget)
+UNESTIMABLE = [("unbounded-routing", "unbounded_routing", 2 * MiB), ("gated-length", "gated_length", 8_000_000)]
 
 
 @dataclass
@@ -85,6 +89,9 @@ def cases() -> list[tuple[str, int, str, Callable[[], Workload] | None, str]]:
             except ImportError:
                 why = "transformers is not installed"
         out.append((name, budget, str(category), None if why else build, why))
+    from tests import workloads
+
+    out += [(name, budget, "5", getattr(workloads, builder), "") for name, builder, budget in UNESTIMABLE]
     return out
 
 

@@ -172,5 +172,8 @@ def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_a
     result = probe(workload, device, max_batch=4096)
     expected, _ = true_max(workload, device, result.usable_bytes, 4096)
     assert result.max_micro_batch == expected
-    assert result.real_runs <= 2 and result.real_ooms == 0
+    assert result.real_runs == 1 and result.real_ooms == 0
+    # The timelines at 2 and 3 pair up point by point however autocast's cache frees its casts: the lines
+    # through them are right at the first guess.
+    assert [t.batch for t in result.trials if t.source == "estimate"] == [2, 3, expected]
     assert any("estimated under FakeTensorMode" in n and "autocast" in n for n in result.notes)

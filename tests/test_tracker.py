@@ -369,6 +369,36 @@ def test_frees_are_counted_and_the_peak_kept():
     assert tracker.current_bytes == 0
 
 
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
+def test_storages_that_die_together_are_counted_off_in_the_order_they_were_allocated(order):
+    tracker = LiveStorageTracker()
+    with tracker:
+        made = [torch.ones(n) for n in (100, 20, 3)]
+        dying = [made[i] for i in order]
+        del made
+        dying.clear()  # all three die here, in an order set by `order`, no allocation between them
+        last = torch.ones(1)
+    assert tracker.timeline == [400, 480, 492, 92, 12, 0, 4]
+    del last
+
+
+def test_clearing_autocasts_cache_gives_the_same_timeline_every_time():
+    # torch.autocast's exit frees its casts of the weights in the order of their addresses, which differ from
+    # one model to the next: counted off as they die, the same step's timeline changed from run to run (and a
+    # peak curve through two runs paired its points up wrongly).
+    timelines = set()
+    for _ in range(6):
+        model = nn.Sequential(*[nn.Linear(8 * (k + 1), 8 * (k + 2)) for k in range(4)])
+        x = torch.randn(3, 8)
+        tracker = LiveStorageTracker()
+        with tracker:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = model(x)
+            del y
+        timelines.add(tuple(tracker.timeline))
+    assert len(timelines) == 1
+
 def test_breakdown_includes_the_storage_that_dies_right_at_the_peak():
     # Regression: the snapshot at the peak was taken after the dying storage had
     # left the live set, so the breakdown summed to less than peak_bytes.

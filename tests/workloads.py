@@ -43,6 +43,38 @@ def oom_above(limit: int, error: type[BaseException] | None = None, message: str
     return Workload(name="oom-above", model=_small_mlp, batch=_features, loss=loss)
 
 
+class _Workspace(torch.autograd.Function):
+    """The identity, whose real kernel keeps a workspace of ``per_sample`` bytes a sample for its backward
+    (as oneDNN's LSTM kernel does); run on shape-only tensors, it keeps none."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, per_sample: int) -> torch.Tensor:  # type: ignore[override]
+        if _is_real(x):
+            ctx.save_for_backward(torch.empty(x.shape[0] * per_sample, dtype=torch.uint8, device=x.device))
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+class _HiddenWorkspace(nn.Module):
+    def __init__(self, per_sample: int):
+        super().__init__()
+        self.per_sample = per_sample
+        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(_Workspace.apply(x, self.per_sample))
+
+
+def hidden_workspace(per_sample: int = 1024) -> Workload:
+    """A model whose real kernel holds ``per_sample`` bytes a sample that no estimate sees (a vendor kernel's
+    workspace): the estimate under-counts, by more the larger the batch, and only real runs show how much."""
+    return Workload(name="hidden-workspace", model=lambda: _HiddenWorkspace(per_sample), batch=_features,
+                    loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
 class MoE(nn.Module):
     """A mixture-of-experts layer with top-2 routing: ``nonzero``, ``index_select``, ``index_add``."""
 

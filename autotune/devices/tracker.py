@@ -13,7 +13,11 @@ never counted at all when the input lives outside the device (a host batch).
 
 It keeps the peak, a timeline of live bytes (one entry per allocation or free),
 and at the peak a breakdown into parameters, gradients, optimizer state and the
-rest (activations and temporaries, the input batch included).
+rest (activations and temporaries, the input batch included). Storages that die
+together, with no allocation between them, are counted off in the order they
+were allocated, whatever order their deaths were reported in (clearing
+autocast's cache frees its casts in the order of their addresses): the same
+step gives the same timeline every time.
 
 With ``capacity`` set it emulates a device of that size: an allocation that would
 take live bytes past it raises ``torch.OutOfMemoryError`` instead.
@@ -172,9 +176,10 @@ class LiveStorageTracker(TorchDispatchMode):
         self._category: dict[int, str] = {}
         self._serial = 0
         self._paused = 0
-        self.current_bytes = 0
+        self._current = 0
         self.peak_bytes = 0
-        self.timeline: list[int] = []
+        self._timeline: list[int] = []
+        self._dying: list[tuple[int, int]] = []  # (key, serial) of storages dead since the last allocation
         self._peak_live: list[tuple[int, int]] | None = []
         self._peak_pending = False
         self.trace: list[tuple[int, int, int]] | None = [] if record else None
@@ -191,19 +196,46 @@ class LiveStorageTracker(TorchDispatchMode):
             n = -(-n // self.round_to) * self.round_to
         return n
 
+    @property
+    def current_bytes(self) -> int:
+        """Live bytes now."""
+        self._settle()
+        return self._current
+
+    @property
+    def timeline(self) -> list[int]:
+        """Live bytes after every allocation and free so far."""
+        self._settle()
+        return self._timeline
+
+    def _died(self, key: int, serial: int) -> None:
+        """A storage died: counted off before the next allocation (or reading of the count)."""
+        self._dying.append((key, serial))
+
+    def _settle(self) -> None:
+        """Count off the storages that died since the last allocation, in the order they were allocated."""
+        while self._dying:
+            dying = sorted(self._dying, key=lambda d: d[1])
+            self._dying.clear()  # a death reported while counting these comes round again
+            for key, serial in dying:
+                entry = self._live.get(key)
+                if entry is not None and entry.serial == serial:
+                    self._on_death(key)
+
     def _on_death(self, key: int) -> None:
         entry = self._live.get(key)
         if entry is None:
             return
-        if self._peak_pending and self.current_bytes == self.peak_bytes:
+        if self._peak_pending and self._current == self.peak_bytes:
             self._take_peak_snapshot()  # before the entry leaves: it is part of the peak
         del self._live[key]
-        self.current_bytes -= entry.nbytes
-        self.timeline.append(self.current_bytes)
+        self._current -= entry.nbytes
+        self._timeline.append(self._current)
         if self.trace is not None and entry.nbytes:
             self.trace.append((entry.tkey, -1, 0))
 
     def _add(self, storage: torch.UntypedStorage, category: str | None = None) -> None:
+        self._settle()
         key = id(storage)
         entry = self._live.get(key)
         if entry is not None and entry.ref() is storage:
@@ -229,10 +261,10 @@ class LiveStorageTracker(TorchDispatchMode):
         self._serial += 1
         tracker_ref = weakref.ref(self)
 
-        def died(_ref: weakref.ref, key: int = key) -> None:
+        def died(_ref: weakref.ref, key: int = key, serial: int = self._serial) -> None:
             tracker = tracker_ref()
             if tracker is not None:
-                tracker._on_death(key)
+                tracker._died(key, serial)
 
         self._live[key] = _Entry(self._serial, n, weakref.ref(storage, died))
         if self.trace is not None and n:
@@ -243,18 +275,18 @@ class LiveStorageTracker(TorchDispatchMode):
             self._set_category(self._serial, category)
 
     def _grow(self, n: int) -> None:
-        if n < 0 and self._peak_pending and self.current_bytes == self.peak_bytes:
+        if n < 0 and self._peak_pending and self._current == self.peak_bytes:
             self._take_peak_snapshot()
-        if n > 0 and self.capacity is not None and self.current_bytes + n > self.capacity:
+        if n > 0 and self.capacity is not None and self._current + n > self.capacity:
             raise torch.OutOfMemoryError(
                 f"emulated capacity exceeded: allocating {format_bytes(n)} ({n} bytes) would make "
-                f"{format_bytes(self.current_bytes + n)} ({self.current_bytes + n} bytes) live, "
+                f"{format_bytes(self._current + n)} ({self._current + n} bytes) live, "
                 f"capacity is {format_bytes(self.capacity)} ({self.capacity} bytes)"
             )
-        self.current_bytes += n
-        self.timeline.append(self.current_bytes)
-        if self.current_bytes > self.peak_bytes:
-            self.peak_bytes = self.current_bytes
+        self._current += n
+        self._timeline.append(self._current)
+        if self._current > self.peak_bytes:
+            self.peak_bytes = self._current
             self._peak_pending = True
 
     def _take_peak_snapshot(self) -> None:
@@ -278,7 +310,10 @@ class LiveStorageTracker(TorchDispatchMode):
         try:
             super().__exit__(*exc)
         finally:
-            self._session.close()
+            try:
+                self._settle()
+            finally:
+                self._session.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _IGNORED:
@@ -346,6 +381,7 @@ class LiveStorageTracker(TorchDispatchMode):
         """Name what live storages are (gradients, optimizer state) for the breakdown."""
         if category not in _PRECEDENCE:
             raise ValueError(f"unknown category {category!r}; one of {CATEGORIES}")
+        self._settle()
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 for plain in _plain(t):
@@ -356,6 +392,7 @@ class LiveStorageTracker(TorchDispatchMode):
     def device_alloc(self, nbytes: int, label: str = "workspace") -> int:
         """Record device memory that no tensor holds (a library's workspace, named by ``label``), live from now
         on; returns its key."""
+        self._settle()
         self._serial += 1
         if self.trace is not None and nbytes > 0:
             self.trace.append((self._serial, nbytes, self.stream))
@@ -364,6 +401,7 @@ class LiveStorageTracker(TorchDispatchMode):
         return self._serial
 
     def device_free(self, key: int) -> None:
+        self._settle()
         if self.trace is not None:
             self.trace.append((key, -1, 0))
 
@@ -379,6 +417,7 @@ class LiveStorageTracker(TorchDispatchMode):
         """The fit rule enters ``phase`` (a micro-step's forward or backward, an optimizer step): told to the
         recorder, when there is one."""
         if self.recorder is not None:
+            self._settle()  # what died before the phase began is freed in the phase before
             self.recorder.mark(phase)
 
     @contextlib.contextmanager
@@ -401,6 +440,7 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def breakdown(self) -> dict[str, int]:
         """Bytes per category at the peak; the values sum to ``peak_bytes``."""
+        self._settle()
         if self._peak_pending:
             self._take_peak_snapshot()
         out = dict.fromkeys(CATEGORIES, 0)

@@ -5,6 +5,15 @@ micro-steps (with accumulation, gradients stay live while the next
 micro-batch's activations build up): build the micro-batch and move it to the
 device, forward, loss weighted ``n_i / N`` as the runner weights it, backward
 into ``.grad``; then ``optimizer.step()`` and ``zero_grad(set_to_none=True)``.
+
+Each micro-step builds its micro-batch with a generator of its own seed, the
+same at every size, so a micro-batch of ``b + 1`` starts with the samples of
+one of ``b`` wherever the workload's ``batch(n, generator)`` draws its samples
+in order. Memory that depends on the data (tokens routed to as many copies as
+the model decides) then grows with the batch size, sample by sample; drawn
+from one stream, the later micro-batches of ``b + 1`` would begin one sample
+later than those of ``b``, every size would draw other samples, and a size
+could need less memory than the one below it.
 """
 
 from __future__ import annotations
@@ -84,7 +93,6 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                 steps(session, place(workload))
 
     def steps(session: Session, model: torch.nn.Module) -> None:
-        generator = torch.Generator().manual_seed(seed)
         model.train()
         buckets = ddp_buckets(model, session.torch_device) if data_parallel else None
         opt = session.optimizer(workload.optimizer, model)
@@ -98,6 +106,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                 if sharding is not None:
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
                 mark(f"micro-step {done + 1} forward")
+                generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
                 micro = session.batch(workload.make_batch, batch, generator)
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:

@@ -6,8 +6,11 @@ timelines of live bytes) plus a :class:`~autotune.probing.search.Correction`
 fitted on what the real runs measured against that base: through the two real
 runs nearest the answer, with a spread that says how far it may be off. Each
 real run goes to the largest size whose expected peak, spread included, fits
-the usable memory; the search ends where a real run fits and the next size is
-expected not to, spread included.
+the usable memory (on the device alone, with no estimate: where the expected
+peak meets it); the search ends where a real run fits and the next size is
+expected not to, spread included (on the device alone, also by more than the
+last real run was off from its expectation: samples that hold different
+amounts of memory make a close curve no proof for the next one).
 
 An out-of-memory error gives no peak, only "more than the capacity": it bounds
 the bracket and the correction's error. With no real peak at all (the
@@ -99,6 +102,7 @@ class Learner:
         self.real, self.usable, self.capacity, self.max_batch = real, usable, capacity, max_batch
         self.estimate = estimate
         self.rate = 0.0  # what the last checked correction missed beyond its spread, per sample past its anchors
+        self.missed = 0.0  # bytes the last checked expectation was off by
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}
         self._widths: list[int] = []  # the bracket's width at every guess
 
@@ -147,8 +151,10 @@ class Learner:
         expected, spread = before
         reach = max(1, fitted.reach(batch))
         if attempt.peak_bytes is not None:
-            self.rate = max(0.0, abs(attempt.peak_bytes - expected) - spread) / reach
+            self.missed = abs(attempt.peak_bytes - expected)
+            self.rate = max(0.0, self.missed - spread) / reach
         else:  # more than the capacity: the expectation was off by at least that much
+            self.missed = max(0.0, self.capacity - expected)
             self.rate = max(0.0, self.capacity - expected - spread) / reach
         return attempt.fits
 
@@ -177,7 +183,10 @@ class Learner:
         Where the expected peak, spread included, fits the usable memory; but at least half way from ``lo``
         to where the expected peak alone meets it (between two real peaks on either side of the line: there),
         and never where the spread could take the run past the capacity (an out-of-memory error costs more
-        than a run that peaks over the usable memory)."""
+        than a run that peaks over the usable memory). On the device alone (no estimate), where the expected
+        peak meets the usable memory: the curve through two real runs' timelines is exact where every sample
+        holds the same memory, and its spread is only what the last one missed by, so a run short of the
+        point costs a run for sure where one at the point, over the usable memory, brackets the answer."""
         base, fitted, rises = self.model(lo, hi)
         peaks = self.real.peaks()
 
@@ -189,8 +198,10 @@ class Learner:
             return search_max(within, low=lo, high=hi - 1)  # arithmetic, no trials
 
         point = largest(self.usable, spread=False)
-        careful = point if lo in peaks and hi in peaks else max(largest(self.usable, spread=True),
-                                                                 lo + (point - lo) // 2)
+        if self.estimate is None or (lo in peaks and hi in peaks):
+            careful = point
+        else:
+            careful = max(largest(self.usable, spread=True), lo + (point - lo) // 2)
         return min(careful, largest(self.capacity, spread=True)), rises
 
     def calibration(self, hi: int) -> int | None:
@@ -236,12 +247,19 @@ class Learner:
         return found
 
     def settled(self, lo: int, hi: int) -> bool:
-        """Is ``lo + 1`` expected not to fit, spread included (``lo`` having fitted for real)?"""
+        """Is ``lo + 1`` expected not to fit, spread included (``lo`` having fitted for real)?
+
+        On the device alone, also by more than the last real run's peak was off from its expectation: where
+        samples hold different amounts of memory (routing that depends on the data), a curve that came close
+        at the last run is no proof that the next sample holds what the curve says."""
         if lo not in self.real.peaks() or lo + 1 >= hi:
             return False
         self._evaluate(lo + 1)
         expected = self.expect(lo + 1)
-        return expected is not None and expected[0] - expected[1] > self.usable
+        if expected is None:
+            return False
+        spread = expected[1] if self.estimate is not None else max(expected[1], self.missed)
+        return expected[0] - spread > self.usable
 
 
 def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity: int,
