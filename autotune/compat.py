@@ -94,6 +94,13 @@ def aten_library() -> torch.library.Library:
     return torch.library.Library("aten", "IMPL")
 
 
+def register_kernel(library: torch.library.Library, name: str, kernel: Callable[..., Any], key: str) -> None:
+    """Register ``kernel`` for aten's ``name`` under dispatch key ``key`` in ``library``, over any kernel torch
+    registered from Python (torch < 2.13 refuses that unless asked: its ``Meta`` kernels of oneDNN's LSTM are
+    Python ones); :func:`destroy_library` brings torch's back."""
+    library.impl(name, kernel, key, allow_override=True)
+
+
 def destroy_library(library: torch.library.Library) -> None:
     """Remove every kernel ``library`` registered (no-op when it is gone already)."""
     if library_alive(library):

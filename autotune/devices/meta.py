@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..compat import op_schema, storage_key
+from ..compat import op_schema, register_kernel, storage_key
 from .session import aten_kernels
 
 _META = torch.device("meta")
@@ -208,13 +208,13 @@ def attention_kernels(attention: Callable[..., Any], key: str = "AutogradMeta",
     backward). On ``meta`` tensors, ``recurrent(library)`` registers the recurrent layers' kernels; without it
     they raise :class:`NeedsFakeTensors`."""
     with aten_kernels() as library:
-        library.impl("scaled_dot_product_attention", attention, key)
+        register_kernel(library, "scaled_dot_product_attention", attention, key)
         if key == "AutogradMeta" and recurrent is not None:
             recurrent(library)
         elif key == "AutogradMeta":  # FakeTensorMode runs recurrent layers; meta tensors cannot by default
             for name in _RECURRENT:
                 for overload in ("input", "data"):
-                    library.impl(f"{name}.{overload}", _recurrent(name), "AutogradMeta")
+                    register_kernel(library, f"{name}.{overload}", _recurrent(name), "AutogradMeta")
         yield library
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..compat import library_alive, mkldnn_half_supported, torch_meta_kernel
+from ..compat import library_alive, mkldnn_half_supported, register_kernel, torch_meta_kernel
 
 LSTM_MODE = 2  # ideep::rnn_kind::LSTM, the ``mode`` argument of mkldnn_rnn_layer
 PAGE = 4096  # oneDNN aligns every part of an RNN workspace to a page (rnn_utils.cpp set_offsets)
@@ -151,7 +151,8 @@ def register_meta_kernels(library: torch.library.Library) -> None:
     (torch 2.13), so a kernel whose library is gone hands the call to PyTorch's own ``meta`` kernel: estimates
     under FakeTensorMode do not depend on whether a meta-engine estimate ran before them."""
     for name, kernel in (("mkldnn_rnn_layer", _layer_meta), ("mkldnn_rnn_layer_backward", _layer_backward_meta)):
-        library.impl(name, _while_registered(library, getattr(torch.ops.aten, name).default, kernel), "Meta")
+        op = getattr(torch.ops.aten, name).default
+        register_kernel(library, name, _while_registered(library, op, kernel), "Meta")
 
 
 def _while_registered(library: torch.library.Library, op: Any, kernel: Callable[..., Any]) -> Callable[..., Any]:

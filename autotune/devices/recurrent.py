@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..compat import FakeTensor
+from ..compat import FakeTensor, register_kernel
 from . import onednn
 from .meta import NeedsFakeTensors
 
@@ -323,6 +323,6 @@ def register_cpu_recurrent(library: torch.library.Library, pause: Callable[[], A
     kernels = {"lstm": _lstm(confirm), "gru": _one_hidden(_gru_cell),
                "rnn_tanh": _one_hidden(_simple_cell(torch.tanh)), "rnn_relu": _one_hidden(_simple_cell(torch.relu))}
     for name, (on_input, on_data) in kernels.items():
-        library.impl(f"{name}.input", on_input, "AutogradMeta")
-        library.impl(f"{name}.data", on_data, "AutogradMeta")
+        register_kernel(library, f"{name}.input", on_input, "AutogradMeta")
+        register_kernel(library, f"{name}.data", on_data, "AutogradMeta")
     onednn.register_meta_kernels(library)

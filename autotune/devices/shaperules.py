@@ -233,7 +233,7 @@ def rule_kernels(values: KnownValues, key: str) -> Iterator[None]:
     data, which shape-only tensors lack) are kernels for tensors of the autograd dispatch ``key``
     (``AutogradMeta``, or ``AutogradCPU`` for FakeTensorMode's tensors)."""
     with aten_kernels() as library:
-        library.impl("_pad_packed_sequence", lambda *args: pad_packed_sequence(values, *args), key)
+        compat.register_kernel(library, "_pad_packed_sequence", lambda *args: pad_packed_sequence(values, *args), key)
         yield
 
 
