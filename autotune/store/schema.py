@@ -46,7 +46,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from ..errors import BadInput
+from ..errors import BadInput, first_line
 
 if TYPE_CHECKING:
     from ..results.probe import ProbeResult
@@ -193,8 +193,7 @@ class Entry:
         try:
             result = _probe_result(self.probe_json, self.short)
         except (ValueError, TypeError, BadInput) as exc:  # JSONDecodeError is a ValueError
-            text = str(exc).strip().splitlines()
-            return f"its probe result cannot be read ({type(exc).__name__}: {text[0] if text else ''})"
+            return f"its probe result cannot be read ({first_line(exc)})"
         for name in ("max_micro_batch", "limited_by"):
             if getattr(result, name) != getattr(self, name):
                 return (f"its {name} column ({getattr(self, name)!r}) disagrees with its probe result "
