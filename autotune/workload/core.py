@@ -20,6 +20,7 @@ from torch import nn
 from ..compat import tree_flatten
 from ..errors import ProbeFileError, WorkloadError, user_code
 from .batches import batch_size
+from .from_model import factories_from_model
 
 
 def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -80,9 +81,7 @@ class Workload:
         AdamW, lr 1e-3). Your model, optimizer and random state are never touched:
         every trial builds its own copy.
         """
-        from .from_model import workload_from_model
-
-        return workload_from_model(model, batch, loss=loss, optimizer=optimizer, items=items, name=name)
+        return cls(**factories_from_model(model, batch, loss=loss, optimizer=optimizer, items=items, name=name))
 
     def make_model(self) -> nn.Module:
         """``model()``, checked: a WorkloadError when it raises, a ProbeFileError when it is no Module."""
