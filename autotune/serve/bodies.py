@@ -18,7 +18,7 @@ from .. import options
 from ..errors import BadInput
 
 #: The largest target batch a plan takes (the planner's own limit).
-MAX_TARGET = 10**9
+MAX_TARGET = options.MAX_TARGET_BATCH
 #: An example body, for errors about the body itself.
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 

@@ -34,6 +34,7 @@ from ..errors import BadInput
 from ..planning.ramp import RampConfig
 from ..workload.batches import batch_size, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss
+from .distributed import collective_device
 from .noise import GradientNoiseScale
 from .ramp import BatchRamp
 
@@ -197,7 +198,7 @@ class Accumulator:
             return local
         import torch.distributed as dist
 
-        t = torch.tensor([local], dtype=torch.int64, device=_collective_device(self.process_group))
+        t = torch.tensor([local], dtype=torch.int64, device=collective_device(self.process_group))
         dist.all_reduce(t, group=self.process_group)
         return int(t.item())
 
@@ -295,7 +296,7 @@ class Accumulator:
         """The most micro-steps any rank needs this step (every rank must run as many)."""
         import torch.distributed as dist
 
-        t = torch.tensor([steps], dtype=torch.int64, device=_collective_device(self.process_group))
+        t = torch.tensor([steps], dtype=torch.int64, device=collective_device(self.process_group))
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
         return int(t.item())
 
@@ -310,7 +311,7 @@ class Accumulator:
             return float(loss_sum)
         import torch.distributed as dist
 
-        t = loss_sum.double().to(_collective_device(self.process_group)) / self.world_size
+        t = loss_sum.double().to(collective_device(self.process_group)) / self.world_size
         dist.all_reduce(t, group=self.process_group)
         return float(t)
 
@@ -393,12 +394,3 @@ def _default_move(model: nn.Module) -> Callable[[Any], Any]:
         return lambda batch: batch  # host batches are where a CPU model computes
     return lambda batch: tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
                                   batch)
-
-
-def _collective_device(group: Any) -> torch.device:
-    import torch.distributed as dist
-
-    backend = dist.get_backend(group)
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -47,6 +47,7 @@ from ..planning.ramp import (
 )
 from ..results.plan import Plan
 from ..results.ramp import BatchPhase
+from .distributed import collective_device
 from .noise import GradientNoiseScale
 from .sampler import PlanSampler, split
 
@@ -271,8 +272,6 @@ def _from_rank_zero(value: int, group: Any) -> int:
     """Rank 0's ``value`` on every rank (one broadcast of one integer)."""
     import torch.distributed as dist
 
-    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-              else torch.device("cpu"))
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
     dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return int(t.item())
