@@ -39,7 +39,6 @@ from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import Attempt, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
-from .search import search_max
 from .trials import Trials
 
 #: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
@@ -185,28 +184,6 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
         return points, ()
     shift = curve.shift(fitted, final)
     return points, tuple((a + shift, c) for a, c in fitted.lines())
-
-
-def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, *,
-                   peaks: dict[int, int | None] | None = None) -> int:
-    """The largest micro-batch that fits by real runs alone: doubling from 1, then bisection.
-
-    Every step is a real run of the fit rule, measured whole (no estimate
-    involved); the ground truth the probe's answer is checked against.
-    ``peaks`` (batch size -> real peak bytes, None for an OOM) is filled in and
-    reused, so one cache serves several budgets of the same workload and device.
-    """
-    peaks = {} if peaks is None else peaks
-
-    def fits(b: int) -> bool:
-        if b not in peaks:
-            peaks[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).peak_bytes
-        peak = peaks[b]
-        return peak is not None and peak <= usable
-
-    if not fits(1):
-        return 0
-    return search_max(fits, low=1, high=limit)
 
 
 def _simulated_allocated(est: Trials, batch: int) -> int | None:
