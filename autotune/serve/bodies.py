@@ -12,7 +12,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from .. import options
 from ..errors import BadInput
@@ -74,7 +74,8 @@ class MeasurementRequest(BaseModel):
     peak_reserved_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
     peak_allocated_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
     oom: StrictBool = False
-    retries: Annotated[StrictInt, Field(ge=0, le=10**6)] = 0
+    runs_before: Annotated[StrictInt, Field(ge=0, le=10**6, validation_alias=AliasChoices("runs_before", "retries"),
+                                            description="real runs before this one (its former name: retries)")] = 0
     throughput: Annotated[float | None, Field(ge=0, le=1e12, description="samples per second")] = None
     seconds: Annotated[float | None, Field(ge=0, le=1e9)] = None
     note: Annotated[str | None, Field(max_length=500)] = None
