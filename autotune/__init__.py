@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .lazy import exports
-
-__version__ = "0.1.0"
+from .version import __version__
 
 if TYPE_CHECKING:
     from .api import load_plan, memory_snapshot, plan, probe, run

@@ -6,6 +6,9 @@ can fix the command line or the probe file), 1 for a failure of the work itself.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose."""
@@ -68,3 +71,19 @@ class WorkloadError(AutotuneError):
 
 class EstimateUnavailable(AutotuneError):
     """The estimate cannot run a workload (or cannot be trusted for it) and no real device can search."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error in one line: ``TypeName: the first line of its message`` (the type alone when it says nothing)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+@contextlib.contextmanager
+def user_code(error: Callable[[Exception], Exception]) -> Iterator[None]:
+    """Run the block, the user's own code (a workload's factory, a probe file, a collator): whatever it raises
+    comes out as ``error(exc)``, chained to it. ``KeyboardInterrupt`` and ``SystemExit`` pass as they are."""
+    try:
+        yield
+    except Exception as exc:  # the user's code may raise anything: each kind is theirs to report, not ours
+        raise error(exc) from exc

@@ -40,6 +40,8 @@ FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
 #: Under torchrun: seconds a rank waits for the others before giving up.
 DIST_TIMEOUT_S = 600.0
+#: The largest effective batch a plan holds (samples per optimizer step).
+MAX_TARGET_BATCH = 1_000_000_000
 #: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 DEFAULT_PROBE = "gpt"

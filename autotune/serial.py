@@ -19,8 +19,8 @@ from typing import Any
 
 from .errors import BadInput, ResultFileError
 
-#: 2: typed device, verification, tuning and noise-scale records; files of schema 1 still read (their
-#: memory budget from the old capacity source, their tuning record without a baseline).
+#: The schema of the results this autotune writes and reads (2: typed device, verification, tuning and
+#: noise-scale records); a file of another schema is refused with the way to get one it reads.
 SCHEMA_VERSION = 2
 KINDS = ("ProbeResult", "Plan", "RunResult")
 WRITTEN_BY = {"ProbeResult": "autotune probe --output", "Plan": "autotune plan --output",
@@ -52,6 +52,11 @@ def open_envelope(data: Any, kind: str | None = None, *, source: str = "data") -
         raise ResultFileError(
             f"{source} has schema_version {version}, newer than the {SCHEMA_VERSION} this autotune reads: "
             "upgrade autotune (pip install -U autotune)"
+        )
+    if version < SCHEMA_VERSION:
+        raise ResultFileError(
+            f"{source} has schema_version {version}, older than the {SCHEMA_VERSION} this autotune reads: "
+            f"write it again with {WRITTEN_BY[found]}"
         )
     body = {k: v for k, v in data.items() if k not in ("kind", "schema_version")}
     return found, body

@@ -264,7 +264,8 @@ def _trace_of(workload, b: int):
 
 def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dict[int, bool]]:
     """Largest size that fits by doubling then bisection, every run real; (max, runs, verdicts)."""
-    from autotune.probing.finder import exhaustive_max
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.helpers
+    from tests.helpers import exhaustive_max
 
     peaks: dict[int, int | None] = {}
     found = exhaustive_max(workload, device, usable, limit, peaks=peaks)

@@ -39,16 +39,17 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # tests.realistic
+sys.path.insert(0, ROOT)  # tests.realistic, tests.helpers
 
 from common import machine  # noqa: E402
 
 from autotune.devices import get_device  # noqa: E402
 from autotune.options import MARGIN, MAX_BATCH, usable_bytes  # noqa: E402
-from autotune.probing.finder import exhaustive_max, probe  # noqa: E402
+from autotune.probing.finder import probe  # noqa: E402
 from autotune.probing.fitrule import run_trial  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
 from autotune.workload import Workload, load_workload  # noqa: E402
+from tests.helpers import exhaustive_max  # noqa: E402  (the ground truth, real runs alone)
 
 MiB = 2**20
 BUILT_IN = [("mlp", 2_400_000), ("mlp", 4_000_000), ("mlp", 9_000_000), ("gpt", 64 * MiB), ("convnet", 24 * MiB)]

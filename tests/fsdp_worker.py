@@ -19,14 +19,14 @@ import torch
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
 from ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks  # tests/ is this script's folder
-from helpers import transport_keeps_buffers
+from helpers import fake_groups, transport_keeps_buffers
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
 from autotune.devices import get_device
 from autotune.planning.planner import make_plan
 from autotune.probing.fitrule import fit_rule_work
-from autotune.probing.fsdp import FsdpRule, fake_groups
+from autotune.probing.fsdp import FsdpRule
 from autotune.training import distributed
 from autotune.workload import load_workload
 

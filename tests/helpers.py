@@ -9,8 +9,52 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.probing.finder import exhaustive_max
+from autotune.devices import session
+from autotune.probing.fitrule import run_trial
+from autotune.probing.search import search_max
 from autotune.workload import Workload
+
+
+def exhaustive_max(workload, device, usable: int, limit: int, *, peaks: dict[int, int | None] | None = None) -> int:
+    """The largest micro-batch that fits by real runs alone: doubling from 1, then bisection.
+
+    Every step is a real run of the fit rule, measured whole (no estimate
+    involved); the ground truth the probe's answer is checked against (by the
+    tests, and by bench/probe_accuracy.py, probe_vs_peers.py and gpu_check.py).
+    ``peaks`` (batch size -> real peak bytes, None for an OOM) is filled in and
+    reused, so one cache serves several budgets of the same workload and device.
+    """
+    peaks = {} if peaks is None else peaks
+
+    def fits(b: int) -> bool:
+        if b not in peaks:
+            peaks[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).peak_bytes
+        peak = peaks[b]
+        return peak is not None and peak <= usable
+
+    if not fits(1):
+        return 0
+    return search_max(fits, low=1, high=limit)
+
+
+def fake_groups() -> list[str]:
+    """Names of the fake process groups an estimate of FSDP has registered now (none outside a measurement)."""
+    return sorted(session._FAKE_GROUPS)
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes FSDP holds for ``model`` beyond its shards: unsharded parameters and gradients."""
+    from autotune.probing.fsdp import _param_groups, _unsharded_gradients
+
+    total = 0
+    for group in _param_groups(model):
+        for param in group.fsdp_params:
+            for t in getattr(param, "all_gather_outputs", ()):
+                total += t.untyped_storage().nbytes()
+    for grad in _unsharded_gradients(model):
+        if grad is not None:
+            total += grad.untyped_storage().nbytes()
+    return total
 
 
 def true_max(workload, device, usable: int, high: int) -> tuple[int, int]:

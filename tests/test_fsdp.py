@@ -17,8 +17,10 @@ from autotune.devices import get_device
 from autotune.errors import BadInput, ProbeFileError, WorkloadError
 from autotune.probing import fsdp
 from autotune.probing.fitrule import fit_rule_work, run_trial
-from autotune.probing.fsdp import FsdpRule, fake_engine, fake_groups, fake_mesh, held_bytes
+from autotune.probing.fsdp import FsdpRule, fake_engine, fake_mesh
 from autotune.workload import Workload
+
+from .helpers import fake_groups, held_bytes
 
 MIB = 1024**2
 

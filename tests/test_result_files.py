@@ -129,31 +129,15 @@ def test_a_nan_loss_written_as_null_reads_back_as_nan(results):
     assert all(math.isnan(loss) for loss in run.losses)
 
 
-def test_a_result_written_by_the_first_release_still_loads():
-    """tests/data/result_schema1.json was written by autotune 0.1.0 (schema 1) with --memory-budget 3MB."""
-    from pathlib import Path
-
-    from autotune.report import load_result
-
-    result = load_result(Path(__file__).parent / "data" / "result_schema1.json")
-    assert result.verification.passed and result.verification.check("gradient_equivalence").passed
-    assert result.device.budget_bytes == 3_000_000 and result.device.capacity_source == "memory budget"
-    assert result.plan.probe.device.budget_bytes == 3_000_000
-    assert [t.batch for t in result.plan.probe.trials if t.source == "real"] == [307]
-
-
-def test_a_tuned_plan_of_schema_1_still_loads(results):
-    """Schema 1 recorded two timed steps per candidate and no baseline."""
-    data = copy.deepcopy(results["Plan"])
+@pytest.mark.parametrize("kind,command", [("Plan", "autotune plan --output"), ("RunResult", "autotune run --output"),
+                                          ("ProbeResult", "autotune probe --output")])
+def test_a_file_of_an_older_schema_is_refused_in_one_line_that_says_how_to_write_it_again(results, kind, command):
+    data = copy.deepcopy(results[kind])
     data["schema_version"] = 1
-    candidates = [{"micro_batch": b, "accumulation_steps": -(-1021 // b), "options": {}, "options_label": "defaults",
-                   "predicted_peak_bytes": None, "fits": True, "samples_per_s": 1000.0 + b, "seconds_per_step": 0.1,
-                   "why": ""} for b in (256, 128)]
-    data["tuning"] = {"candidates": candidates, "chosen": {"micro_batch": 256, "options": {}, "samples_per_s": 1256.0},
-                      "trials": 2, "storage": None, "study_name": "s", "steps_per_trial": 2}
-    plan = result_from_dict(data, source="old.json")
-    assert plan.tuning.chosen.accumulation_steps == 4 and plan.tuning.baseline is None
-    assert [c.micro_batch for c in plan.tuning.candidates] == [256, 128]
+    with pytest.raises(ResultFileError) as info:
+        result_from_dict(data, source="old.json")
+    assert str(info.value) == (f"old.json has schema_version 1, older than the 2 this autotune reads: write it again "
+                               f"with {command}")
 
 
 def _not_plain(value: Any, where: str = "") -> Iterator[str]:

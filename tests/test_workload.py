@@ -161,3 +161,23 @@ def test_a_probe_file_that_fails_leaves_sys_path_as_it_was(tmp_path, clean_impor
     with pytest.raises(ProbeFileError, match="No module named 'no_such_sibling'"):
         load_workload(path)
     assert sys.path == before
+
+
+def test_a_probe_file_that_fails_leaves_no_module_behind(tmp_path, clean_imports):
+    path = _file(tmp_path, "raise ZeroDivisionError('at import')\n")
+    before = set(sys.modules)
+    with pytest.raises(ProbeFileError, match="could not be imported: ZeroDivisionError: at import") as info:
+        load_workload(path)
+    assert set(sys.modules) - before == set() and isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("body,match", [
+    ("raise ZeroDivisionError('at import')\n", "could not be imported: ZeroDivisionError: at import"),
+    ("import no_such_dependency_of_it\n", "could not be imported: ModuleNotFoundError: No module named "
+                                          "'no_such_dependency_of_it'"),
+])
+def test_a_probe_module_that_fails_to_import_says_why(tmp_path, monkeypatch, clean_imports, body, match):
+    (tmp_path / "broken_probe_mod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ProbeFileError, match=match):
+        load_workload("broken_probe_mod")

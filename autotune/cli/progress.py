@@ -55,7 +55,7 @@ class StderrProgress(logging.Handler):
 
     def close(self) -> None:
         if self._status:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError, ValueError):  # stderr gone or closed: nothing left to clear
                 sys.stderr.write("\r\x1b[2K")
                 sys.stderr.flush()
             self._status = False

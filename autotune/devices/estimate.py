@@ -118,7 +118,7 @@ class EstimateDevice:
         if engine not in ENGINES:
             raise BadInput(f"unknown estimate engine {engine!r}; use one of {', '.join(ENGINES)}")
         self.name = name
-        self.budget = capacity
+        self.capacity = capacity  # the memory of the device stood in for; capacity_bytes() is what PyTorch may use
         self.allowance = allowance
         self.round_to = round_to
         self.cuda_like = cuda_like
@@ -142,7 +142,7 @@ class EstimateDevice:
         self._kernels = MetaKernels()
 
     def _settings(self) -> dict[str, Any]:
-        return dict(capacity=self.budget, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
+        return dict(capacity=self.capacity, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
                     name=self.name, engine=self.engine, target=self.target, alloc_conf=self.alloc_conf,
                     device_total=self.device_total, model=self.model, budget_given=self.budget_given,
                     simulate=self.simulate, alloc_conf_variable=self.alloc_conf_variable)
@@ -174,7 +174,7 @@ class EstimateDevice:
         return self.allocator is not None
 
     def capacity_bytes(self) -> int:
-        return self.budget - self.allowance
+        return self.capacity - self.allowance
 
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare. Everything an estimate
@@ -310,10 +310,10 @@ class EstimateDevice:
     def describe(self) -> DeviceInfo:
         if self.model is not None:
             what = f"{self.model} ({format_bytes(self.device_total)} as NVML reports it"
-            what += f", planned with a memory budget of {format_bytes(self.budget)})" if self.budget_given else ")"
+            what += f", planned with a memory budget of {format_bytes(self.capacity)})" if self.budget_given else ")"
             lines = [f"estimate for {what}"]
         else:
-            lines = [f"estimate for a {'CUDA GPU' if self.cuda_like else 'device'} with {format_bytes(self.budget)}"]
+            lines = [f"estimate for a {'CUDA GPU' if self.cuda_like else 'device'} with {format_bytes(self.capacity)}"]
         if self.cuda_like:
             lines[0] += f", compute capability {self.target.capability[0]}.{self.target.capability[1]}"
         if self.allowance:
@@ -328,7 +328,7 @@ class EstimateDevice:
         return DeviceInfo(
             name=self.name, kind="estimate", estimated=True, capacity_bytes=self.capacity_bytes(),
             capacity_source=source + (" less the CUDA context allowance" if self.allowance else ""),
-            budget_bytes=self.budget if self.budget_given else None, measured_by=measured_by,
+            budget_bytes=self.capacity if self.budget_given else None, measured_by=measured_by,
             summary="; ".join(lines), torch=torch.__version__, allowance_bytes=self.allowance, round_to=self.round_to,
             cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback, model=self.model,
             total_bytes=self.device_total if self.cuda_like else None,

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..compat import op_schema, register_kernel, storage_key
+from ..errors import first_line
 from .session import aten_kernels
 
 _META = torch.device("meta")
@@ -64,8 +65,7 @@ def meta_cannot_run(exc: BaseException) -> str | None:
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        text = str(cause).strip().splitlines()
-        line = f"{type(cause).__name__}: {text[0] if text else ''}"[:300]
+        line = first_line(cause)[:300]
         if isinstance(cause, NeedsFakeTensors) or (isinstance(cause, META_ERRORS) and _NAMES_META.search(line)):
             return line
         cause = cause.__cause__

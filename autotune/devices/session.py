@@ -230,11 +230,6 @@ def _unregister_group(name: str) -> None:
     compat.unregister_process_group(name)
 
 
-def fake_groups() -> list[str]:
-    """Names of the fake process groups registered now (none outside a measurement)."""
-    return sorted(_FAKE_GROUPS)
-
-
 @contextlib.contextmanager
 def shape_propagation_uncounted(tracker: Any) -> Iterator[None]:
     """While the block runs, ``tracker`` does not count the fake tensors DTensor makes to work out

@@ -28,6 +28,7 @@ of ``train()`` and says where one runs instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import inspect
@@ -40,7 +41,7 @@ from torch import nn
 
 from .. import api, options
 from ..devices import Device
-from ..errors import BadInput, NoUniformPlan
+from ..errors import BadInput, NoUniformPlan, user_code
 from ..planning.exports import no_equal_split
 from ..workload import Workload
 from .common import short_dataset
@@ -158,13 +159,11 @@ def worst_case_batch(dataset: Any, collator: Callable[[list[Any]], Any], *, colu
                "; set remove_unused_columns=False in TrainingArguments to keep them")
     if dropped and all(isinstance(e, Mapping) and not e for e in examples):
         raise BadInput(f"remove_unused_columns drops every column of train_dataset ({dropped}): {why}")
-    try:
+    # The user's collator, whatever it raises: with columns dropped, say which ones it never saw.
+    with user_code(lambda exc: BadInput(f"data_collator failed ({type(exc).__name__}: {exc}) on examples without "
+                                        f"the columns remove_unused_columns drops ({dropped}): {why}")) \
+            if dropped else contextlib.nullcontext():
         batch = collator(examples)
-    except Exception as exc:  # the user's collator, whatever it raises: say which columns it never saw
-        if not dropped:
-            raise
-        raise BadInput(f"data_collator failed ({type(exc).__name__}: {exc}) on examples without the columns "
-                       f"remove_unused_columns drops ({dropped}): {why}") from exc
     if not isinstance(batch, Mapping):
         raise BadInput(f"data_collator returned {type(batch).__name__}, not a dict of tensors: the Trainer calls "
                        "model(**batch)")

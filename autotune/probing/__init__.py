@@ -6,6 +6,6 @@ foundation (errors, units, options, log), results, workload, devices.
 
 from __future__ import annotations
 
-from .finder import exhaustive_max, probe
+from .finder import probe
 
-__all__ = ["exhaustive_max", "probe"]
+__all__ = ["probe"]

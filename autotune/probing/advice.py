@@ -14,10 +14,10 @@ simulation of that size). Nothing is applied: the advice says what to set.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from ..devices.allocconf import AllocatorConfig
+from ..devices.allocconf import CONF_VARIABLES, AllocatorConfig
 from ..devices.replay import Replay, replay
+from ..results.device import DeviceInfo
 from ..results.timeline import AllocatorOption
 from ..units import format_bytes
 
@@ -117,6 +117,7 @@ def advise(options: list[AllocatorOption], batch: int, variable: str) -> list[st
     return lines
 
 
-def user_variable(info: Any) -> str:
-    """The variable the user's allocator settings come from (PYTORCH_ALLOC_CONF when neither is set)."""
-    return getattr(info, "allocator_conf_variable", None) or "PYTORCH_ALLOC_CONF"
+def user_variable(info: DeviceInfo) -> str:
+    """The variable the user's allocator settings come from (PYTORCH_ALLOC_CONF, the device-generic one, when
+    neither is set)."""
+    return info.allocator_conf_variable or CONF_VARIABLES[-1]

@@ -39,11 +39,17 @@ from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import Attempt, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
-from .search import search_max
 from .trials import Trials
 
 #: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
 FAR_BELOW = 0.5
+
+
+@dataclass(frozen=True)
+class NoEstimate:
+    """Why the estimate cannot be used for this workload."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -74,56 +80,37 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     usable = options.usable_bytes(capacity, margin)
     workload = isolate(workload)
     trials: list[Trial] = []
-    notes: list[str] = []
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
         est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding)
         # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
         # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
-        simulates = bool(getattr(est.device, "simulates", False))
-        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, exact=not simulates)
-        notes.extend(_values_notes(est, estimate))
-        fallback = getattr(est.device, "fallback", None)
-        if fallback:
-            notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({fallback})")
-        if data_parallel:
-            notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
-        if sharding is not None:
-            notes.append(sharding_note(sharding))
-        curve = EstimateCurve(est, exact=not simulates)
-        if isinstance(estimate, str):  # why the estimate cannot be used
+        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, exact=not estimator.simulates)
+        notes = _estimate_notes(estimator, est, estimate, data_parallel, sharding)
+        if isinstance(estimate, NoEstimate):
             if device.estimated:
-                raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate}; "
+                raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate.why}; "
                                           "probe it on a real device (cpu or cuda:N) instead")
+            curve = EstimateCurve(est, exact=not estimator.simulates)
         else:
             curve = estimate.curve
-            notes.extend([estimate.note] if estimate.note else [])
             log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
-                       f"{getattr(est.device, 'engine', 'n/a')}, {len(est.done)} evaluations)")
+                       f"{estimator.engine}, {len(est.done)} evaluations)")
         if device.estimated:
-            assert not isinstance(estimate, str)
+            assert isinstance(estimate, Estimate)
             final = estimate.max
             measured = est(final)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
             real = Trials(device, workload, usable, "real", trials, data_parallel, sharding)
-            note: str | None
-            if isinstance(estimate, str):
-                final, note = learn.search_device(real, usable, capacity, max_batch, why=estimate)
-            else:
-                final, note = learn.confirm(real, curve, estimate.max, usable, capacity, max_batch)
-            notes.extend([note] if note else [])
-            notes.extend(_surprising_ooms(trials, curve.at, usable))
-            if final == 0:
-                raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
-            measured = real(final)
-            if simulates and not isinstance(estimate, str):
+            final, measured = _search_real(real, estimate, curve, usable, capacity, margin, max_batch, notes)
+            if estimator.simulates and isinstance(estimate, Estimate):
                 est(final)  # the simulation's figures beside the real ones at the answer
     assert measured.peak_bytes is not None and measured.measurement is not None
     predicted = curve.at(final)
     error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
     points, lines = _curve_figures(curve, final, max_batch)
-    notes.extend(_allocator_notes(est, measured))
+    notes.extend(_allocator_notes(est, measured, simulates=estimator.simulates))
     return ProbeResult(
         workload=workload.name,
         device=device.describe(),
@@ -153,6 +140,37 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     )
 
 
+def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate | NoEstimate, data_parallel: bool,
+                    sharding: FsdpRule | None) -> list[str]:
+    """What the estimate read and ran on, and the fit rule it held, as the probe's first notes."""
+    notes = _values_notes(est, estimate)
+    if estimator.fallback:
+        notes.append(f"estimated under FakeTensorMode: the meta engine cannot run this workload ({estimator.fallback})")
+    if data_parallel:
+        notes.append("the fit rule holds DDP's gradient buckets (one gradient-sized buffer) for world size > 1")
+    if sharding is not None:
+        notes.append(sharding_note(sharding))
+    if isinstance(estimate, Estimate) and estimate.note:
+        notes.append(estimate.note)
+    return notes
+
+
+def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, Attempt]:
+    """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
+    alone when there is none; what the search did goes into ``notes``."""
+    note: str | None
+    if isinstance(estimate, NoEstimate):
+        final, note = learn.search_device(real, usable, capacity, max_batch, why=estimate.why)
+    else:
+        final, note = learn.confirm(real, curve, estimate.max, usable, capacity, max_batch)
+    notes.extend([note] if note else [])
+    notes.extend(_surprising_ooms(real.log, curve.at, usable))
+    if final == 0:
+        raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
+    return final, real(final)
+
+
 def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
                    ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[float, float], ...]]:
     """The estimated curve as the result keeps it: (batch, peak) points, at every size the estimate ran
@@ -168,39 +186,18 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
     return points, tuple((a + shift, c) for a, c in fitted.lines())
 
 
-def exhaustive_max(workload: Workload, device: Device, usable: int, limit: int, *,
-                   peaks: dict[int, int | None] | None = None) -> int:
-    """The largest micro-batch that fits by real runs alone: doubling from 1, then bisection.
-
-    Every step is a real run of the fit rule, measured whole (no estimate
-    involved); the ground truth the probe's answer is checked against.
-    ``peaks`` (batch size -> real peak bytes, None for an OOM) is filled in and
-    reused, so one cache serves several budgets of the same workload and device.
-    """
-    peaks = {} if peaks is None else peaks
-
-    def fits(b: int) -> bool:
-        if b not in peaks:
-            peaks[b] = run_trial(device, workload, b, usable, source="real", capacity_guard=False).peak_bytes
-        peak = peaks[b]
-        return peak is not None and peak <= usable
-
-    if not fits(1):
-        return 0
-    return search_max(fits, low=1, high=limit)
-
-
 def _simulated_allocated(est: Trials, batch: int) -> int | None:
     attempt = est.done.get(batch)
     return attempt.trial.allocated_bytes if attempt is not None else None
 
 
-def _allocator_notes(est: Trials, measured: Attempt) -> list[str]:
-    """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry."""
+def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list[str]:
+    """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
+    the estimate's peaks are the caching-allocator simulation's)."""
     notes = [n for a in est.done.values() if a.measurement is not None for n in a.measurement.notes]
     peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
-    if drop is not None and getattr(est.device, "simulates", False):
+    if drop is not None and simulates:
         b1, p1, b2, p2 = drop
         notes.append(f"the simulated reserved peak is not monotone in the micro-batch: {b1} needs "
                      f"{format_bytes(p1)}, {b2} only {format_bytes(p2)} (the caching allocator's segment sizes "
@@ -216,12 +213,12 @@ def _allocator_notes(est: Trials, measured: Attempt) -> list[str]:
 
 
 def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
-                         exact: bool) -> Estimate | str:
+                         exact: bool) -> Estimate | NoEstimate:
     """The estimate's max and curve, or why the estimate cannot be used for this workload."""
     try:
         first = est(min(2, max_batch))
     except WorkloadError as exc:
-        return f"the estimate cannot run this workload ({_cause(exc)})"
+        return NoEstimate(f"the estimate cannot run this workload ({_cause(exc)})")
     assert first.measurement is not None
     if first.measurement.unknown_reads:
         assert isinstance(est.device, EstimateDevice)
@@ -230,21 +227,22 @@ def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int
                           sharding=est.sharding)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
             answered = first.measurement.answered_reads
-            return (f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads of "
-                    ".item(), .tolist() or a truth value in the forward and backward, of values that depend on "
-                    f"parameters{f'; {answered} more were answered from the batch' if answered else ''}) and the "
-                    "memory it holds depends on them, so it is not trusted")
+            return NoEstimate(f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads "
+                              "of .item(), .tolist() or a truth value in the forward and backward, of values that "
+                              "depend on parameters"
+                              f"{f'; {answered} more were answered from the batch' if answered else ''}) and the "
+                              "memory it holds depends on them, so it is not trusted")
     try:
         return _estimate(est, usable, max_batch, capacity, margin, exact=exact)
     except WorkloadError as exc:
-        return f"the estimate cannot run this workload ({_cause(exc)})"
+        return NoEstimate(f"the estimate cannot run this workload ({_cause(exc)})")
 
 
-def _values_notes(est: Trials, estimate: object) -> list[str]:
+def _values_notes(est: Trials, estimate: Estimate | NoEstimate) -> list[str]:
     """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
     first = next(iter(est.done.values()), None)
     m = first.measurement if first is not None else None
-    if isinstance(estimate, str) or first is None or m is None or \
+    if isinstance(estimate, NoEstimate) or first is None or m is None or \
             not (m.answered_reads or m.answered_shapes or m.unknown_reads):
         return []
     text = (f"values computed from the batch alone answered {m.answered_reads} reads of .item(), .tolist() or a "

@@ -31,7 +31,7 @@ import torch
 from ..compat import FakeTensorMode, unset_fake_temporarily
 from ..devices.base import Device, Measurement, Session, own_random_state
 from ..devices.oom import is_oom
-from ..errors import AutotuneError, WorkloadError
+from ..errors import AutotuneError, WorkloadError, first_line
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
@@ -162,24 +162,19 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
     except Exception as exc:  # the workload's own code runs here, and may raise anything: an OOM means "does not
         # fit", any other error stops the probe as a WorkloadError naming it (never a silent "does not fit")
         if is_oom(exc, device.torch_device.type):
-            stopped = _first_line(exc)
+            stopped = first_line(exc)
             del exc
             device.cleanup()
             return Attempt(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
                                  seconds=time.perf_counter() - start, oom=True, why=stopped))
         raise WorkloadError(
-            f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {_first_line(exc)}",
+            f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
     fits = m.peak_bytes <= usable
     why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
     return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
                          why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def isolate(workload: Workload) -> Workload:

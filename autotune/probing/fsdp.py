@@ -41,11 +41,11 @@ from .. import compat, options
 from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
-from ..devices.session import fake_groups, fake_mesh, shape_propagation_uncounted
+from ..devices.session import fake_mesh, shape_propagation_uncounted
 from ..results.request import FitRule
 from ..workload import Workload
 
-__all__ = ["FsdpRule", "fake_engine", "fake_groups", "fake_mesh", "held_bytes", "real_mesh", "release",
+__all__ = ["FsdpRule", "fake_engine", "fake_mesh", "real_mesh", "release",
            "shape_propagation_uncounted", "shard", "sharded_model", "sharding_note", "skeleton"]
 
 def real_mesh(device_type: str) -> Any:
@@ -235,19 +235,6 @@ def _unsharded_gradients(model: nn.Module) -> Iterator[torch.Tensor | None]:
             yield getattr(param, "unsharded_accumulated_grad", None)
             unsharded = compat.unsharded_param(param)
             yield None if unsharded is None else unsharded.grad
-
-
-def held_bytes(model: nn.Module) -> int:
-    """Bytes FSDP holds for ``model`` beyond its shards: unsharded parameters and gradients."""
-    total = 0
-    for group in _param_groups(model):
-        for param in group.fsdp_params:
-            for t in getattr(param, "all_gather_outputs", ()):
-                total += t.untyped_storage().nbytes()
-    for grad in _unsharded_gradients(model):
-        if grad is not None:
-            total += grad.untyped_storage().nbytes()
-    return total
 
 
 #: What FSDP's own checks raise on a unit that a failed step left half way (its asserts, torch's errors).

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..results.plan import Plan
 from ..units import format_bytes, plural
+from ..version import __version__
 from . import memory, ramp, runs, tables, timeline
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text
 from .subject import Subject, status
@@ -51,13 +52,7 @@ def build(result: Any, *, generated: datetime | None = None) -> Report:
     stamp = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
     title = f"autotune memory report: {s.name}" + (f" on {s.device.name}" if s.device is not None else "")
     return Report(title=title, verdict=verdict(s), sections=tuple(sections),
-                  footer=f"Generated {stamp} by autotune {_version()} from a {s.kind}.")
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
+                  footer=f"Generated {stamp} by autotune {__version__} from a {s.kind}.")
 
 
 def verdict(s: Subject) -> Text:

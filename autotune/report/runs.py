@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ..results.noise import describe
 from ..results.run import Check, RunResult
 from ..units import format_bytes, plural
+from ..version import __version__
 from . import plots, tables
 from .blocks import Block, Bullets, Code, Image, Rows, Section, Table, Text
 from .memory import BREAKDOWN_PLOT, PEAK_PLOT, THROUGHPUT_PLOT
@@ -95,8 +96,6 @@ _SHOWN = ("name", "model", "kind", "torch", "driver", "allocator_conf", "measure
 
 
 def environment(s: Subject) -> Section:
-    from .. import __version__
-
     if s.device is None:
         return Section("environment", "Environment", (Rows((
             ("Device", "none recorded (a plan made without a probe)"),

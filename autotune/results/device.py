@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from .record import Record, Whole, one_of
 
 KINDS = ("cpu", "cuda", "estimate")
-#: How results written before DeviceInfo had a field for it said "the user's memory budget".
-_LEGACY_BUDGET = "--memory-budget"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +55,3 @@ class DeviceInfo(Record):
         if self.other_processes is not None:
             object.__setattr__(self, "other_processes",
                                tuple((int(pid), int(n)) for pid, n in self.other_processes))
-
-    @classmethod
-    def upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """Results of schema 1 said "the user's memory budget" in ``capacity_source`` alone."""
-        if data.get("capacity_source") == _LEGACY_BUDGET and "budget_bytes" not in data:
-            return {**data, "capacity_source": "memory budget", "budget_bytes": data.get("capacity_bytes")}
-        return data

@@ -12,6 +12,7 @@ from itertools import chain
 from typing import Annotated, Any
 
 from ..errors import ResultFileError
+from ..options import MAX_TARGET_BATCH
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import PARALLEL, ProbeResult
@@ -19,7 +20,6 @@ from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
 from .tuning import Tuning
 
-MAX_TARGET_BATCH = 1_000_000_000
 MAX_MICRO_BATCHES = 1_000_000
 
 

@@ -22,7 +22,7 @@ lists) and the properties marked :func:`derived` after the field they name; a re
 file of its own, in the envelope of :mod:`autotune.serial`. ``from_dict`` reads that back: a missing
 required field, an unknown one, a value of another JSON type or one its rules refuse is a one-line
 ResultFileError naming the file and the field (``trials[0].batch``); null in a ``float`` field is the NaN
-or infinity that :func:`autotune.serial.dumps` wrote as null. ``upgrade`` rewrites what older files hold.
+or infinity that :func:`autotune.serial.dumps` wrote as null.
 Adding a field to a record is all it takes to write it, read it back and check it.
 """
 
@@ -139,11 +139,6 @@ class Record:
         return body if self.KIND is None else envelope(self.KIND, body)
 
     @classmethod
-    def upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """What an older file holds, in today's fields (before anything is checked)."""
-        return data
-
-    @classmethod
     def from_dict(cls: type[R], data: Any, *, source: str = "data", kind: str | None = None,
                   where: str = "") -> R:
         """The record that ``to_dict`` wrote, read from ``source``; ResultFileError names the field, inside
@@ -163,7 +158,6 @@ def _read(cls: type[Record], value: Any, source: str) -> Record:
     layout = _layout(cls)
     if not isinstance(value, dict):
         raise Bad.mismatch(value, "an object", final=True)
-    value = cls.upgrade(value)
     for name in layout.required:
         if name not in value:
             raise Bad.field("the field {} is missing", name)

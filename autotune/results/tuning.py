@@ -74,16 +74,3 @@ class Tuning(Record):
 
     def is_chosen(self, candidate: Candidate) -> bool:
         return candidate.key == self.chosen.key
-
-    @classmethod
-    def upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """A tuning record of schema 1 (median of two steps, no baseline) in today's fields."""
-        if "steps_per_trial" not in data:
-            return data
-        data = {k: v for k, v in data.items() if k != "steps_per_trial"}
-        chosen = data.get("chosen")
-        if isinstance(chosen, dict) and "accumulation_steps" not in chosen:
-            same = [c for c in data.get("candidates") or [] if isinstance(c, dict)
-                    and c.get("micro_batch") == chosen.get("micro_batch")]
-            data["chosen"] = same[0] if same else chosen
-        return data

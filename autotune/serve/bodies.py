@@ -12,7 +12,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from .. import options
 from ..errors import BadInput
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..results.request import PlanRequest as Asked
 
 #: The largest target batch a plan takes (the planner's own limit).
-MAX_TARGET = 10**9
+MAX_TARGET = options.MAX_TARGET_BATCH
 #: An example body, for errors about the body itself.
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 
@@ -87,7 +87,8 @@ class MeasurementRequest(BaseModel):
     peak_reserved_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
     peak_allocated_bytes: Annotated[StrictInt | None, Field(ge=0, le=2**60)] = None
     oom: StrictBool = False
-    retries: Annotated[StrictInt, Field(ge=0, le=10**6)] = 0
+    runs_before: Annotated[StrictInt, Field(ge=0, le=10**6, validation_alias=AliasChoices("runs_before", "retries"),
+                                            description="real runs before this one (its former name: retries)")] = 0
     throughput: Annotated[float | None, Field(ge=0, le=1e12, description="samples per second")] = None
     seconds: Annotated[float | None, Field(ge=0, le=1e9)] = None
     note: Annotated[str | None, Field(max_length=500)] = None

@@ -176,14 +176,14 @@ def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: 
 
 
 def observation(attempt: Attempt, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
-                retries: int = 0, note: str | None = None) -> Observation:
+                runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
     m = attempt.measurement
     return Observation(
         fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
         batch=attempt.trial.batch, peak_reserved_bytes=attempt.peak_bytes,
         peak_allocated_bytes=m.tracked_peak_bytes if m is not None else None,
-        estimated_peak_bytes=stored.predicted_peak_at(attempt.trial.batch), oom=attempt.oom, retries=retries,
+        estimated_peak_bytes=stored.predicted_peak_at(attempt.trial.batch), oom=attempt.oom, runs_before=runs_before,
         seconds=attempt.seconds, note=note)
 
 
@@ -200,7 +200,7 @@ def probe_observations(result: ProbeResult) -> list[Observation]:
             fingerprint=result.fingerprint, source="probe", device=device, device_kind=result.device.kind,
             batch=t.batch, peak_reserved_bytes=t.peak_bytes,
             peak_allocated_bytes=sum(result.breakdown.values()) if at_max and result.breakdown else None,
-            estimated_peak_bytes=result.predicted_peak_at(t.batch), oom=t.oom, retries=i, seconds=t.seconds,
+            estimated_peak_bytes=result.predicted_peak_at(t.batch), oom=t.oom, runs_before=i, seconds=t.seconds,
             note=t.why))
     return out
 

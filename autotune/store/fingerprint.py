@@ -42,6 +42,7 @@ import torch
 from ..compat import TorchDispatchMode, tree_flatten
 from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
+from ..errors import first_line
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
 from ..probing.fsdp import fit_kwargs
 from ..results.device import DeviceInfo
@@ -140,18 +141,18 @@ def trace(workload: Workload, device: Device) -> dict[str, Any]:
                 with ops:
                     loss = workload.loss(model, batches[SIZES[0]])
                     loss.backward()
-            except Exception as exc:
-                seen["ops"] = {"traced": False, "why": _first_line(exc)}
+            except Exception as exc:  # whatever the workload's loss raised: recorded, then raised as it was
+                seen["ops"] = {"traced": False, "why": first_line(exc)}
                 raise
             seen["ops"] = {"traced": True, "count": ops.count, "digest": ops.digest()}
 
     estimator = device.estimator()
     try:
         estimator.measure(work)
-    except Exception as exc:
+    except Exception as exc:  # the workload's code may raise anything: what it reached is still a fingerprint
         if not {"model", "optimizer", "batch"} <= set(seen):
-            raise Untraceable(_first_line(exc)) from exc
-        seen.setdefault("ops", {"traced": False, "why": _first_line(exc)})
+            raise Untraceable(first_line(exc)) from exc
+        seen.setdefault("ops", {"traced": False, "why": first_line(exc)})
     seen["ops"]["engine"] = estimator.engine
     return seen
 
@@ -235,11 +236,6 @@ def _kind(obj: Any) -> str:
 
 def _digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

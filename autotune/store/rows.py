@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from ..version import __version__
 from .schema import Entry, Observation
 
 if TYPE_CHECKING:

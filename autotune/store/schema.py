@@ -46,7 +46,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from ..errors import BadInput
+from ..errors import BadInput, first_line
 
 if TYPE_CHECKING:
     from ..results.probe import ProbeResult
@@ -193,8 +193,7 @@ class Entry:
         try:
             result = _probe_result(self.probe_json, self.short)
         except (ValueError, TypeError, BadInput) as exc:  # JSONDecodeError is a ValueError
-            text = str(exc).strip().splitlines()
-            return f"its probe result cannot be read ({type(exc).__name__}: {text[0] if text else ''})"
+            return f"its probe result cannot be read ({first_line(exc)})"
         for name in ("max_micro_batch", "limited_by"):
             if getattr(result, name) != getattr(self, name):
                 return (f"its {name} column ({getattr(self, name)!r}) disagrees with its probe result "
@@ -275,9 +274,9 @@ class Observation:
     CUDA, live tensor bytes on the CPU), ``peak_allocated_bytes`` the live tensor
     bytes at the peak (about ``max_memory_allocated`` on CUDA); both None after an
     out-of-memory error (``oom``). ``estimated_peak_bytes`` is the estimate's peak
-    for the same micro-batch. ``retries``: real runs before this one in the same
-    probe (0 for the first, and for a run of a plan). ``throughput``: samples per
-    second, for runs of a plan.
+    for the same micro-batch. ``runs_before``: real runs before this one in the
+    same probe (0 for the first, and for a run of a plan; the table's column
+    ``retries`` holds it). ``throughput``: samples per second, for runs of a plan.
     """
 
     fingerprint: str
@@ -289,7 +288,7 @@ class Observation:
     peak_allocated_bytes: int | None = None
     estimated_peak_bytes: int | None = None
     oom: bool = False
-    retries: int = 0
+    runs_before: int = 0
     throughput: float | None = None
     seconds: float | None = None
     note: str | None = None
@@ -305,8 +304,8 @@ class Observation:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"measurement {name} must be a whole number of bytes >= 0, got {value!r}")
-        if self.retries < 0:
-            raise ValueError(f"measurement retries must be >= 0, got {self.retries}")
+        if self.runs_before < 0:
+            raise ValueError(f"measurement runs_before must be >= 0, got {self.runs_before}")
 
     @property
     def error(self) -> float | None:
@@ -316,7 +315,8 @@ class Observation:
         return (self.peak_reserved_bytes - self.estimated_peak_bytes) / self.estimated_peak_bytes
 
     def row(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "id"}
+        """The table's row (no ``id``: the table gives it); ``runs_before`` in its column ``retries``."""
+        data = {_COLUMNS.get(k, k): v for k, v in self.__dict__.items() if k != "id"}
         return data
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,4 +324,9 @@ class Observation:
 
     @classmethod
     def from_row(cls, row: Any) -> Observation:
-        return cls(**dict(row._mapping))
+        return cls(**{_FIELDS.get(k, k): v for k, v in row._mapping.items()})
+
+
+#: The fields of an Observation whose column in ``autotune_measurements`` has another name, and back.
+_COLUMNS = {"runs_before": "retries"}
+_FIELDS = {column: name for name, column in _COLUMNS.items()}

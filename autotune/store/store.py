@@ -34,7 +34,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
-from ..errors import BadInput
+from ..errors import BadInput, first_line
 from . import claims, schema
 from .claims import LEASE_S, POLL_S, owner_id
 from .database import MODES, READING, Mode, engine, identity, in_memory, retryable, sqlite_file
@@ -114,7 +114,7 @@ class Store:
             if "readonly" in str(exc):
                 raise BadInput(f"{self.name} {self.shown!r} is read-only here, and {self._purpose} needs to write it: "
                                "run as a user who may, or give another store") from None
-            raise BadInput(f"{self.name} {self.shown!r} cannot be opened: {_first_line(exc)}") from None
+            raise BadInput(f"{self.name} {self.shown!r} cannot be opened: {first_line(exc)}") from None
         self.identity = identity(self.file)
 
     # -- transactions -------------------------------------------------------------------
@@ -177,7 +177,7 @@ class Store:
         try:
             self._read(lambda c: c.execute(select(schema.info.c.value).limit(1)).scalar())
         except (BadInput, SQLAlchemyError) as exc:
-            return str(exc) if isinstance(exc, BadInput) else f"store {self.shown!r}: {_first_line(exc)}"
+            return str(exc) if isinstance(exc, BadInput) else f"store {self.shown!r}: {first_line(exc)}"
         return None
 
     def close(self) -> None:
@@ -448,8 +448,3 @@ def _count(conn: Connection, table: Any, where: Any) -> int:
     if where is not None:
         query = query.where(where)
     return int(conn.execute(query).scalar() or 0)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -31,10 +31,12 @@ from torch import nn
 from .. import options
 from ..compat import tree_map
 from ..errors import BadInput
+from ..planning.ramp import RampConfig
 from ..workload.batches import batch_size, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss
-from . import ramp as ramping
+from .distributed import collective_device
 from .noise import GradientNoiseScale
+from .ramp import BatchRamp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +100,7 @@ class Accumulator:
                  process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
                  no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
                  external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True,
-                 ramp: ramping.RampConfig | ramping.BatchRamp | None = None):
+                 ramp: RampConfig | BatchRamp | None = None):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
         self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
@@ -121,12 +123,42 @@ class Accumulator:
         self.in_step = _sharded(model)  # FSDP gathers parameters in every micro-step, on all ranks together
         self.skipped_steps = 0
         self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
-        self.ramp = ramping.bind(ramp, schedule, self)
+        self.ramp = self._follow(ramp, schedule)
 
     def reschedule(self, schedule: Any) -> None:
         """Split the next batches by ``schedule`` (a Plan, or this rank's micro-batch sizes): between steps only."""
         self.sizes = _sizes_for(schedule, self.rank)
         self.largest = max(self.sizes)
+
+    def _follow(self, ramp: RampConfig | BatchRamp | None, schedule: Any) -> BatchRamp | None:
+        """The BatchRamp this Accumulator follows (None without one), its learning-rate hooks on the optimizer."""
+        if ramp is None:
+            return None
+        if not isinstance(ramp, (RampConfig, BatchRamp)):
+            raise BadInput(f"ramp must be an autotune.RampConfig or a BatchRamp, got {type(ramp).__name__}")
+        if self.noise_scale is None:
+            raise BadInput("ramp grows the batch with the measured gradient noise scale: leave noise_scale on "
+                           "(noise_scale=True, or a GradientNoiseScale of your own)")
+        if isinstance(ramp, RampConfig):
+            ramp = BatchRamp(schedule, ramp, rank=self.rank, process_group=self.process_group)
+        if ramp.world_size != self.world_size:
+            raise BadInput(f"the ramp's plan is for {ramp.world_size} rank(s) but {self.world_size} are training")
+        ramp.attach(self.optimizer)
+        self.reschedule(ramp.plan_for(ramp.wanted))
+        return ramp
+
+    def _begin_phase(self, samples: int) -> None:
+        """Before a step of ``samples`` on this rank under a ramp: split it by its phase's plan. When a new phase
+        begins on a CUDA device, the caching allocator's unused blocks go back first: they were cut for the old
+        micro-batch sizes, and kept, they would add to the new sizes' blocks in the reserved memory the fit rule
+        bounds."""
+        assert self.ramp is not None
+        before = len(self.ramp.phases)
+        phase = self.ramp.begin_step(samples)
+        if phase is not None:
+            self.reschedule(phase)
+        if before and len(self.ramp.phases) > before and self.device_type == "cuda":
+            torch.cuda.empty_cache()
 
     # -- the pieces a step is made of --------------------------------------------------
 
@@ -166,7 +198,7 @@ class Accumulator:
             return local
         import torch.distributed as dist
 
-        t = torch.tensor([local], dtype=torch.int64, device=_collective_device(self.process_group))
+        t = torch.tensor([local], dtype=torch.int64, device=collective_device(self.process_group))
         dist.all_reduce(t, group=self.process_group)
         return int(t.item())
 
@@ -230,7 +262,7 @@ class Accumulator:
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
         if self.ramp is not None:
-            ramping.begin(self, batch_size(batch))
+            self._begin_phase(batch_size(batch))
         out = self.backward(batch)
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -264,7 +296,7 @@ class Accumulator:
         """The most micro-steps any rank needs this step (every rank must run as many)."""
         import torch.distributed as dist
 
-        t = torch.tensor([steps], dtype=torch.int64, device=_collective_device(self.process_group))
+        t = torch.tensor([steps], dtype=torch.int64, device=collective_device(self.process_group))
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
         return int(t.item())
 
@@ -279,7 +311,7 @@ class Accumulator:
             return float(loss_sum)
         import torch.distributed as dist
 
-        t = loss_sum.double().to(_collective_device(self.process_group)) / self.world_size
+        t = loss_sum.double().to(collective_device(self.process_group)) / self.world_size
         dist.all_reduce(t, group=self.process_group)
         return float(t)
 
@@ -362,12 +394,3 @@ def _default_move(model: nn.Module) -> Callable[[Any], Any]:
         return lambda batch: batch  # host batches are where a CPU model computes
     return lambda batch: tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
                                   batch)
-
-
-def _collective_device(group: Any) -> torch.device:
-    import torch.distributed as dist
-
-    backend = dist.get_backend(group)
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -28,8 +28,6 @@ from ..compat import queue_backward_callback, sequence_number, tree_leaves
 from ..errors import AutotuneError, BadInput
 from ..units import plural
 
-DEFAULT_TIMEOUT_S = 600
-
 
 def active() -> bool:
     """True inside an initialized process group of more than one rank."""
@@ -59,7 +57,7 @@ def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def process_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[bool]:
+def process_group(timeout_s: float = options.DIST_TIMEOUT_S) -> Iterator[bool]:
     """Join the process group torchrun describes (gloo on CPUs, nccl on GPUs) for the block.
 
     Yields True when a group was joined here. A rank waiting for another that
@@ -124,15 +122,17 @@ def local_device_name() -> str:
     return "cpu"
 
 
-def _device_for_collectives() -> torch.device:
-    if dist.get_backend() == "nccl":
+def collective_device(group: Any = None) -> torch.device:
+    """Where a collective of ``group`` (default: the world's) takes its tensors: this rank's GPU under nccl,
+    else the CPU."""
+    if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def gather_ints(value: int) -> list[int]:
     """Every rank's ``value``, in rank order."""
-    t = torch.tensor([int(value)], dtype=torch.int64, device=_device_for_collectives())
+    t = torch.tensor([int(value)], dtype=torch.int64, device=collective_device())
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [int(x.item()) for x in out]

@@ -62,6 +62,7 @@ import torch
 from ..compat import foreach_norm
 from ..results.noise import NoiseScaleEstimate, NoiseStep, ratio_interval
 from ..workload.bookkeeping import PENDING_LIMIT, PENDING_VALUES, noise_buffer
+from .distributed import collective_device
 
 BETA = 0.99  # EMA decay: the estimate leans on about the last 100 steps
 
@@ -413,9 +414,7 @@ class GradientNoiseScale:
     def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if dist.get_backend(self.process_group) == "nccl" else torch.device("cpu"))
-        t = stats.to(device)
+        t = stats.to(collective_device(self.process_group))
         dist.all_reduce(t, group=self.process_group)
         return t
 

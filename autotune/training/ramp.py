@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -47,11 +47,9 @@ from ..planning.ramp import (
 )
 from ..results.plan import Plan
 from ..results.ramp import BatchPhase
+from .distributed import collective_device
 from .noise import GradientNoiseScale
 from .sampler import PlanSampler, split
-
-if TYPE_CHECKING:
-    from .accumulate import Accumulator
 
 #: Optimizers whose step is the gradient times the rate (the ``noise`` rule's exponent 1); every other
 #: optimizer normalises its step by gradient statistics (exponent ½).
@@ -251,41 +249,6 @@ class RampSampler(PlanSampler):
             yield window[start:start + shares[self.rank]]
 
 
-# -- how an Accumulator takes a ramp ----------------------------------------------------------------
-
-
-def bind(ramp: RampConfig | BatchRamp | None, schedule: Any, acc: Accumulator) -> BatchRamp | None:
-    """The BatchRamp an Accumulator follows (None without one), its learning-rate hooks on the optimizer."""
-    if ramp is None:
-        return None
-    if not isinstance(ramp, (RampConfig, BatchRamp)):
-        raise BadInput(f"ramp must be an autotune.RampConfig or a BatchRamp, got {type(ramp).__name__}")
-    if acc.noise_scale is None:
-        raise BadInput("ramp grows the batch with the measured gradient noise scale: leave noise_scale on "
-                       "(noise_scale=True, or a GradientNoiseScale of your own)")
-    if isinstance(ramp, RampConfig):
-        ramp = BatchRamp(schedule, ramp, rank=acc.rank, process_group=acc.process_group)
-    if ramp.world_size != acc.world_size:
-        raise BadInput(f"the ramp's plan is for {ramp.world_size} rank(s) but {acc.world_size} are training")
-    ramp.attach(acc.optimizer)
-    acc.reschedule(ramp.plan_for(ramp.wanted))
-    return ramp
-
-
-def begin(acc: Accumulator, samples: int) -> None:
-    """Before an Accumulator's step of ``samples`` on this rank: split it by its phase's plan. When a new phase
-    begins on a CUDA device, the caching allocator's unused blocks go back first: they were cut for the old
-    micro-batch sizes, and kept, they would add to the new sizes' blocks in the reserved memory the fit rule
-    bounds."""
-    assert acc.ramp is not None
-    before = len(acc.ramp.phases)
-    phase = acc.ramp.begin_step(samples)
-    if phase is not None:
-        acc.reschedule(phase)
-    if before and len(acc.ramp.phases) > before and acc.device_type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside a framework's wrapper (LightningOptimizer, AcceleratedOptimizer)."""
     inner = optimizer
@@ -309,8 +272,6 @@ def _from_rank_zero(value: int, group: Any) -> int:
     """Rank 0's ``value`` on every rank (one broadcast of one integer)."""
     import torch.distributed as dist
 
-    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-              else torch.device("cpu"))
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
     dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return int(t.item())

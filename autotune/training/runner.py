@@ -14,15 +14,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from .. import log, options
 from ..compat import tree_map
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
-from ..errors import AutotuneError, DoesNotFit, WorkloadError
+from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line
 from ..results.noise import NoiseScaleEstimate
 from ..results.ramp import BatchPhase, RampConfig, batch_per_step
 from ..results.run import RunResult, Verification
@@ -35,7 +37,7 @@ from .ramp_checks import gradients_check, schedule_check
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 
 
-def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verify: bool = True,
+def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.STEPS, verify: bool = True,
              precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
              ramp: RampConfig | None = None) -> RunResult:
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
@@ -51,128 +53,189 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = 20, verif
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    ddp = distributed.active()
-    rank, world = distributed.rank(), distributed.world_size()
+    world = distributed.world_size()
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
                             f"or plan for world_size={world}")
-    sizes = list(plan.schedule[rank])
-    start = distributed.rank_offsets(plan.per_rank_batch)[rank]
-    usable = plan.usable_bytes_of(rank) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
-    fsdp = plan.parallel == "fsdp"
-    scope = contextlib.ExitStack()
-    mesh = scope.enter_context(sharded.mesh(device.torch_device)) if fsdp else None
-    wrap = (lambda m: sharded.wrap(m, workload, mesh, precision)) if fsdp else \
-        (lambda m: distributed.wrap(m, device.torch_device)) if ddp else None
+    usable = plan.usable_bytes_of(distributed.rank()) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
+    run = _Run(plan, workload, device, steps=steps, precision=precision, max_norm=max_norm, seed=seed, ramp=ramp)
     checks: list[Check] = []
-    where = _Where(workload, device, plan)
-    with scope, own_random_state(device.torch_device, seed), where("while building the model"):
-        host_model = workload.make_model()
-        data = torch.Generator().manual_seed(seed)
+    with run.scope, own_random_state(device.torch_device, seed), run.where("while building the model"):
+        run.host_model = workload.make_model()
         if verify:
-            where.now = "while verifying the gradient on the first effective batch"
+            run.where.now = "while verifying the gradient on the first effective batch"
             log.progress(f"verifying gradient equivalence on one effective batch of "
                          f"{plural(plan.target_batch, 'sample')} ...")
             first = workload.make_batch(plan.target_batch, torch.Generator().manual_seed(seed))
-            checks.append(_gradient(host_model, sizes, first, start, workload, device, max_norm, precision,
-                                    wrap))
+            checks.append(run.gradient(run.sizes, first, run.start))
             log.progress(checks[-1].message)
-
-        consumed: list[tuple[int, int]] = []
-        expected_items: list[int] = []
-        losses: list[float] = []
-        seconds: list[float] = []
-        rounds: list[int] = []
-        in_sync: list[bool] = []
-        skipped = [0]
-        noise: list[NoiseScaleEstimate] = []
-        phases: list[BatchPhase] = []
-        wanted: list[int] = []  # this rank's samples per step: the plan's, or its ramp phase's
-
-        def work(session: Session) -> None:
-            if fsdp:
-                scope.enter_context(sharded.measured(session))
-                model = trained = sharded.place(session, host_model, workload, mesh, precision)
-            else:
-                model = session.model(lambda: copy.deepcopy(host_model))
-                trained = wrap(model) if wrap else model
-            model.train()
-            opt = session.optimizer(workload.optimizer, model)
-            counter: Any = None
-            if ddp:
-                counter = sharded.ReduceScatterCounter(trained) if fsdp else distributed.RoundCounter(trained)
-            acc = Accumulator(trained, opt, plan if ramp is not None else sizes, loss=workload.loss,
-                              items=workload.items, move=session.move, max_norm=max_norm, precision=precision,
-                              ramp=ramp)
-            for step in range(steps):
-                where.now = f"at step {step + 1} of {steps} of the run"
-                now = plan if acc.ramp is None else acc.ramp.plan_for(acc.ramp.effective_batch)
-                with session.tracker.paused():
-                    wanted.append(now.per_rank_batch[rank])
-                    batch = share(workload.make_batch(now.target_batch, data),
-                                  distributed.rank_offsets(now.per_rank_batch)[rank], wanted[-1])
-                    expected_items.append(workload.count_items(batch))
-                begin = time.perf_counter()
-                out = acc.step(batch)
-                seconds.append(time.perf_counter() - begin)
-                del batch
-                losses.append(out.loss)
-                consumed.append((out.samples, out.items))
-                skipped[0] += int(out.skipped)
-                if counter is not None:
-                    with session.tracker.paused():
-                        rounds.append(counter.take())
-                        digest = sharded.gathered_digest(model) if fsdp else distributed.parameter_digest(model)
-                        in_sync.append(len(set(distributed.gather_ints(digest))) == 1)
-                log.progress(f"step {step + 1}/{steps}: loss {out.loss:.4f} ({seconds[-1]:.2f} s)")
-            if acc.noise_scale is not None:
-                noise.append(acc.noise_scale.estimate(unit="samples" if workload.items is None else "items"))
-                acc.noise_scale.close()
-            if acc.ramp is not None:
-                phases.extend(acc.ramp.phases)
-                acc.ramp.detach()
-
-        _, measured = device.measure(work)
-        if verify and phases:
-            where.now = "while verifying the gradient of each phase of the batch ramp"
-            checks += _ramp_checks(plan, phases, host_model, workload, device, max_norm, precision, wrap, seed)
-
-    predicted = plan.predicted_peak_of(rank)
-    checks.append(memory_check(measured.peak_bytes, usable, predicted))
-    checks.append(count_check(consumed, wanted, expected_items))
-    if ddp:
-        checks += [rounds_check(rounds, collective="reduce-scatter" if fsdp else "all-reduce"), sync_check(in_sync)]
-    timed = slice(1, None) if len(seconds) > 1 else slice(None)
-    per_step = sum(seconds[timed]) / len(seconds[timed])
-    effective = batch_per_step(phases, len(seconds)) if phases else [plan.target_batch] * len(seconds)
-    verification = None
-    if verify:
-        grad = next((c for c in checks if c.name == "gradient_equivalence"), None)
-        passed = all(c.passed for c in checks)
-        everywhere = distributed.all_true(passed) if ddp else passed
-        if everywhere != passed:
-            checks.append(Check(name="other_ranks", passed=False, value=None, limit=None,
-                                message="a check failed on another rank"))
-        verification = Verification(passed=everywhere, checks=tuple(checks),
-                                    gradient_relative_error=None if grad is None else grad.value)
+        _, measured = device.measure(run.train)
+        if verify and run.record.phases:
+            run.where.now = "while verifying the gradient of each phase of the batch ramp"
+            checks += _ramp_checks(run, seed)
+    predicted = plan.predicted_peak_of(run.rank)
+    checks += _run_checks(run, measured.peak_bytes, usable, predicted)
+    record = run.record
+    timed = slice(1, None) if len(record.seconds) > 1 else slice(None)
+    per_step = sum(record.seconds[timed]) / len(record.seconds[timed])
+    effective = batch_per_step(record.phases, len(record.seconds)) if record.phases else \
+        [plan.target_batch] * len(record.seconds)
+    verification = _verification(checks, run.ddp) if verify else None
     described = device.describe()
-    notes = []
-    if described.kind == "cpu":
-        notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
-    if ddp:
-        notes.append(f"rank {rank} of {world}: this rank's figures; checks agreed over all ranks")
-    if fsdp:
-        notes.append(f"FSDP: the model sharded over {plural(world, 'rank')} with fully_shard ({precision} policy); "
-                     "gradients and parameters compared as gathered from the shards")
     return RunResult(
         plan=plan, workload=workload.name, device=described, precision=precision,
-        losses=tuple(losses), step_seconds=tuple(seconds),
-        samples_per_s=sum(effective[timed]) / sum(seconds[timed]),
-        items_per_s=(sum(n for _, n in consumed) / len(consumed)) * world / per_step,
+        losses=tuple(record.losses), step_seconds=tuple(record.seconds),
+        samples_per_s=sum(effective[timed]) / sum(record.seconds[timed]),
+        items_per_s=(sum(n for _, n in record.consumed) / len(record.consumed)) * world / per_step,
         peak_bytes=measured.peak_bytes, usable_bytes=usable, predicted_peak_bytes=predicted,
-        skipped_steps=skipped[0], verification=verification, notes=tuple(notes),
-        noise_scale=noise[0] if noise else None,
-        allocated_peak_bytes=measured.tracked_peak_bytes, ramp=ramp, batch_schedule=tuple(phases),
+        skipped_steps=record.skipped, verification=verification,
+        notes=_notes(run, described.kind, world), noise_scale=record.noise,
+        allocated_peak_bytes=measured.tracked_peak_bytes, ramp=ramp, batch_schedule=tuple(record.phases),
     )
+
+
+@dataclass
+class _Record:
+    """What a run saw on this rank, step by step."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    consumed: list[tuple[int, int]] = field(default_factory=list)  # (samples, items) fed to the loss
+    wanted: list[int] = field(default_factory=list)  # this rank's samples per step: the plan's, or its ramp phase's
+    expected_items: list[int] = field(default_factory=list)  # the items in the batch each step was given
+    rounds: list[int] = field(default_factory=list)  # under DDP or FSDP: gradient collectives per step
+    in_sync: list[bool] = field(default_factory=list)  # under DDP or FSDP: every rank holds the same parameters
+    skipped: int = 0  # fp16 steps GradScaler skipped
+    noise: NoiseScaleEstimate | None = None
+    phases: list[BatchPhase] = field(default_factory=list)  # the batch ramp's, when there is one
+
+
+class _Run:
+    """One run of a plan on this rank: how its model is placed and wrapped, and the training loop, whose
+    steps go into ``record``. ``scope`` holds what lasts the whole run (FSDP's mesh)."""
+
+    def __init__(self, plan: Any, workload: Workload, device: Device, *, steps: int, precision: str,
+                 max_norm: float | None, seed: int, ramp: RampConfig | None):
+        self.plan, self.workload, self.device = plan, workload, device
+        self.steps, self.precision, self.max_norm, self.ramp = steps, precision, max_norm, ramp
+        self.ddp, self.rank = distributed.active(), distributed.rank()
+        self.fsdp = plan.parallel == "fsdp"
+        self.sizes = list(plan.schedule[self.rank])
+        self.start = distributed.rank_offsets(plan.per_rank_batch)[self.rank]
+        self.scope = contextlib.ExitStack()
+        self.mesh = self.scope.enter_context(sharded.mesh(device.torch_device)) if self.fsdp else None
+        self.where = _Where(workload, device, plan)
+        self.data = torch.Generator().manual_seed(seed)
+        self.host_model: Any = None
+        self.record = _Record()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """``model`` as the run trains it: sharded (FSDP), in DistributedDataParallel, or as it is."""
+        if self.fsdp:
+            return sharded.wrap(model, self.workload, self.mesh, self.precision)
+        return distributed.wrap(model, self.device.torch_device) if self.ddp else model
+
+    def gradient(self, sizes: list[int], global_batch: Any, start: int) -> Check:
+        """The gradient check of the run's accumulation, over a device copy of the initial model wrapped as the
+        run wraps it: this rank's share (``sizes`` from ``start``) against all samples."""
+        model = copy.deepcopy(self.host_model).to(self.device.torch_device)
+        trained: nn.Module | None = None
+        try:
+            trained = self.wrap(model)
+            return gradient_check(
+                Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=self.workload.loss,
+                            items=self.workload.items, max_norm=self.max_norm, precision=self.precision,
+                            noise_scale=False),
+                self.host_model, share(global_batch, start, sum(sizes)), reference_batch=global_batch)
+        finally:
+            del model  # the copy's memory is free before the cleanup
+            trained = None
+            self.device.cleanup()
+
+    def train(self, session: Session) -> None:
+        """The run itself, in ``session``: ``steps`` optimizer steps, each recorded."""
+        if self.fsdp:
+            self.scope.enter_context(sharded.measured(session))
+            model = trained = sharded.place(session, self.host_model, self.workload, self.mesh, self.precision)
+        else:
+            model = session.model(lambda: copy.deepcopy(self.host_model))
+            trained = self.wrap(model)
+        model.train()
+        opt = session.optimizer(self.workload.optimizer, model)
+        counter: Any = None
+        if self.ddp:
+            counter = sharded.ReduceScatterCounter(trained) if self.fsdp else distributed.RoundCounter(trained)
+        acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
+                          items=self.workload.items, move=session.move, max_norm=self.max_norm,
+                          precision=self.precision, ramp=self.ramp)
+        for step in range(self.steps):
+            self.where.now = f"at step {step + 1} of {self.steps} of the run"
+            self._step(session, acc, model, counter)
+            log.progress(f"step {step + 1}/{self.steps}: loss {self.record.losses[-1]:.4f} "
+                         f"({self.record.seconds[-1]:.2f} s)")
+        if acc.noise_scale is not None:
+            unit = "samples" if self.workload.items is None else "items"
+            self.record.noise = acc.noise_scale.estimate(unit=unit)
+            acc.noise_scale.close()
+        if acc.ramp is not None:
+            self.record.phases.extend(acc.ramp.phases)
+            acc.ramp.detach()
+
+    def _step(self, session: Session, acc: Accumulator, model: nn.Module, counter: Any) -> None:
+        """One optimizer step on this rank's share of a new effective batch (the size its ramp phase wants)."""
+        record = self.record
+        now = self.plan if acc.ramp is None else acc.ramp.plan_for(acc.ramp.effective_batch)
+        with session.tracker.paused():
+            record.wanted.append(now.per_rank_batch[self.rank])
+            batch = share(self.workload.make_batch(now.target_batch, self.data),
+                          distributed.rank_offsets(now.per_rank_batch)[self.rank], record.wanted[-1])
+            record.expected_items.append(self.workload.count_items(batch))
+        begin = time.perf_counter()
+        out = acc.step(batch)
+        record.seconds.append(time.perf_counter() - begin)
+        del batch
+        record.losses.append(out.loss)
+        record.consumed.append((out.samples, out.items))
+        record.skipped += int(out.skipped)
+        if counter is not None:
+            with session.tracker.paused():
+                record.rounds.append(counter.take())
+                digest = sharded.gathered_digest(model) if self.fsdp else distributed.parameter_digest(model)
+                record.in_sync.append(len(set(distributed.gather_ints(digest))) == 1)
+
+
+def _run_checks(run: _Run, peak: int, usable: int, predicted: int | None) -> list[Check]:
+    """What the run measured held: memory within the usable and the prediction, every sample and item counted
+    once, and under DDP or FSDP one gradient collective round per step and the ranks' parameters alike."""
+    checks = [memory_check(peak, usable, predicted), count_check(run.record.consumed, run.record.wanted,
+                                                                 run.record.expected_items)]
+    if run.ddp:
+        checks += [rounds_check(run.record.rounds, collective="reduce-scatter" if run.fsdp else "all-reduce"),
+                   sync_check(run.record.in_sync)]
+    return checks
+
+
+def _verification(checks: list[Check], ddp: bool) -> Verification:
+    """The verdict of ``checks``: passed only where every check passed, on every rank."""
+    grad = next((c for c in checks if c.name == "gradient_equivalence"), None)
+    passed = all(c.passed for c in checks)
+    everywhere = distributed.all_true(passed) if ddp else passed
+    if everywhere != passed:
+        checks.append(Check(name="other_ranks", passed=False, value=None, limit=None,
+                            message="a check failed on another rank"))
+    return Verification(passed=everywhere, checks=tuple(checks),
+                        gradient_relative_error=None if grad is None else grad.value)
+
+
+def _notes(run: _Run, kind: str, world: int) -> tuple[str, ...]:
+    notes = []
+    if kind == "cpu":
+        notes.append("timed with the memory tracker active (it sees every op); throughput without it is higher")
+    if run.ddp:
+        notes.append(f"rank {run.rank} of {world}: this rank's figures; checks agreed over all ranks")
+    if run.fsdp:
+        notes.append(f"FSDP: the model sharded over {plural(world, 'rank')} with fully_shard ({run.precision} "
+                     "policy); gradients and parameters compared as gathered from the shards")
+    return tuple(notes)
 
 
 class _Where:
@@ -193,8 +256,7 @@ class _Where:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, AutotuneError) or not isinstance(exc, Exception):
             return None
-        text = str(exc).strip().splitlines()
-        cause = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        cause = first_line(exc)
         if is_oom(exc, self.device.torch_device.type):
             del exc
             self.device.cleanup()
@@ -210,34 +272,15 @@ def share(batch: Any, start: int, size: int) -> Any:
     return tree_map(lambda t: t[start:start + size] if isinstance(t, torch.Tensor) and t.dim() else t, batch)
 
 
-def _ramp_checks(plan, phases: list[BatchPhase], host_model, workload: Workload, device: Device, max_norm,
-                 precision, wrap, seed: int) -> list[Check]:
+def _ramp_checks(run: _Run, seed: int) -> list[Check]:
     """The ramp's schedule within the plan, and each phase's gradient check on one batch of its size (this rank's
     share against all samples, as for the plan)."""
-    rank = distributed.rank()
 
     def phase_gradient(phase: BatchPhase) -> Check:
-        first = workload.make_batch(phase.effective_batch, torch.Generator().manual_seed(seed))
-        own = distributed.rank_offsets(tuple(map(sum, phase.schedule)))[rank]
-        return _gradient(host_model, list(phase.schedule[rank]), first, own, workload, device, max_norm, precision,
-                         wrap)
+        first = run.workload.make_batch(phase.effective_batch, torch.Generator().manual_seed(seed))
+        own = distributed.rank_offsets(tuple(map(sum, phase.schedule)))[run.rank]
+        return run.gradient(list(phase.schedule[run.rank]), first, own)
 
-    checks = [schedule_check(plan, phases), gradients_check(phases, phase_gradient)]
+    checks = [schedule_check(run.plan, run.record.phases), gradients_check(run.record.phases, phase_gradient)]
     log.progress(checks[-1].message)
     return checks
-
-
-def _gradient(host_model, sizes, global_batch: Any, start: int, workload: Workload, device: Device, max_norm,
-              precision, wrap) -> Check:
-    """The gradient check of the run's accumulation, over a device copy of the initial model wrapped as the
-    run wraps it: this rank's share against all samples."""
-    model = copy.deepcopy(host_model).to(device.torch_device)
-    try:
-        trained = wrap(model) if wrap is not None else model
-        return gradient_check(
-            Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
-                        items=workload.items, max_norm=max_norm, precision=precision, noise_scale=False),
-            host_model, share(global_batch, start, sum(sizes)), reference_batch=global_batch)
-    finally:
-        model = trained = None  # the copy's memory is free before the cleanup
-        device.cleanup()

@@ -141,7 +141,7 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
         try:
             ratios = compare_plans(base_wl, device, plans[0], plans[1], other_workload=other_wl, timing=timing,
                                    seed=seed)
-        except Exception as exc:
+        except RuntimeError as exc:  # out of memory is one (torch.OutOfMemoryError too); is_oom tells which
             if not is_oom(exc):
                 raise
             del exc
@@ -289,7 +289,7 @@ def _measure(workload: Workload, device: Device, probed: ProbeResult, target_bat
     row["ran"] = True
     try:
         times = time_plan(workload, device, plan, timing=timing, seed=seed)
-    except Exception as exc:
+    except RuntimeError as exc:  # out of memory is one (torch.OutOfMemoryError too); is_oom tells which
         if not is_oom(exc):
             raise
         del exc

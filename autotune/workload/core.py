@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from ..compat import tree_flatten
-from ..errors import ProbeFileError, WorkloadError
+from ..errors import ProbeFileError, WorkloadError, user_code
 from .batches import batch_size
+from .from_model import factories_from_model
 
 
 def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -80,17 +81,12 @@ class Workload:
         AdamW, lr 1e-3). Your model, optimizer and random state are never touched:
         every trial builds its own copy.
         """
-        from .from_model import workload_from_model
-
-        return workload_from_model(model, batch, loss=loss, optimizer=optimizer, items=items, name=name)
+        return cls(**factories_from_model(model, batch, loss=loss, optimizer=optimizer, items=items, name=name))
 
     def make_model(self) -> nn.Module:
         """``model()``, checked: a WorkloadError when it raises, a ProbeFileError when it is no Module."""
-        try:
+        with user_code(self._failed("model()")):
             model = self.model()
-        except Exception as exc:
-            raise WorkloadError(f"workload {self.name!r}: model() failed: {type(exc).__name__}: {exc}",
-                                workload=self.name) from exc
         if not isinstance(model, nn.Module):
             raise ProbeFileError(f"workload {self.name!r}: model() returned {type(model).__name__}, not a "
                                  "torch.nn.Module: return the model, e.g. model=lambda: MyModel()")
@@ -124,17 +120,19 @@ class Workload:
         ``shard(model)``, checked, else every block of the largest ``nn.ModuleList``."""
         if self.shard is None:
             return largest_module_list(model)
-        try:
+        with user_code(self._failed("shard(model)")):
             units = list(self.shard(model))
-        except Exception as exc:
-            raise WorkloadError(f"workload {self.name!r}: shard(model) failed: {type(exc).__name__}: {exc}",
-                                workload=self.name) from exc
         inside = {id(m) for m in model.modules()}
         for unit in units:
             if not isinstance(unit, nn.Module) or id(unit) not in inside or unit is model:
                 raise ProbeFileError(f"workload {self.name!r}: shard(model) must return submodules of the model "
                                      f"(the root is sharded last on its own), got {type(unit).__name__}")
         return units
+
+    def _failed(self, call: str) -> Callable[[Exception], WorkloadError]:
+        """What an error ``call`` (one of the factories) raised becomes: a WorkloadError naming the workload."""
+        return lambda exc: WorkloadError(f"workload {self.name!r}: {call} failed: {type(exc).__name__}: {exc}",
+                                         workload=self.name)
 
     def choices(self) -> list[dict[str, Any]]:
         """Every combination of ``options`` (one empty dict when there are none)."""

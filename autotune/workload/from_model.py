@@ -23,15 +23,15 @@ from torch import nn
 from ..compat import tree_map
 from ..errors import BadInput, ProbeFileError
 from .batches import batch_size
-from .core import Workload, default_optimizer
 
 Optimizer = torch.optim.Optimizer
 
 
-def workload_from_model(model: nn.Module, batch: Any, *, loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-                        optimizer: Optimizer | Callable[..., Optimizer] | None = None,
-                        items: Callable[[Any], int] | None = None, name: str | None = None) -> Workload:
-    """The Workload of ``model`` trained on batches like ``batch`` (see :meth:`Workload.from_model`)."""
+def factories_from_model(model: nn.Module, batch: Any, *, loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+                         optimizer: Optimizer | Callable[..., Optimizer] | None = None,
+                         items: Callable[[Any], int] | None = None, name: str | None = None) -> dict[str, Any]:
+    """The fields of the Workload of ``model`` trained on batches like ``batch`` (see :meth:`Workload.from_model`):
+    its name and factories; no ``optimizer`` when none is given (the Workload's default then)."""
     if not isinstance(model, nn.Module):
         raise BadInput(f"model must be a torch.nn.Module instance, got {type(model).__name__}")
     try:
@@ -43,14 +43,18 @@ def workload_from_model(model: nn.Module, batch: Any, *, loss: Callable[[nn.Modu
         raise BadInput(f"optimizer must be a torch.optim.Optimizer or a factory of one, got {type(optimizer).__name__}")
     label = name or type(model).__name__
     host = tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, batch)
-    return Workload(
+    fields: dict[str, Any] = dict(
         name=label,
         model=lambda: copy_model(model),
         batch=lambda n, generator: _cycle(host, rows, n),
         loss=loss if loss is not None else _loss_from_output(label),
-        optimizer=_optimizer_factory(model, optimizer),
         items=items,
     )
+    if isinstance(optimizer, Optimizer):
+        fields["optimizer"] = reproduce_optimizer(model, optimizer)
+    elif optimizer is not None:
+        fields["optimizer"] = optimizer
+    return fields
 
 
 def copy_model(model: nn.Module) -> nn.Module:
@@ -95,15 +99,6 @@ def _loss_from_output(name: str) -> Callable[[nn.Module, Any], torch.Tensor]:
         return value
 
     return loss
-
-
-def _optimizer_factory(model: nn.Module, optimizer: Optimizer | Callable[..., Optimizer] | None
-                       ) -> Callable[[Iterable[nn.Parameter]], Optimizer]:
-    if optimizer is None:
-        return default_optimizer
-    if not isinstance(optimizer, Optimizer):
-        return optimizer
-    return reproduce_optimizer(model, optimizer)
 
 
 def reproduce_optimizer(model: nn.Module, optimizer: Optimizer) -> Callable[[Iterable[nn.Parameter]], Optimizer]:

@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import ProbeFileError
+from ..errors import ProbeFileError, user_code
 from ..options import BUILTIN_PROBES, ProbeSpec, probe_spec
 from .core import Workload
 
@@ -32,10 +32,8 @@ def load_workload(spec: str | None = None) -> Workload:
                              f"define {func_name}() -> autotune.Workload")
     if not callable(build):
         raise ProbeFileError(f"probe {target!r}: {func_name} is a {type(build).__name__}, not a function")
-    try:
+    with user_code(lambda exc: ProbeFileError(f"probe {target!r}: {func_name}() failed: {type(exc).__name__}: {exc}")):
         workload = build()
-    except Exception as exc:
-        raise ProbeFileError(f"probe {target!r}: {func_name}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(workload, Workload):
         raise ProbeFileError(
             f"probe {target!r}: {func_name}() returned {type(workload).__name__}, not an autotune.Workload"
@@ -50,30 +48,34 @@ def _import(where: ProbeSpec) -> ModuleType:
         name = f"autotune_probe_{abs(hash(str(path.resolve())))}"
         added = _importable(path.resolve().parent)
         try:
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            if module_spec is None or module_spec.loader is None:
-                raise OSError(f"{target} is not a Python file")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
-            module_spec.loader.exec_module(module)
-        except OSError as exc:
+            with user_code(lambda exc: _file_error(target, exc)):
+                module_spec = importlib.util.spec_from_file_location(name, path)
+                if module_spec is None or module_spec.loader is None:
+                    raise OSError(f"{target} is not a Python file")
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                module_spec.loader.exec_module(module)
+        except ProbeFileError:
             _forget(name, added)
-            raise ProbeFileError(f"probe file {target!r} cannot be read: {exc.strerror or exc}") from exc
-        except Exception as exc:
-            _forget(name, added)
-            raise ProbeFileError(f"probe file {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+            raise
         return module
-    try:
+    with user_code(lambda exc: _module_error(target, exc)):
         return importlib.import_module(target)
-    except ModuleNotFoundError as exc:
-        if exc.name and target.startswith(exc.name):
-            raise ProbeFileError(
-                f"probe {target!r} is neither a file nor an importable module "
-                f"(built-in probes: {', '.join(BUILTIN_PROBES)})"
-            ) from exc
-        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        raise ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+
+
+def _file_error(target: str, exc: Exception) -> ProbeFileError:
+    """Why the probe file ``target`` cannot be used: it cannot be read, or importing it raised ``exc``."""
+    if isinstance(exc, OSError):
+        return ProbeFileError(f"probe file {target!r} cannot be read: {exc.strerror or exc}")
+    return ProbeFileError(f"probe file {target!r} could not be imported: {type(exc).__name__}: {exc}")
+
+
+def _module_error(target: str, exc: Exception) -> ProbeFileError:
+    """Why the module ``target`` cannot be used: there is none of that name, or importing it raised ``exc``."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and target.startswith(exc.name):
+        return ProbeFileError(f"probe {target!r} is neither a file nor an importable module "
+                              f"(built-in probes: {', '.join(BUILTIN_PROBES)})")
+    return ProbeFileError(f"probe {target!r} could not be imported: {type(exc).__name__}: {exc}")
 
 
 def _importable(folder: Path) -> str | None:

@@ -19,10 +19,12 @@ from autotune.devices.cpu import CpuDevice
 from autotune.devices.estimate import EstimateDevice
 from autotune.devices.measurement import Measurement
 from autotune.devices.recorder import Recorder, record_with
-from autotune.devices.session import EstimateSession, LeftBehind, fake_groups, leftovers
+from autotune.devices.session import EstimateSession, LeftBehind, leftovers
 from autotune.probing.fitrule import fit_rule_work
 from autotune.probing.fsdp import FsdpRule, fake_engine
 from autotune.workload import Workload, load_workload
+
+from ..helpers import fake_groups
 
 GiB = 2**30
 

@@ -338,6 +338,7 @@ def _newer(reports, tmp_path: Path) -> Path:
     ("not_autotune", "is not an autotune result"),
     ("not_json", "is not JSON"),
     ("newer", "newer than the"),
+    ("older", "schema_version 1, older than the 2 this autotune reads: write it again with autotune plan --output"),
     ("missing", "does not exist"),
     ("invalid_plan", "not a valid Plan"),
 ])
@@ -349,8 +350,11 @@ def test_bad_result_files_are_one_line_errors(case, match, reports, tmp_path, ca
         src.write_text("{not json")
     elif case == "newer":
         src = _newer(reports, tmp_path)
+    elif case == "older":
+        data = json.loads((reports["plan"] / "plan.json").read_text())
+        src.write_text(json.dumps({**data, "schema_version": 1}))
     elif case == "invalid_plan":
-        src.write_text(json.dumps({"kind": "autotune.Plan", "schema_version": 1, "target_batch": 4}))
+        src.write_text(json.dumps({"kind": "autotune.Plan", "schema_version": SCHEMA_VERSION, "target_batch": 4}))
     out = tmp_path / "out"
     before = entries(tmp_path)
     assert match in _cli_error(capsys, ["report", str(src), "--out", str(out)])

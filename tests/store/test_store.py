@@ -134,7 +134,7 @@ def test_measurements_and_how_far_the_estimates_were(store):
         Observation(fingerprint=FP, source="confirm", device="H100", device_kind="cuda", batch=8,
                     peak_reserved_bytes=130, estimated_peak_bytes=100),
         Observation(fingerprint=FP, source="probe", device="H100", device_kind="cuda", batch=9, oom=True,
-                    estimated_peak_bytes=120, retries=1),
+                    estimated_peak_bytes=120, runs_before=1),
         Observation(fingerprint=OTHER, source="run", device="A100", device_kind="cuda", batch=4,
                     peak_reserved_bytes=90, estimated_peak_bytes=100, throughput=250.0),
     ]
@@ -150,6 +150,20 @@ def test_measurements_and_how_far_the_estimates_were(store):
     assert table["H100"]["ooms_estimated_to_fit"] == 1
     assert table["A100"]["mean_error"] == pytest.approx(-0.1)
     assert store.observations(OTHER)[0].throughput == 250.0
+    assert [o.runs_before for o in store.observations(FP)] == [0, 0, 1]
+    from sqlalchemy import text
+
+    with store.engine.begin() as conn:  # the table's column keeps its name: stores written before read the same
+        assert sorted(conn.execute(text("SELECT retries FROM autotune_measurements")).scalars()) == [0, 0, 0, 1]
+
+
+def test_a_reported_measurement_takes_runs_before_under_its_former_name_too():
+    pytest.importorskip("pydantic")
+    from autotune.serve.bodies import MeasurementRequest
+
+    body = {"fingerprint": FP, "device": "NVIDIA H100", "batch": 8, "peak_reserved_bytes": 100}
+    assert MeasurementRequest.model_validate({**body, "retries": 2}).runs_before == 2
+    assert MeasurementRequest.model_validate({**body, "runs_before": 3}).model_dump()["runs_before"] == 3
 
 
 def test_accuracy_ignores_rows_without_both_figures():
