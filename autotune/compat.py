@@ -55,6 +55,10 @@ def version(text: str) -> tuple[int, int]:
 #: The installed torch's ``(major, minor)``: what the version checks below read.
 TORCH = version(torch.__version__)
 
+#: Does the CPU run a packed LSTM whose sequences are all of one length as oneDNN's kernels (torch 2.13 on; before,
+#: every packed sequence runs as cells)?
+ONEDNN_PACKED_LSTM = TORCH >= (2, 13)
+
 # -- dispatch modes and fake tensors ---------------------------------------------------------------------
 
 #: Inside, ops run on real tensors: no dispatch mode sees them (``torch.utils._python_dispatch``).

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..compat import FakeTensor, register_kernel
+from ..compat import ONEDNN_PACKED_LSTM, FakeTensor, register_kernel
 from . import onednn
 from .meta import NeedsFakeTensors
 
@@ -298,7 +298,7 @@ def _lstm(confirm: Callable[[int, int, torch.dtype], Any]) -> tuple[Callable, Ca
 
     def on_data(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
         sizes = _batch_sizes(batch_sizes)
-        if onednn.uses_onednn(data, hx) and all(size == sizes[0] for size in sizes):
+        if ONEDNN_PACKED_LSTM and onednn.uses_onednn(data, hx) and all(size == sizes[0] for size in sizes):
             # Sequences all of one length: the packed data is a (steps, batch, features) tensor for oneDNN.
             x = data.view(len(sizes), sizes[0], data.size(1))
             out, hy, cy = onednn.lstm(x, hx, params, has_biases, num_layers, dropout, train, bidirectional, False,
