@@ -80,6 +80,19 @@ def first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def undo_on_failure(undo: Callable[[], object]) -> Iterator[None]:
+    """Run the block; if anything stops it (an error, an interrupt, a generator closed), run ``undo`` and let
+    that go on as it was. A block left normally, by ``return``, ``break`` or ``continue``, is not undone."""
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if not done:
+            undo()
+
+
+@contextlib.contextmanager
 def user_code(error: Callable[[Exception], Exception]) -> Iterator[None]:
     """Run the block, the user's own code (a workload's factory, a probe file, a collator): whatever it raises
     comes out as ``error(exc)``, chained to it. ``KeyboardInterrupt`` and ``SystemExit`` pass as they are."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, ResultFileError
+from .errors import BadInput, ResultFileError, undo_on_failure
 
 #: The schema of the results this autotune writes and reads (2: typed device, verification, tuning and
 #: noise-scale records); a file of another schema is refused with the way to get one it reads.
@@ -126,21 +126,18 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, *, what: str | None
     mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
     with cleanup_before_termination():
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if mode is not None:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise BadInput(f"{what}: {exc.strerror or exc}") from exc
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with undo_on_failure(lambda: tmp.unlink(missing_ok=True)):
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if mode is not None:
+                    os.chmod(tmp, mode)
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise BadInput(f"{what}: {exc.strerror or exc}") from exc
     return path
 
 

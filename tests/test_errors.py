@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import BadInput, WorkloadError, first_line, user_code
+from autotune.errors import BadInput, WorkloadError, first_line, undo_on_failure, user_code
 
 
 @pytest.mark.parametrize("exc,line", [
@@ -38,3 +38,37 @@ def test_user_code_lets_a_block_that_raises_nothing_return():
     with user_code(lambda exc: WorkloadError(first_line(exc))):
         value = 1 + 1
     assert value == 2
+
+
+@pytest.mark.parametrize("stop", [OSError("disk full"), KeyboardInterrupt(), SystemExit(1)])
+def test_undo_on_failure_undoes_whatever_stops_the_block_and_lets_it_go_on(stop):
+    undone = []
+    with pytest.raises(type(stop)) as info, undo_on_failure(lambda: undone.append(True)):
+        raise stop
+    assert info.value is stop and undone == [True]
+
+
+def test_undo_on_failure_undoes_a_generator_closed_at_its_yield():
+    undone = []
+
+    def writer():
+        with undo_on_failure(lambda: undone.append(True)):
+            yield "half written"
+
+    steps = writer()
+    next(steps)
+    steps.close()
+    assert undone == [True]
+
+
+def test_undo_on_failure_keeps_a_block_left_normally_by_return_or_continue():
+    undone = []
+
+    def leave_early():
+        with undo_on_failure(lambda: undone.append("return")):
+            return 1
+
+    for _ in range(2):
+        with undo_on_failure(lambda: undone.append("continue")):
+            continue
+    assert leave_early() == 1 and undone == []

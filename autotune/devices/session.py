@@ -34,6 +34,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from .. import compat
+from ..errors import undo_on_failure
 from .quiet import quiet_torch_logs
 
 
@@ -71,14 +72,11 @@ class EstimateSession:
 
     def __enter__(self) -> EstimateSession:
         _LOCK.acquire()
-        try:
+        with undo_on_failure(_LOCK.release):
             if self.quiet:
                 self._quiet = contextlib.ExitStack()
                 self._quiet.enter_context(quiet_torch_logs())
             _sessions().append(self)
-        except BaseException:
-            _LOCK.release()
-            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:

@@ -42,6 +42,7 @@ from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
 from ..devices.session import fake_mesh, shape_propagation_uncounted
+from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
 
@@ -199,12 +200,13 @@ class FsdpRule:
                 placed.append(model)
                 return model
 
-            try:
-                yield place
-            except BaseException:
+            def release_placed() -> None:
                 for model in placed:
                     release(model)
-                raise
+
+            try:
+                with undo_on_failure(release_placed):
+                    yield place
             finally:
                 placed.clear()
 

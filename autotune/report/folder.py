@@ -13,6 +13,7 @@ never half written.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import BadInput, undo_on_failure
 from ..serial import cleanup_before_termination
 
 REPORT_MARKERS = ("report.html", "report.md")
@@ -101,12 +102,9 @@ def write_folder(path: str | os.PathLike, fill: Callable[[Path], None], *, force
         except OSError as exc:
             raise BadInput(f"cannot write a report at {path}: {exc.strerror or exc}; "
                            "choose a writable folder") from None
-        try:
+        with undo_on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True)):
             fill(tmp)
             _move_into_place(tmp, path, force=force)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return path
 
 
@@ -137,17 +135,15 @@ def _move_into_place(tmp: Path, path: Path, *, force: bool, attempts: int = 20) 
             continue  # another writer moved it aside first
         except OSError as exc:
             raise BadInput(f"cannot replace the report at {path}: {exc.strerror or exc}") from None
-        try:
-            os.rename(tmp, path)
-        except OSError as exc:
-            if exc.errno in _TAKEN:  # another writer put its report in place meanwhile: replace that one
+        with undo_on_failure(functools.partial(_put_back, old, path)):
+            try:
+                os.rename(tmp, path)
+            except OSError as exc:
+                if exc.errno not in _TAKEN:
+                    raise BadInput(f"cannot write a report at {path}: {exc.strerror or exc}") from None
+                # another writer put its report in place meanwhile: replace that one
                 shutil.rmtree(old, ignore_errors=True)
                 continue
-            _put_back(old, path)
-            raise BadInput(f"cannot write a report at {path}: {exc.strerror or exc}") from None
-        except BaseException:
-            _put_back(old, path)
-            raise
         shutil.rmtree(old, ignore_errors=True)
         return
     raise BadInput(f"cannot write a report at {path}: other processes keep replacing it; try again")

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import options
 from ..compat import queue_backward_callback, sequence_number, tree_leaves
-from ..errors import AutotuneError, BadInput
+from ..errors import AutotuneError, BadInput, undo_on_failure
 from ..units import plural
 
 
@@ -77,11 +77,8 @@ def process_group(timeout_s: float = options.DIST_TIMEOUT_S) -> Iterator[bool]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     _import_group_defaults()
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    try:
+    with undo_on_failure(lambda: _leave(together=False)):
         yield True
-    except BaseException:
-        _leave(together=False)
-        raise
     _leave(together=True)
 
 
