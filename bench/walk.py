@@ -36,7 +36,11 @@ What is counted, over the traced calls in order:
 - files: the distinct files;
 - climbs: calls into a file of a higher layer than their caller's (the nearest
   frame under autotune/ above the call): a lower layer calling back a higher one;
-- returns: stays in a file the walk had left before (stays - files).
+- returns: stays in a file the walk had left before (stays - files);
+- ups: steps from one stay to the next into a higher layer, the walk going back
+  up whether by a callback or by going on above after a call below returned (a
+  wider count than climbs, for comparison: every call that goes down and comes
+  back makes one; not part of the acceptance).
 
 Layers come from the package's own imports: a part (a top-level module or
 folder of autotune/) that imports no other part is layer 0, any other one above
@@ -275,6 +279,7 @@ class Figures:
     files: int
     climbs: int
     returns: int
+    ups: int
     path: tuple[tuple[str, tuple[str, ...], bool], ...]
 
     @property
@@ -300,8 +305,9 @@ def figures(calls: list[Call], rank: dict[str, int]) -> Figures:
         else:
             path.append((call.file, [call.function], climb))
     files = len({f for f, _, _ in path})
+    ups = sum(layer_of(b[0], rank) > layer_of(a[0], rank) for a, b in zip(path, path[1:]))
     return Figures(calls=len(calls), stays=len(path), files=files, climbs=climbs, returns=len(path) - files,
-                   path=tuple((f, tuple(fs), c) for f, fs, c in path))
+                   ups=ups, path=tuple((f, tuple(fs), c) for f, fs, c in path))
 
 
 def shown(path: tuple[tuple[str, tuple[str, ...], bool], ...]) -> str:
@@ -368,9 +374,10 @@ def main(argv: list[str] | None = None) -> int:
                 got = figures(calls, rank)
                 rows.append((label, got, seconds))
                 paths.append((label, got, calls))
-    print(f"\n{'scenario':<22}{'calls':>6}{'stays':>7}{'files':>7}{'climbs':>8}{'returns':>9}{'traced s':>10}  ok")
+    print(f"\n{'scenario':<22}{'calls':>6}{'stays':>7}{'files':>7}{'climbs':>8}{'returns':>9}{'ups':>5}"
+          f"{'traced s':>10}  ok")
     for label, got, seconds in rows:
-        print(f"{label:<22}{got.calls:>6}{got.stays:>7}{got.files:>7}{got.climbs:>8}{got.returns:>9}"
+        print(f"{label:<22}{got.calls:>6}{got.stays:>7}{got.files:>7}{got.climbs:>8}{got.returns:>9}{got.ups:>5}"
               f"{seconds:>10.2f}  {'yes' if got.ok else 'NO'}")
     for label, got, calls in paths:
         print(f"\n{label}: {shown(got.path)}")

@@ -95,7 +95,7 @@ def test_the_figures_of_a_walk():
              Call("store/cached.py", "kept", "probing/finder.py"),  # a callback: probing -> store, a climb
              Call("api.py", "explain", "api.py"), Call("results/plan.py", "of", "api.py")]
     got = walk.figures(calls, rank)
-    assert (got.calls, got.stays, got.files, got.climbs, got.returns) == (7, 6, 4, 1, 2)
+    assert (got.calls, got.stays, got.files, got.climbs, got.returns, got.ups) == (7, 6, 4, 1, 2, 2)
     assert walk.shown(got.path) == ("api.py(plan, probe) > store/cached.py(probe) > probing/finder.py(probe) > "
                                     "^store/cached.py*(kept) > api.py*(explain) > results/plan.py(of)")
 
