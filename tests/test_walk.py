@@ -68,6 +68,7 @@ def test_the_workload_walks_a_short_path_with_and_without_a_store(rank, tmp_path
     assert [file for file, _, _ in cold.path].count("probing/finder.py") == 1, walk.shown(cold.path)
 
 
+@pytest.mark.slow
 def test_a_needless_round_trip_is_caught(rank, tmp_path, monkeypatch):
     """Planted: each look in the store climbs back to the API to resolve the workload again, then reads the
     store once more (three times): more stays and climbs than the acceptance allows."""
@@ -100,6 +101,7 @@ def test_the_figures_of_a_walk():
                                     "^store/cached.py*(kept) > api.py*(explain) > results/plan.py(of)")
 
 
+@pytest.mark.slow
 def test_the_walk_through_a_confirm_run_on_a_real_device_is_as_short(rank, tmp_path):
     """On the cpu a stored answer is confirmed by one real run first (and the run is recorded)."""
     for label, run in walk.scenarios("cpu", tmp_path):
