@@ -12,7 +12,7 @@ from autotune.report import load_result, write_report
 from autotune.report.ramp import readings
 from autotune.training.runner import run_plan
 
-from ..test_ramp_run import FAST, PLAN, regression
+from ..training.ramp_workload import FAST, PLAN, regression
 
 pytestmark = pytest.mark.slow  # a real run of 22 steps, then its report
 
