@@ -1,8 +1,10 @@
 """The suite's own habits: a test slow enough for the ``slow`` set and not in it is named at the end of the run;
-CI installs and runs the tests as README.md says to, and again under the oldest torch pyproject.toml declares."""
+no test module imports another (what tests share lives in helper modules and fixtures); CI installs and runs the
+tests as README.md says to, and again under the oldest torch pyproject.toml declares."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -37,7 +39,40 @@ def test_an_unmarked_slow_test_is_named_in_the_summary(pytester, monkeypatch):
     assert len(named) == 1 and named[0].endswith("test_timing.py::test_unmarked_and_slow")
 
 
-ROOT = Path(__file__).parents[1]
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+
+def _imports_of_test_modules(folder: Path) -> list[str]:
+    """``path:line`` of each import, in any module under ``folder``, that names a test module (``test_*``)."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [*(node.module or "").split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [part for a in node.names for part in a.name.split(".")]
+            else:
+                continue
+            if any(name.startswith("test_") for name in names):
+                found.append(f"{path.relative_to(folder.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_module_of_the_suite_imports_a_test_module():
+    assert _imports_of_test_modules(TESTS) == [], \
+        "move what they share into a helper module beside them (fakes.py, ...) or a conftest fixture"
+
+
+def test_the_check_catches_a_test_module_imported(tmp_path):
+    devices = tmp_path / "tests" / "devices"
+    devices.mkdir(parents=True)
+    (devices / "test_contract.py").write_text("import torch\n\nfrom .test_cuda import FakeCuda\n")
+    (devices / "test_cli.py").write_text("def test_x():\n    from tests.devices import test_cuda\n")
+    (devices / "worker.py").write_text("import test_noise\n")
+    (devices / "test_fine.py").write_text("from .fakes import FakeCuda\nfrom ..helpers import true_max\n")
+    assert _imports_of_test_modules(tmp_path / "tests") == [
+        "tests/devices/test_cli.py:2", "tests/devices/test_contract.py:3", "tests/devices/worker.py:1"]
 
 
 def _quick_start() -> list[str]:
