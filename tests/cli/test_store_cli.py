@@ -268,24 +268,6 @@ def test_a_read_only_store_is_listed(capsys):
         shutil.rmtree(folder)
 
 
-_HEAVY = """
-import json, sys
-from autotune.cli import main
-code = main(sys.argv[1:])
-print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "fastapi", "uvicorn", "pandas")
-                                                if m in sys.modules)}), file=sys.stderr)
-"""
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["store", "--help"], ["serve", "--help"], ["store", "ls", "--store",
-                                                                                          "URL"]])
-def test_the_store_commands_load_no_heavy_library(made, argv):
-    argv = [made if a == "URL" else a for a in argv]
-    done = subprocess.run([sys.executable, "-c", _HEAVY, *argv], capture_output=True, text=True, timeout=120)
-    seen = json.loads(done.stderr.strip().splitlines()[-1])
-    assert seen == {"code": 0, "heavy": []}, done.stderr
-
-
 def test_serve_help_shows_a_postgresql_deployment_with_two_replicas(capsys):
     code, out, _ = run(capsys, "serve", "--help")
     assert code == 0 and "pip install 'autotune[serve,postgres]'" in out
