@@ -13,30 +13,54 @@ pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).with_name("conftest.py").read_text()
 
 
-def test_an_unmarked_slow_test_is_named_in_the_summary(pytester, monkeypatch):
+#: A plugin for the inner run: a test marked ``takes(seconds)`` reports that long a call, as a slow test would.
+FAKE_CLOCK = """
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "takes(seconds): the call reports this duration")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    takes = item.get_closest_marker("takes")
+    if takes is not None and call.when == "call":
+        report.duration = takes.args[0]
+    return report
+"""
+
+
+def test_a_test_over_two_seconds_without_the_slow_marker_is_named_in_the_summary(pytester, monkeypatch):
+    """The suite's own conftest, as it is, on tests that take (by a fake clock) just under, just over, and well
+    over the 2 seconds past which a test belongs in the slow set."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the plugins this environment has play no part
-    assert "SLOW_SECONDS = 2.0" in CONFTEST
-    pytester.makeconftest(CONFTEST.replace("SLOW_SECONDS = 2.0", "SLOW_SECONDS = 0.1"))
-    pytester.makepyfile(test_timing="""
-        import time
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(fake_clock=FAKE_CLOCK, test_timing="""
         import pytest
 
-        def test_quick():
+        @pytest.mark.takes(1.9)
+        def test_just_under():
             pass
 
-        def test_unmarked_and_slow():
-            time.sleep(0.15)
+        @pytest.mark.takes(2.1)
+        def test_just_over_and_unmarked():
+            pass
 
         @pytest.mark.slow
-        def test_marked_and_slow():
-            time.sleep(0.15)
+        @pytest.mark.takes(30.0)
+        def test_well_over_and_marked():
+            pass
     """)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    pytester.syspathinsert()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "fake_clock")
     result.assert_outcomes(passed=3)
     out = result.stdout.str()
-    assert "tests over 0.1 s without the slow marker" in out
-    named = [line for line in out.splitlines() if " s  test_timing.py::" in line]
-    assert len(named) == 1 and named[0].endswith("test_timing.py::test_unmarked_and_slow")
+    assert "tests over 2 s without the slow marker" in out
+    named = [line.split() for line in out.splitlines() if " s  test_timing.py::" in line]
+    assert len(named) == 1 and named[0][2] == "test_timing.py::test_just_over_and_unmarked", out
+    assert 2.1 <= float(named[0][0]) < 2.2
 
 
 TESTS = Path(__file__).parent
