@@ -13,7 +13,7 @@ a rank that finalized its interpreter while a communication thread still
 needed the GIL, and aborted (SIGABRT) after its work was done.
 
 Under load that race is rare for the README command (about 1 run in 100).
-``repro`` (tests/ddp_teardown.py) makes it the rule: the GIL handed over every
+``repro`` (tests/training/ddp_teardown.py) makes it the rule: the GIL handed over every
 0.5 s, DDP training, then the rank finalizes right after its last collective;
 a process group that leaves gloo's threads alive aborts most of its runs.
 """
@@ -37,7 +37,7 @@ COMMANDS = {
             "--memory-budget", "2.6MB"],
     "gpt": ["-m", "autotune", "run", "--target-batch", "64", "--probe", "gpt", "--device", "cpu",
             "--memory-budget", "16MB", "--steps", "5"],
-    "repro": [os.path.join("tests", "ddp_teardown.py"), "0.5"],
+    "repro": [os.path.join("tests", "training", "ddp_teardown.py"), "0.5"],
 }
 ABORT = "terminate called"
 

@@ -1,4 +1,5 @@
-"""Looking into a plan store behind its back, on either database: its rows, read with SQL."""
+"""Looking into a plan store behind its back, on either database: its rows, read with SQL; and a probe that holds
+its store claim until the test lets it go."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def execute(url: str, statement: str, **values: Any) -> None:
             conn.execute(text(statement), values)
     finally:
         engine.dispose()
+
+
+#: A probe whose estimate, past the fingerprint's micro-batches, waits until the file $AUTOTUNE_TEST_GATE exists:
+#: the process probing it holds its claim until the test lets it go.
+GATED = (
+    "import os, time\nimport torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+    "def loss(model, batch):\n    if batch.shape[0] > 3:\n        deadline = time.time() + 120\n"
+    "        while not os.path.exists(os.environ['AUTOTUNE_TEST_GATE']) and time.time() < deadline:\n"
+    "            time.sleep(0.05)\n    return model(batch).pow(2).mean()\n\n"
+    "def build():\n    return Workload(name='gated', model=lambda: nn.Linear(4, 1),\n"
+    "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n")

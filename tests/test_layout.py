@@ -135,18 +135,6 @@ def test_the_check_catches_a_circle_through_the_package_roots_lazy_names(tmp_pat
     assert _circles(fake) == [["autotune", "autotune.report", "autotune.report.content"]]
 
 
-@pytest.mark.parametrize("module", ["autotune.planning", "autotune.results", "autotune.serial", "autotune.options"])
-def test_pure_parts_load_neither_torch_numpy_nor_pandas(module):
-    code = (f"import {module}, sys\n"
-            "from autotune.planning import make_plan\n"
-            "plan = make_plan(1021, 256, world_size=2)\n"
-            "assert plan.to_dict()['target_batch'] == 1021\n"
-            "heavy = sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules)\n"
-            "assert not heavy, heavy\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.slow
 def test_the_builtin_probes_install_inside_the_package(tmp_path):
     # Found, not imported: where the files install is the point, not torch's import.
@@ -171,3 +159,46 @@ def test_every_package_says_what_it_owns_and_what_it_may_import():
         if "Owns: " not in doc or "May import: " not in doc:
             quiet.append(init.parent.name)
     assert quiet == [], "their __init__ docstrings need an 'Owns: ...' and a 'May import: ...'"
+
+
+TESTS = Path(__file__).parent
+#: The test modules that stay at the top of tests/: each tests the package as a whole, or a module at its root
+#: (autotune/<name>.py), not one stage.
+WHOLE_PACKAGE = {"test_api", "test_compat", "test_errors", "test_imports", "test_layout", "test_random_state",
+                 "test_suite_habits", "test_units"}
+
+
+def _misplaced(tests: Path, package: Path) -> list[str]:
+    """Test modules outside the folder of a stage: a test module at the top of ``tests`` that is not in
+    WHOLE_PACKAGE, one in a folder that no stage of ``package`` is named after, or one in a folder that is not a
+    package (no ``__init__.py``: its module names would clash with those of another folder)."""
+    stages = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    wrong = []
+    for path in sorted(tests.rglob("test_*.py")):
+        folders = path.relative_to(tests).parts[:-1]
+        if not folders:
+            placed = path.stem in WHOLE_PACKAGE
+        else:
+            placed = len(folders) == 1 and folders[0] in stages and (path.parent / "__init__.py").exists()
+        if not placed:
+            wrong.append(str(path.relative_to(tests)))
+    return wrong
+
+
+def test_each_test_module_lives_in_the_folder_of_the_stage_it_tests():
+    assert _misplaced(TESTS, PACKAGE) == [], "move them into tests/<stage>/ (git mv), or say why one tests the whole"
+
+
+def test_the_check_catches_a_test_module_out_of_its_stages_folder(tmp_path):
+    package, tests = tmp_path / "autotune", tmp_path / "tests"
+    for folder in (package / "planning", package / "probing", tests / "planning", tests / "probing", tests / "misc"):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text("")
+    (package / "planning" / "planner.py").write_text("")
+    (tests / "probing" / "__init__.py").unlink()
+    for name in ("test_api.py", "test_planner.py", "planning/test_ramp.py", "probing/test_probe.py",
+                 "misc/test_search.py", "planning/data/test_old.py", "planning/helpers.py"):
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        (tests / name).write_text("")
+    assert _misplaced(tests, package) == ["misc/test_search.py", "planning/data/test_old.py",
+                                          "probing/test_probe.py", "test_planner.py"]

@@ -1,8 +1,10 @@
 """The suite's own habits: a test slow enough for the ``slow`` set and not in it is named at the end of the run;
-CI installs and runs the tests as README.md says to, and again under the oldest torch pyproject.toml declares."""
+no test module imports another (what tests share lives in helper modules and fixtures); CI installs and runs the
+tests as README.md says to, and again under the oldest torch pyproject.toml declares."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -11,33 +13,90 @@ pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).with_name("conftest.py").read_text()
 
 
-def test_an_unmarked_slow_test_is_named_in_the_summary(pytester, monkeypatch):
+#: A plugin for the inner run: a test marked ``takes(seconds)`` reports that long a call, as a slow test would.
+FAKE_CLOCK = """
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "takes(seconds): the call reports this duration")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    takes = item.get_closest_marker("takes")
+    if takes is not None and call.when == "call":
+        report.duration = takes.args[0]
+    return report
+"""
+
+
+def test_a_test_over_two_seconds_without_the_slow_marker_is_named_in_the_summary(pytester, monkeypatch):
+    """The suite's own conftest, as it is, on tests that take (by a fake clock) just under, just over, and well
+    over the 2 seconds past which a test belongs in the slow set."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the plugins this environment has play no part
-    assert "SLOW_SECONDS = 2.0" in CONFTEST
-    pytester.makeconftest(CONFTEST.replace("SLOW_SECONDS = 2.0", "SLOW_SECONDS = 0.1"))
-    pytester.makepyfile(test_timing="""
-        import time
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(fake_clock=FAKE_CLOCK, test_timing="""
         import pytest
 
-        def test_quick():
+        @pytest.mark.takes(1.9)
+        def test_just_under():
             pass
 
-        def test_unmarked_and_slow():
-            time.sleep(0.15)
+        @pytest.mark.takes(2.1)
+        def test_just_over_and_unmarked():
+            pass
 
         @pytest.mark.slow
-        def test_marked_and_slow():
-            time.sleep(0.15)
+        @pytest.mark.takes(30.0)
+        def test_well_over_and_marked():
+            pass
     """)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    pytester.syspathinsert()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "fake_clock")
     result.assert_outcomes(passed=3)
     out = result.stdout.str()
-    assert "tests over 0.1 s without the slow marker" in out
-    named = [line for line in out.splitlines() if " s  test_timing.py::" in line]
-    assert len(named) == 1 and named[0].endswith("test_timing.py::test_unmarked_and_slow")
+    assert "tests over 2 s without the slow marker" in out
+    named = [line.split() for line in out.splitlines() if " s  test_timing.py::" in line]
+    assert len(named) == 1 and named[0][2] == "test_timing.py::test_just_over_and_unmarked", out
+    assert 2.1 <= float(named[0][0]) < 2.2
 
 
-ROOT = Path(__file__).parents[1]
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+
+def _imports_of_test_modules(folder: Path) -> list[str]:
+    """``path:line`` of each import, in any module under ``folder``, that names a test module (``test_*``)."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [*(node.module or "").split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [part for a in node.names for part in a.name.split(".")]
+            else:
+                continue
+            if any(name.startswith("test_") for name in names):
+                found.append(f"{path.relative_to(folder.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_module_of_the_suite_imports_a_test_module():
+    assert _imports_of_test_modules(TESTS) == [], \
+        "move what they share into a helper module beside them (fakes.py, ...) or a conftest fixture"
+
+
+def test_the_check_catches_a_test_module_imported(tmp_path):
+    devices = tmp_path / "tests" / "devices"
+    devices.mkdir(parents=True)
+    (devices / "test_contract.py").write_text("import torch\n\nfrom .test_cuda import FakeCuda\n")
+    (devices / "test_cli.py").write_text("def test_x():\n    from tests.devices import test_cuda\n")
+    (devices / "worker.py").write_text("import test_noise\n")
+    (devices / "test_fine.py").write_text("from .fakes import FakeCuda\nfrom ..helpers import true_max\n")
+    assert _imports_of_test_modules(tmp_path / "tests") == [
+        "tests/devices/test_cli.py:2", "tests/devices/test_contract.py:3", "tests/devices/worker.py:1"]
 
 
 def _quick_start() -> list[str]:

@@ -98,6 +98,14 @@ def test_framework_exports_print_only_their_settings(capsys, fmt, expected):
     assert code == 0 and json.loads(out) == expected and err == ""
 
 
+def test_the_plan_itself_prints_as_json_or_as_a_table(capsys):
+    # --format's other two choices (the four frameworks': above; anything else is refused: see the bad input table)
+    code, out, err = run(capsys, "plan", "--target-batch", "1024", *MLP, "--format", "json")
+    assert code == 0 and json.loads(out)["arithmetic"] == "1024 = 256 x 4 steps x 1 rank" and err == ""
+    code, out, err = run(capsys, "plan", "--target-batch", "1024", *MLP, "--format", "table")
+    assert code == 0 and "1024 = 256 x 4 steps x 1 rank" in out and not out.startswith("{") and err == ""
+
+
 def test_framework_exports_plan_equal_micro_batches(capsys):
     # 1020 has no uneven rival; 1022 needs 7 steps of 146 instead of 4 uneven ones (micro-batches up to 307 fit)
     code, out, _ = run(capsys, "plan", "--target-batch", "1022", *MLP, "--format", "hf")

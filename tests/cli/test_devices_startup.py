@@ -77,7 +77,8 @@ def test_a_cuda_build_of_torch_without_a_gpu_lists_devices_without_importing_tor
 def test_torch_is_asked_for_gpus_only_where_it_could_see_one(monkeypatch):
     from autotune import devices
     from autotune.devices.host import TorchBuild
-    from tests.devices.test_cuda import FakeCuda
+
+    from ..devices.fakes import FakeCuda
 
     no_driver = "the CUDA driver does not load (libcuda.so.1: cannot open shared object file)"
     monkeypatch.setattr(devices, "cuda_driver_missing", lambda: no_driver)
@@ -117,7 +118,8 @@ def test_torch_build_is_read_without_importing_torch():
 def test_gpus_that_a_cpu_only_torch_cannot_use_are_named_without_importing_torch(monkeypatch):
     from autotune import devices
     from autotune.devices.host import TorchBuild
-    from tests.devices.test_cuda import FakeNvml
+
+    from ..devices.fakes import FakeNvml
 
     monkeypatch.setattr(devices, "torch_build", lambda: TorchBuild(version="2.13.0+cpu", gpu=None))
     out = devices.list_devices(nvml=FakeNvml(count=1))

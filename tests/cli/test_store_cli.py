@@ -15,7 +15,7 @@ import pytest
 
 from autotune.cli import main
 
-from ..stores import rows
+from ..stores import GATED, rows
 
 ESTIMATE = ["--probe", "mlp", "--device", "estimate", "--memory-budget", "1GiB"]
 CPU = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB"]
@@ -43,17 +43,6 @@ def test_plan_twice_answers_the_second_from_the_store_without_estimating(capsys,
     assert "estimate at micro-batch" not in err, "the second plan estimated again"
     assert "from the store (fingerprint " in second and " measured " in second
     assert first.splitlines()[0] == second.splitlines()[0]  # the same plan
-
-
-#: A probe whose estimate, past the fingerprint's micro-batches, waits until the file $AUTOTUNE_TEST_GATE exists:
-#: the process probing it holds its claim until the test lets it go.
-GATED = (
-    "import os, time\nimport torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
-    "def loss(model, batch):\n    if batch.shape[0] > 3:\n        deadline = time.time() + 120\n"
-    "        while not os.path.exists(os.environ['AUTOTUNE_TEST_GATE']) and time.time() < deadline:\n"
-    "            time.sleep(0.05)\n    return model(batch).pow(2).mean()\n\n"
-    "def build():\n    return Workload(name='gated', model=lambda: nn.Linear(4, 1),\n"
-    "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n")
 
 
 @pytest.mark.slow
@@ -277,24 +266,6 @@ def test_a_read_only_store_is_listed(capsys):
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder)
-
-
-_HEAVY = """
-import json, sys
-from autotune.cli import main
-code = main(sys.argv[1:])
-print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "fastapi", "uvicorn", "pandas")
-                                                if m in sys.modules)}), file=sys.stderr)
-"""
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["store", "--help"], ["serve", "--help"], ["store", "ls", "--store",
-                                                                                          "URL"]])
-def test_the_store_commands_load_no_heavy_library(made, argv):
-    argv = [made if a == "URL" else a for a in argv]
-    done = subprocess.run([sys.executable, "-c", _HEAVY, *argv], capture_output=True, text=True, timeout=120)
-    seen = json.loads(done.stderr.strip().splitlines()[-1])
-    assert seen == {"code": 0, "heavy": []}, done.stderr
 
 
 def test_serve_help_shows_a_postgresql_deployment_with_two_replicas(capsys):

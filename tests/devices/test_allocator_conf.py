@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 
+from autotune.devices import allocconf
 from autotune.devices.allocconf import (
     CONF_VARIABLES,
     AllocatorConfig,
@@ -80,31 +81,51 @@ def test_get_allocation_size(conf, size, expected):
     assert get_allocation_size(size, AllocatorConfig.parse(conf)) == expected
 
 
-def _no_power2(n, cfg):
-    return max(512, -(-n // 512) * 512)
+def _disagreements(table, function) -> list[str]:
+    """The rows of ``table`` (id, conf, size, expected) on which allocconf's ``function`` (looked up now, so that
+    a planted fault is the one called) gives another figure."""
+    return [name for name, conf, size, want in table
+            if getattr(allocconf, function)(size, AllocatorConfig.parse(conf)) != want]
 
 
-def _divisions_off_by_one(n, cfg):
-    return round_size(n * 2, cfg) // 2
+def _wrap(monkeypatch, name, fault):
+    """Plant ``fault(real, *args)`` in place of allocconf's ``name``: the real code, called wrongly."""
+    real = getattr(allocconf, name)
+    monkeypatch.setattr(allocconf, name, lambda *args: fault(real, *args))
 
 
-def _no_512_minimum(n, cfg):
-    return n if n < 512 else round_size(n, cfg)
+#: Faults planted in the real rounding code: each is a rule of PyTorch's round_size got wrong.
+ROUND_SIZE_FAULTS = {
+    "divisions-ignored": lambda mp: mp.setattr(AllocatorConfig, "divisions", lambda self, size: 1),
+    "interval-off-by-one": lambda mp: mp.setattr(allocconf, "_INTERVAL_START", 21),  # [1 MiB, 2 MiB) read as entry -1
+    "256-byte-blocks": lambda mp: mp.setattr(allocconf, "KMIN_BLOCK_SIZE", 256),
+    "twice-the-divisions": lambda mp: _wrap(mp, "roundup_power2_next_division", lambda real, n, d: real(n, 2 * d)),
+}
+
+#: Faults planted in the real segment-size code: each a rule of PyTorch's get_allocation_size got wrong.
+ALLOCATION_SIZE_FAULTS = {
+    "no-large-segments": lambda mp: mp.setattr(allocconf, "KMIN_LARGE_ALLOC", 0),
+    "1MiB-counted-as-large": lambda mp: mp.setattr(allocconf, "KSMALL_SIZE", MiB - 1),
+    "large-not-rounded-to-2MiB": lambda mp: mp.setattr(allocconf, "KROUND_LARGE", 512),
+    "conf-ignored": lambda mp: _wrap(mp, "get_allocation_size", lambda real, n, cfg: real(n, AllocatorConfig())),
+}
 
 
-@pytest.mark.parametrize("fault", [_no_power2, _divisions_off_by_one, _no_512_minimum])
-def test_round_size_table_catches_faults(fault):
-    """A wrong rounding rule disagrees with at least one row of the round_size table."""
-    assert any(fault(n, AllocatorConfig.parse(conf)) != want for _, conf, n, want in ROUND_SIZE)
+def test_the_tables_agree_with_the_code_as_it_is():
+    assert _disagreements(ROUND_SIZE, "round_size") == []
+    assert _disagreements(ALLOCATION_SIZE, "get_allocation_size") == []
 
 
-@pytest.mark.parametrize("fault", [
-    lambda size, cfg: 2 * MiB if size <= MiB else -(-size // (2 * MiB)) * 2 * MiB,  # no 20 MiB segments
-    lambda size, cfg: get_allocation_size(size + (size == MiB), cfg),  # 1 MiB counted as large
-    lambda size, cfg: 2 * MiB if size <= MiB else 20 * MiB if size < 10 * MiB else size,  # ignores conf and 2 MiB
-])
-def test_allocation_size_table_catches_faults(fault):
-    assert any(fault(s, AllocatorConfig.parse(conf)) != want for _, conf, s, want in ALLOCATION_SIZE)
+@pytest.mark.parametrize("fault", ROUND_SIZE_FAULTS)
+def test_the_round_size_table_catches_a_fault_planted_in_the_code(fault, monkeypatch):
+    ROUND_SIZE_FAULTS[fault](monkeypatch)
+    assert _disagreements(ROUND_SIZE, "round_size") != []
+
+
+@pytest.mark.parametrize("fault", ALLOCATION_SIZE_FAULTS)
+def test_the_allocation_size_table_catches_a_fault_planted_in_the_code(fault, monkeypatch):
+    ALLOCATION_SIZE_FAULTS[fault](monkeypatch)
+    assert _disagreements(ALLOCATION_SIZE, "get_allocation_size") != []
 
 
 def test_roundup_power2_next_division_edges():

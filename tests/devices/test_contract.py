@@ -22,7 +22,7 @@ from autotune.probing.fitrule import fit_rule_work
 from autotune.results.device import DeviceInfo
 from autotune.workload import load_workload
 
-from .test_cuda import FakeCuda, FakeNvml
+from .fakes import FakeCuda, FakeNvml
 
 GiB = 1024**3
 

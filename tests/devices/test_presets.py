@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -73,19 +70,15 @@ def test_the_api_takes_a_gpu_by_name():
     assert result.allocated_peak_bytes is not None and result.peak_bytes >= result.allocated_peak_bytes
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    code = ("import sys; from autotune.cli import main; code = main(sys.argv[1:]); "
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr); sys.exit(code)")
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+def test_devices_presets_lists_every_preset(capsys):
+    # without importing torch: tests/test_imports.py
+    from autotune.cli import main
 
-
-def test_devices_presets_lists_every_preset_without_importing_torch():
-    out = _cli("devices", "--presets")
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.strip().endswith("NO-TORCH")
+    assert main(["devices", "--presets"]) == 0
+    out = capsys.readouterr().out
     for preset in PRESETS:
-        assert preset.name in out.stdout and f"{preset.total_bytes // MiB} MiB" in out.stdout
-    listed = json.loads(_cli("devices", "--presets", "--json").stdout)
+        assert preset.name in out and f"{preset.total_bytes // MiB} MiB" in out
+    assert main(["devices", "--presets", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
     assert [p["name"] for p in listed] == [p.name for p in PRESETS]
     assert listed[0]["total_bytes"] == PRESETS[0].total_bytes and listed[0]["compute_capability"] == "9.0"

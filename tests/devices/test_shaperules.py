@@ -19,7 +19,7 @@ from autotune.devices.values import KnownValues
 from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import Workload
 
-from .test_values import estimate, known, unknown
+from .known_values import estimate, known, unknown
 
 aten = torch.ops.aten
 GiB = 1024**3

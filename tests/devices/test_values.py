@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from torch import nn
@@ -19,26 +17,9 @@ from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import Workload
 
 from .. import workloads
+from .known_values import estimate, known, unknown
 
 GiB = 1024**3
-
-
-@contextlib.contextmanager
-def estimate(**kwargs):
-    """An estimate's kernel stack on meta tensors: (values, tracker), the tracker active."""
-    values = KnownValues(MetaKernels(), **kwargs)
-    tracker = LiveStorageTracker(kernel=values, values=values, fake_scalars=True)
-    with tracker:
-        yield values, tracker
-
-
-def known(values: KnownValues, host: torch.Tensor) -> torch.Tensor:
-    """``host`` moved to meta as a batch is, its value kept."""
-    return values.move(host, torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device="meta"))
-
-
-def unknown(*shape, dtype=torch.float32) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])

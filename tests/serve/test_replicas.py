@@ -13,9 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..cli.test_store_cli import GATED
-from ..stores import execute, rows
-from .test_serve import PLAN, Server, metrics
+from ..stores import GATED, execute, rows
+from .server import PLAN, Server, metrics
 
 pytestmark = pytest.mark.slow
 

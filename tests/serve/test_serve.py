@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,20 +13,11 @@ import httpx
 import pytest
 
 from ..stores import execute, rows
+from .server import PLAN, SLOW, Server, metrics
 
 pytestmark = pytest.mark.slow
 
-PLAN = {"target_batch": 512, "probe": "mlp", "device": "estimate", "memory_budget": "1GiB"}
 TOKEN = "s3cret-token-for-the-tests-0123456789"
-
-#: A probe whose fingerprint is taken at once (batch 2) and whose probe then sleeps (larger batches):
-#: it holds its store claim while it sleeps.
-SLOW = (
-    "import time\nimport torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
-    "def loss(model, batch):\n    if batch.shape[0] > 3:\n        time.sleep(60)\n"
-    "    return model(batch).pow(2).mean()\n\n"
-    "def build():\n    return Workload(name='slow', model=lambda: nn.Linear(4, 1),\n"
-    "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n")
 
 PROBES = {
     "sleepy.py": "import time\n\ndef build():\n    time.sleep(3600)\n",
@@ -52,66 +38,6 @@ PROBES = {
     "syntax.py": "import torch\n\ndef build(:\n    pass\n",
     "raises.py": "import os\n\nCONFIG = os.environ['AUTOTUNE_TEST_NO_SUCH_VARIABLE']\n\ndef build():\n    pass\n",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``autotune serve`` in a process of its own, on ``store`` (by default an SQLite file in ``tmp``)."""
-
-    def __init__(self, tmp: Path, *, store: str | None = None, token: str | None = None,
-                 extra: tuple[str, ...] = ()):
-        self.folder = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.store = store or f"sqlite:///{tmp / 'plans.db'}"
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        if token:
-            path = tmp / "token"
-            path.write_text(token + "\n")
-            path.chmod(0o600)
-            extra = ("--token-file", str(path), *extra)
-        self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 (closed in stop)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autotune", "serve", "--store", self.store, "--port", str(self.port), *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 90
-        with self.client(timeout=1) as http:
-            while time.monotonic() < deadline:
-                assert self.process.poll() is None, Path(self.log.name).read_text()
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-        raise AssertionError(f"the server did not start: {Path(self.log.name).read_text()}")
-
-    def client(self, *, authorized: bool = True, timeout: float = 300) -> httpx.Client:
-        """A client of this server, with its token unless ``authorized`` is false."""
-        return httpx.Client(base_url=self.url, timeout=timeout, headers=self.headers if authorized else {})
-
-    def kill(self) -> None:
-        """SIGKILL the server and everything it started."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-        self.log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # workers left behind, if any
-        except ProcessLookupError:
-            pass
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -288,22 +214,6 @@ def test_a_probe_that_fails_hangs_or_kills_its_worker_is_an_error_not_a_dead_ser
     # two workers stopped (the time limit) or dead; the next request started one of them again
     assert counted["autotune_workers_restarted_total"] - before.get("autotune_workers_restarted_total", 0) >= 1
     assert counted[("autotune_requests_total", "/v1/plan", "POST", "504")] >= 1
-
-
-def metrics(server: Server) -> dict:
-    """The service's metrics: a sample with no labels by its name, else by its name and its labels' values in
-    the order of their names (``endpoint``, ``method``, ``status``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with server.client() as http:
-        answer = http.get("/metrics")
-    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain"), answer.text
-    found: dict = {}
-    for family in text_string_to_metric_families(answer.text):
-        for sample in family.samples:
-            key = (sample.name, *(sample.labels[k] for k in sorted(sample.labels))) if sample.labels else sample.name
-            found[key] = sample.value
-    return found
 
 
 def test_metrics_count_requests_hits_misses_and_probes_behind_the_token(server):

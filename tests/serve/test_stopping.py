@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ..stores import rows
-from .test_serve import PLAN, SLOW, Server
+from .server import PLAN, SLOW, Server
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from autotune.devices import CpuDevice, CudaDevice, EstimateDevice
 from autotune.results.request import FitRule, ProbeRequest
 from autotune.store.fingerprint import Untraceable, device_part, fingerprint
 from autotune.workload import Workload, load_workload
-from tests.devices.test_cuda import FakeCuda
+
+from ..devices.fakes import FakeCuda
 
 GiB = 1024**3
 

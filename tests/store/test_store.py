@@ -377,14 +377,6 @@ def test_two_processes_writing_one_store_at_once_lose_nothing(store_url):
     assert store.counts()["measurements"] == 2 * n
 
 
-def test_the_store_modules_load_without_torch():
-    code = ("import sys\nfrom autotune.store.store import Store\nfrom autotune.store.schema import Entry\n"
-            "Store('sqlite://')\n"
-            "assert 'torch' not in sys.modules, 'torch'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
 def _damage(store: Store, **values) -> None:
     """Plant a fault: change an entry's row behind the store's back."""
     from sqlalchemy import update

@@ -14,8 +14,8 @@ from autotune.errors import WorkloadError
 from autotune.probing.finder import probe
 from autotune.probing.fitrule import run_trial
 
-from . import workloads
-from .helpers import true_max
+from .. import workloads
+from ..helpers import true_max
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_a_size_with_no_bound_is_searched_on_the_device_with_a_note():
     device = get_device("cpu", memory_budget=2_000_000)
     result = probe(w, device, max_batch=4096)
     expected, _ = true_max(w, device, result.usable_bytes, 4096)
-    # Up to 2 short, and what the search costs, where samples hold different amounts: tests/test_probe_learning.py.
+    # Up to 2 short, and what the search costs, where samples hold different amounts: test_probe_learning.py.
     assert expected - 2 <= result.max_micro_batch <= expected
     assert any("cannot run this workload" in n and "repeat_interleave" in n and "no bound" in n
                for n in result.notes), result.notes

@@ -128,7 +128,7 @@ def test_a_missing_field_and_a_derived_one_read_as_the_type_says():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SCHEMA2.glob("*.json")))
 def test_result_files_are_written_byte_for_byte_as_they_were(name):
-    """tests/data/schema2/ holds files of every kind of record that autotune wrote before its results declared
+    """tests/results/data/schema2/ holds files of every kind of record that autotune wrote before its results declared
     their fields once (a run with a ramp, a tuned plan, a plan for mixed ranks, a probe with a memory timeline);
     read back and written again, each is the same text."""
     path = SCHEMA2 / name

@@ -6,12 +6,13 @@ import copy
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 from autotune.planning.planner import make_plan
-from autotune.training.accumulate import Accumulator, batch_size
+from autotune.training.accumulate import Accumulator
 from autotune.training.verify import count_check, gradient_check, memory_check
 from autotune.workload import load_workload
+
+from .accumulators import ClipsEveryMicroStep, CountsASampleTwice, DropsASample, NaiveOneOverK, PerSequenceMeans
 
 
 def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0):
@@ -23,55 +24,6 @@ def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0):
     acc = accumulation(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
                        items=workload.items, max_norm=max_norm, noise_scale=False)
     return gradient_check(acc, model, batch)
-
-
-# -- planted faults ------------------------------------------------------------------------
-
-class NaiveOneOverK(Accumulator):
-    """Fault: every micro-step weighted 1/k, whatever its size."""
-
-    def weight(self, n_items, total_items):
-        return 1.0 / len(self.sizes)
-
-
-class PerSequenceMeans(Accumulator):
-    """Fault: micro-batches weighted by sequences, not by the tokens their means are over."""
-
-    def count_items(self, micro, samples=None):
-        return batch_size(micro)
-
-
-class ClipsEveryMicroStep(Accumulator):
-    """Fault: clips the gradient after every micro-step instead of once."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        move = self.move
-
-        def clip_then_move(micro):
-            self.clip()
-            return move(micro)
-
-        self.move = clip_then_move
-
-
-class DropsASample(Accumulator):
-    """Fault: the last micro-batch loses its last sample."""
-
-    def split(self, batch):
-        parts = super().split(batch)
-        parts[-1] = tree_map(lambda t: t[:-1] if isinstance(t, torch.Tensor) else t, parts[-1])
-        return parts
-
-
-class CountsASampleTwice(Accumulator):
-    """Fault: the first sample is fed again with the last micro-batch."""
-
-    def split(self, batch):
-        parts = super().split(batch)
-        parts[-1] = tree_map(lambda a, b: torch.cat([a, b[:1]]) if isinstance(a, torch.Tensor) else a,
-                             parts[-1], parts[0])
-        return parts
 
 
 def test_correct_accumulation_passes_uniform_uneven_and_token_weighted(mlp, gpt):

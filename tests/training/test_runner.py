@@ -13,7 +13,7 @@ from autotune.results.run import RunResult
 from autotune.training import runner
 from autotune.training.runner import run_plan
 
-from .test_verify import DropsASample, NaiveOneOverK
+from .accumulators import DropsASample, NaiveOneOverK
 
 BUDGET = 3_000_000
 

@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: under DDP, ranks with batches of other sizes than planned."""
+"""A case of torchrun_cases.py: under DDP, ranks with batches of other sizes than planned."""
 
 from __future__ import annotations
 

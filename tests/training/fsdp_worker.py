@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: FSDP on two gloo ranks.
+"""A case of torchrun_cases.py: FSDP on two gloo ranks.
 
 Returns every rank's peak of the FSDP fit rule measured on the real process
 group, and again with collectives that keep every buffer they were given until
@@ -18,8 +18,6 @@ import torch
 
 # the same planted faults as under DDP: sync after every micro-step (k reduce-scatter rounds), and no world-size
 # factor in the loss weight (FSDP's averaging reduce-scatter then shrinks the gradient)
-from ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks  # tests/ is this script's folder
-from helpers import fake_groups, transport_keeps_buffers
 from torch._subclasses.fake_tensor import FakeTensor
 
 from autotune import api as pipeline
@@ -29,6 +27,9 @@ from autotune.probing.fitrule import fit_rule_work
 from autotune.probing.fsdp import FsdpRule
 from autotune.training import distributed
 from autotune.workload import load_workload
+
+from ..helpers import fake_groups, transport_keeps_buffers
+from .ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks
 
 
 def out_of_memory_on_rank_1(limit: int):

@@ -1,8 +1,8 @@
-"""Run under torchrun by tests/test_distributed.py: several cases in one job, one process group.
+"""Run under torchrun by tests/training/test_distributed.py: several cases in one job, one process group.
 
-``python torchrun_cases.py CASE [CASE ...]`` runs each case on every rank, in order, inside one gloo
-process group (a job costs seconds to start; the cases share it). Rank 0 prints one JSON object:
-each case's name and what its ``case()`` returned there.
+``python -m tests.training.torchrun_cases CASE [CASE ...]``, from the repository root, runs each case on every
+rank, in order, inside one gloo process group (a job costs seconds to start; the cases share it). Rank 0 prints
+one JSON object: each case's name and what its ``case()`` returned there.
 """
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ from autotune.cli.common import import_torch
 
 import_torch(freeze=True)  # as ``autotune run`` loads torch in a rank
 
-import ddp_uneven_worker  # noqa: E402 (tests/ is this script's folder)
-import ddp_worker  # noqa: E402
-import fsdp_worker  # noqa: E402
-import mixed_worker  # noqa: E402
-import noise_ddp_worker  # noqa: E402
-import ramp_ddp_worker  # noqa: E402
-from rank_exit import run_then_exit  # noqa: E402
-
 from autotune.training import distributed  # noqa: E402
+
+from . import ddp_uneven_worker, ddp_worker, fsdp_worker, mixed_worker, noise_ddp_worker, ramp_ddp_worker  # noqa: E402
+from .rank_exit import run_then_exit  # noqa: E402
 
 CASES: dict[str, Callable[[], object]] = {
     "ddp_faults": ddp_worker.case,

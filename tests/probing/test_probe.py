@@ -15,7 +15,7 @@ from autotune.probing.finder import probe
 from autotune.results.probe import ProbeResult
 from autotune.workload import Workload
 
-from .helpers import autocast_workload, true_max
+from ..helpers import autocast_workload, true_max
 
 
 @pytest.mark.parametrize("budget", [2_400_000, 3_200_000, 5_000_000])

@@ -20,7 +20,7 @@ from autotune.probing.fitrule import fit_rule_work, run_trial
 from autotune.probing.fsdp import FsdpRule, fake_engine, fake_mesh
 from autotune.workload import Workload
 
-from .helpers import fake_groups, held_bytes
+from ..helpers import fake_groups, held_bytes
 
 MIB = 1024**2
 
@@ -112,7 +112,7 @@ def test_estimating_inside_a_real_process_group_leaves_it_alone(mlp, tmp_path):
 def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_path, monkeypatch, on_copies):
     from autotune.probing import fsdpcomm
 
-    from .helpers import transport_keeps_buffers
+    from ..helpers import transport_keeps_buffers
 
     if not on_copies:  # the planted fault: gloo is given FSDP's own buffers, which its threads free when they run
         monkeypatch.setattr(fsdpcomm, "transport_keeps_tensors", lambda group, device: False)

@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: ranks that differ (CPU budgets of 8 MiB and 3 MiB), planned with each rank
+"""A case of torchrun_cases.py: ranks that differ (CPU budgets of 8 MiB and 3 MiB), planned with each rank
 its own micro-batch and micro-steps, trained and verified; planted faults: a rank that weights by its own items,
 a rank that skips its synchronising backward."""
 

@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: the runner, under DDP, with planted faults."""
+"""A case of torchrun_cases.py: the runner, under DDP, with planted faults."""
 
 from __future__ import annotations
 

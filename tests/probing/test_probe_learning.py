@@ -12,8 +12,8 @@ from autotune.probing.fitrule import Attempt
 from autotune.store import cached
 from autotune.workload import load_workload
 
-from . import realistic, workloads
-from .helpers import true_max
+from .. import realistic, workloads
+from ..helpers import true_max
 
 
 def _probe(name: str):
@@ -81,7 +81,7 @@ def test_routing_no_estimate_can_size_is_searched_on_the_device_from_every_real_
     well defined; but each sample holds 0 to 3 copies (1.9 KB each), so the curve, fitted where the optimizer step
     still sets the peak or hundreds of samples below the answer, is off there by a few samples' worth: the run it
     gives lands within that, and one to three more next to it find where the next size stops fitting. Measured over
-    CPU budgets (bench/README.md, and tests/test_learn.py on such steps): 4 to 8 real runs, at most 3 misses; the
+    CPU budgets (bench/README.md, and test_learn.py on such steps): 4 to 8 real runs, at most 3 misses; the
     issue's 4 runs and 1 miss only where the curve happens to land on the answer. The search stops where the next
     size is over the usable memory by the curve, by more than the last run missed by; a next sample holding fewer
     copies than the curve says would still fit, which only a run there shows: the answer fits, and is the max or

@@ -7,7 +7,6 @@ import math
 import random
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,25 +17,7 @@ from autotune.results.noise import NoiseScaleEstimate, describe
 from autotune.training.accumulate import Accumulator
 from autotune.training.noise import GradientNoiseScale, SmoothedNoiseScale, two_batch_estimate
 
-HERE = Path(__file__).parent
-
-
-# -- how Accumulator calls it: Accumulator.backward with the marked lines ---------------------------
-
-
-class NoisyAccumulator(Accumulator):
-    """``Accumulator`` measuring with ``noise_cls`` (a planted fault's class, or the real one)."""
-
-    noise_cls = GradientNoiseScale
-
-    def __init__(self, model, optimizer, schedule, *, noise_scale=True, **kwargs):
-        import torch.distributed as dist
-
-        world = kwargs.get("world_size") or (dist.get_world_size() if dist.is_initialized() else 1)
-        measurer = self.noise_cls(model.parameters(), world_size=world, process_group=kwargs.get("process_group")) \
-            if noise_scale else False
-        super().__init__(model, optimizer, schedule, noise_scale=measurer, **kwargs)
-
+from .accumulators import NoisyAccumulator
 
 # -- planted faults -------------------------------------------------------------------------------
 
@@ -606,7 +587,6 @@ def test_an_accumulator_let_go_takes_its_hooks_with_it():
     # would cost a call per parameter and micro-step, for good)
     import gc
 
-    from autotune.training.accumulate import Accumulator
 
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     x, y = torch.randn(12, 4), torch.randint(0, 2, (12,))

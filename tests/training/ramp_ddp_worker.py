@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: the batch ramp under DDP decides the same next batch on every rank.
+"""A case of torchrun_cases.py: the batch ramp under DDP decides the same next batch on every rank.
 
 Every rank trains its share (RampSampler) of a regression whose noise scale is far above the batch, with an
 autotune.Accumulator over a DistributedDataParallel model. Scenarios: every rank decides alike; rank 1's own

@@ -1,4 +1,4 @@
-"""A case of tests/torchrun_cases.py: the noise scale under DDP and FSDP against one process on the same
+"""A case of torchrun_cases.py: the noise scale under DDP and FSDP against one process on the same
 samples.
 
 Every rank builds the same model and the same global batches; rank r trains on its share. Rank 0 also runs
@@ -13,7 +13,6 @@ import copy
 
 import torch
 import torch.distributed as dist
-from test_noise import NoisyAccumulator  # tests/ is this script's folder
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -21,6 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autotune.training.accumulate import Accumulator
 from autotune.training.noise import GradientNoiseScale
+
+from .accumulators import NoisyAccumulator
 
 CASES = {"accumulating": [[20, 17], [19, 8]], "one_micro_step_per_rank": [[32], [32]]}
 STEPS = 4

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from .torchrun import torchrun
+from ..torchrun import torchrun
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
 BUDGET = "2.6MB"  # max micro-batch ~112 with DDP's buckets: 255 -> 2 micro-steps per rank
 
 
@@ -48,9 +49,9 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
 
 @pytest.fixture(scope="module")
 def cases():
-    """The library's cases under torchrun (tests/torchrun_cases.py), in one job."""
-    done = torchrun(str(HERE / "torchrun_cases.py"), "ddp_faults", "uneven_batches", "noise_scale", "fsdp", "ramp",
-                    "mixed_ranks", timeout=300)
+    """The library's cases under torchrun (tests/training/torchrun_cases.py), in one job."""
+    done = torchrun("-m", "tests.training.torchrun_cases", "ddp_faults", "uneven_batches", "noise_scale", "fsdp",
+                    "ramp", "mixed_ranks", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -294,7 +295,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_torchrun_rank_ends_with_its_exit_code_without_finalizing(argv, code, out, err):
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
     done = subprocess.run([sys.executable, "-c", CLI_UNDER_TORCHRUN, *argv], check=False, capture_output=True,
-                          text=True, timeout=60, env=env, cwd=HERE.parent)
+                          text=True, timeout=60, env=env, cwd=ROOT)
     assert done.returncode == code, done.stderr
     assert done.stdout.startswith(out) and err in done.stderr  # written out before the end
     assert "interpreter finalized" not in done.stderr
@@ -303,5 +304,5 @@ def test_a_torchrun_rank_ends_with_its_exit_code_without_finalizing(argv, code, 
 def test_outside_torchrun_the_command_ends_the_ordinary_way():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, "-c", CLI_UNDER_TORCHRUN, "--version"], check=False, capture_output=True,
-                          text=True, timeout=60, env=env, cwd=HERE.parent)
+                          text=True, timeout=60, env=env, cwd=ROOT)
     assert done.returncode == 0 and "interpreter finalized" in done.stderr

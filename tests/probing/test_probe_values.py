@@ -13,7 +13,7 @@ from autotune.devices import get_device
 from autotune.probing.finder import probe
 from autotune.probing.fitrule import run_trial
 
-from . import realistic
+from .. import realistic
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_distributed.py: DDP training, then the rank leaves and finalizes at once.
+"""Run under torchrun by tests/training/test_distributed.py: DDP training, then the rank leaves and finalizes at once.
 
 Each rank prints one JSON line: its thread count before joining the process
 group, inside it and after leaving it, and the all-reduce rounds counted for

@@ -15,7 +15,7 @@ from autotune.planning.planner import make_plan
 from autotune.training.runner import run_plan
 from autotune.workload import Workload, load_workload
 
-from . import workloads
+from .. import workloads
 
 
 def test_a_nan_loss_fails_verification_saying_it_is_not_finite():
