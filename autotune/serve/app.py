@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import AutotuneError, BadInput
 from ..store import open_store
-from ..store.schema import DamagedEntry
+from ..store.schema import DamagedEntry, Entry
 from ..store.store import StoreUnavailable
 from . import stored
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
@@ -154,39 +154,34 @@ def _store_routes(app: FastAPI, service: Service) -> None:
         return {"plans": [e.to_dict() for e in store.entries(limit=limit)]}
 
     @app.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements")
-    def entry(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+    def entry(fingerprint: Annotated[str, _fingerprint()]) -> dict[str, Any]:
         from_store.flush()
         found = _find(store, fingerprint)
-        if isinstance(found, JSONResponse):
-            return found
         observed = store.observations(found.fingerprint)
         return {"entry": found.to_dict(probe=True), "plans": store.plans(found.fingerprint),
                 "measurements": [o.to_dict() for o in observed], "accuracy": store.accuracy(found.fingerprint)}
 
     @app.get("/v1/plans/{fingerprint}/report", response_class=HTMLResponse,
              summary="The HTML memory report of an entry's latest plan (or of its probe)")
-    def report(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+    def report(fingerprint: Annotated[str, _fingerprint()]) -> HTMLResponse:
         from ..report import content, html
 
         from_store.flush()
-        found = _find(store, fingerprint)
-        if isinstance(found, JSONResponse):
-            return found
-        return HTMLResponse(html.render(content.build(_latest(store, found))))
+        return HTMLResponse(html.render(content.build(_latest(store, _find(store, fingerprint)))))
 
     @app.post("/v1/measurements", status_code=201, summary="Record what a job measured against a fingerprint")
-    def measurements(body: MeasurementRequest) -> Any:
+    def measurements(body: MeasurementRequest) -> dict[str, Any]:
         from ..store.schema import Observation
 
         found = store.get(body.fingerprint)
         if found is None:
-            return _error(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
-                               "fingerprints POST /v1/plan returned")
+            raise HTTPException(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
+                                     "fingerprints POST /v1/plan returned")
         if not body.oom and body.peak_reserved_bytes is None:
-            return _error(422, "peak_reserved_bytes is needed unless oom is true")
+            raise HTTPException(422, "peak_reserved_bytes is needed unless oom is true")
         probed = found.probe()
         if (why := implausible(body, probed)) is not None:
-            return _error(422, why)
+            raise HTTPException(422, why)
         observed = Observation(source="reported", estimated_peak_bytes=probed.predicted_peak_at(body.batch),
                                **body.model_dump())
         (key,) = store.record(observed)
@@ -214,10 +209,10 @@ def _service_routes(app: FastAPI, service: Service) -> None:
         return Response(content, media_type=kind)
 
 
-def _from_store(answers: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
+def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
     """:meth:`autotune.serve.stored.FromStore.answer`, its planning errors said as a worker says them."""
     try:
-        return answers.answer(key, body)
+        return from_store.answer(key, body)
     except StoreUnavailable:
         raise
     except AutotuneError as exc:
@@ -323,12 +318,12 @@ def _fingerprint() -> Any:
     return Path(pattern=FINGERPRINT, description="a fingerprint, or its first digits (at least 6)")
 
 
-def _find(store: Any, fingerprint: str) -> Any:
-    """The entry a fingerprint (or its first digits) names, or the 404 answer."""
+def _find(store: Any, fingerprint: str) -> Entry:
+    """The entry a fingerprint (or its first digits) names (404 when none or several do)."""
     try:
         return store.find(fingerprint)
     except BadInput as exc:
-        return _error(404, str(exc))
+        raise HTTPException(404, str(exc)) from None
 
 
 def _error(status: int, detail: str) -> JSONResponse:
