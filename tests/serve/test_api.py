@@ -1,6 +1,6 @@
 """The service's HTTP contract, in this process (FastAPI's TestClient on the real application, its store on
-SQLite and on a real PostgreSQL server): what a request without the token is told, and the fields of every
-JSON answer, in order. Planning itself (worker processes) is tested in test_serve.py."""
+SQLite and on a real PostgreSQL server): what /openapi.json says, what a request without the token is told,
+and the fields of every JSON answer, in order. Planning itself (worker processes) is tested in test_serve.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ GOOD = {"Authorization": f"Bearer {TOKEN}"}
 FP = "ab" * 32
 REFUSED = "missing or wrong bearer token: send Authorization: Bearer <the token in the service's --token-file>"
 
+#: The routes behind the token.
+PROTECTED = [("/v1/plan", "post"), ("/v1/plans", "get"), ("/v1/plans/{fingerprint}", "get"),
+             ("/v1/plans/{fingerprint}/report", "get"), ("/v1/measurements", "post"), ("/v1/probes", "get"),
+             ("/metrics", "get")]
 
 ENTRY = ["fingerprint", "workload", "device", "device_kind", "estimated", "max_micro_batch", "max_batch", "limited_by",
          "created_at", "measured", "hits", "last_hit_at", "valid", "invalidated_at", "invalid_reason", "damaged",
@@ -60,6 +64,28 @@ def api(module_store_url) -> Iterator:
     client.close()
 
 
+def test_the_api_description_names_the_bearer_scheme_on_every_route_but_healthz(api):
+    described = api.get("/openapi.json", headers=GOOD).json()
+    schemes = described["components"].get("securitySchemes", {})
+    bearer = [name for name, s in schemes.items() if (s["type"], s.get("scheme")) == ("http", "bearer")]
+    assert len(bearer) == 1, schemes
+    for path, method in PROTECTED:
+        assert described["paths"][path][method]["security"] == [{bearer[0]: []}], path
+    assert "security" not in described["paths"]["/healthz"]["get"]
+
+
+def test_a_service_without_a_token_describes_no_scheme(module_store_url):
+    from fastapi.testclient import TestClient
+
+    from autotune.serve.app import Settings, create_app
+
+    client = TestClient(create_app(Settings(store=module_store_url)))
+    described = client.get("/openapi.json").json()
+    assert client.get("/v1/plans").status_code == 200
+    assert "securitySchemes" not in described.get("components", {})
+    assert not any("security" in op for ops in described["paths"].values() for op in ops.values())
+
+
 @pytest.mark.parametrize("method,path,extra", [
     ("post", "/v1/plan", {"json": {"target_batch": 0}}),
     ("post", "/v1/plan", {"content": b"{not json", "headers": {"content-type": "application/json"}}),
@@ -84,6 +110,19 @@ def test_without_the_token_every_request_but_healthz_is_told_401_alone(api, meth
     answer = api.request(method, path, **{**extra, "headers": headers})
     assert answer.status_code == 401, answer.text
     assert answer.headers["www-authenticate"] == "Bearer" and answer.json() == {"detail": REFUSED}
+
+
+def test_a_token_beyond_ascii_is_compared_as_the_bytes_sent(module_store_url):
+    from fastapi.testclient import TestClient
+
+    from autotune.serve.app import Settings, create_app
+
+    token = "s3cret-t\u00f6k\u00e9n-0123456789"  # the token file is UTF-8; a header is bytes
+    client = TestClient(create_app(Settings(store=module_store_url, token=token)))
+    sent = {"Authorization": b"Bearer " + token.encode()}
+    assert client.get("/v1/plans", headers=sent).status_code == 200
+    assert client.get("/healthz", headers=sent).json()["store"]  # in full
+    assert client.get("/v1/plans", headers={"Authorization": b"Bearer " + token[:-1].encode()}).status_code == 401
 
 
 def test_with_the_token_the_same_requests_get_their_own_answers(api):
