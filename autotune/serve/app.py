@@ -23,7 +23,9 @@ through a name of its own (DNS rebinding). With a token, every request but
 ``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`autotune.serve.auth`,
 FastAPI's security dependency, compared in constant time), and ``/healthz``
 without it says only whether the service is up. Bodies over :data:`MAX_BODY`
-bytes are refused before they are parsed (:mod:`autotune.serve.guard`).
+bytes are refused before they are parsed (:mod:`autotune.serve.guard`). Every
+JSON answer is a model of :mod:`autotune.serve.answers`, which /openapi.json
+describes; every error is ``{"detail": "one line"}``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response,
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -45,7 +47,7 @@ from ..errors import AutotuneError, BadInput
 from ..store import open_store
 from ..store.schema import DamagedEntry, Entry
 from ..store.store import StoreUnavailable
-from . import stored
+from . import answers, stored
 from .auth import Bearer
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
 from .guard import Guard
@@ -109,14 +111,16 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="autotune", version=autotune.__version__, lifespan=lifespan,
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
                               "GPUs, from a plan store shared by every job.",
-                  openapi_url=None, docs_url=None, redoc_url=None)  # served behind the token: _description_routes
+                  openapi_url=None, docs_url=None, redoc_url=None,  # served behind the token: _description_routes
+                  responses=answers.errors(421))
     app.state.pool = pool
     app.state.metrics = service.metrics
     app.add_middleware(Guard, max_body=MAX_BODY, hosts=settings.allowed_hosts)
     app.add_middleware(Observe, metrics=service.metrics, routes=app.routes)
     _handlers(app, service.metrics, bearer)
     # every route but /healthz: behind the token, when the service has one
-    routes = APIRouter(dependencies=[Security(bearer)] if bearer else [])
+    routes = APIRouter(dependencies=[Security(bearer)] if bearer else [],
+                       responses=answers.errors(401) if bearer else {})
     _plan_route(routes, service)
     _store_routes(routes, service)
     _service_routes(app, routes, service)
@@ -129,7 +133,8 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
     """``POST /v1/plan``: from the store in this process when it can be, else by a worker."""
     store, pool = service.store, service.pool
 
-    @routes.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
+    @routes.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)",
+                 response_model=answers.PlanAnswer, responses=answers.errors(400, 404, 413, 422, 500, 503, 504))
     async def plan(body: PlanRequest, request: Request) -> Response:
         probe, function = service.settings.probes.resolve(body.probe)
         key = stored.request_key(probe, function, body)
@@ -143,7 +148,7 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
         service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
-        return Response(answer["body"], media_type="application/json")
+        return Response(answer["body"], media_type="application/json")  # the answer's JSON, as PlanAnswer says
 
 
 def _asked(body: PlanRequest) -> Any:
@@ -158,29 +163,34 @@ def _store_routes(routes: APIRouter, service: Service) -> None:
     """The store's entries, one entry, its report, and measurements reported."""
     store, from_store = service.store, service.from_store
 
-    @routes.get("/v1/plans", summary="The store's entries, the most recent first")
-    def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+    @routes.get("/v1/plans", summary="The store's entries, the most recent first",
+                responses=answers.errors(422, 503))
+    def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> answers.Entries:
         from_store.flush()  # what this service answered, as it lists the store
-        return {"plans": [e.to_dict() for e in store.entries(limit=limit)]}
+        return answers.Entries.model_validate({"plans": [e.to_dict() for e in store.entries(limit=limit)]})
 
-    @routes.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements")
-    def entry(fingerprint: Annotated[str, _fingerprint()]) -> dict[str, Any]:
+    @routes.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements",
+                responses=answers.errors(404, 422, 503))
+    def entry(fingerprint: Annotated[str, _fingerprint()]) -> answers.EntryAnswer:
         from_store.flush()
         found = _find(store, fingerprint)
         observed = store.observations(found.fingerprint)
-        return {"entry": found.to_dict(probe=True), "plans": store.plans(found.fingerprint),
-                "measurements": [o.to_dict() for o in observed], "accuracy": store.accuracy(found.fingerprint)}
+        return answers.EntryAnswer.model_validate({
+            "entry": found.to_dict(probe=True), "plans": store.plans(found.fingerprint),
+            "measurements": [o.to_dict() for o in observed], "accuracy": store.accuracy(found.fingerprint)})
 
     @routes.get("/v1/plans/{fingerprint}/report", response_class=HTMLResponse,
-                summary="The HTML memory report of an entry's latest plan (or of its probe)")
+                summary="The HTML memory report of an entry's latest plan (or of its probe)",
+                responses=answers.errors(*_gate_errors(service), 404, 409, 422, 503, beside="text/html"))
     def report(fingerprint: Annotated[str, _fingerprint()]) -> HTMLResponse:
         from ..report import content, html
 
         from_store.flush()
         return HTMLResponse(html.render(content.build(_latest(store, _find(store, fingerprint)))))
 
-    @routes.post("/v1/measurements", status_code=201, summary="Record what a job measured against a fingerprint")
-    def measurements(body: MeasurementRequest) -> dict[str, Any]:
+    @routes.post("/v1/measurements", status_code=201, summary="Record what a job measured against a fingerprint",
+                 responses=answers.errors(404, 409, 413, 422, 503))
+    def measurements(body: MeasurementRequest) -> answers.Recorded:
         from ..store.schema import Observation
 
         found = store.get(body.fingerprint)
@@ -195,7 +205,7 @@ def _store_routes(routes: APIRouter, service: Service) -> None:
         observed = Observation(source="reported", estimated_peak_bytes=probed.predicted_peak_at(body.batch),
                                **body.model_dump())
         (key,) = store.record(observed)
-        return {"id": key, "estimated_peak_bytes": observed.estimated_peak_bytes, "error": observed.error}
+        return answers.Recorded(id=key, estimated_peak_bytes=observed.estimated_peak_bytes, error=observed.error)
 
 
 def _service_routes(app: FastAPI, routes: APIRouter, service: Service) -> None:
@@ -203,20 +213,29 @@ def _service_routes(app: FastAPI, routes: APIRouter, service: Service) -> None:
     bearer = service.bearer
 
     @routes.get("/v1/probes", summary="The probes this service runs")
-    def probes() -> dict[str, Any]:
-        return {"probes": [{"name": p.name, "builtin": p.builtin, "functions": list(p.functions), "error": p.error}
-                           for p in service.settings.probes.all()]}
+    def probes() -> answers.Probes:
+        return answers.Probes(probes=[answers.ServedProbe(name=p.name, builtin=p.builtin, functions=list(p.functions),
+                                                          error=p.error) for p in service.settings.probes.all()])
 
-    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)")
-    async def healthz(request: Request) -> JSONResponse:
+    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)",
+             responses={503: {"model": answers.Health | answers.Liveness,
+                              "description": "the store cannot be read, or the service is stopping"}})
+    async def healthz(request: Request, response: Response) -> answers.Health | answers.Liveness:
         full = bearer is None or await bearer.carries(request)
-        return await run_in_threadpool(_health, service.store, service.pool, full=full)
+        answer, response.status_code = await run_in_threadpool(_health, service.store, service.pool, full=full)
+        return answer
 
-    @routes.get("/metrics", summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, "
-                                    "store errors")
+    @routes.get("/metrics", response_class=PlainTextResponse,
+                summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, store errors",
+                responses=answers.errors(*_gate_errors(service), beside="text/plain"))
     def prometheus() -> Response:
         content, kind = service.metrics.exposition()
         return Response(content, media_type=kind)
+
+
+def _gate_errors(service: Service) -> tuple[int, ...]:
+    """What any route may answer before it runs: 421 (another Host), and 401 with a token."""
+    return (401, 421) if service.bearer else (421,)
 
 
 def _description_routes(app: FastAPI, routes: APIRouter) -> None:
@@ -256,19 +275,18 @@ def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> di
         raise JobFailed(status_of(exc), one_line(str(exc))) from None
 
 
-def _health(store: Any, pool: Pool, *, full: bool) -> JSONResponse:
-    """ok (200) or unhealthy (503: the store cannot be read, or the service is stopping); ``full``: with
-    the version, the store, and what the workers are doing."""
+def _health(store: Any, pool: Pool, *, full: bool) -> tuple[answers.Health | answers.Liveness, int]:
+    """ok (200) or unhealthy (503: the store cannot be read, or the service is stopping), and its status
+    code; ``full``: with the version, the store, and what the workers are doing."""
     import autotune
 
     problem = store.healthy() or ("the service is stopping" if pool.stopping.is_set() else None)
     status, code = ("ok", 200) if problem is None else ("unhealthy", 503)
     if not full:
-        return JSONResponse({"status": status}, status_code=code)
-    return JSONResponse({"status": status, "problem": problem, "version": autotune.__version__,
-                         "store": store.shown, "store_reopened": store.reopened, "workers": len(pool.workers),
-                         "busy": pool.busy, "waiting": pool.waiting, "jobs": pool.jobs, "cancelled": pool.cancelled},
-                        status_code=code)
+        return answers.Liveness(status=status), code
+    return answers.Health(status=status, problem=problem, version=autotune.__version__, store=store.shown,
+                          store_reopened=store.reopened, workers=len(pool.workers), busy=pool.busy,
+                          waiting=pool.waiting, jobs=pool.jobs, cancelled=pool.cancelled), code
 
 
 def _latest(store: Any, entry: Any) -> Any:

@@ -19,6 +19,10 @@ REFUSED = "missing or wrong bearer token: send Authorization: Bearer <the token 
 PROTECTED = [("/v1/plan", "post"), ("/v1/plans", "get"), ("/v1/plans/{fingerprint}", "get"),
              ("/v1/plans/{fingerprint}/report", "get"), ("/v1/measurements", "post"), ("/v1/probes", "get"),
              ("/metrics", "get")]
+#: The model each JSON answer is described by.
+ANSWERS = {("/v1/plan", "post", "200"): "PlanAnswer", ("/v1/plans", "get", "200"): "Entries",
+           ("/v1/plans/{fingerprint}", "get", "200"): "EntryAnswer", ("/v1/measurements", "post", "201"): "Recorded",
+           ("/v1/probes", "get", "200"): "Probes"}
 
 ENTRY = ["fingerprint", "workload", "device", "device_kind", "estimated", "max_micro_batch", "max_batch", "limited_by",
          "created_at", "measured", "hits", "last_hit_at", "valid", "invalidated_at", "invalid_reason", "damaged",
@@ -64,6 +68,12 @@ def api(module_store_url) -> Iterator:
     client.close()
 
 
+def _model(schema: dict) -> set[str]:
+    """The names of the models a response's JSON schema refers to."""
+    refs = [schema.get("$ref", "")] + [s.get("$ref", "") for s in schema.get("anyOf", [])]
+    return {r.rsplit("/", 1)[1] for r in refs if r}
+
+
 def test_the_api_description_names_the_bearer_scheme_on_every_route_but_healthz(api):
     described = api.get("/openapi.json", headers=GOOD).json()
     schemes = described["components"].get("securitySchemes", {})
@@ -84,6 +94,27 @@ def test_a_service_without_a_token_describes_no_scheme(module_store_url):
     assert client.get("/v1/plans").status_code == 200
     assert "securitySchemes" not in described.get("components", {})
     assert not any("security" in op for ops in described["paths"].values() for op in ops.values())
+
+
+def test_the_api_description_names_every_answer_and_error(api):
+    described = api.get("/openapi.json", headers=GOOD).json()
+    paths = described["paths"]
+    for (path, method, status), model in ANSWERS.items():
+        answers = paths[path][method]["responses"]
+        assert _model(answers[status]["content"]["application/json"]["schema"]) == {model}, (path, answers)
+        for error in ("401", "422") if path != "/v1/probes" else ("401",):  # /v1/probes takes nothing to check
+            assert _model(answers[error]["content"]["application/json"]["schema"]) == {"Error"}, (path, error)
+    assert _model(paths["/healthz"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]) == \
+        {"Health", "Liveness"}
+    assert _model(paths["/v1/plans/{fingerprint}"]["get"]["responses"]["404"]["content"]["application/json"]
+                  ["schema"]) == {"Error"}
+    for path, media in (("/v1/plans/{fingerprint}/report", "text/html"), ("/metrics", "text/plain")):
+        answers = paths[path]["get"]["responses"]
+        assert list(answers["200"]["content"]) == [media]
+        assert [list(a["content"]) for status, a in answers.items() if status != "200"] == \
+            [["application/json"]] * (len(answers) - 1) and "401" in answers  # its errors are JSON all the same
+    assert "HTTPValidationError" not in described["components"]["schemas"]  # every 422 is one line: an Error
+    assert described["components"]["schemas"]["Entries"]["properties"]["plans"]["items"]["$ref"].endswith("/Entry")
 
 
 @pytest.mark.parametrize("method,path,extra", [
