@@ -4,9 +4,10 @@ Every route but ``/healthz`` depends on a :class:`Bearer` (the API's description
 /docs offers it); the token is compared in constant time (:func:`secrets.compare_digest`). A request
 without it is told 401, ``WWW-Authenticate: Bearer`` and one line, and nothing else: what FastAPI
 answers before a route's dependencies run (a path that is no route, a method the route does not take,
-a body that is not JSON) asks :meth:`Bearer.refuses` first (:func:`autotune.serve.app._handlers`). Only
+a body that is not JSON) asks :meth:`Bearer.refuses` first (:func:`autotune.serve.app._refusals`). Only
 the Host check (421) and the body-size limit (413) come before the token: they refuse a request before
-its body is read (:class:`autotune.serve.guard.Guard`), and a dependency runs after.
+its body is read (:class:`autotune.serve.guard.Guard`), and a dependency runs after. A path with one
+slash too many or too few is redirected (307) to its route, which then asks for the token.
 """
 
 from __future__ import annotations
