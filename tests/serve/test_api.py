@@ -10,6 +10,9 @@ import pytest
 
 from ..stores import execute
 
+#: The file's first test on each database starts its service (and, in a test process, the PostgreSQL server).
+pytestmark = pytest.mark.slow
+
 TOKEN = "s3cret-token-for-the-api-tests-0123456789"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 FP = "ab" * 32
