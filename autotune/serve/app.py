@@ -20,9 +20,12 @@ hangs up stops its probe unless another request waits for the same one. A
 request's ``Host`` must be a name of the address the service listens on (or one
 of ``--allowed-hosts``): a page elsewhere cannot reach a service on 127.0.0.1
 through a name of its own (DNS rebinding). With a token, every request but
-``/healthz`` needs ``Authorization: Bearer <token>``, compared in constant time,
-and ``/healthz`` without it says only whether the service is up. Bodies over
-:data:`MAX_BODY` bytes are refused before they are parsed.
+``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`autotune.serve.auth`,
+FastAPI's security dependency, compared in constant time), and ``/healthz``
+without it says only whether the service is up. Bodies over :data:`MAX_BODY`
+bytes are refused before they are parsed (:mod:`autotune.serve.guard`). Every
+JSON answer is a model of :mod:`autotune.serve.answers`, which /openapi.json
+describes; every error is ``{"detail": "one line"}``.
 """
 
 from __future__ import annotations
@@ -32,19 +35,22 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import AutotuneError, BadInput
 from ..store import open_store
-from ..store.schema import DamagedEntry
+from ..store.schema import DamagedEntry, Entry
 from ..store.store import StoreUnavailable
-from . import stored
+from . import answers, stored
+from .auth import Bearer
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
-from .guard import Guard, authorised
+from .guard import Guard
 from .jobs import Job, JobFailed, one_line, status_of
 from .metrics import Metrics, Observe
 from .probes import BrokenProbe, Catalogue, UnknownProbe
@@ -77,7 +83,7 @@ class Service:
     pool: Pool
     from_store: stored.FromStore
     metrics: Metrics
-    token: bytes | None
+    bearer: Bearer | None
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -87,8 +93,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     store = open_store(settings.store, name="--store")
     pool = Pool(settings.store, settings.workers, timeout_s=settings.probe_timeout_s)
+    bearer = Bearer(settings.token) if settings.token else None
     service = Service(settings=settings, store=store, pool=pool, from_store=stored.FromStore(store),
-                      metrics=Metrics(pool), token=settings.token.encode() if settings.token else None)
+                      metrics=Metrics(pool), bearer=bearer)
     stored.environment()  # what the workers' fingerprints depend on, read once now
 
     @asynccontextmanager
@@ -103,24 +110,32 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="autotune", version=autotune.__version__, lifespan=lifespan,
                   description="Plans micro-batch x accumulation x ranks = exactly the target batch for estimated "
-                              "GPUs, from a plan store shared by every job.")
+                              "GPUs, from a plan store shared by every job.",
+                  openapi_url=None, docs_url=None, redoc_url=None,  # served behind the token: _description_routes
+                  responses=answers.errors(421))
     app.state.pool = pool
     app.state.metrics = service.metrics
-    app.add_middleware(Guard, token=settings.token, max_body=MAX_BODY, hosts=settings.allowed_hosts)
+    app.add_middleware(Guard, max_body=MAX_BODY, hosts=settings.allowed_hosts)
     app.add_middleware(Observe, metrics=service.metrics, routes=app.routes)
-    _handlers(app, service.metrics)
-    _plan_route(app, service)
-    _store_routes(app, service)
-    _service_routes(app, service)
+    _handlers(app, service.metrics, bearer)
+    # every route but /healthz: behind the token, when the service has one
+    routes = APIRouter(dependencies=[Security(bearer)] if bearer else [],
+                       responses=answers.errors(401) if bearer else {})
+    _plan_route(routes, service)
+    _store_routes(routes, service)
+    _service_routes(app, routes, service)
+    _description_routes(app, routes)
+    app.include_router(routes)
     return app
 
 
-def _plan_route(app: FastAPI, service: Service) -> None:
+def _plan_route(routes: APIRouter, service: Service) -> None:
     """``POST /v1/plan``: from the store in this process when it can be, else by a worker."""
     store, pool = service.store, service.pool
 
-    @app.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)")
-    async def plan(body: PlanRequest, request: Request) -> Any:
+    @routes.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)",
+                 response_model=answers.PlanAnswer, responses=answers.errors(400, 404, 413, 422, 500, 503, 504))
+    async def plan(body: PlanRequest, request: Request) -> Response:
         probe, function = service.settings.probes.resolve(body.probe)
         key = stored.request_key(probe, function, body)
         answer = await run_in_threadpool(_from_store, service.from_store, key, body)
@@ -133,7 +148,7 @@ def _plan_route(app: FastAPI, service: Service) -> None:
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
         service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
-        return Response(answer["body"], media_type="application/json")
+        return Response(answer["body"], media_type="application/json")  # the answer's JSON, as PlanAnswer says
 
 
 def _asked(body: PlanRequest) -> Any:
@@ -144,99 +159,134 @@ def _asked(body: PlanRequest) -> Any:
         raise JobFailed(status_of(exc), str(exc)) from None
 
 
-def _store_routes(app: FastAPI, service: Service) -> None:
+def _store_routes(routes: APIRouter, service: Service) -> None:
     """The store's entries, one entry, its report, and measurements reported."""
     store, from_store = service.store, service.from_store
 
-    @app.get("/v1/plans", summary="The store's entries, the most recent first")
-    def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+    @routes.get("/v1/plans", summary="The store's entries, the most recent first",
+                responses=answers.errors(422, 503))
+    def plans(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> answers.Entries:
         from_store.flush()  # what this service answered, as it lists the store
-        return {"plans": [e.to_dict() for e in store.entries(limit=limit)]}
+        return answers.Entries.model_validate({"plans": [e.to_dict() for e in store.entries(limit=limit)]})
 
-    @app.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements")
-    def entry(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+    @routes.get("/v1/plans/{fingerprint}", summary="One entry: its probe result, plans and measurements",
+                responses=answers.errors(404, 422, 503))
+    def entry(fingerprint: Annotated[str, _fingerprint()]) -> answers.EntryAnswer:
         from_store.flush()
         found = _find(store, fingerprint)
-        if isinstance(found, JSONResponse):
-            return found
         observed = store.observations(found.fingerprint)
-        return {"entry": found.to_dict(probe=True), "plans": store.plans(found.fingerprint),
-                "measurements": [o.to_dict() for o in observed], "accuracy": store.accuracy(found.fingerprint)}
+        return answers.EntryAnswer.model_validate({
+            "entry": found.to_dict(probe=True), "plans": store.plans(found.fingerprint),
+            "measurements": [o.to_dict() for o in observed], "accuracy": store.accuracy(found.fingerprint)})
 
-    @app.get("/v1/plans/{fingerprint}/report", response_class=HTMLResponse,
-             summary="The HTML memory report of an entry's latest plan (or of its probe)")
-    def report(fingerprint: Annotated[str, _fingerprint()]) -> Any:
+    @routes.get("/v1/plans/{fingerprint}/report", response_class=HTMLResponse,
+                summary="The HTML memory report of an entry's latest plan (or of its probe)",
+                responses=answers.errors(*_gate_errors(service), 404, 409, 422, 503, beside="text/html"))
+    def report(fingerprint: Annotated[str, _fingerprint()]) -> HTMLResponse:
         from ..report import content, html
 
         from_store.flush()
-        found = _find(store, fingerprint)
-        if isinstance(found, JSONResponse):
-            return found
-        return HTMLResponse(html.render(content.build(_latest(store, found))))
+        return HTMLResponse(html.render(content.build(_latest(store, _find(store, fingerprint)))))
 
-    @app.post("/v1/measurements", status_code=201, summary="Record what a job measured against a fingerprint")
-    def measurements(body: MeasurementRequest) -> Any:
+    @routes.post("/v1/measurements", status_code=201, summary="Record what a job measured against a fingerprint",
+                 responses=answers.errors(404, 409, 413, 422, 503))
+    def measurements(body: MeasurementRequest) -> answers.Recorded:
         from ..store.schema import Observation
 
         found = store.get(body.fingerprint)
         if found is None:
-            return _error(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
-                               "fingerprints POST /v1/plan returned")
+            raise HTTPException(404, f"no entry with fingerprint {body.fingerprint[:12]}: report measurements for "
+                                     "fingerprints POST /v1/plan returned")
         if not body.oom and body.peak_reserved_bytes is None:
-            return _error(422, "peak_reserved_bytes is needed unless oom is true")
+            raise HTTPException(422, "peak_reserved_bytes is needed unless oom is true")
         probed = found.probe()
         if (why := implausible(body, probed)) is not None:
-            return _error(422, why)
+            raise HTTPException(422, why)
         observed = Observation(source="reported", estimated_peak_bytes=probed.predicted_peak_at(body.batch),
                                **body.model_dump())
         (key,) = store.record(observed)
-        return {"id": key, "estimated_peak_bytes": observed.estimated_peak_bytes, "error": observed.error}
+        return answers.Recorded(id=key, estimated_peak_bytes=observed.estimated_peak_bytes, error=observed.error)
 
 
-def _service_routes(app: FastAPI, service: Service) -> None:
-    """The probes served, liveness and metrics."""
+def _service_routes(app: FastAPI, routes: APIRouter, service: Service) -> None:
+    """The probes served, liveness (open to every request) and metrics."""
+    bearer = service.bearer
 
-    @app.get("/v1/probes", summary="The probes this service runs")
-    def probes() -> dict[str, Any]:
-        return {"probes": [{"name": p.name, "builtin": p.builtin, "functions": list(p.functions), "error": p.error}
-                           for p in service.settings.probes.all()]}
+    @routes.get("/v1/probes", summary="The probes this service runs")
+    def probes() -> answers.Probes:
+        return answers.Probes(probes=[answers.ServedProbe(name=p.name, builtin=p.builtin, functions=list(p.functions),
+                                                          error=p.error) for p in service.settings.probes.all()])
 
-    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)")
-    def healthz(request: Request) -> Any:
-        token = service.token
-        full = token is None or authorised(token, request.headers.get("authorization", "").encode())
-        return _health(service.store, service.pool, full=full)
+    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)",
+             responses={503: {"model": answers.Health | answers.Liveness,
+                              "description": "the store cannot be read, or the service is stopping"}})
+    async def healthz(request: Request, response: Response) -> answers.Health | answers.Liveness:
+        full = bearer is None or await bearer.carries(request)
+        answer, response.status_code = await run_in_threadpool(_health, service.store, service.pool, full=full)
+        return answer
 
-    @app.get("/metrics", summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, "
-                                 "store errors")
+    @routes.get("/metrics", response_class=PlainTextResponse,
+                summary="Prometheus metrics: requests, cache hits and misses, probe seconds, workers, store errors",
+                responses=answers.errors(*_gate_errors(service), beside="text/plain"))
     def prometheus() -> Response:
         content, kind = service.metrics.exposition()
         return Response(content, media_type=kind)
 
 
-def _from_store(answers: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
+def _gate_errors(service: Service) -> tuple[int, ...]:
+    """What any route may answer before it runs: 421 (another Host), and 401 with a token."""
+    return (401, 421) if service.bearer else (421,)
+
+
+def _description_routes(app: FastAPI, routes: APIRouter) -> None:
+    """``/openapi.json``, ``/docs`` (with Swagger UI's OAuth2 redirect page) and ``/redoc``, as FastAPI
+    serves them, but behind the token like every route but ``/healthz`` (FastAPI's own are plain routes,
+    which no dependency reaches)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+
+    def root(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    @routes.api_route("/openapi.json", methods=["GET", "HEAD"], include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @routes.api_route("/docs", methods=["GET", "HEAD"], include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=root(request) + "/openapi.json", title=f"{app.title} - Swagger UI",
+                                   oauth2_redirect_url=root(request) + "/docs/oauth2-redirect")
+
+    @routes.api_route("/docs/oauth2-redirect", methods=["GET", "HEAD"], include_in_schema=False)
+    def docs_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @routes.api_route("/redoc", methods=["GET", "HEAD"], include_in_schema=False)
+    def redoc(request: Request) -> HTMLResponse:
+        return get_redoc_html(openapi_url=root(request) + "/openapi.json", title=f"{app.title} - ReDoc")
+
+
+def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> dict[str, Any] | None:
     """:meth:`autotune.serve.stored.FromStore.answer`, its planning errors said as a worker says them."""
     try:
-        return answers.answer(key, body)
+        return from_store.answer(key, body)
     except StoreUnavailable:
         raise
     except AutotuneError as exc:
         raise JobFailed(status_of(exc), one_line(str(exc))) from None
 
 
-def _health(store: Any, pool: Pool, *, full: bool) -> JSONResponse:
-    """ok (200) or unhealthy (503: the store cannot be read, or the service is stopping); ``full``: with
-    the version, the store, and what the workers are doing."""
+def _health(store: Any, pool: Pool, *, full: bool) -> tuple[answers.Health | answers.Liveness, int]:
+    """ok (200) or unhealthy (503: the store cannot be read, or the service is stopping), and its status
+    code; ``full``: with the version, the store, and what the workers are doing."""
     import autotune
 
     problem = store.healthy() or ("the service is stopping" if pool.stopping.is_set() else None)
     status, code = ("ok", 200) if problem is None else ("unhealthy", 503)
     if not full:
-        return JSONResponse({"status": status}, status_code=code)
-    return JSONResponse({"status": status, "problem": problem, "version": autotune.__version__,
-                         "store": store.shown, "store_reopened": store.reopened, "workers": len(pool.workers),
-                         "busy": pool.busy, "waiting": pool.waiting, "jobs": pool.jobs, "cancelled": pool.cancelled},
-                        status_code=code)
+        return answers.Liveness(status=status), code
+    return answers.Health(status=status, problem=problem, version=autotune.__version__, store=store.shown,
+                          store_reopened=store.reopened, workers=len(pool.workers), busy=pool.busy,
+                          waiting=pool.waiting, jobs=pool.jobs, cancelled=pool.cancelled), code
 
 
 def _latest(store: Any, entry: Any) -> Any:
@@ -251,12 +301,15 @@ def _latest(store: Any, entry: Any) -> Any:
     return entry.probe()
 
 
-def _handlers(app: FastAPI, metrics: Metrics) -> None:
+def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None) -> None:
     """One-line answers for bad requests, failed jobs, unknown or broken probes, damaged entries and a
-    store that cannot be reached (counted)."""
+    store that cannot be reached (counted); without the token, 401 alone (:func:`_refusals`)."""
+    _refusals(app, bearer)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        if bearer is not None and await bearer.refuses(request):  # read before the token's dependency runs
+            return await http_exception_handler(request, bearer.make_not_authenticated_error())
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return _error(400, "the body is not JSON: send a JSON object with content-type: application/json")
@@ -297,6 +350,18 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
                            "service is fine: try again once the database answers")
 
 
+def _refusals(app: FastAPI, bearer: Bearer | None) -> None:
+    """Without the token, a request is told 401 alone, also where FastAPI answers before the token's
+    dependency runs: a path that is no route, a method its route does not take (404, 405), a body that
+    is not JSON (400) (see :mod:`autotune.serve.auth`)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException) -> Response:
+        if bearer is not None and exc.status_code != 401 and await bearer.refuses(request):
+            exc = bearer.make_not_authenticated_error()
+        return await http_exception_handler(request, exc)
+
+
 async def attend(request: Request, pool: Pool, job: Job) -> dict[str, Any]:
     """``job``'s answer from ``pool``; once the client hangs up, the job is marked gone (the pool then
     stops it unless another request waits for the same probe)."""
@@ -323,12 +388,12 @@ def _fingerprint() -> Any:
     return Path(pattern=FINGERPRINT, description="a fingerprint, or its first digits (at least 6)")
 
 
-def _find(store: Any, fingerprint: str) -> Any:
-    """The entry a fingerprint (or its first digits) names, or the 404 answer."""
+def _find(store: Any, fingerprint: str) -> Entry:
+    """The entry a fingerprint (or its first digits) names (404 when none or several do)."""
     try:
         return store.find(fingerprint)
     except BadInput as exc:
-        return _error(404, str(exc))
+        raise HTTPException(404, str(exc)) from None
 
 
 def _error(status: int, detail: str) -> JSONResponse:

@@ -72,6 +72,7 @@ def test_the_second_identical_request_is_answered_from_the_store(server):
         second = http.post("/v1/plan", json=PLAN)
         assert second.status_code == 200, second.text
     a, b = first.json(), second.json()
+    assert list(a) == list(b) == ["plan", "cached", "fingerprint"]  # as PlanAnswer describes them (test_api.py)
     assert (a["cached"], b["cached"]) == (False, True)
     assert a["fingerprint"] == b["fingerprint"] and len(a["fingerprint"]) == 64
     assert a["plan"]["schedule"] == b["plan"]["schedule"] and a["plan"]["target_batch"] == 512
