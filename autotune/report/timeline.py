@@ -116,7 +116,8 @@ def section(m: MemoryTimeline, *, usable: int, capacity: int, title: str = "") -
         blocks.append(Text(m.lowering))
     if m.options:
         blocks += [Text("Allocator settings compared by the simulation at this micro-batch (the max micro-batch "
-                        "where one fits more than yours); nothing is set for you:"), Table(options_table(m))]
+                        "where one fits more than yours; fragmentation: the reserved peak minus the allocated peak); "
+                        "nothing is set for you:"), Table(options_table(m))]
     if m.advice:
         blocks.append(Bullets(tuple(m.advice)))
     if m.real is not None:

@@ -14,7 +14,8 @@ from .record import Record, Whole, one_of
 
 #: What a part of the peak is. Tensors: parameters, gradients, optimizer_state, activations (activations, the
 #: batch and every temporary, by the module that made them). The allocator's own: workspace (cuBLAS, kernel
-#: scratch), rounding (blocks larger than requested), cache (reserved, in no block: fragmentation).
+#: scratch), rounding (blocks larger than requested), cache (the cached free blocks: reserved then, in no live
+#: block; not the fragmentation, which is the reserved peak minus the allocated peak, two moments).
 #: context: outside the allocator (CUDA context and libraries).
 KINDS = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "rounding", "cache", "context")
 #: The stacked timeline's series, in order (bytes of each at every sampled point).
@@ -32,9 +33,11 @@ class PeakPart(Record):
 
     @property
     def label(self) -> str:
-        words = {"optimizer_state": "optimizer state", "cache": "allocator cache (fragmentation)",
-                 "rounding": "allocator rounding", "context": "CUDA context (outside the allocator)"}
+        words = {"optimizer_state": "optimizer state", "rounding": "allocator rounding",
+                 "context": "CUDA context (outside the allocator)"}
         what = words.get(self.kind, self.kind)
+        if self.kind == "cache":
+            return "cached free blocks"
         if self.kind == "activations" and self.name:
             return f"activations {self.name}" if self.name.startswith("(") else f"activations of {self.name}"
         return f"{what}: {self.name}" if self.name else what
@@ -57,6 +60,7 @@ class AllocatorOption(Record):
 
     @property
     def fragmentation_bytes(self) -> int:
+        """The reserved peak minus the allocated peak (as a ProbeResult's ``fragmentation_bytes``)."""
         return self.reserved_bytes - self.allocated_bytes
 
 

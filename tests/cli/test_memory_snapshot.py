@@ -57,6 +57,24 @@ def test_probe_writes_the_snapshot_and_prints_where_the_peak_comes_from(capsys, 
 
 
 @pytest.mark.slow
+def test_one_name_per_quantity_fragmentation_is_reserved_peak_minus_allocated_peak(capsys, tmp_path):
+    """Two figures, two names: fragmentation (the reserved peak minus the allocated peak, two moments) and the
+    cached free blocks at the reserved peak (a part of it)."""
+    result = tmp_path / "probe.json"
+    code, out, _ = run(capsys, "probe", *H100, "--max-batch", "512", "--memory-snapshot", tmp_path / "m.pickle",
+                       "--output", result)
+    data = json.loads(result.read_text())
+    fragmentation = format_bytes(data["fragmentation_bytes"])
+    (cache,) = [p for p in data["memory"]["parts"] if p["kind"] == "cache"]
+    assert format_bytes(cache["bytes"]) != fragmentation  # else the check below could not tell them apart
+    said = [line for line in out.splitlines() if "fragmentation" in line]
+    assert len(said) >= 2 and all(f"fragmentation {fragmentation}" in line for line in said), said
+    assert f"fragmentation {fragmentation} (reserved peak minus allocated peak" in out
+    (part,) = [line for line in out.splitlines() if line.startswith("  ") and format_bytes(cache["bytes"]) in line]
+    assert part.startswith("  cached free blocks: ")
+
+
+@pytest.mark.slow
 def test_plan_writes_the_snapshot_at_its_micro_batch_and_at_n(capsys, tmp_path):
     path = tmp_path / "plan.pickle"
     code, out, err = run(capsys, "plan", "--target-batch", "1000", *H100, "--memory-snapshot", path)
