@@ -62,7 +62,8 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
                           peak_event=walk.peak_event, peak_phase=walk.peak_phase, events=walk.events, parts=parts,
                           phases=tuple(recorded.recording.phases), series=tuple(walk.series), lowering=sentence,
                           lowering_bytes=saved, options=tuple(options), advice=tuple(advice),
-                          snapshot_file=str(path) if path is not None else None, real=real)
+                          snapshot_file=str(path) if path is not None else None, real=real,
+                          out_of_memory=walk.out_of_memory)
 
 
 def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batch: int,

@@ -87,6 +87,7 @@ def test_plan_writes_the_snapshot_at_its_micro_batch_and_at_n(capsys, tmp_path):
     assert (code, err) == (0, "")
     memory = json.loads(out)["probe"]["memory"]
     assert memory["batch"] == 64 and memory["reserved_peak_bytes"] == snap.peaks(opened(path))[0]
+    assert memory["out_of_memory"] is None
 
 
 @pytest.mark.slow
@@ -98,6 +99,29 @@ def test_at_a_size_that_fits_records_that_size(capsys, tmp_path):
     lines = memory_lines(out)
     assert lines[0].startswith(f"memory at micro-batch 100: reserved peak {format_bytes(reserved)} in ")
     assert not any("out of memory" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_at_a_size_past_the_capacity_says_it_does_not_fit_and_what_it_would_need(capsys, tmp_path):
+    path = tmp_path / "oom.pickle"
+    code, out, err = run(capsys, "probe", *SMALL, "--memory-snapshot", path, "--at", "400000")
+    assert (code, err) == (0, "")
+    data = opened(path)
+    (oom,) = [e for e in data["device_traces"][0] if e["action"] == "oom"]
+    lines = memory_lines(out)
+    assert lines[0].startswith("memory at micro-batch 400000: does not fit: the simulated GPU (capacity 384.0 MiB) "
+                               "runs out of memory in micro-step 1 forward")
+    assert f"asking for {format_bytes(oom['size'])}" in lines[0]
+    assert "it would need at least" in lines[0]
+    assert not any("cached free blocks" in line and "(99%)" in line for line in lines)
+    assert not any("optimizer step 1" in line for line in lines[:2])
+    assert not any("a smaller model state would" in line for line in lines)
+    code, out, err = run(capsys, "plan", "--target-batch", "1000", *SMALL[:-3], "--quiet", "--memory-snapshot", path,
+                         "--at", "400000", "--json")
+    assert (code, err) == (0, "")
+    failed = json.loads(out)["probe"]["memory"]["out_of_memory"]
+    assert failed["requested_bytes"] == oom["size"] and failed["phase"] == "micro-step 1 forward"
+    assert failed["needed_bytes"] > failed["capacity_bytes"] == 384 << 20
 
 
 @pytest.mark.parametrize("command", [["probe"], ["plan", "--target-batch", "64"]])

@@ -5,6 +5,7 @@ recorded beside the prediction (with fakes of torch.cuda.memory)."""
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ from autotune.devices import snapshot as snap
 from autotune.devices.history import RecordingDevice
 from autotune.probing import timeline as tl
 from autotune.probing.memory import compare_real
+from autotune.units import format_bytes
 from autotune.workload import load_workload
 
 HERE = Path(__file__).parent
@@ -246,3 +248,89 @@ def test_a_workload_that_fails_under_checkpointing_gets_no_figure_and_a_bug_of_o
     monkeypatch.setattr(low, "record", lambda *a, **k: {}["a bug of autotune's"])
     with pytest.raises(KeyError):
         low.lowering(recorded, walk, workload, 64, rule={})
+
+
+# ---- a size past the capacity: what it would need at the out-of-memory error ----------------------------------
+
+
+def test_a_size_past_the_capacity_says_what_it_would_need_at_the_out_of_memory_error(tmp_path):
+    """mlp at 400000 on a 1 GiB estimate (384 MiB capacity): the first layer's output alone (390.6 MiB) does not
+    fit. The timeline says so, with the demand there, not the state the simulation is in after it."""
+    path = tmp_path / "oom.pickle"
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=str(path),
+                       at=400_000)
+    m = result.memory
+    o = m.out_of_memory
+    assert o is not None and o.phase == "micro-step 1 forward" and o.capacity_bytes == result.capacity_bytes
+    (entry,) = [e for e in snap.read(path)["device_traces"][0] if e["action"] == "oom"]
+    assert o.requested_bytes == entry["size"] == 400_000 * 256 * 4  # the first Linear's output
+    assert o.reserved_bytes == o.capacity_bytes - entry["device_free"]
+    assert o.segment_bytes == 392 << 20  # the request rounded up to 2 MiB: a segment of its own
+    assert o.request.label == "activations of layers *"
+    assert sum(p.bytes for p in o.parts) == o.reserved_bytes  # what was live, rounding and the cache then
+    live = {p.kind for p in o.parts}
+    assert {"parameters", "activations"} <= live and "optimizer_state" not in live  # before the first step
+    batch = next(p for p in o.parts if p.kind == "activations")
+    assert batch.bytes >= 400_000 * 64 * 4  # the micro-batch's features, live when the layer asks
+    assert o.needed_bytes == o.allocated_bytes + o.requested_bytes > o.capacity_bytes
+    lines = m.lines()
+    assert lines[0].startswith("memory at micro-batch 400000: does not fit: the simulated GPU (capacity 384.0 MiB) "
+                               "runs out of memory in micro-step 1 forward, asking for 390.6 MiB (activations of "
+                               "layers *)")
+    assert f"it would need at least {format_bytes(o.needed_bytes)} there" in lines[0]
+    assert not any("(99%)" in line or "optimizer step 1" in line for line in lines)
+    # the advice is about the demand at the error: the layer's output, not a smaller model state
+    assert "at the out-of-memory error (micro-step 1 forward, micro-batch 400000)" in m.lowering
+    assert "activations of layers *" in m.lowering and "smaller model state" not in m.lowering
+    assert all("fragmentation" not in line for line in m.advice)  # no figure of the replay past the error
+
+
+@pytest.mark.slow  # gpt: a probe, a timeline past the capacity and one under checkpointing
+def test_where_the_allocators_new_segment_does_not_fit_and_checkpointing_avoids_the_error():
+    """gpt at 128 on a 90 MiB GPU: its live blocks and the 8 MiB request would fit, the 20 MiB segment the
+    allocator asks for does not; checkpointing the blocks keeps the whole fit rule under the capacity."""
+    result = api.probe("gpt", device="estimate", memory_budget="730MiB", max_batch=64, memory_snapshot=True, at=128)
+    m = result.memory
+    o = m.out_of_memory
+    assert o is not None and o.needed_bytes <= o.capacity_bytes < o.reserved_bytes + o.segment_bytes
+    assert o.segment_bytes == 20 << 20 and "within the capacity, but the allocator asks the device for a new 20.0 MiB "\
+        "segment" in m.lines()[0]
+    assert "activations of blocks.* hold" in m.lowering
+    assert "activation checkpointing of these modules would avoid the error: reserved peak" in m.lowering
+
+
+def test_a_size_within_the_capacity_has_no_out_of_memory_error():
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True, at=100)
+    assert result.memory.out_of_memory is None and result.memory.lines()[0].startswith("memory at micro-batch 100: "
+                                                                                       "reserved peak")
+
+
+def test_an_out_of_memory_error_within_the_capacity_is_laid_to_the_cache_the_allocator_cannot_release():
+    """Live blocks and the request fit the capacity, but the allocator holds cached blocks of split segments."""
+    from autotune.results.timeline import MemoryTimeline, OutOfMemory, PeakPart
+
+    o = OutOfMemory(event=5, phase="micro-step 2 forward",
+                    request=PeakPart(kind="activations", name="fc", bytes=30 << 20), allocated_bytes=60 << 20,
+                    reserved_bytes=90 << 20, segment_bytes=20 << 20, capacity_bytes=100 << 20,
+                    parts=(PeakPart(kind="activations", name="fc", bytes=60 << 20),
+                           PeakPart(kind="cache", name="cached free blocks", bytes=30 << 20)))
+    m = MemoryTimeline(batch=8, simulated=True, reserved_peak_bytes=120 << 20, allocated_peak_bytes=90 << 20,
+                       peak_event=9, peak_phase="optimizer step 1", events=20, parts=o.parts, out_of_memory=o)
+    first = m.lines()[0]
+    assert "with 60.0 MiB live in blocks and 30.0 MiB of cached free blocks the allocator cannot release" in first
+    assert first.endswith("the live blocks and the request come to 90.0 MiB, within the capacity, but the allocator "
+                          "asks the device for a new 20.0 MiB segment, and the 90.0 MiB it holds leave no room for it; "
+                          "what is live then:")
+    assert m.lines()[1:3] == ["  the request, activations of fc: 30.0 MiB", "  activations of fc: 60.0 MiB"]
+
+
+def test_a_timeline_written_before_out_of_memory_was_recorded_reads_as_none():
+    from autotune.results.timeline import MemoryTimeline
+
+    data = MemoryTimeline.from_dict(json.loads((HERE.parent / "data" / "schema2" / "probe_memory.json").read_text())
+                                    ["memory"]).to_dict()
+    del data["out_of_memory"]
+    for option in data["options"]:
+        del option["out_of_memory"]
+    old = MemoryTimeline.from_dict(data)
+    assert old.out_of_memory is None and not any(o.out_of_memory for o in old.options)

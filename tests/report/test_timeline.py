@@ -82,3 +82,19 @@ def test_the_report_names_fragmentation_and_the_cached_free_blocks_apart(plan, t
     assert "fragmentation: the reserved peak minus the allocated peak" in markdown
     said = [line for line in markdown.splitlines() if "fragmentation " in line and "MiB" in line]
     assert said and all(f"fragmentation {format_bytes(plan.probe.fragmentation_bytes)}" in line for line in said)
+
+
+@pytest.mark.slow  # a probe and a timeline past the capacity, a report with its plot
+def test_a_size_past_the_capacity_is_reported_as_not_fitting_with_the_demand_at_the_error(tmp_path):
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True,
+                       at=400_000)
+    oom = result.memory.out_of_memory
+    folder = write_report(result, tmp_path / "r")
+    markdown = (folder / "report.md").read_text()
+    section = markdown[markdown.index("Memory timeline"):]
+    assert "Micro-batch 400000 does not fit: the simulated GPU (capacity 384.0 MiB) runs out of memory" in section
+    assert "What is live at the out-of-memory error" in section and "What is live at the peak" not in section
+    request = next(line for line in section.splitlines() if line.startswith("| the request, activations of"))
+    assert format_bytes(oom.requested_bytes) in request
+    assert "| out of memory |" in section  # the settings compared: none reserves a figure past the error
+    assert load_result(folder / "probe.json").memory == result.memory
