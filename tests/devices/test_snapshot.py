@@ -334,3 +334,68 @@ def test_a_timeline_written_before_out_of_memory_was_recorded_reads_as_none():
         del option["out_of_memory"]
     old = MemoryTimeline.from_dict(data)
     assert old.out_of_memory is None and not any(o.out_of_memory for o in old.options)
+
+
+# ---- what would lower the peak when activation checkpointing would not -----------------------------------------
+
+
+@pytest.mark.slow  # mlp at 65536: the probe, the timeline, the checkpointing estimate and one at half the size
+def test_when_checkpointing_would_not_lower_the_peak_the_sentence_names_what_would():
+    """mlp's layers are single ops: checkpointing each keeps its input, the peak rises. The largest part is still
+    the activations, and a smaller micro-batch lowers them: the estimate's own figure at half the size."""
+    result = api.probe("mlp", device=H100, memory_snapshot=True)
+    m = result.memory
+    assert m.batch == 65536 and "would not lower it" in m.lowering and m.lowering_bytes < 0
+    half = tl.analyse(tl.record(load_workload("mlp"), get_device(H100), 32768, frames=False)).reserved_peak
+    assert half < m.reserved_peak_bytes
+    acts = sum(p.bytes for p in m.parts if p.kind == "activations")
+    said = (f"what would lower it: the largest part, activations ({format_bytes(acts)}, "
+            f"{acts / m.reserved_peak_bytes:.0%}), shrinks with a smaller micro-batch (micro-batch 32768: reserved "
+            f"peak {format_bytes(half)} by the estimate; more accumulation steps keep the effective batch)")
+    assert said in m.lowering
+
+
+def test_where_the_cublas_workspace_is_the_largest_part_the_sentence_names_its_setting(monkeypatch):
+    """mlp at 1000 on an H100: two 32 MiB cuBLAS workspaces are 90% of the peak, not the model state."""
+    result = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000)
+    m = result.memory
+    work = sum(p.bytes for p in m.parts if p.kind == "workspace")
+    assert work > 0.8 * m.reserved_peak_bytes and "smaller model state" not in m.lowering
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    smaller = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000).memory.reserved_peak_bytes
+    assert smaller < m.reserved_peak_bytes
+    assert (f"the largest part, cuBLAS workspaces and kernel scratch ({format_bytes(work)}, "
+            f"{work / m.reserved_peak_bytes:.0%}), shrinks with CUBLAS_WORKSPACE_CONFIG=:4096:2 (8 MiB per cuBLAS "
+            f"handle and stream): reserved peak {format_bytes(smaller)} in the simulation") in m.lowering
+
+
+def test_past_the_capacity_what_would_lower_the_demand_is_the_probes_max_micro_batch():
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True,
+                       at=400_000)
+    assert result.memory.lowering.endswith(
+        "what would lower it: the largest part, activations (491.3 MiB, 96%), shrinks with a smaller micro-batch "
+        f"(micro-batch 512, the probe's max: reserved peak {format_bytes(result.peak_bytes)}; more accumulation steps "
+        "keep the effective batch).")
+
+
+def test_where_the_cache_is_the_largest_part_the_sentence_names_the_setting_that_reserves_least():
+    from types import SimpleNamespace
+
+    from autotune.probing.lowering import Levers, Moment, _Instead
+    from autotune.results.timeline import PeakPart
+
+    parts = (PeakPart(kind="cache", name="cached free blocks", bytes=60 << 20),
+             PeakPart(kind="activations", name="fc", bytes=30 << 20),
+             PeakPart(kind="parameters", name="", bytes=10 << 20))
+    at = Moment("at the peak (micro-step 1 forward, micro-batch 8)", 100 << 20, parts, {})
+    simulated = SimpleNamespace(simulation=object())
+    levers = Levers(allocator=("PYTORCH_ALLOC_CONF=expandable_segments:True", 50 << 20))
+    assert _Instead(simulated, None, at, None, 8, {}, levers).clause() == (
+        "; what would lower it: the largest part, the allocator's cached free blocks and rounding (60.0 MiB, 60%), "
+        "shrinks with PYTORCH_ALLOC_CONF=expandable_segments:True: reserved peak 50.0 MiB in the simulation")
+    # no setting reserves less: the next part a change lowers
+    walk = SimpleNamespace(out_of_memory=None)
+    assert _Instead(simulated, walk, at, None, 1, {}, Levers()).clause() == (
+        "; what would lower it: the largest part a change lowers, parameters, gradients and optimizer state "
+        "(10.0 MiB, 10%), shrinks with a smaller model state (fewer or lower-precision parameters, an optimizer "
+        "with less state, or sharding with --parallel fsdp)")
