@@ -104,7 +104,7 @@ def advise(options: list[AllocatorOption], batch: int, variable: str) -> list[st
             lines.append(f"with {variable}={o.conf} the max micro-batch would be {o.max_micro_batch} instead of "
                          f"{user.max_micro_batch} ({frag}); autotune does not set it: export it before probing "
                          "and training to use it")
-        elif user.retries and not o.retries:
+        elif user.retries and not o.retries and not o.out_of_memory:
             lines.append(f"with {variable}={o.conf} the {user.retries} release-and-retries at micro-batch {batch} "
                          f"would go ({frag}); autotune does not set it: export it before probing and training")
     if not lines:

@@ -158,6 +158,9 @@ def test_advice_names_expandable_segments_where_fragmentation_costs_a_micro_batc
     assert expandable.fragmentation_bytes < user.fragmentation_bytes
     assert any("expandable_segments:True the max micro-batch would be "
                f"{expandable.max_micro_batch} instead of {user.max_micro_batch}" in line for line in memory.advice)
+    roundup = next(o for o in memory.options if o.setting == "roundup_power2_divisions:4")
+    assert user.retries and roundup.out_of_memory and not roundup.retries  # it rounds past the capacity, no margin
+    assert not any("roundup_power2_divisions" in line for line in memory.advice)  # its retries do not "go"
     again = api.probe(spec, device=EstimateDevice(capacity=2**30, allowance=640 * 2**20,
                                                   alloc_conf="expandable_segments:True"), margin=0.0)
     assert again.max_micro_batch == expandable.max_micro_batch
