@@ -5,7 +5,10 @@ settings, only what the allocator reserves for it does. So the trace at a
 micro-batch, recorded once, is replayed through the caching-allocator
 simulation under the user's settings and under each candidate
 (``expandable_segments:True``, ``roundup_power2_divisions:4``,
-``max_split_size_mb:512``): reserved and allocated peaks, release-and-retries.
+``max_split_size_mb:512``, ``garbage_collection_threshold:0.6``): reserved and
+allocated peaks, release-and-retries. The garbage collection threshold acts,
+as in PyTorch's allocator, only under a ``per_process_memory_fraction``: without
+one it replays as the user's settings do, and is not advised.
 Where a candidate fits one more micro-batch than the user's settings do, its
 own max micro-batch is searched with more recorded runs (every answer a
 simulation of that size). Nothing is applied: the advice says what to set.
@@ -21,7 +24,8 @@ from ..results.device import DeviceInfo
 from ..results.timeline import AllocatorOption
 from ..units import format_bytes
 
-CANDIDATES = ("expandable_segments:True", "roundup_power2_divisions:4", "max_split_size_mb:512")
+CANDIDATES = ("expandable_segments:True", "roundup_power2_divisions:4", "max_split_size_mb:512",
+              "garbage_collection_threshold:0.6")
 Trace = list[tuple[int, int, int]]
 
 

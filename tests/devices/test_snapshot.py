@@ -402,3 +402,35 @@ def test_where_the_cache_is_the_largest_part_the_sentence_names_the_setting_that
         "; what would lower it: the largest part a change lowers, parameters, gradients and optimizer state "
         "(10.0 MiB, 10%), shrinks with a smaller model state (fewer or lower-precision parameters, an optimizer "
         "with less state, or sharding with --parallel fsdp)")
+
+
+# ---- garbage_collection_threshold among the allocator settings compared ------------------------------------------
+
+GC = "garbage_collection_threshold:0.6"
+
+
+def test_garbage_collection_threshold_is_compared_and_not_advised_where_it_does_nothing():
+    """Without per_process_memory_fraction the threshold has no limit to act on (as in PyTorch's allocator): the
+    same replay as the user's, so it is compared but not advised."""
+    memory = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000).memory
+    user, gc = memory.options[0], next(o for o in memory.options if o.setting == GC)
+    assert (gc.reserved_bytes, gc.allocated_bytes, gc.retries) == (user.reserved_bytes, user.allocated_bytes,
+                                                                   user.retries)
+    assert gc.max_micro_batch is None
+    (line,) = memory.advice
+    assert line.startswith("allocator settings: none of those tried (") and GC in line
+
+
+@pytest.mark.slow  # the fragmenting workload's probe and its comparison
+def test_garbage_collection_threshold_is_advised_where_it_removes_a_release_and_retry():
+    """Under per_process_memory_fraction:0.5 the fragmenting workload's max micro-batch costs one release-and-retry;
+    releasing old cached blocks past 60% of the allowed memory avoids it, and the simulation says so."""
+    spec = str(HERE / "fragmenting.py")
+    conf = "per_process_memory_fraction:0.5"
+    result = api.probe(spec, device=EstimateDevice(capacity=2**30, allowance=640 * 2**20, alloc_conf=conf),
+                       margin=0.0, memory_snapshot=True)
+    memory = result.memory
+    user, gc = memory.options[0], next(o for o in memory.options if o.setting == GC)
+    assert user.retries == 1 and gc.retries == 0 and not gc.out_of_memory
+    assert any(f"with PYTORCH_ALLOC_CONF={conf},{GC} the 1 release-and-retries at micro-batch "
+               f"{result.max_micro_batch} would go" in line for line in memory.advice)
