@@ -16,6 +16,7 @@ from .common import (
     add_report,
     add_schedule_flags,
     add_store,
+    check_memory_snapshot,
     check_output,
     check_report,
     check_store,
@@ -109,6 +110,7 @@ def run(args) -> int:
     check_output(args.output)
     check_report(args)
     check_store(args)
+    check_memory_snapshot(args)
     request = request_of(args)
     import_torch(freeze=args.own_process)
     from ..training import distributed

@@ -12,6 +12,7 @@ from .common import (
     add_memory_snapshot,
     add_parallel,
     add_store,
+    check_memory_snapshot,
     check_output,
     check_store,
     import_torch,
@@ -58,6 +59,7 @@ def run(args) -> int:
 
     check_output(args.output)
     check_store(args)
+    check_memory_snapshot(args)
     # Every flag checked here, once, before torch loads.
     request = probe_request(args.probe, device=args.device, memory_budget=args.memory_budget, margin=args.margin,
                             max_batch=args.max_batch, parallel=args.parallel, world_size=args.world_size)

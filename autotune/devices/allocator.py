@@ -94,6 +94,8 @@ class CachingAllocator:
         self._total = 0  # total_allocated_memory: bytes held by cudaMalloc and cuMemMap
         self._allowed: int | None = None  # allowed_memory_maximum
         self._gc = False
+        #: What the last out-of-memory error asked the device for (the new segment's size), 0 before any.
+        self.oom_segment_bytes = 0
         if self.config.per_process_memory_fraction < 1.0:
             self.set_per_process_memory_fraction(self.config.per_process_memory_fraction)
 
@@ -554,6 +556,8 @@ class CachingAllocator:
     def _raise_oom(self, alloc_size: int) -> NoReturn:
         """The ``TORCH_CHECK_WITH(OutOfMemoryError, ...)`` at the end of ``malloc``, in CUDA's words."""
         import torch
+
+        self.oom_segment_bytes = alloc_size
 
         total = self.device_total if self.device_total is not None else self._total
         free = (self.capacity if self.capacity is not None else total) - self._total

@@ -50,16 +50,36 @@ class Simulation:
     device_total: int | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutOfMemoryAt:
+    """Where the simulated allocator at the GPU's capacity runs out of memory, and what it holds then."""
+
+    index: int  # the trace event whose allocation fails
+    requested: int  # the bytes it asks for
+    reserved: int  # what the allocator holds then, its cache released as far as it can be
+    segment: int  # what it asks the device for, in vain: a new segment for the request
+    capacity: int
+    live: dict[int, int]  # trace key -> block size of every allocation live then
+
+    @property
+    def device_free(self) -> int:
+        return max(0, self.capacity - self.reserved)
+
+
 #: ``on_step(i, key, block, reserved, allocated)``: after trace event ``i`` (of ``key``), the block it took
 #: (its size; -1 for a free) and the bytes reserved and allocated (in blocks) then.
 OnStep = Callable[[int, int, int, int, int], None]
 
 
-def build(recording: Recording, simulation: Simulation | None, *, on_step: OnStep | None = None) -> dict[str, Any]:
-    """The snapshot of ``recording`` (see the module docstring), told to ``on_step`` event by event."""
+def build(recording: Recording, simulation: Simulation | None, *, on_step: OnStep | None = None,
+          on_oom: Callable[[OutOfMemoryAt], None] | None = None) -> dict[str, Any]:
+    """The snapshot of ``recording`` (see the module docstring), told to ``on_step`` event by event; ``on_oom``
+    is told where the allocator at the GPU's capacity runs out of memory, before the replay without a limit."""
     if simulation is None:
         return _build_plain(recording, on_step)
-    oom_at = _first_oom(recording.trace, simulation)
+    oom_at = first_oom(recording.trace, simulation)
+    if oom_at is not None and on_oom is not None:
+        on_oom(oom_at)
     alloc = CachingAllocator(simulation.capacity if oom_at is None else None, simulation.conf,
                              device_total=simulation.device_total or simulation.capacity)
     entries: list[dict[str, Any]] = []
@@ -72,8 +92,8 @@ def build(recording: Recording, simulation: Simulation | None, *, on_step: OnSte
     handles: dict[int, int] = {}
     sizes: dict[int, int] = {}
     for i, (key, nbytes, stream) in enumerate(recording.trace):
-        if oom_at is not None and i == oom_at[0]:
-            entries.append({"action": "oom", "size": nbytes, "device_free": oom_at[1], "stream": stream,
+        if oom_at is not None and i == oom_at.index:
+            entries.append({"action": "oom", "size": nbytes, "device_free": oom_at.device_free, "stream": stream,
                             "frames": _frames(recording.made.get(key)), "time_us": len(entries)})
         if nbytes < 0:
             addr = handles.pop(key, None)
@@ -157,9 +177,9 @@ def _frames(made: Made | None) -> list[dict[str, Any]]:
     return list(made.frames) if made is not None else []
 
 
-def _first_oom(trace: list[tuple[int, int, int]], simulation: Simulation) -> tuple[int, int] | None:
-    """Where the simulated allocator at the GPU's capacity runs out of memory: (trace index, bytes the device
-    still has free then); None when the whole trace fits."""
+def first_oom(trace: list[tuple[int, int, int]], simulation: Simulation) -> OutOfMemoryAt | None:
+    """Where the simulated allocator at the GPU's capacity runs out of memory, and what it holds then; None when
+    the whole trace fits."""
     import torch
 
     if simulation.capacity is None:
@@ -175,7 +195,9 @@ def _first_oom(trace: list[tuple[int, int, int]], simulation: Simulation) -> tup
         try:
             handles[key] = alloc.malloc(nbytes, stream)
         except torch.OutOfMemoryError:
-            return i, max(0, simulation.capacity - alloc.reserved)
+            return OutOfMemoryAt(index=i, requested=nbytes, reserved=alloc.reserved, segment=alloc.oom_segment_bytes,
+                                 capacity=simulation.capacity,
+                                 live={k: alloc.block_size(h) for k, h in handles.items() if h})
     return None
 
 

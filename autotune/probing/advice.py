@@ -5,7 +5,10 @@ settings, only what the allocator reserves for it does. So the trace at a
 micro-batch, recorded once, is replayed through the caching-allocator
 simulation under the user's settings and under each candidate
 (``expandable_segments:True``, ``roundup_power2_divisions:4``,
-``max_split_size_mb:512``): reserved and allocated peaks, release-and-retries.
+``max_split_size_mb:512``, ``garbage_collection_threshold:0.6``): reserved and
+allocated peaks, release-and-retries. The garbage collection threshold acts,
+as in PyTorch's allocator, only under a ``per_process_memory_fraction``: without
+one it replays as the user's settings do, and is not advised.
 Where a candidate fits one more micro-batch than the user's settings do, its
 own max micro-batch is searched with more recorded runs (every answer a
 simulation of that size). Nothing is applied: the advice says what to set.
@@ -21,7 +24,8 @@ from ..results.device import DeviceInfo
 from ..results.timeline import AllocatorOption
 from ..units import format_bytes
 
-CANDIDATES = ("expandable_segments:True", "roundup_power2_divisions:4", "max_split_size_mb:512")
+CANDIDATES = ("expandable_segments:True", "roundup_power2_divisions:4", "max_split_size_mb:512",
+              "garbage_collection_threshold:0.6")
 Trace = list[tuple[int, int, int]]
 
 
@@ -82,7 +86,7 @@ def compare(settings: Settings, batch: int, user_max: int, limit: int, *,
             best = settings.max_batch(setting, user_max + 1, limit)
         out.append(AllocatorOption(setting=setting, conf=settings.conf(setting), reserved_bytes=r.reserved_peak,
                                    allocated_bytes=r.allocated_peak, retries=r.retries,
-                                   max_micro_batch=best if setting else user_max))
+                                   max_micro_batch=best if setting else user_max, out_of_memory=r.out_of_memory))
     return out
 
 
@@ -99,22 +103,34 @@ def advise(options: list[AllocatorOption], batch: int, variable: str) -> list[st
     user = options[0]
     lines = []
     for o in options[1:]:
-        frag = (f"fragmentation {format_bytes(user.fragmentation_bytes)} -> {format_bytes(o.fragmentation_bytes)} "
-                f"at micro-batch {batch}")
+        frag = _at(user, o, batch)
         if o.max_micro_batch is not None and o.max_micro_batch > (user.max_micro_batch or 0):
             lines.append(f"with {variable}={o.conf} the max micro-batch would be {o.max_micro_batch} instead of "
                          f"{user.max_micro_batch} ({frag}); autotune does not set it: export it before probing "
                          "and training to use it")
-        elif user.retries and not o.retries:
+        elif user.retries and not o.retries and not o.out_of_memory:
             lines.append(f"with {variable}={o.conf} the {user.retries} release-and-retries at micro-batch {batch} "
                          f"would go ({frag}); autotune does not set it: export it before probing and training")
     if not lines:
         tried = ", ".join(o.setting for o in options[1:])
+        figures = f"micro-batch {batch} runs out of memory under each" if all(o.out_of_memory for o in options) \
+            else f"{_at(user, None, batch)}, {user.retries} release-and-retries"
         lines.append(f"allocator settings: none of those tried ({tried}) fits a larger micro-batch than "
-                     f"{variable}={user.conf or '(not set)'} here (fragmentation "
-                     f"{format_bytes(user.fragmentation_bytes)} at micro-batch {batch}, {user.retries} "
-                     "release-and-retries)")
+                     f"{variable}={user.conf or '(not set)'} here ({figures})")
     return lines
+
+
+def _at(user: AllocatorOption, other: AllocatorOption | None, batch: int) -> str:
+    """The fragmentation at ``batch`` under the user's settings (-> ``other``'s); where one runs out of memory
+    there, that instead (its peaks are those of a replay past the error)."""
+    if user.out_of_memory or (other is not None and other.out_of_memory):
+        under = "yours" if user.out_of_memory else "this setting"
+        spared = other is not None and user.out_of_memory and not other.out_of_memory
+        return f"micro-batch {batch} runs out of memory under {under}" + (", not under this one" if spared else "")
+    figures = format_bytes(user.fragmentation_bytes)
+    if other is not None:
+        figures += f" -> {format_bytes(other.fragmentation_bytes)}"
+    return f"fragmentation {figures} at micro-batch {batch}"
 
 
 def user_variable(info: DeviceInfo) -> str:

@@ -18,11 +18,11 @@ from .. import log
 from ..devices import snapshot as snap
 from ..devices.history import RecordingDevice
 from ..results.probe import ProbeResult
-from ..results.timeline import MemoryTimeline, RealTimeline
+from ..results.timeline import AllocatorOption, MemoryTimeline, RealTimeline
 from ..workload import Workload
 from .advice import Settings, advise, compare, user_variable
 from .fitrule import run_trial
-from .lowering import lowering
+from .lowering import Levers, lowering
 from .timeline import Recorded, analyse, record
 
 POINTS = 400  # points of each series of the real-vs-predicted comparison
@@ -47,8 +47,9 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
     walk = analyse(recorded)
     if path is not None:
         snap.write(walk.snapshot, path, what=f"--memory-snapshot {path}")
-    sentence, saved = lowering(recorded, walk, workload, batch, rule=rule)
     options, advice = _allocator(recorded, result, workload, batch, rule)
+    levers = Levers(fits=(result.max_micro_batch, result.peak_bytes), allocator=_least(options, result))
+    sentence, saved = lowering(recorded, walk, workload, batch, rule=rule, levers=levers)
     real = _real(device, result, workload, batch, walk.snapshot, path, rule) \
         if isinstance(device, RecordingDevice) else None
     context = getattr(recorded.device, "allowance", 0) if recorded.simulation is not None else 0
@@ -62,7 +63,8 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
                           peak_event=walk.peak_event, peak_phase=walk.peak_phase, events=walk.events, parts=parts,
                           phases=tuple(recorded.recording.phases), series=tuple(walk.series), lowering=sentence,
                           lowering_bytes=saved, options=tuple(options), advice=tuple(advice),
-                          snapshot_file=str(path) if path is not None else None, real=real)
+                          snapshot_file=str(path) if path is not None else None, real=real,
+                          out_of_memory=walk.out_of_memory)
 
 
 def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batch: int,
@@ -82,6 +84,20 @@ def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batc
                         device_total=runner.device_total, usable=result.usable_bytes, trace_at=trace_at)
     options = compare(settings, batch, result.max_micro_batch, result.max_batch)
     return options, advise(options, batch, user_variable(result.device))
+
+
+def _least(options: list[AllocatorOption], result: ProbeResult) -> tuple[str, int] | None:
+    """The setting (``VARIABLE=conf``) that reserves least at the timeline's micro-batch without running out of
+    memory, where that is less than the user's settings reserve (or they run out)."""
+    if not options:
+        return None
+    user = options[0]
+    better = [o for o in options[1:] if not o.out_of_memory and (user.out_of_memory or
+                                                                  o.reserved_bytes < user.reserved_bytes)]
+    if not better:
+        return None
+    best = min(better, key=lambda o: o.reserved_bytes)
+    return f"{user_variable(result.device)}={best.conf}", best.reserved_bytes
 
 
 def _real(device: RecordingDevice, result: ProbeResult, workload: Workload, batch: int,

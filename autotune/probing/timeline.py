@@ -20,8 +20,8 @@ from typing import Any
 
 from ..devices.base import Device
 from ..devices.recorder import Made, Recorder, Recording, record_with
-from ..devices.snapshot import Simulation, build
-from ..results.timeline import PeakPart
+from ..devices.snapshot import OutOfMemoryAt, Simulation, build
+from ..results.timeline import OutOfMemory, PeakPart
 from ..workload import Workload
 from .fitrule import Attempt, run_trial
 
@@ -91,6 +91,8 @@ class Walk:
     requested: dict[int, int]  # key -> requested bytes (of every allocation)
     parts: list[PeakPart]
     series: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
+    out_of_memory: OutOfMemory | None = None  # where the GPU's capacity runs out (the replay then has no limit)
+    live_at_oom: dict[int, int] = field(default_factory=dict)  # key -> block size there, the request's included
 
 
 def kind_of(recording: Recording, made: Made | None) -> str:
@@ -131,30 +133,49 @@ def analyse(recorded: Recorded) -> Walk:
             points.append((i, sums["parameters"], sums["gradients"], sums["optimizer_state"], sums["activations"],
                            sums["workspace"], reserved - tensors))
 
-    snapshot = build(rec, recorded.simulation, on_step=step)
+    failed: list[OutOfMemoryAt] = []
+    snapshot = build(rec, recorded.simulation, on_step=step, on_oom=failed.append)
     index, live = state["index"], state["live"]
     parts = _parts(rec, live, requested, state["best"])
-    phase = next((name for start, name in reversed(rec.phases) if start <= index), "setup")
-    return Walk(snapshot=snapshot, reserved_peak=max(state["best"], 0), allocated_peak=state["allocated"],
-                peak_event=index, peak_phase=phase, events=n, live_at_peak=live, requested=requested, parts=parts,
-                series=_thin(points))
+    walk = Walk(snapshot=snapshot, reserved_peak=max(state["best"], 0), allocated_peak=state["allocated"],
+                peak_event=index, peak_phase=phase_at(rec, index), events=n, live_at_peak=live, requested=requested,
+                parts=parts, series=_thin(points))
+    if failed:
+        at = failed[0]
+        key = rec.trace[at.index][0]
+        kind, name = holder(rec, rec.made.get(key))
+        walk.out_of_memory = OutOfMemory(
+            event=at.index, phase=phase_at(rec, at.index), request=PeakPart(kind=kind, name=name, bytes=at.requested),
+            allocated_bytes=sum(at.live.values()), reserved_bytes=at.reserved, segment_bytes=at.segment,
+            capacity_bytes=at.capacity,
+            parts=tuple(_parts(rec, at.live, requested, at.reserved)))
+        walk.live_at_oom = {**at.live, key: at.requested}
+    return walk
+
+
+def phase_at(rec: Recording, index: int) -> str:
+    """The fit rule's phase at trace event ``index``."""
+    return next((name for start, name in reversed(rec.phases) if start <= index), "setup")
+
+
+def holder(rec: Recording, made: Made | None) -> tuple[str, str]:
+    """An allocation's kind and holder: a module family for activations, the workspace's name, or ``""``."""
+    kind = kind_of(rec, made)
+    if kind == "workspace":
+        return kind, made.label if made is not None and made.label else "workspace"
+    if kind == "activations":
+        path = rec.module_of(made) if made is not None else ""
+        return kind, family(path) if path else OUTSIDE
+    return kind, ""
 
 
 def _parts(rec: Recording, live: dict[int, int], requested: dict[int, int], reserved: int) -> list[PeakPart]:
-    """What is live at the peak, by kind and holder; with the allocator's rounding and cache they sum to
-    the reserved peak."""
+    """What is live (at the peak), by kind and holder; with the allocator's rounding and cache they sum to
+    ``reserved`` (the reserved peak)."""
     totals: dict[tuple[str, str], int] = {}
     rounding = 0
     for key, block in live.items():
-        made = rec.made.get(key)
-        kind = kind_of(rec, made)
-        if kind == "workspace":
-            name = made.label if made is not None and made.label else "workspace"
-        elif kind == "activations":
-            path = rec.module_of(made) if made is not None else ""
-            name = family(path) if path else OUTSIDE
-        else:
-            name = ""
+        kind, name = holder(rec, rec.made.get(key))
         need = requested.get(key, block)
         totals[kind, name] = totals.get((kind, name), 0) + need
         rounding += block - need

@@ -46,8 +46,12 @@ def timeline_plot(m: MemoryTimeline, *, usable: int, capacity: int, title: str =
         ax.text((start + end) / 2, top / size * 1.02, short, ha="center", va="bottom", fontsize=6.5, rotation=90)
     for v, label, style in lines:
         ax.axhline(v / size, label=label, **style)  # type: ignore[arg-type]
+    oom = m.out_of_memory
     ax.axvline(m.peak_event, color="#d62728", ls=":", lw=1.5,
-               label=f"peak {format_bytes(m.reserved_peak_bytes)} ({m.peak_phase})")
+               label=f"peak {format_bytes(m.reserved_peak_bytes)} ({m.peak_phase})" if oom is None else
+               f"peak {format_bytes(m.reserved_peak_bytes)}, no limit")
+    if oom is not None:
+        ax.axvline(oom.event, color="black", lw=1.8, label=f"out of memory ({oom.phase})")
     ax.set_xlim(0, max(m.events, 1))
     ax.set_ylim(0, top / size * 1.3)
     ax.set_xlabel("allocations and frees of the fit rule, in order")
@@ -85,16 +89,24 @@ def compare_plot(m: MemoryTimeline) -> bytes:
 
 
 def parts_table(m: MemoryTimeline) -> pd.DataFrame:
-    """What is live at the peak, largest first: kind, holder, bytes, share of the peak."""
-    rows = [{"part": p.label, "kind": p.kind.replace("_", " "), "bytes": format_bytes(p.bytes),
-             "share": "" if p.kind == "context" else f"{p.bytes / m.reserved_peak_bytes:.1%}"
-             if m.reserved_peak_bytes else ""} for p in sorted(m.parts, key=lambda p: -p.bytes)]
+    """What is live at the peak, largest first: kind, holder, bytes, share of the peak; where the size runs out
+    of memory, the allocation that fails and what is live then, shares of that demand."""
+    oom = m.out_of_memory
+    parts = sorted(m.parts if oom is None else oom.parts, key=lambda p: -p.bytes)
+    total = m.reserved_peak_bytes if oom is None else oom.reserved_bytes + oom.requested_bytes
+    named = [(p.label, p) for p in parts]
+    if oom is not None:
+        named.insert(0, (f"the request, {oom.request.label}", oom.request))
+    rows = [{"part": label, "kind": p.kind.replace("_", " "), "bytes": format_bytes(p.bytes),
+             "share": "" if p.kind == "context" or not total else f"{p.bytes / total:.1%}"} for label, p in named]
     return pd.DataFrame(rows, columns=["part", "kind", "bytes", "share"])
 
 
 def options_table(m: MemoryTimeline) -> pd.DataFrame:
-    rows = [{"setting": o.setting or "yours: " + (o.conf or "(not set)"), "reserved": format_bytes(o.reserved_bytes),
-             "allocated": format_bytes(o.allocated_bytes), "fragmentation": format_bytes(o.fragmentation_bytes),
+    rows = [{"setting": o.setting or "yours: " + (o.conf or "(not set)"),
+             "reserved": "out of memory" if o.out_of_memory else format_bytes(o.reserved_bytes),
+             "allocated": "-" if o.out_of_memory else format_bytes(o.allocated_bytes),
+             "fragmentation": "-" if o.out_of_memory else format_bytes(o.fragmentation_bytes),
              "release-and-retries": str(o.retries),
              "max micro-batch": "" if o.max_micro_batch is None else str(o.max_micro_batch)} for o in m.options]
     return pd.DataFrame(rows, columns=["setting", "reserved", "allocated", "fragmentation", "release-and-retries",
@@ -104,11 +116,17 @@ def options_table(m: MemoryTimeline) -> pd.DataFrame:
 def section(m: MemoryTimeline, *, usable: int, capacity: int, title: str = "") -> Section:
     how = ("the estimate's allocations replayed through the simulated caching allocator" if m.simulated
            else "live tensor memory counted by the tracker")
+    oom = m.out_of_memory
+    where = (f"Its peak, {format_bytes(m.reserved_peak_bytes)}, comes in {m.peak_phase}; the table says what is "
+             "live there" if oom is None else
+             f"Micro-batch {m.batch} {oom.headline()}. The table says what is live at the error and what it asks "
+             "for; past it the snapshot goes on without a limit, as on a GPU large enough, where the fit rule's "
+             f"blocks peak at {format_bytes(m.allocated_peak_bytes)} (allocated peak)")
     blocks: list[Block] = [
         Text(f"The fit rule at micro-batch {m.batch}, allocation by allocation ({how}, {m.events} allocations and "
-             f"frees). Its peak, {format_bytes(m.reserved_peak_bytes)}, comes in {m.peak_phase}; the table says what "
-             "is live there, activations by the module family that made them (list indices as *)."),
-        Table(parts_table(m), caption="What is live at the peak"),
+             f"frees). {where}; activations by the module family that made them (list indices as *)."),
+        Table(parts_table(m), caption="What is live at the peak" if oom is None else
+              "What is live at the out-of-memory error"),
         Image(TIMELINE_PLOT, "Memory over the fit rule's phases", timeline_plot(m, usable=usable, capacity=capacity,
                                                                               title=title)),
     ]
@@ -116,7 +134,8 @@ def section(m: MemoryTimeline, *, usable: int, capacity: int, title: str = "") -
         blocks.append(Text(m.lowering))
     if m.options:
         blocks += [Text("Allocator settings compared by the simulation at this micro-batch (the max micro-batch "
-                        "where one fits more than yours); nothing is set for you:"), Table(options_table(m))]
+                        "where one fits more than yours; fragmentation: the reserved peak minus the allocated peak); "
+                        "nothing is set for you:"), Table(options_table(m))]
     if m.advice:
         blocks.append(Bullets(tuple(m.advice)))
     if m.real is not None:

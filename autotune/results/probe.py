@@ -122,7 +122,9 @@ class ProbeResult(Record):
     @property
     @derived(after="predicted_allocated_peak_bytes")
     def fragmentation_bytes(self) -> int | None:
-        """Reserved but not allocated at the peak (cached, unsplit or rounded memory): reserved - allocated."""
+        """The reserved peak minus the allocated peak: memory the allocator held beyond its tensors' blocks
+        (cached, unsplit or rounded), as two peaks that can come at different moments; not the cached free blocks
+        at the reserved peak (a memory timeline's ``cache`` part)."""
         return None if self.allocated_peak_bytes is None else self.peak_bytes - self.allocated_peak_bytes
 
     @property
@@ -162,11 +164,11 @@ class ProbeResult(Record):
             return None
         how = "simulated" if self.estimated else "measured"
         frag = self.fragmentation_bytes or 0
-        share = f" ({frag / self.peak_bytes:.1%} of reserved)" if self.peak_bytes else ""
-        text = (f"caching allocator ({how}): reserved {format_bytes(self.peak_bytes)}, allocated "
-                f"{format_bytes(self.allocated_peak_bytes)}, fragmentation {format_bytes(frag)}{share}, "
-                f"{self.alloc_retries or 0} release-and-retries")
+        share = f": {frag / self.peak_bytes:.1%} of reserved" if self.peak_bytes else ""
+        text = (f"caching allocator ({how}): reserved peak {format_bytes(self.peak_bytes)}, allocated peak "
+                f"{format_bytes(self.allocated_peak_bytes)}, fragmentation {format_bytes(frag)} (reserved peak minus "
+                f"allocated peak{share}), {self.alloc_retries or 0} release-and-retries")
         if not self.estimated and self.predicted_allocated_peak_bytes is not None:
-            text += (f"; simulated: reserved {format_bytes(self.predicted_peak_bytes)}, allocated "
+            text += (f"; simulated: reserved peak {format_bytes(self.predicted_peak_bytes)}, allocated peak "
                      f"{format_bytes(self.predicted_allocated_peak_bytes)}")
         return text

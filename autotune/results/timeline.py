@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from ..units import format_bytes
-from .record import Record, Whole, one_of
+from .record import Record, Whole, derived, one_of
 
 #: What a part of the peak is. Tensors: parameters, gradients, optimizer_state, activations (activations, the
 #: batch and every temporary, by the module that made them). The allocator's own: workspace (cuBLAS, kernel
-#: scratch), rounding (blocks larger than requested), cache (reserved, in no block: fragmentation).
+#: scratch), rounding (blocks larger than requested), cache (the cached free blocks: reserved then, in no live
+#: block; not the fragmentation, which is the reserved peak minus the allocated peak, two moments).
 #: context: outside the allocator (CUDA context and libraries).
 KINDS = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "rounding", "cache", "context")
 #: The stacked timeline's series, in order (bytes of each at every sampled point).
@@ -32,9 +33,11 @@ class PeakPart(Record):
 
     @property
     def label(self) -> str:
-        words = {"optimizer_state": "optimizer state", "cache": "allocator cache (fragmentation)",
-                 "rounding": "allocator rounding", "context": "CUDA context (outside the allocator)"}
+        words = {"optimizer_state": "optimizer state", "rounding": "allocator rounding",
+                 "context": "CUDA context (outside the allocator)"}
         what = words.get(self.kind, self.kind)
+        if self.kind == "cache":
+            return "cached free blocks"
         if self.kind == "activations" and self.name:
             return f"activations {self.name}" if self.name.startswith("(") else f"activations of {self.name}"
         return f"{what}: {self.name}" if self.name else what
@@ -46,7 +49,8 @@ class AllocatorOption(Record):
 
     ``setting`` is what was added to the user's settings (``""`` for the user's own), ``conf`` the whole
     setting evaluated; ``max_micro_batch`` the largest micro-batch that fits under it (None when not searched:
-    it cannot beat the user's there)."""
+    it cannot beat the user's there). ``out_of_memory``: the micro-batch runs out of the GPU's memory under it
+    (the peaks are then those of a replay without a limit)."""
 
     setting: str
     conf: str
@@ -54,10 +58,61 @@ class AllocatorOption(Record):
     allocated_bytes: int
     retries: int
     max_micro_batch: int | None = None
+    out_of_memory: bool = False
 
     @property
     def fragmentation_bytes(self) -> int:
+        """The reserved peak minus the allocated peak (as a ProbeResult's ``fragmentation_bytes``)."""
         return self.reserved_bytes - self.allocated_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutOfMemory(Record):
+    """Where the fit rule at the timeline's micro-batch runs out of the simulated GPU's memory, and what it asks
+    for there: the allocation that fails (``request``: its kind, holder and requested bytes), the blocks live
+    then (``allocated_bytes``), what the allocator still holds once it has released what it can
+    (``reserved_bytes``: the live blocks and the cached free blocks of segments split by them), the new segment
+    it asks the device for (``segment_bytes``) and the capacity. ``parts``: what is live then, by kind and
+    holder, with the allocator's rounding and cache; they sum to ``reserved_bytes``."""
+
+    event: int
+    phase: str
+    request: PeakPart
+    allocated_bytes: int
+    reserved_bytes: int
+    segment_bytes: int
+    capacity_bytes: int
+    parts: tuple[PeakPart, ...] = ()
+
+    @property
+    @derived(after="request")
+    def requested_bytes(self) -> int:
+        """The bytes the failing allocation asks for."""
+        return self.request.bytes
+
+    @property
+    @derived(after="capacity_bytes")
+    def needed_bytes(self) -> int:
+        """At least what the GPU must hold there: the live blocks and the request."""
+        return self.allocated_bytes + self.requested_bytes
+
+    @property
+    def cache_bytes(self) -> int:
+        """Cached free blocks the allocator cannot release (segments split by live blocks)."""
+        return self.reserved_bytes - self.allocated_bytes
+
+    def headline(self) -> str:
+        """It does not fit: where, the request, what is live, and what it would need."""
+        need, short = self.needed_bytes, self.needed_bytes - self.capacity_bytes
+        text = (f"does not fit: the simulated GPU (capacity {format_bytes(self.capacity_bytes)}) runs out of memory "
+                f"in {self.phase}, asking for {format_bytes(self.requested_bytes)} ({self.request.label}) with "
+                f"{format_bytes(self.allocated_bytes)} live in blocks and {format_bytes(self.cache_bytes)} of cached "
+                "free blocks the allocator cannot release; ")
+        if short > 0:
+            return text + f"it would need at least {format_bytes(need)} there, {format_bytes(short)} over the capacity"
+        return text + (f"the live blocks and the request come to {format_bytes(need)}, within the capacity, but the "
+                       f"allocator asks the device for a new {format_bytes(self.segment_bytes)} segment, and the "
+                       f"{format_bytes(self.reserved_bytes)} it holds leave no room for it")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +143,10 @@ class MemoryTimeline(Record):
     ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one sentence what would
     lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options`` compares
     allocator settings, ``advice`` says which one helps.
+
+    ``out_of_memory``: where the simulated GPU runs out of memory at ``batch`` (a size that does not fit), and
+    what it asks for there; ``lowering`` and ``advice`` are then about that demand. The snapshot goes on past it
+    without a limit, as a GPU large enough would: the peaks and ``parts`` are that replay's.
     """
 
     batch: Whole
@@ -106,6 +165,7 @@ class MemoryTimeline(Record):
     advice: tuple[str, ...] = ()
     snapshot_file: str | None = None
     real: RealTimeline | None = field(default=None)
+    out_of_memory: OutOfMemory | None = None
 
     def top(self, n: int = 5) -> list[PeakPart]:
         """The ``n`` largest parts inside the allocator."""
@@ -114,12 +174,21 @@ class MemoryTimeline(Record):
 
     def lines(self, n: int = 5) -> list[str]:
         """For a terminal: the peak, its top parts, the lowering sentence and the advice."""
-        peak = "reserved" if self.simulated else "live"
-        out = [f"memory at micro-batch {self.batch}: {peak} peak {format_bytes(self.reserved_peak_bytes)} in "
-               f"{self.peak_phase}; largest parts:"]
-        for p in self.top(n):
-            share = p.bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
-            out.append(f"  {p.label}: {format_bytes(p.bytes)} ({share:.0%})")
+        oom = self.out_of_memory
+        if oom is not None:
+            out = [f"memory at micro-batch {self.batch}: {oom.headline()}; what is live then:",
+                   f"  the request, {oom.request.label}: {format_bytes(oom.requested_bytes)}"]
+            out += [f"  {p.label}: {format_bytes(p.bytes)}" for p in sorted(oom.parts, key=lambda p: -p.bytes)[:n]]
+            out.append(f"past that point the snapshot goes on without a limit, as on a GPU large enough: there the "
+                       f"fit rule's blocks peak at {format_bytes(self.allocated_peak_bytes)} (allocated peak), the "
+                       f"least such a GPU must hold for micro-batch {self.batch}")
+        else:
+            peak = "reserved" if self.simulated else "live"
+            out = [f"memory at micro-batch {self.batch}: {peak} peak {format_bytes(self.reserved_peak_bytes)} in "
+                   f"{self.peak_phase}; largest parts:"]
+            for p in self.top(n):
+                share = p.bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
+                out.append(f"  {p.label}: {format_bytes(p.bytes)} ({share:.0%})")
         if self.lowering:
             out.append(self.lowering)
         out += list(self.advice)

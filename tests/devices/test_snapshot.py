@@ -5,6 +5,7 @@ recorded beside the prediction (with fakes of torch.cuda.memory)."""
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ from autotune.devices import snapshot as snap
 from autotune.devices.history import RecordingDevice
 from autotune.probing import timeline as tl
 from autotune.probing.memory import compare_real
+from autotune.units import format_bytes
 from autotune.workload import load_workload
 
 HERE = Path(__file__).parent
@@ -156,6 +158,9 @@ def test_advice_names_expandable_segments_where_fragmentation_costs_a_micro_batc
     assert expandable.fragmentation_bytes < user.fragmentation_bytes
     assert any("expandable_segments:True the max micro-batch would be "
                f"{expandable.max_micro_batch} instead of {user.max_micro_batch}" in line for line in memory.advice)
+    roundup = next(o for o in memory.options if o.setting == "roundup_power2_divisions:4")
+    assert user.retries and roundup.out_of_memory and not roundup.retries  # it rounds past the capacity, no margin
+    assert not any("roundup_power2_divisions" in line for line in memory.advice)  # its retries do not "go"
     again = api.probe(spec, device=EstimateDevice(capacity=2**30, allowance=640 * 2**20,
                                                   alloc_conf="expandable_segments:True"), margin=0.0)
     assert again.max_micro_batch == expandable.max_micro_batch
@@ -246,3 +251,186 @@ def test_a_workload_that_fails_under_checkpointing_gets_no_figure_and_a_bug_of_o
     monkeypatch.setattr(low, "record", lambda *a, **k: {}["a bug of autotune's"])
     with pytest.raises(KeyError):
         low.lowering(recorded, walk, workload, 64, rule={})
+
+
+# ---- a size past the capacity: what it would need at the out-of-memory error ----------------------------------
+
+
+def test_a_size_past_the_capacity_says_what_it_would_need_at_the_out_of_memory_error(tmp_path):
+    """mlp at 400000 on a 1 GiB estimate (384 MiB capacity): the first layer's output alone (390.6 MiB) does not
+    fit. The timeline says so, with the demand there, not the state the simulation is in after it."""
+    path = tmp_path / "oom.pickle"
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=str(path),
+                       at=400_000)
+    m = result.memory
+    o = m.out_of_memory
+    assert o is not None and o.phase == "micro-step 1 forward" and o.capacity_bytes == result.capacity_bytes
+    (entry,) = [e for e in snap.read(path)["device_traces"][0] if e["action"] == "oom"]
+    assert o.requested_bytes == entry["size"] == 400_000 * 256 * 4  # the first Linear's output
+    assert o.reserved_bytes == o.capacity_bytes - entry["device_free"]
+    assert o.segment_bytes == 392 << 20  # the request rounded up to 2 MiB: a segment of its own
+    assert o.request.label == "activations of layers *"
+    assert sum(p.bytes for p in o.parts) == o.reserved_bytes  # what was live, rounding and the cache then
+    live = {p.kind for p in o.parts}
+    assert {"parameters", "activations"} <= live and "optimizer_state" not in live  # before the first step
+    batch = next(p for p in o.parts if p.kind == "activations")
+    assert batch.bytes >= 400_000 * 64 * 4  # the micro-batch's features, live when the layer asks
+    assert o.needed_bytes == o.allocated_bytes + o.requested_bytes > o.capacity_bytes
+    lines = m.lines()
+    assert lines[0].startswith("memory at micro-batch 400000: does not fit: the simulated GPU (capacity 384.0 MiB) "
+                               "runs out of memory in micro-step 1 forward, asking for 390.6 MiB (activations of "
+                               "layers *)")
+    assert f"it would need at least {format_bytes(o.needed_bytes)} there" in lines[0]
+    assert not any("(99%)" in line or "optimizer step 1" in line for line in lines)
+    # the advice is about the demand at the error: the layer's output, not a smaller model state
+    assert "at the out-of-memory error (micro-step 1 forward, micro-batch 400000)" in m.lowering
+    assert "activations of layers *" in m.lowering and "smaller model state" not in m.lowering
+    assert all("fragmentation" not in line for line in m.advice)  # no figure of the replay past the error
+
+
+@pytest.mark.slow  # gpt: a probe, a timeline past the capacity and one under checkpointing
+def test_where_the_allocators_new_segment_does_not_fit_and_checkpointing_avoids_the_error():
+    """gpt at 128 on a 90 MiB GPU: its live blocks and the 8 MiB request would fit, the 20 MiB segment the
+    allocator asks for does not; checkpointing the blocks keeps the whole fit rule under the capacity."""
+    result = api.probe("gpt", device="estimate", memory_budget="730MiB", max_batch=64, memory_snapshot=True, at=128)
+    m = result.memory
+    o = m.out_of_memory
+    assert o is not None and o.needed_bytes <= o.capacity_bytes < o.reserved_bytes + o.segment_bytes
+    assert o.segment_bytes == 20 << 20 and "within the capacity, but the allocator asks the device for a new 20.0 MiB "\
+        "segment" in m.lines()[0]
+    assert "activations of blocks.* hold" in m.lowering
+    assert "activation checkpointing of these modules would avoid the error: reserved peak" in m.lowering
+
+
+def test_a_size_within_the_capacity_has_no_out_of_memory_error():
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True, at=100)
+    assert result.memory.out_of_memory is None and result.memory.lines()[0].startswith("memory at micro-batch 100: "
+                                                                                       "reserved peak")
+
+
+def test_an_out_of_memory_error_within_the_capacity_is_laid_to_the_cache_the_allocator_cannot_release():
+    """Live blocks and the request fit the capacity, but the allocator holds cached blocks of split segments."""
+    from autotune.results.timeline import MemoryTimeline, OutOfMemory, PeakPart
+
+    o = OutOfMemory(event=5, phase="micro-step 2 forward",
+                    request=PeakPart(kind="activations", name="fc", bytes=30 << 20), allocated_bytes=60 << 20,
+                    reserved_bytes=90 << 20, segment_bytes=20 << 20, capacity_bytes=100 << 20,
+                    parts=(PeakPart(kind="activations", name="fc", bytes=60 << 20),
+                           PeakPart(kind="cache", name="cached free blocks", bytes=30 << 20)))
+    m = MemoryTimeline(batch=8, simulated=True, reserved_peak_bytes=120 << 20, allocated_peak_bytes=90 << 20,
+                       peak_event=9, peak_phase="optimizer step 1", events=20, parts=o.parts, out_of_memory=o)
+    first = m.lines()[0]
+    assert "with 60.0 MiB live in blocks and 30.0 MiB of cached free blocks the allocator cannot release" in first
+    assert first.endswith("the live blocks and the request come to 90.0 MiB, within the capacity, but the allocator "
+                          "asks the device for a new 20.0 MiB segment, and the 90.0 MiB it holds leave no room for it; "
+                          "what is live then:")
+    assert m.lines()[1:3] == ["  the request, activations of fc: 30.0 MiB", "  activations of fc: 60.0 MiB"]
+
+
+def test_a_timeline_written_before_out_of_memory_was_recorded_reads_as_none():
+    from autotune.results.timeline import MemoryTimeline
+
+    data = MemoryTimeline.from_dict(json.loads((HERE.parent / "data" / "schema2" / "probe_memory.json").read_text())
+                                    ["memory"]).to_dict()
+    del data["out_of_memory"]
+    for option in data["options"]:
+        del option["out_of_memory"]
+    old = MemoryTimeline.from_dict(data)
+    assert old.out_of_memory is None and not any(o.out_of_memory for o in old.options)
+
+
+# ---- what would lower the peak when activation checkpointing would not -----------------------------------------
+
+
+@pytest.mark.slow  # mlp at 65536: the probe, the timeline, the checkpointing estimate and one at half the size
+def test_when_checkpointing_would_not_lower_the_peak_the_sentence_names_what_would():
+    """mlp's layers are single ops: checkpointing each keeps its input, the peak rises. The largest part is still
+    the activations, and a smaller micro-batch lowers them: the estimate's own figure at half the size."""
+    result = api.probe("mlp", device=H100, memory_snapshot=True)
+    m = result.memory
+    assert m.batch == 65536 and "would not lower it" in m.lowering and m.lowering_bytes < 0
+    half = tl.analyse(tl.record(load_workload("mlp"), get_device(H100), 32768, frames=False)).reserved_peak
+    assert half < m.reserved_peak_bytes
+    acts = sum(p.bytes for p in m.parts if p.kind == "activations")
+    said = (f"what would lower it: the largest part, activations ({format_bytes(acts)}, "
+            f"{acts / m.reserved_peak_bytes:.0%}), shrinks with a smaller micro-batch (micro-batch 32768: reserved "
+            f"peak {format_bytes(half)} by the estimate; more accumulation steps keep the effective batch)")
+    assert said in m.lowering
+
+
+def test_where_the_cublas_workspace_is_the_largest_part_the_sentence_names_its_setting(monkeypatch):
+    """mlp at 1000 on an H100: two 32 MiB cuBLAS workspaces are 90% of the peak, not the model state."""
+    result = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000)
+    m = result.memory
+    work = sum(p.bytes for p in m.parts if p.kind == "workspace")
+    assert work > 0.8 * m.reserved_peak_bytes and "smaller model state" not in m.lowering
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    smaller = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000).memory.reserved_peak_bytes
+    assert smaller < m.reserved_peak_bytes
+    assert (f"the largest part, cuBLAS workspaces and kernel scratch ({format_bytes(work)}, "
+            f"{work / m.reserved_peak_bytes:.0%}), shrinks with CUBLAS_WORKSPACE_CONFIG=:4096:2 (8 MiB per cuBLAS "
+            f"handle and stream): reserved peak {format_bytes(smaller)} in the simulation") in m.lowering
+
+
+def test_past_the_capacity_what_would_lower_the_demand_is_the_probes_max_micro_batch():
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True,
+                       at=400_000)
+    assert result.memory.lowering.endswith(
+        "what would lower it: the largest part, activations (491.3 MiB, 96%), shrinks with a smaller micro-batch "
+        f"(micro-batch 512, the probe's max: reserved peak {format_bytes(result.peak_bytes)}; more accumulation steps "
+        "keep the effective batch).")
+
+
+def test_where_the_cache_is_the_largest_part_the_sentence_names_the_setting_that_reserves_least():
+    from types import SimpleNamespace
+
+    from autotune.probing.lowering import Levers, Moment, _Instead
+    from autotune.results.timeline import PeakPart
+
+    parts = (PeakPart(kind="cache", name="cached free blocks", bytes=60 << 20),
+             PeakPart(kind="activations", name="fc", bytes=30 << 20),
+             PeakPart(kind="parameters", name="", bytes=10 << 20))
+    at = Moment("at the peak (micro-step 1 forward, micro-batch 8)", 100 << 20, parts, {})
+    simulated = SimpleNamespace(simulation=object())
+    levers = Levers(allocator=("PYTORCH_ALLOC_CONF=expandable_segments:True", 50 << 20))
+    assert _Instead(simulated, None, at, None, 8, {}, levers).clause() == (
+        "; what would lower it: the largest part, the allocator's cached free blocks and rounding (60.0 MiB, 60%), "
+        "shrinks with PYTORCH_ALLOC_CONF=expandable_segments:True: reserved peak 50.0 MiB in the simulation")
+    # no setting reserves less: the next part a change lowers
+    walk = SimpleNamespace(out_of_memory=None)
+    assert _Instead(simulated, walk, at, None, 1, {}, Levers()).clause() == (
+        "; what would lower it: the largest part a change lowers, parameters, gradients and optimizer state "
+        "(10.0 MiB, 10%), shrinks with a smaller model state (fewer or lower-precision parameters, an optimizer "
+        "with less state, or sharding with --parallel fsdp)")
+
+
+# ---- garbage_collection_threshold among the allocator settings compared ------------------------------------------
+
+GC = "garbage_collection_threshold:0.6"
+
+
+def test_garbage_collection_threshold_is_compared_and_not_advised_where_it_does_nothing():
+    """Without per_process_memory_fraction the threshold has no limit to act on (as in PyTorch's allocator): the
+    same replay as the user's, so it is compared but not advised."""
+    memory = api.probe("mlp", device=H100, memory_snapshot=True, max_batch=1000).memory
+    user, gc = memory.options[0], next(o for o in memory.options if o.setting == GC)
+    assert (gc.reserved_bytes, gc.allocated_bytes, gc.retries) == (user.reserved_bytes, user.allocated_bytes,
+                                                                   user.retries)
+    assert gc.max_micro_batch is None
+    (line,) = memory.advice
+    assert line.startswith("allocator settings: none of those tried (") and GC in line
+
+
+@pytest.mark.slow  # the fragmenting workload's probe and its comparison
+def test_garbage_collection_threshold_is_advised_where_it_removes_a_release_and_retry():
+    """Under per_process_memory_fraction:0.5 the fragmenting workload's max micro-batch costs one release-and-retry;
+    releasing old cached blocks past 60% of the allowed memory avoids it, and the simulation says so."""
+    spec = str(HERE / "fragmenting.py")
+    conf = "per_process_memory_fraction:0.5"
+    result = api.probe(spec, device=EstimateDevice(capacity=2**30, allowance=640 * 2**20, alloc_conf=conf),
+                       margin=0.0, memory_snapshot=True)
+    memory = result.memory
+    user, gc = memory.options[0], next(o for o in memory.options if o.setting == GC)
+    assert user.retries == 1 and gc.retries == 0 and not gc.out_of_memory
+    assert any(f"with PYTORCH_ALLOC_CONF={conf},{GC} the 1 release-and-retries at micro-batch "
+               f"{result.max_micro_batch} would go" in line for line in memory.advice)

@@ -12,6 +12,7 @@ import pytest
 from autotune import api
 from autotune.report import load_result, write_report
 from autotune.results.timeline import RealTimeline
+from autotune.units import format_bytes
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -67,3 +68,33 @@ def test_a_headless_browser_shows_the_table_and_the_plot(plan, tmp_path):
     assert red > 500, "the stacked plot's activations (red) are not on the page"
     grid = (pixels[..., :3].sum(axis=2) < 2.4).sum()
     assert grid > 5000, "nothing drawn: the table and the plot are missing"
+
+
+@pytest.mark.slow  # the plan fixture's first use in a run
+def test_the_report_names_fragmentation_and_the_cached_free_blocks_apart(plan, tmp_path):
+    """Fragmentation is the reserved peak minus the allocated peak wherever the report says it; the cache at the
+    reserved peak is the cached free blocks."""
+    folder = write_report(plan, tmp_path / "r")
+    markdown = (folder / "report.md").read_text()
+    cache = next(p for p in plan.probe.memory.parts if p.kind == "cache")
+    (row,) = [line for line in markdown.splitlines() if line.startswith("| cached free blocks |")]
+    assert format_bytes(cache.bytes) in row and "fragmentation" not in row
+    assert "fragmentation: the reserved peak minus the allocated peak" in markdown
+    said = [line for line in markdown.splitlines() if "fragmentation " in line and "MiB" in line]
+    assert said and all(f"fragmentation {format_bytes(plan.probe.fragmentation_bytes)}" in line for line in said)
+
+
+@pytest.mark.slow  # a probe and a timeline past the capacity, a report with its plot
+def test_a_size_past_the_capacity_is_reported_as_not_fitting_with_the_demand_at_the_error(tmp_path):
+    result = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True,
+                       at=400_000)
+    oom = result.memory.out_of_memory
+    folder = write_report(result, tmp_path / "r")
+    markdown = (folder / "report.md").read_text()
+    section = markdown[markdown.index("Memory timeline"):]
+    assert "Micro-batch 400000 does not fit: the simulated GPU (capacity 384.0 MiB) runs out of memory" in section
+    assert "What is live at the out-of-memory error" in section and "What is live at the peak" not in section
+    request = next(line for line in section.splitlines() if line.startswith("| the request, activations of"))
+    assert format_bytes(oom.requested_bytes) in request
+    assert "| out of memory |" in section  # the settings compared: none reserves a figure past the error
+    assert load_result(folder / "probe.json").memory == result.memory
