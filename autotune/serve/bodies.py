@@ -33,7 +33,7 @@ EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_
 
 
 class PlanRequest(BaseModel):
-    """A plan for an estimated GPU."""
+    """A plan for an estimated GPU, or for a job whose ranks differ (a device or budget per rank)."""
 
     model_config = ConfigDict(extra="forbid")
 
