@@ -22,22 +22,31 @@ if TYPE_CHECKING:
 
 #: The largest target batch a plan takes (the planner's own limit).
 MAX_TARGET = options.MAX_TARGET_BATCH
+#: The most ranks a device or memory_budget list may name (each rank is a row of the mixed plan's answer).
+MAX_RANKS = 1024
+#: One estimate device of a request, with a count of ranks (``estimate:H100-80GB*4``).
+_ESTIMATE = r"estimate(:[A-Za-z0-9._-]{1,48})?(\*[0-9]{1,5})?"
+#: The devices of a request: one estimate for every rank, or one per rank (``A,B``; ``A*4,B*4``).
+DEVICES = rf"^{_ESTIMATE}(, ?{_ESTIMATE})*$"
 #: An example body, for errors about the body itself.
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 
 
 class PlanRequest(BaseModel):
-    """A plan for an estimated GPU."""
+    """A plan for an estimated GPU, or for a job whose ranks differ (a device or budget per rank)."""
 
     model_config = ConfigDict(extra="forbid")
 
     target_batch: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET, description="effective batch, over all ranks")]
     probe: Annotated[str, Field(max_length=129, description="a probe this service runs (GET /v1/probes): NAME or "
                                                             "NAME:FUNCTION")] = "gpt"
-    device: Annotated[str, Field(max_length=64, pattern=r"^estimate(:[A-Za-z0-9._-]{1,48})?$",
-                                 description="estimate (with memory_budget) or an estimate preset, "
-                                             "estimate:NAME")] = "estimate"
-    memory_budget: Annotated[str | StrictInt | None, Field(description="the GPU's memory, e.g. 80GiB")] = None
+    device: Annotated[str, Field(max_length=512, pattern=DEVICES,
+                                 description="estimate (with memory_budget) or an estimate preset, estimate:NAME; "
+                                             "or one per rank, for ranks that differ: "
+                                             "estimate:A100-80GB,estimate:T4-16GB (counts: "
+                                             "estimate:H100-80GB*4,estimate:A10G-24GB*4)")] = "estimate"
+    memory_budget: Annotated[str | StrictInt | None, Field(description="the GPU's memory, e.g. 80GiB; or one per "
+                                                                       "rank, e.g. 80GiB,24GiB")] = None
     world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
     parallel: options.Parallel = options.DEFAULT_PARALLEL
     margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
@@ -48,31 +57,58 @@ class PlanRequest(BaseModel):
         description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
                     "\"force\": equal micro-batches however many steps they take")] = None
 
+    @field_validator("device", mode="before")
+    @classmethod
+    def _devices(cls, value: object) -> object:
+        if isinstance(value, str) and (len(value) > 512 or not re.fullmatch(DEVICES, value)):
+            raise ValueError("must be estimate, estimate:NAME (a preset), or one per rank such as "
+                             "estimate:A100-80GB,estimate:T4-16GB (counts: estimate:H100-80GB*4,estimate:A10G-24GB*4)")
+        if isinstance(value, str):
+            _ranks(value, "device")
+        return value
+
     @field_validator("memory_budget")
     @classmethod
     def _size(cls, value: str | int | None) -> str | int | None:
-        from ..units import parse_size
-
-        if isinstance(value, str) and len(value) > 32:
-            raise ValueError("must be a size such as 80GiB (at most 32 characters)")
+        if isinstance(value, str) and len(value) > 512:
+            raise ValueError("must be a size such as 80GiB, or one per rank such as 80GiB,24GiB (at most 512 "
+                             "characters)")
         if value is not None:
-            try:
-                bytes_ = parse_size(value, what="memory_budget")
-            except BadInput as exc:
-                raise ValueError(str(exc)) from None
-            if not 0 < bytes_ <= 2**50:
-                raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
+            for bytes_ in _ranks(value, "memory_budget"):
+                if bytes_ is not None and not 0 < bytes_ <= 2**50:
+                    raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
         return value
 
+    def listed(self) -> bool:
+        """Whether the body names a device or a budget per rank (ranks that may differ)."""
+        return max(len(_ranks(self.device, "device")), len(_ranks(self.memory_budget, "memory_budget"))) > 1
 
     def asked(self) -> Asked:
         """The library's request for this body (every rule checked there; the body's own checks are the
         JSON's): the plan store's fingerprint and the worker take it."""
         from ..planning.requests import plan_request
 
+        world = None if self.listed() and "world_size" not in self.model_fields_set else self.world_size
         return plan_request(self.target_batch, workload=self.probe, device=self.device,
-                            memory_budget=self.memory_budget, margin=self.margin, world_size=self.world_size,
+                            memory_budget=self.memory_budget, margin=self.margin, world_size=world,
                             multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel, env={})
+
+
+def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:
+    """One item per rank of a device or memory_budget as a body gives it (budgets in bytes); ValueError for a
+    list the library refuses, or of more than :data:`MAX_RANKS` ranks (counted before any is made)."""
+    if isinstance(value, str):
+        counts = [part.partition("*")[2].strip() for part in value.split(",")]
+        named = sum(int(c) if c.isdigit() else 1 for c in counts)
+        if named > MAX_RANKS:
+            raise ValueError(f"names {named} ranks: at most {MAX_RANKS} (a larger job of ranks alike: one device "
+                             "and world_size)")
+    try:
+        if name == "memory_budget":
+            return options.memory_budgets(value, name)
+        return options.per_rank(value, name)
+    except BadInput as exc:
+        raise ValueError(str(exc)) from None
 
 
 class MeasurementRequest(BaseModel):

@@ -12,7 +12,8 @@ name, function and code (the ``*.py`` files of its folder), the request's device
 parallel strategy, margin and precision, autotune's and every installed package's version, and the
 environment variables torch and autotune read (``PYTORCH_*``, ``TORCH_*``, ``CUDA_*``, ``CUBLAS_*``,
 ``AUTOTUNE_*``). A request whose entry cannot answer it (none yet, damaged, invalidated, limited below
-its target) goes to a worker, which probes.
+its target) goes to a worker, which probes; so does one with a device or budget per rank (its plan needs
+every rank's entry and the ranks' speeds, which a worker reads from the store and estimates).
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ class FromStore:
     def answer(self, key: str, body: PlanRequest) -> dict[str, Any] | None:
         """The answer to ``body`` from the entry that answered ``key`` before (``cached``, ``fingerprint``,
         and ``body``, the bytes to send); None when a worker must answer (no such entry, or it does not
-        answer this request's per-rank target). Raises PlanError or BadInput for a target that cannot be
-        planned, as a worker would."""
+        answer this request's per-rank target; a device or budget per rank). Raises PlanError or BadInput
+        for a target that cannot be planned, as a worker would."""
+        if body.listed():  # ranks that may differ: a worker plans them from the store's entries
+            return None
         per_rank = math.ceil(body.target_batch / body.world_size)
         entry = self._entry(key)
         if entry is None or not entry.estimated or not entry.answers(per_rank):

@@ -1,6 +1,6 @@
 """A batch sampler that feeds a plan: each rank its share of every effective batch, all ranks in step.
 
-    sampler = autotune.PlanSampler(len(dataset), plan)          # rank and world from the process group
+    sampler = autotune.PlanSampler(len(dataset), plan)          # rank and world: the process group's, as it runs
     loader = DataLoader(dataset, batch_sampler=sampler)
     for batch in loader:                                          # plan.per_rank_batch[rank] samples
         step(batch)                                               # an autotune.Accumulator
@@ -32,18 +32,27 @@ class PlanSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, dataset_size: int, plan: Any, *, rank: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False):
         self.size = options.whole(dataset_size, "dataset_size")
-        shares = tuple(int(n) for n in plan.per_rank_batch)
-        if rank is None:
-            import torch.distributed as dist
-
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() != len(shares):
-                raise BadInput(f"the plan is for {len(shares)} rank(s) but {dist.get_world_size()} are running")
-        if not 0 <= rank < len(shares):
-            raise BadInput(f"rank {rank} is outside the plan's {len(shares)} ranks")
-        self.shares, self.rank = shares, rank
+        self.shares = tuple(int(n) for n in plan.per_rank_batch)
+        if rank is not None and not 0 <= rank < len(self.shares):
+            raise BadInput(f"rank {rank} is outside the plan's {len(self.shares)} ranks")
+        self._rank = rank
+        _ = self.rank  # a process group already running is checked now
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
+
+    @property
+    def rank(self) -> int:
+        """The rank given, else the process group's as the loader iterates: a sampler made before the group
+        starts (a loader passed to Lightning's ``fit``, which starts it) gives each rank its own share."""
+        if self._rank is not None:
+            return self._rank
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return 0
+        if dist.get_world_size() != len(self.shares):
+            raise BadInput(f"the plan is for {len(self.shares)} rank(s) but {dist.get_world_size()} are running")
+        return dist.get_rank()
 
     def set_epoch(self, epoch: int) -> None:
         """A new permutation each epoch (as DistributedSampler), the same on every rank."""
@@ -60,12 +69,12 @@ class PlanSampler(torch.utils.data.Sampler[list[int]]):
         else:
             order = torch.arange(self.size)
         indices = order.tolist()
-        target = sum(self.shares)
+        target, rank = sum(self.shares), self.rank
         for step in range(len(self)):
             window = indices[step * target:(step + 1) * target]
             shares = self.shares if len(window) == target else split(len(window), self.shares)
-            start = sum(shares[:self.rank])
-            yield window[start:start + shares[self.rank]]
+            start = sum(shares[:rank])
+            yield window[start:start + shares[rank]]
 
 
 def split(total: int, shares: Sequence[int]) -> tuple[int, ...]:

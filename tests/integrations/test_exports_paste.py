@@ -58,3 +58,14 @@ def test_deepspeed_batch_identity(capsys, world):
     data = exported(capsys, "deepspeed", "--world-size", world)
     micro, steps = data["train_micro_batch_size_per_gpu"], data["gradient_accumulation_steps"]
     assert data["train_batch_size"] == micro * steps * int(world) == 1024
+
+
+@pytest.mark.parametrize("fmt, name", [("hf", "the Hugging Face Trainer"), ("lightning", "Lightning"),
+                                       ("accelerate", "Accelerate"), ("deepspeed", "DeepSpeed")])
+def test_a_plan_whose_ranks_differ_does_not_export_and_the_error_names_uniform_ranks(capsys, fmt, name):
+    code = main(["plan", "--target-batch", "1300", "--probe", "mlp", "--device", "cpu", "--memory-budget", "8MiB,3MiB",
+                 "--quiet", "--format", fmt])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"{name} takes one per-device batch size, but the ranks differ (max micro-batch per rank: " in err
+    assert "pass --uniform-ranks for the smallest-for-all plan" in err

@@ -59,14 +59,31 @@ def plan_loader(data: list[torch.Tensor], plan) -> DataLoader:
 def reference_parameters(data: list[torch.Tensor], target: int, steps: int, lr: float = 0.5) -> list[torch.Tensor]:
     """SGD in float64 on whole effective batches of ``target`` sequences from TokenNet's weights under seed 0:
     what exact accumulation must reproduce."""
+    return reference_run(data, target, steps, lr)[0]
+
+
+def reference_run(data: list[torch.Tensor], target: int, steps: int,
+                  lr: float = 0.5) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`reference_parameters`, and the full-batch gradient of every step (all parameters, flat)."""
     torch.manual_seed(0)
     model = TokenNet().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = []
     for step in range(steps):
         token_loss(model, pad(data[step * target:(step + 1) * target])).backward()
+        grads.append(flat_grad(model))
         opt.step()
         opt.zero_grad()
-    return [p.detach() for p in model.parameters()]
+    return [p.detach() for p in model.parameters()], grads
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    """Every parameter's gradient, flat, in float64."""
+    return torch.cat([p.grad.detach().double().flatten() for p in model.parameters()])
+
+
+def relative_error(grad: torch.Tensor, reference: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(grad.double() - reference) / torch.linalg.vector_norm(reference))
 
 
 def max_error(model: nn.Module, reference: list[torch.Tensor]) -> float:
