@@ -165,7 +165,7 @@ TESTS = Path(__file__).parent
 #: The test modules that stay at the top of tests/: each tests the package as a whole, or a module at its root
 #: (autotune/<name>.py), not one stage.
 WHOLE_PACKAGE = {"test_api", "test_compat", "test_errors", "test_imports", "test_layout", "test_random_state",
-                 "test_suite_habits", "test_units"}
+                 "test_source_habits", "test_suite_habits", "test_units", "test_walk"}
 
 
 def _misplaced(tests: Path, package: Path) -> list[str]:

@@ -330,8 +330,8 @@ def test_an_out_of_memory_error_within_the_capacity_is_laid_to_the_cache_the_all
 def test_a_timeline_written_before_out_of_memory_was_recorded_reads_as_none():
     from autotune.results.timeline import MemoryTimeline
 
-    data = MemoryTimeline.from_dict(json.loads((HERE.parent / "data" / "schema2" / "probe_memory.json").read_text())
-                                    ["memory"]).to_dict()
+    written = HERE.parent / "results" / "data" / "schema2" / "probe_memory.json"
+    data = MemoryTimeline.from_dict(json.loads(written.read_text())["memory"]).to_dict()
     del data["out_of_memory"]
     for option in data["options"]:
         del option["out_of_memory"]

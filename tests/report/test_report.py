@@ -86,6 +86,7 @@ def entries(folder: Path) -> set[str]:
 # ---- what a report holds -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_folders_hold_every_file(reports):
     common = {"report.html", "report.md", "trials.csv", "peak_vs_batch.png", "memory_breakdown.png"}
     assert entries(reports["plan"]) == common | {"plan.json"}

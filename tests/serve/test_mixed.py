@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .test_serve import Server
+from .server import Server
 
 pytestmark = pytest.mark.slow
 
