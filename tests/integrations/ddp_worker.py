@@ -9,7 +9,6 @@ a prepared model and optimizer, the Accumulator with accelerator.backward.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.integrations.tokens import (  # noqa: E402
     token_loss,
     tokens,
 )
+from tests.training.rank_exit import run_then_exit  # noqa: E402
 
 BUDGET = sys.argv[1]
 PLAN = make_plan(21, 4, world_size=2)  # ranks 10 and 11 samples, 3 micro-steps each, uneven
@@ -114,9 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    # As autotune's command line ends a torchrun rank: no interpreter finalization while gloo's threads may
-    # still hold what they release with the GIL (it can abort a rank at exit on a loaded machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)

@@ -10,7 +10,6 @@ when the ranks hold as many items.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.integrations.tokens import (  # noqa: E402
     token_loss,
     tokens,
 )
+from tests.training.rank_exit import run_then_exit  # noqa: E402
 
 #: Ranks of max micro-batch 8 and 2, balanced by memory: 21 = (7 + 8) + (2 + 2 + 2).
 PLAN = make_mixed_plan(21, [RankShare(device="cpu", max_micro_batch=m, usable_bytes=2**20) for m in (8, 2)])
@@ -147,9 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    # As autotune's command line ends a torchrun rank: no interpreter finalization while gloo's threads may
-    # still hold what they release with the GIL (it can abort a rank at exit on a loaded machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)
