@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ..stores import rows
-from .server import PLAN, SLOW, Server
+from .server import PLAN, SLOW, Server, metrics
 
 pytestmark = pytest.mark.slow
 
@@ -40,3 +40,25 @@ def test_sigterm_ends_a_running_probe_answers_503_and_releases_its_claim(tmp_pat
         assert rows(store_url, "autotune_claims") == []
     finally:
         server.stop()
+
+
+def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is_served(tmp_path):
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "sleepy.py").write_text("import time\n\ndef build():\n    time.sleep(3600)\n")
+    server = Server(tmp_path, extra=("--probes", str(tmp_path / "probes"), "--probe-timeout", "2"))
+    try:
+        with server.client(timeout=60) as http:
+            start = time.monotonic()
+            sleepy = http.post("/v1/plan", json={**PLAN, "probe": "sleepy"})
+            took = time.monotonic() - start
+            after = http.post("/v1/plan", json={**PLAN, "target_batch": 64})
+        counted = metrics(server)
+    finally:
+        server.stop()
+    assert sleepy.status_code == 504, sleepy.text
+    assert sleepy.json()["detail"] == ("probe 'sleepy' ran past the 2 s limit (--probe-timeout) and was stopped; "
+                                       "the service is fine, the next request starts a new worker")
+    assert took < 40, f"the time-limit answer took {took:.1f} s"
+    assert after.status_code == 200 and after.json()["plan"]["target_batch"] == 64, after.text
+    assert counted["autotune_workers_restarted_total"] >= 1
+    assert counted[("autotune_requests_total", "/v1/plan", "POST", "504")] == 1
