@@ -305,9 +305,10 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
     asked = {r.rule.rank: r for r in request.ranks} or \
         {distributed.rank(): replace(request.probe, max_batch=_mixed_limit(request))}
     done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
+    alike: dict[tuple[str, int], int] = {}  # the first rank of each device (name and capacity): ranks alike probe once
     for r, dev in devices.items():
-        twin = next((q for q in done if devices[q] is dev or _same_device(devices[q], dev)), None)
-        if twin is not None:
+        twin = alike.setdefault((dev.describe().name, dev.capacity_bytes()), r)
+        if twin != r:
             done[r] = done[twin]
             continue
         result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
@@ -352,11 +353,6 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
                            uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
                            notes=(note,))
-
-
-def _same_device(a: Device, b: Device) -> bool:
-    """Two devices of a device list that probe alike: the same name and capacity."""
-    return a.describe().name == b.describe().name and a.capacity_bytes() == b.capacity_bytes()
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

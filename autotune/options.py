@@ -42,6 +42,10 @@ FRAMEWORKS = FORMATS[2:]
 DIST_TIMEOUT_S = 600.0
 #: The largest effective batch a plan holds (samples per optimizer step).
 MAX_TARGET_BATCH = 1_000_000_000
+#: The most micro-batches a plan holds per optimizer step, over all ranks.
+MAX_MICRO_BATCHES = 1_000_000
+#: The most ranks a value per rank may name: every rank runs at least one micro-batch a step.
+MAX_RANKS = MAX_MICRO_BATCHES
 #: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 DEFAULT_PROBE = "gpt"
@@ -123,29 +127,37 @@ def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
     return parse_size(value, what=name)
 
 
-def per_rank(value: Any, name: str) -> tuple[Any, ...]:
+def per_rank(value: Any, name: str, *, most: int = MAX_RANKS,
+             fix: str = "a larger job of ranks alike: one device and --world-size") -> tuple[Any, ...]:
     """A value given once per rank: ``"a,b"``, ``"a*4,b*4"`` (4 ranks of each), a list or a tuple; a single value
-    is a list of one."""
+    is a list of one. More than ``most`` ranks is refused (counted before any item is made), saying ``fix``."""
     if isinstance(value, (list, tuple)):
         items = list(value)
     elif isinstance(value, str) and ("," in value or "*" in value):
-        items = []
+        parts = []
         for part in value.split(","):
             text, _, count = part.strip().partition("*")
             if not text.strip():
                 raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. "
                                "estimate:A100-80GB,estimate:T4-16GB")
-            items += [text.strip()] * (whole(count, f"{name} count after '*'", example="4") if count else 1)
+            parts.append((text.strip(), whole(count, f"{name} count after '*'", example="4") if count else 1))
+        if (ranks := sum(n for _, n in parts)) > most:
+            raise BadInput(f"{name} names {ranks:,} ranks: at most {most:,} ({fix})")
+        items = [text for text, n in parts for _ in range(n)]
     else:
         return (value,)
     if not items:
         raise BadInput(f"{name} is an empty list: give at least one")
+    if len(items) > most:
+        raise BadInput(f"{name} names {len(items):,} ranks: at most {most:,} ({fix})")
     return tuple(items)
 
 
-def memory_budgets(value: Any, name: str = "memory_budget") -> tuple[int | None, ...]:
-    """Bytes per rank (see :func:`per_rank`), each from a number or a size string; ``(None,)`` for None."""
-    return tuple(memory_budget(v, name) for v in per_rank(value, name))
+def memory_budgets(value: Any, name: str = "memory_budget", *, most: int = MAX_RANKS,
+                   fix: str = "a larger job of ranks alike: one device and --world-size") -> tuple[int | None, ...]:
+    """Bytes per rank (see :func:`per_rank`, which takes ``most`` and ``fix``), each from a number or a size
+    string; ``(None,)`` for None."""
+    return tuple(memory_budget(v, name) for v in per_rank(value, name, most=most, fix=fix))
 
 
 def _number(value: Any) -> float:

@@ -38,8 +38,8 @@ from fractions import Fraction
 
 from .. import options
 from ..errors import PlanError, RanksDiffer
-from ..options import MAX_TARGET_BATCH
-from ..results.plan import MAX_MICRO_BATCHES, Plan
+from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
+from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.ranks import MixedRanks, RankShare
 from ..units import plural

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from .. import options
 from ..errors import NoUniformPlan, PlanError
-from ..options import MAX_TARGET_BATCH
-from ..results.plan import MAX_MICRO_BATCHES, Plan, above_probe_note, arithmetic_line
+from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
+from ..results.plan import Plan, above_probe_note, arithmetic_line
 from ..results.probe import ProbeResult
 from ..units import plural as _plural
 

@@ -12,15 +12,13 @@ from itertools import chain
 from typing import Annotated, Any
 
 from ..errors import ResultFileError
-from ..options import MAX_TARGET_BATCH
+from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import PARALLEL, ProbeResult
 from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
 from .tuning import Tuning
-
-MAX_MICRO_BATCHES = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)

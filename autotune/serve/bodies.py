@@ -97,16 +97,11 @@ class PlanRequest(BaseModel):
 def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:
     """One item per rank of a device or memory_budget as a body gives it (budgets in bytes); ValueError for a
     list the library refuses, or of more than :data:`MAX_RANKS` ranks (counted before any is made)."""
-    if isinstance(value, str):
-        counts = [part.partition("*")[2].strip() for part in value.split(",")]
-        named = sum(int(c) if c.isdigit() else 1 for c in counts)
-        if named > MAX_RANKS:
-            raise ValueError(f"names {named} ranks: at most {MAX_RANKS} (a larger job of ranks alike: one device "
-                             "and world_size)")
+    fix = "a larger job of ranks alike: one device and world_size"
     try:
         if name == "memory_budget":
-            return options.memory_budgets(value, name)
-        return options.per_rank(value, name)
+            return options.memory_budgets(value, name, most=MAX_RANKS, fix=fix)
+        return options.per_rank(value, name, most=MAX_RANKS, fix=fix)
     except BadInput as exc:
         raise ValueError(str(exc)) from None
 

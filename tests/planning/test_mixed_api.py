@@ -38,6 +38,19 @@ def test_a_bad_value_per_rank_names_the_parameter(value, match):
         options.per_rank(value, "device")
 
 
+@pytest.mark.parametrize("value", ["estimate:T4-16GB*10000000000,estimate:A100-80GB", ["cpu"] * 1_000_001])
+def test_more_ranks_than_a_plan_holds_are_refused_before_a_list_is_made(value):
+    with pytest.raises(BadInput, match=r"^device names 1[0-9,]+ ranks: at most 1,000,000 \(a larger job"):
+        options.per_rank(value, "device")
+    assert len(options.per_rank("cpu*999999,cpu", "device")) == 1_000_000
+
+
+def test_main_refuses_ten_billion_ranks_in_one_line(capsys):
+    assert main(["plan", "--target-batch", "1024", *MLP[:2], "--device", "estimate:T4-16GB*10000000000"]) == 2
+    assert capsys.readouterr().err.strip() == ("autotune plan: error: device names 10,000,000,000 ranks: at most "
+                                               "1,000,000 (a larger job of ranks alike: one device and --world-size)")
+
+
 def test_memory_budgets_per_rank():
     assert options.memory_budgets("8MiB,3MiB") == (8 * MiB, 3 * MiB)
     assert options.memory_budgets(None) == (None,) and options.memory_budgets(5) == (5,)
@@ -68,6 +81,18 @@ def test_counts_give_the_world_size_and_each_distinct_device_is_probed_once(monk
     assert plan.world_size == 5 and probed == ["estimate:H100-80GB", "estimate:A10G-24GB"]
     assert [r.device for r in plan.mixed.ranks] == ["estimate:H100-80GB"] * 3 + ["estimate:A10G-24GB"] * 2
     assert sum(plan.per_rank_batch) == 4096
+
+
+def test_ranks_alike_are_matched_by_one_look_each_not_against_every_earlier_rank(monkeypatch):
+    from autotune.devices.estimate import EstimateDevice
+
+    looks = []
+    real = EstimateDevice.describe
+    monkeypatch.setattr(EstimateDevice, "describe", lambda self: looks.append(1) or real(self))
+    plan = autotune.plan(10**5, workload="mlp", device="estimate:H100-80GB*200,estimate:A10G-24GB*200")
+    assert plan.world_size == 400 and sum(plan.per_rank_batch) == 10**5
+    # a few looks per rank (matching it, naming it in the plan): a scan of the earlier ranks made 81,202
+    assert len(looks) < 5 * 400, len(looks)
 
 
 def test_budgets_per_rank_on_a_cpu_split_by_memory():

@@ -86,14 +86,14 @@ def test_counts_and_a_budget_per_rank(server):
 
 
 @pytest.mark.parametrize("body,words", [
-    ({**MIXED, "device": "estimate:A100-80GB*1025"}, "1025 ranks: at most 1024"),
+    ({**MIXED, "device": "estimate:A100-80GB*1025"}, "1,025 ranks: at most 1,024"),
     ({**MIXED, "device": "estimate:A100-80GB,cuda:0"}, "one per rank such as estimate:A100-80GB,estimate:T4-16GB"),
     ({**MIXED, "device": "estimate:A100-80GB,"}, "one per rank"),
     ({**MIXED, "device": "estimate:A100-80GB*0,estimate:T4-16GB"}, "count"),
     ({**MIXED, "world_size": 3}, 'world_size 3 but the device or memory_budget list names 2 ranks'),
     ({**MIXED, "memory_budget": "1GiB,2GiB,3GiB"}, "device lists 2 ranks and memory_budget 3"),
     ({**MIXED, "device": "estimate", "memory_budget": "1GiB,lots"}, "is not a size"),
-    ({**MIXED, "device": "estimate", "memory_budget": "1GiB*2000"}, "2000 ranks: at most 1024"),
+    ({**MIXED, "device": "estimate", "memory_budget": "1GiB*2000"}, "2,000 ranks: at most 1,024"),
 ])
 def test_bad_mixed_requests_get_one_clear_error(server, body, words):
     with server.client() as http:
