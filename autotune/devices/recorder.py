@@ -35,6 +35,9 @@ from .session import recording
 SETUP = "setup"
 _SKIP = (str(Path(__file__).resolve().parent) + "/", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
          "torch/_ops.py")
+#: Wrappers PyTorch puts around its dispatch (``torch._dynamo.disable``): innermost, they are the estimate's own
+#: calls (a real allocation's trace starts at the op); further out they are the caller's and are kept.
+_WRAPPERS = ("torch/_dynamo/eval_frame.py", "torch/_compile.py")
 MAX_FRAMES = 64
 
 
@@ -187,7 +190,7 @@ class Recorder:
                 name = code.co_filename
                 frame = cache[key] = None if any(s in name for s in _SKIP) else \
                     {"filename": name, "line": f.f_lineno, "name": code.co_name}
-            if frame is not None:
+            if frame is not None and (out or not frame["filename"].endswith(_WRAPPERS)):
                 out.append(frame)
             f = f.f_back
         return tuple(out)

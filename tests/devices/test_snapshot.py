@@ -134,6 +134,11 @@ def test_frames_point_into_the_users_file_and_line(tmp_path):
     ours = [e for e in allocs if any(f["filename"] == str(probe) and f["line"] == 7 for f in e["frames"])]
     assert ours, "no allocation's frames point at the user's forward"
     assert all(e["frames"][0]["filename"] != tl.__file__ for e in allocs)
+    # an op called on the user's own line (relu) starts its trace there, as a real allocation's does: no
+    # wrapper of torch's dispatch (torch._dynamo.disable) comes first
+    assert any(e["frames"][0]["filename"] == str(probe) and e["frames"][0]["line"] == 7 for e in allocs)
+    assert not [e["frames"][0] for e in allocs
+                if e["frames"][0]["filename"].endswith(("torch/_dynamo/eval_frame.py", "torch/_compile.py"))]
     assert result.memory.batch == 16
 
 
