@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from .errors import BadInput, ProbeFileError
 from .units import parse_size
@@ -197,12 +197,12 @@ def choice(value: Any, choices: Sequence[str], name: str) -> str:
     return str(value)
 
 
-def precision(value: Any, name: str = "precision") -> str:
-    return choice(value, PRECISIONS, name)
+def precision(value: Any, name: str = "precision") -> Precision:
+    return cast(Precision, choice(value, PRECISIONS, name))
 
 
-def parallel(value: Any, name: str = "parallel") -> str:
-    return choice(value, PARALLEL, name)
+def parallel(value: Any, name: str = "parallel") -> Parallel:
+    return cast(Parallel, choice(value, PARALLEL, name))
 
 
 def lr_scaling(value: Any, name: str = "lr_scaling") -> str:

@@ -38,7 +38,7 @@ from fractions import Fraction
 
 from .. import options
 from ..errors import PlanError, RanksDiffer
-from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
+from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Parallel
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.ranks import MixedRanks, RankShare
@@ -228,7 +228,7 @@ def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform
 
 
 def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_of: int = 1, uniform: Uniform = None,
-                    probe: ProbeResult | None = None, world_size_source: str = "default", parallel: str = "ddp",
+                    probe: ProbeResult | None = None, world_size_source: str = "default", parallel: Parallel = "ddp",
                     peak_of: Callable[[int, int], int | None] | None = None,
                     notes: Sequence[str] = ()) -> Plan:
     """Plan exactly ``target_batch`` samples over ranks that may differ (``ranks[r]``: rank ``r``'s device, max

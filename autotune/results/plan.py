@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Annotated, Any
 
+from .. import options
 from ..errors import ResultFileError
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
 from ..units import format_bytes
 from ..units import plural as _plural
-from .probe import PARALLEL, ProbeResult
+from .probe import ProbeResult
 from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
 from .tuning import Tuning
@@ -43,7 +44,7 @@ class Plan(Record):
     target_batch: Whole
     world_size: Whole
     world_size_source: str = "default"
-    parallel: Annotated[str, one_of(PARALLEL)] = "ddp"
+    parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = "ddp"
     micro_batch: Whole
     accumulation_steps: Whole
     multiple_of: Whole = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
+from ..options import PARALLEL, Parallel
 from ..units import format_bytes
 from .device import DeviceInfo
 from .record import Margin, Record, Whole, derived, one_of
@@ -12,7 +13,6 @@ from .timeline import MemoryTimeline
 
 SOURCES = ("estimate", "real")
 LIMITS = ("memory", "max_batch")
-PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +96,7 @@ class ProbeResult(Record):
     alloc_retries: int | None = None
     predicted_allocated_peak_bytes: int | None = None
     # "fsdp": the fit rule of one rank of a model sharded over world_size ranks
-    parallel: Annotated[str, one_of(PARALLEL)] = "ddp"
+    parallel: Annotated[Parallel, one_of(PARALLEL)] = "ddp"
     world_size: Whole | None = None  # the ranks an FSDP probe sharded over (its figures hold for that many)
     fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
     from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)

@@ -16,7 +16,7 @@ No torch here: the service's server process builds requests without importing it
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from .. import options
 from .record import Count, Margin, Record, Rule, Whole, one_of
@@ -24,9 +24,9 @@ from .record import Count, Margin, Record, Rule, Whole, one_of
 #: How a plan may split the target: the fewest steps (uneven micro-batches where they must be), equal
 #: micro-batches within twice the fewest steps, or equal micro-batches however many steps they take.
 Split = Literal["fewest", "equal", "force"]
-SPLITS: tuple[str, ...] = ("fewest", "equal", "force")
+SPLITS: tuple[str, ...] = get_args(Split)
 #: The API's ``uniform`` argument, as each of its values says it.
-SPLIT_OF_UNIFORM: dict[object, str] = {None: "fewest", False: "fewest", True: "equal", "force": "force"}
+SPLIT_OF_UNIFORM: dict[object, Split] = {None: "fewest", False: "fewest", True: "equal", "force": "force"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +38,7 @@ class FitRule(Record):
     ``world_size`` ranks with ``fully_shard``, measured as rank ``rank``).
     """
 
-    parallel: Annotated[str, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL
+    parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL
     world_size: Whole = 1
     rank: Count = 0
     buckets: bool = False
@@ -57,7 +57,7 @@ class FitRule(Record):
             buckets = False
         elif buckets is None:
             buckets = world_size > 1
-        return cls(parallel=parallel, world_size=world_size, rank=rank, buckets=bool(buckets))
+        return cls(parallel=options.parallel(parallel), world_size=world_size, rank=rank, buckets=bool(buckets))
 
     @property
     def sharded(self) -> bool:
@@ -81,7 +81,7 @@ class ProbeRequest(Record):
     margin: Margin = options.MARGIN
     max_batch: Whole = options.MAX_BATCH
     rule: FitRule = FitRule()
-    precision: Annotated[str, one_of(options.PRECISIONS)] = "fp32"
+    precision: Annotated[options.Precision, one_of(options.PRECISIONS)] = "fp32"
 
     def with_rule(self, **changes: Any) -> ProbeRequest:
         """This request with its fit rule changed (``rank=1``, ``buckets=True``...)."""
@@ -133,7 +133,7 @@ class PlanRequest(Record):
     probe: ProbeRequest
     ranks: tuple[ProbeRequest, ...] = ()
     multiple_of: Whole = 1
-    split: Annotated[str, one_of(SPLITS)] = "fewest"
+    split: Annotated[Split, one_of(SPLITS)] = "fewest"
     uniform_ranks: bool = False
     world_size_source: str = "default"
     tuning: Tuning | None = None

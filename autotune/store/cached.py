@@ -233,7 +233,7 @@ def record_run(store: Store, plan: Plan, workload: Workload, device: Device, pre
         digest = plan.mixed.ranks[distributed.rank()].fingerprint
     if digest is None:
         margin = plan.probe.margin if plan.probe is not None else options.MARGIN
-        request = ProbeRequest(device=device.describe().name, margin=margin, precision=precision,
+        request = ProbeRequest(device=device.describe().name, margin=margin, precision=options.precision(precision),
                                rule=FitRule.of(plan.parallel, plan.world_size, rank=distributed.rank()))
         try:
             digest = fingerprint(workload, device, request).digest
