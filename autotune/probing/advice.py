@@ -95,9 +95,10 @@ def _already(settings: Settings, setting: str) -> bool:
     return AllocatorConfig.parse(settings.user_conf) == AllocatorConfig.parse(settings.conf(setting))
 
 
-def advise(options: list[AllocatorOption], batch: int, variable: str) -> list[str]:
+def advise(options: list[AllocatorOption], batch: int, variable: str, limit: int | None = None) -> list[str]:
     """Sentences: which setting fits a larger micro-batch or removes release-and-retries, with the figures;
-    or that none of those tried does better."""
+    or that none of those tried does better. ``limit``: the largest micro-batch searched; where the user's max
+    is already there, no setting was asked for a larger one, and the sentence says so."""
     if not options:
         return []
     user = options[0]
@@ -115,8 +116,12 @@ def advise(options: list[AllocatorOption], batch: int, variable: str) -> list[st
         tried = ", ".join(o.setting for o in options[1:])
         figures = f"micro-batch {batch} runs out of memory under each" if all(o.out_of_memory for o in options) \
             else f"{_at(user, None, batch)}, {user.retries} release-and-retries"
-        lines.append(f"allocator settings: none of those tried ({tried}) fits a larger micro-batch than "
-                     f"{variable}={user.conf or '(not set)'} here ({figures})")
+        if limit is not None and user.max_micro_batch is not None and user.max_micro_batch >= limit:
+            lines.append(f"allocator settings: none of those tried ({tried}) was searched for a larger micro-batch: "
+                         f"{user.max_micro_batch} is already the largest asked for ({figures})")
+        else:
+            lines.append(f"allocator settings: none of those tried ({tried}) fits a larger micro-batch than "
+                         f"{variable}={user.conf or '(not set)'} here ({figures})")
     return lines
 
 

@@ -83,7 +83,7 @@ def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batc
     settings = Settings(user_conf=runner.alloc_conf, capacity=runner.capacity_bytes(),
                         device_total=runner.device_total, usable=result.usable_bytes, trace_at=trace_at)
     options = compare(settings, batch, result.max_micro_batch, result.max_batch)
-    return options, advise(options, batch, user_variable(result.device))
+    return options, advise(options, batch, user_variable(result.device), result.max_batch)
 
 
 def _least(options: list[AllocatorOption], result: ProbeResult) -> tuple[str, int] | None:

@@ -424,6 +424,8 @@ def test_garbage_collection_threshold_is_compared_and_not_advised_where_it_does_
     assert gc.max_micro_batch is None
     (line,) = memory.advice
     assert line.startswith("allocator settings: none of those tried (") and GC in line
+    # 1000 fits: the probe stopped at the largest size asked for, so no setting was searched past it
+    assert "was searched for a larger micro-batch: 1000 is already the largest asked for" in line
 
 
 @pytest.mark.slow  # the fragmenting workload's probe and its comparison
