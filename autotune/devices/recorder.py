@@ -154,11 +154,11 @@ class Recorder:
         if path is not None:
             return path
         if self._stack:  # a module its parent does not hold as a child (made in the forward)
-            path = f"{self._stack[-1][0] or '<root>'}.<{type(module).__name__}>"
+            path = f"{self._stack[-1][0]}.<{type(module).__name__}>"
             self._names[module] = path
             return path
         for name, child in module.named_modules():  # a new root: name all of its modules at once
-            self._names.setdefault(child, name)
+            self._names.setdefault(child, name or f"<{type(module).__name__}>")  # the root: its own forward's
         return self._names[module]
 
     def enter_module(self, module: torch.nn.Module, args: Any) -> None:

@@ -142,6 +142,26 @@ def test_frames_point_into_the_users_file_and_line(tmp_path):
     assert result.memory.batch == 16
 
 
+def test_activations_of_the_models_own_forward_are_named_by_its_class_not_outside_every_module(tmp_path):
+    probe = tmp_path / "rootfwd.py"
+    probe.write_text(
+        "import torch, autotune\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(32, 64)\n"
+        "    def forward(self, x):\n"
+        "        h = self.layer(x)\n"
+        "        return (h @ h.T).relu()  # (B, B): made by the root's own forward, no child's\n"
+        "def build():\n"
+        "    return autotune.Workload(name='rootfwd', model=Net, batch=lambda n, g: torch.randn(n, 32, generator=g),\n"
+        "        loss=lambda m, b: m(b).pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
+    memory = api.probe(str(probe), device=H100, memory_snapshot=True, at=512, max_batch=1024).memory
+    acts = {p.name: p.bytes for p in memory.parts if p.kind == "activations"}
+    assert acts["<Net>"] >= 512 * 512 * 4 > acts["layer"], acts  # the (B, B) product and its relu
+    assert acts.get(tl.OUTSIDE, 0) < 512 * 512 * 4
+
+
 def test_the_peaks_parts_name_module_families_and_the_workspaces():
     walk = recorded(H100, "gpt", 8)
     names = {(p.kind, p.name) for p in walk.parts}
