@@ -20,7 +20,7 @@ from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput
 from .planning.requests import plan_request, probe_request, this_rank
-from .probing.fsdp import fit_kwargs
+from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
@@ -158,7 +158,7 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
 
     batch = snapshot.at if snapshot.at is not None else at
     return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path,
-                                          rule=fit_kwargs(request.rule)))
+                                          rule=RunRule.of(request.rule)))
 
 
 def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,

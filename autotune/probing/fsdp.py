@@ -282,9 +282,21 @@ def sharding_note(rule: FsdpRule) -> str:
             "kept until the last micro-step synchronises, the reduce-scatter buffers")
 
 
-def fit_kwargs(rule: FitRule, precision: str = "fp32") -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunRule:
     """A request's fit rule as the fit-rule runs take it: ``data_parallel`` (DDP's buckets held), or
-    ``sharding`` (this rank of a model sharded over the world size, all-gathered in ``precision``)."""
-    if rule.sharded:
-        return {"sharding": FsdpRule(rule.world_size, rule.rank, precision)}
-    return {"data_parallel": rule.buckets}
+    ``sharding`` (this rank of a model sharded over the world size)."""
+
+    data_parallel: bool = False
+    sharding: FsdpRule | None = None
+
+    @classmethod
+    def of(cls, rule: FitRule, precision: str = "fp32") -> RunRule:
+        """``rule``'s runs, all-gathered in ``precision`` when sharded."""
+        if rule.sharded:
+            return cls(sharding=FsdpRule(rule.world_size, rule.rank, precision))
+        return cls(data_parallel=rule.buckets)
+
+    def fields(self) -> dict[str, Any]:
+        """What the plan store's fingerprint holds of it (the one field that applies)."""
+        return {"sharding": self.sharding} if self.sharding is not None else {"data_parallel": self.data_parallel}

@@ -35,6 +35,7 @@ from ..errors import AutotuneError
 from ..results.timeline import PeakPart
 from ..units import format_bytes
 from ..workload import Workload
+from .fsdp import RunRule
 from .timeline import Recorded, Walk, activations_by_family, analyse, record
 
 #: Activations of one family below this share of the peak are not worth a re-estimate.
@@ -119,7 +120,7 @@ def _checkpoint(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, rule: dict[str, Any],
+def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, rule: RunRule,
              levers: Levers | None = None) -> tuple[str, int | None]:
     """The sentence, and by how many bytes the estimate says the peak would drop (None when not estimated, or
     when the size runs out of memory)."""
@@ -142,7 +143,8 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, 
             "activation checkpointing of these modules")
     try:
         again = analyse(record(checkpointed(workload, name), recorded.device, batch, frames=False,
-                               runner=recorded.device, **rule))
+                               runner=recorded.device, data_parallel=rule.data_parallel,
+                               sharding=rule.sharding))
     except AutotuneError as exc:  # the workload's own code failed under checkpointing (a WorkloadError): "cannot say"
         return (f"{what} could not be estimated ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:120] if str(exc) else ''})."), None
@@ -171,7 +173,7 @@ class _Instead:
     change lowers, with that change's figure (see the module's docstring)."""
 
     def __init__(self, recorded: Recorded, walk: Walk, at: Moment, workload: Workload, batch: int,
-                 rule: dict[str, Any], levers: Levers):
+                 rule: RunRule, levers: Levers):
         self.recorded, self.walk, self.at, self.workload = recorded, walk, at, workload
         self.batch, self.rule, self.levers = batch, rule, levers
         self.peak = "reserved peak" if recorded.simulation is not None else "peak"
@@ -203,7 +205,8 @@ class _Instead:
             return ""
         half = self.batch // 2
         smaller = analyse(record(self.workload, self.recorded.device, half, frames=False,
-                                 runner=self.recorded.device, **self.rule))
+                                 runner=self.recorded.device, data_parallel=self.rule.data_parallel,
+                                 sharding=self.rule.sharding))
         if smaller.out_of_memory is not None or smaller.reserved_peak >= self.walk.reserved_peak:
             return ""
         return (f"a smaller micro-batch (micro-batch {half}: {self.peak} {format_bytes(smaller.reserved_peak)} by "

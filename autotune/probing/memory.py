@@ -22,6 +22,7 @@ from ..results.timeline import AllocatorOption, MemoryTimeline, RealTimeline
 from ..workload import Workload
 from .advice import Settings, advise, compare, user_variable
 from .fitrule import run_trial
+from .fsdp import RunRule
 from .lowering import Levers, lowering
 from .timeline import Recorded, analyse, record
 
@@ -35,15 +36,15 @@ def real_path(path: str | os.PathLike[str]) -> Path:
 
 
 def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int | None = None,
-            path: str | os.PathLike[str] | None = None, rule: dict[str, Any] | None = None) -> MemoryTimeline:
+            path: str | os.PathLike[str] | None = None, rule: RunRule | None = None) -> MemoryTimeline:
     """The memory timeline of the fit rule at ``batch`` (default: the max micro-batch); the predicted snapshot
     written to ``path`` when given (and, on a real GPU recorded by a :class:`RecordingDevice`, the real one to
     :func:`real_path`)."""
-    rule = rule or {}
+    rule = rule or RunRule()
     batch = batch or result.max_micro_batch
     base = device.device if isinstance(device, RecordingDevice) else device
     log.progress(f"recording the fit rule at micro-batch {batch} for a memory timeline ...")
-    recorded = record(workload, base, batch, **rule)
+    recorded = record(workload, base, batch, data_parallel=rule.data_parallel, sharding=rule.sharding)
     walk = analyse(recorded)
     if path is not None:
         snap.write(walk.snapshot, path, what=f"--memory-snapshot {path}")
@@ -68,7 +69,7 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
 
 
 def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batch: int,
-               rule: dict[str, Any]) -> tuple[list[Any], list[str]]:
+               rule: RunRule) -> tuple[list[Any], list[str]]:
     """The user's allocator settings and the candidates compared at ``batch`` (a GPU stand-in only)."""
     runner = recorded.device
     if recorded.simulation is None:
@@ -77,7 +78,8 @@ def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batc
 
     def trace_at(b: int) -> list[tuple[int, int, int]]:
         if b not in traces:
-            traces[b] = record(workload, runner, b, frames=False, runner=runner, **rule).recording.trace
+            traces[b] = record(workload, runner, b, frames=False, runner=runner, data_parallel=rule.data_parallel,
+                                 sharding=rule.sharding).recording.trace
         return traces[b]
 
     settings = Settings(user_conf=runner.alloc_conf, capacity=runner.capacity_bytes(),
@@ -101,13 +103,14 @@ def _least(options: list[AllocatorOption], result: ProbeResult) -> tuple[str, in
 
 
 def _real(device: RecordingDevice, result: ProbeResult, workload: Workload, batch: int,
-          predicted: dict[str, Any], path: str | os.PathLike[str] | None, rule: dict[str, Any]) -> RealTimeline | None:
+          predicted: dict[str, Any], path: str | os.PathLike[str] | None, rule: RunRule) -> RealTimeline | None:
     """The real GPU's snapshot at ``batch``: the confirm run's when it ran at that size, else one more real run."""
     found = device.snapshot_of(result.trials, batch)
     if found is None:
         log.progress(f"real run at micro-batch {batch} to record the GPU allocator's history ...")
         before = len(device.snapshots)
-        run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=True, **rule)
+        run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=True,
+                  data_parallel=rule.data_parallel, sharding=rule.sharding)
         found = device.snapshots[-1] if len(device.snapshots) > before else None
     if found is None:
         return None

@@ -24,14 +24,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from .. import log, options
 from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
 from ..probing.fitrule import Attempt, isolate, run_trial
-from ..probing.fsdp import fit_kwargs
+from ..probing.fsdp import RunRule
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -56,10 +55,11 @@ def probe(store: Store | None, request: ProbeRequest, workload: Workload, device
     """:func:`autotune.probing.finder.probe` of ``request``, answered from ``store`` when it can be (see the
     module); without a store, the probe itself. The request is part of the fingerprint, and so are ``ranks``,
     every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
-    rule = fit_kwargs(request.rule)
+    rule = RunRule.of(request.rule)
 
     def probed() -> ProbeResult:
-        return finder.probe(workload, device, margin=request.margin, max_batch=request.max_batch, **rule)
+        return finder.probe(workload, device, margin=request.margin, max_batch=request.max_batch,
+                            data_parallel=rule.data_parallel, sharding=rule.sharding)
 
     if store is None:
         return probed()
@@ -95,7 +95,7 @@ def probe(store: Store | None, request: ProbeRequest, workload: Workload, device
 
 
 def _answer(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
-            rule: dict[str, Any]) -> ProbeResult | None:
+            rule: RunRule) -> ProbeResult | None:
     """The stored answer (served, its hit counted), or None: none stored, damaged (then invalidated),
     not answering this limit, or not borne out by a confirm run."""
     entry = store.get(digest)
@@ -120,7 +120,7 @@ def _answer(store: Store, digest: str, workload: Workload, device: Device, *, ma
 
 
 def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
-              rule: dict[str, Any]) -> tuple[ProbeResult | None, Observation, str | None]:
+              rule: RunRule) -> tuple[ProbeResult | None, Observation, str | None]:
     """The stored answer to a probe limited to ``max_batch`` on a real device, confirmed by one real run
     of the fit rule at the stored max (:func:`narrowed`): the answer (None when the run disagrees), the
     run's measurement, and why it disagrees (None when it agrees)."""
@@ -147,10 +147,11 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
 
 
-def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: dict[str, Any]) -> Attempt:
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: RunRule) -> Attempt:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
     with own_random_state(device.torch_device):
-        return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True, **rule)
+        return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True,
+                         data_parallel=rule.data_parallel, sharding=rule.sharding)
 
 
 def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: int) -> str | None:

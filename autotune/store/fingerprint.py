@@ -44,7 +44,7 @@ from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..errors import first_line
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
-from ..probing.fsdp import fit_kwargs
+from ..probing.fsdp import RunRule
 from ..results.device import DeviceInfo
 from ..results.request import ProbeRequest
 from ..workload import Workload
@@ -99,7 +99,7 @@ def fingerprint(workload: Workload, device: Device, request: ProbeRequest,
         "alloc_conf": conf_from_environment()[0],  # the settings decide, not the name they were given under
         "precision": request.precision,
         "world_size": request.rule.world_size,
-        "rule": plain(fit_kwargs(request.rule, request.precision)),
+        "rule": plain(RunRule.of(request.rule, request.precision).fields()),
         "parallel": request.rule.parallel,
         "margin": float(request.margin),
         "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS,
