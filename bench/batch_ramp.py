@@ -2,15 +2,16 @@
 loss after a fixed number of samples, for a fixed target batch, a fixed smallest batch, and autotune's ramp
 (with each learning-rate rule), over seeds.
 
-    python bench/batch_ramp.py                  # about 3 minutes on 2 cores
+    python bench/batch_ramp.py                  # about 1.5 minutes on 2 cores
     python bench/batch_ramp.py --seeds 5 --only regression
 
 Two tasks that train to a loss, on the CPU, through autotune's own path for a plain loop (an
 ``autotune.Accumulator`` over a plan, ``autotune.RampConfig`` for the ramp, its sampler for the loader); the
 memory limit is given (micro-batches of at most ``M``), no probe and no tracker:
 
-- ``regression``: y = x.w* + noise, x ~ N(0, I_64), from a model far away (every weight 3 off), SGD with the
-  rate tuned for the target batch; the loss is the population loss 0.5 (|w - w*|^2 + noise^2), exactly.
+- ``regression``: y = x.w* + noise, x ~ N(0, S^2) with S^2 = diag(1, 1/2, ..., 1/64), from a model far away
+  (every weight 3 off), SGD with the rate tuned for the target batch; the loss is the population loss
+  0.5 (|S (w - w*)|^2 + noise^2), exactly.
 - ``digits``: scikit-learn's handwritten digits (1797 8x8 images, shipped with the package), an MLP
   64-128-10 with AdamW at the rate tuned for the target batch; the loss is the cross-entropy over the
   whole training split (1437 images), after every step.

@@ -23,10 +23,11 @@ from accumulation's micro-steps):
   at least ``GROW_AT_LEAST x B`` (or the target): so the batch is about
   ``B_simple``, never above the target, never shrinks, and changes in steps of
   at least 25% (no oscillation);
-- each phase is an exact plan from the planner (:func:`phase_plan`) with
-  micro-batches at most the memory limit: the number of micro-steps, and the
-  last uneven micro-batch, change; on one rank a phase keeps two micro-batches
-  at least, so the noise scale stays measurable.
+- each phase is an exact plan from the planner (:func:`phase_plan`): the
+  fewest micro-steps of at most the memory limit, their sizes evened (80 + 81,
+  not 160 + 1); on one rank a phase keeps two micro-batches at least, so the
+  noise scale stays measurable; every rank runs alike (a plan whose ranks
+  differ is refused by :func:`first_batch`: ramp it with ``uniform_ranks``).
 
 The learning rate follows the batch by one of :data:`autotune.options.LR_SCALINGS`
 (:func:`lr_scale`); the user's rate is the one tuned for the target batch.
@@ -145,7 +146,13 @@ def check_start(start: int, target: int, *, world_size: int, quantum: int = 1) -
 
 def first_batch(plan: Plan, config: RampConfig, *, quantum: int | None = None) -> int:
     """Where a ramp of ``config`` toward ``plan``'s target begins (``config.start``, checked, or
-    :func:`default_start`); PlanError with the fix when it cannot begin there."""
+    :func:`default_start`); PlanError with the fix when it cannot begin there, or when ``plan`` gives ranks that
+    differ their own micro-batches (a phase is planned for ranks alike: each at the plan's memory limit)."""
+    if plan.mixed is not None:
+        maxima = ", ".join(str(r.max_micro_batch) for r in plan.mixed.ranks)
+        raise PlanError(f"ramp: the ranks differ (max micro-batch per rank: {maxima}) and a ramp's phases run every "
+                        "rank alike: pass uniform_ranks=True to ramp with every rank at the smallest max "
+                        "micro-batch, or train without the ramp")
     q = ramp_quantum(plan) if quantum is None else quantum
     start = config.start
     if start is None:

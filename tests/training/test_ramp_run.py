@@ -106,3 +106,20 @@ def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, wo
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert words in err and "probing" not in err
+
+
+def test_a_ramp_on_ranks_that_differ_is_refused_with_the_fix():
+    """A ramp's phases run every rank alike: on a mixed plan a phase of 600 per rank would put rank 1 (max 259)
+    past its memory. Refused before any training, naming uniform_ranks=True; with it, the ramp starts."""
+    import autotune
+    from autotune.errors import PlanError
+    from autotune.planning.ramp import first_batch
+    from autotune.results.ramp import RampConfig
+
+    mixed = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB")
+    assert mixed.mixed is not None
+    with pytest.raises(PlanError, match=r"^ramp: the ranks differ \(max micro-batch per rank: \d+, \d+\) .* pass "
+                                        r"uniform_ranks=True to ramp"):
+        first_batch(mixed, RampConfig(start=1200))
+    alike = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
+    assert first_batch(alike, RampConfig(start=600)) == 600 and alike.max_micro_batch < 300
