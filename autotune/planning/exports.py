@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import BadInput, NoUniformPlan, PlanError, RanksDiffer
 from ..results.plan import Plan
-from .mixed import ranks_differ_error
+from .mixed import how_ranks_differ, ranks_differ_error
 from .planner import uniform_options, uniform_range
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
@@ -53,9 +53,9 @@ def export(plan: Plan, fmt: str) -> dict[str, Any]:
         raise BadInput(f"unknown export format {fmt!r}: choose one of {', '.join(FRAMEWORKS)} "
                        "(table and json are printed by autotune plan --format)")
     if plan.mixed is not None:
-        maxima = ", ".join(str(r.max_micro_batch) for r in plan.mixed.ranks[:8])
+        how = how_ranks_differ([r.max_micro_batch for r in plan.mixed.ranks])
         raise PlanError(f"{NAMES[fmt]} takes one per-device batch size, and this plan gives each rank its own "
-                        f"(max micro-batch per rank: {maxima}): plan again with uniform_ranks=True for the "
+                        f"({how}): plan again with uniform_ranks=True for the "
                         "smallest-for-all plan, or run it with autotune's runner or Accumulator")
     if not plan.uniform:
         raise PlanError(f"{NAMES[fmt]} runs equal micro-batches, and this plan's are not ({plan.arithmetic}): "

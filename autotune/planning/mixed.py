@@ -217,12 +217,18 @@ def differ(ranks: Sequence[RankShare]) -> bool:
     return len({r.max_micro_batch for r in ranks}) > 1 or (len(times) > 1 and None not in times)
 
 
+def how_ranks_differ(maxima: Sequence[int]) -> str:
+    """How ranks differ, in words: their max micro-batches, or (those alike) their speed."""
+    if len(set(maxima)) == 1:
+        return f"in speed: every rank's max micro-batch is {maxima[0]}, and the faster ones get more samples"
+    return "max micro-batch per rank: " + ", ".join(map(str, maxima[:8])) + (", ..." if len(maxima) > 8 else "")
+
+
 def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform_ranks=True",
                        drop: str = "drop uniform") -> RanksDiffer:
     """The error for equal micro-batches (``asked``) on ranks that differ, naming ``fix`` for the smallest-for-all
     plan."""
-    shown = ", ".join(map(str, maxima[:8])) + (", ..." if len(maxima) > 8 else "")
-    return RanksDiffer(f"{asked}, but the ranks differ (max micro-batch per rank: {shown}): pass {fix} for the "
+    return RanksDiffer(f"{asked}, but the ranks differ ({how_ranks_differ(maxima)}): pass {fix} for the "
                        f"smallest-for-all plan (every rank at most {min(maxima)}), or {drop} for a plan that gives "
                        "each rank its own micro-batch", maxima=tuple(maxima))
 

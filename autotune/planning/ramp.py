@@ -47,6 +47,7 @@ from ..errors import PlanError
 from ..results.noise import ratio_interval
 from ..results.plan import Plan
 from ..results.ramp import RampConfig
+from .mixed import how_ranks_differ
 from .planner import make_plan
 
 __all__ = ["GROW_AT_LEAST", "RampConfig", "Reading", "check_below", "check_start", "default_start", "first_batch",
@@ -149,8 +150,8 @@ def first_batch(plan: Plan, config: RampConfig, *, quantum: int | None = None) -
     :func:`default_start`); PlanError with the fix when it cannot begin there, or when ``plan`` gives ranks that
     differ their own micro-batches (a phase is planned for ranks alike: each at the plan's memory limit)."""
     if plan.mixed is not None:
-        maxima = ", ".join(str(r.max_micro_batch) for r in plan.mixed.ranks)
-        raise PlanError(f"ramp: the ranks differ (max micro-batch per rank: {maxima}) and a ramp's phases run every "
+        how = how_ranks_differ([r.max_micro_batch for r in plan.mixed.ranks])
+        raise PlanError(f"ramp: the ranks differ ({how}) and a ramp's phases run every "
                         "rank alike: pass uniform_ranks=True to ramp with every rank at the smallest max "
                         "micro-batch, or train without the ramp")
     q = ramp_quantum(plan) if quantum is None else quantum

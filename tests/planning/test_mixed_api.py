@@ -163,6 +163,13 @@ def test_framework_formats_and_uniform_refuse_a_mixed_plan_naming_uniform_ranks(
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_ranks_that_differ_only_in_speed_are_said_so_not_as_equal_maxima(capsys):
+    code, _, err = run(capsys, "plan", "--target-batch", "1024", "--probe", "mlp", "--device",
+                       "estimate:A100-80GB,estimate:T4-16GB", "--format", "hf")
+    assert code == 2 and "the ranks differ (in speed: every rank's max micro-batch is 1023, and the faster ones " \
+                         "get more samples)" in err, err
+
+
 def test_uniform_ranks_exports_to_a_framework(capsys):
     code, out, _ = run(capsys, "plan", "--target-batch", "1300", *MLP, "--memory-budget", "8MiB,3MiB",
                        "--uniform-ranks", "--format", "deepspeed")
