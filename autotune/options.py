@@ -38,6 +38,8 @@ DEFAULT_PARALLEL: Parallel = "ddp"
 #: How ``autotune plan`` prints a plan: for people, as JSON, or as a framework's settings.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
+#: ``autotune serve``: seconds a probe may run before its worker is stopped (--probe-timeout).
+PROBE_TIMEOUT_S = 600.0
 #: Under torchrun: seconds a rank waits for the others before giving up.
 DIST_TIMEOUT_S = 600.0
 #: The largest effective batch a plan holds (samples per optimizer step).

@@ -76,7 +76,7 @@ def add_parser(sub) -> None:
                    help=f"a file holding the bearer token every request must send (at least {MIN_TOKEN} characters)")
     p.add_argument("--workers", type=positive_int("--workers"), default=1, metavar="N",
                    help="worker processes running probes, one probe at a time each")
-    p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=600.0,
+    p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=options.PROBE_TIMEOUT_S,
                    metavar="SECONDS", help="a probe running longer is stopped and its request answered 504")
     p.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="no access-log line per request (by default one JSON object a line on stderr: time, method, "

@@ -43,6 +43,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import options
 from ..errors import AutotuneError, BadInput
 from ..store import open_store
 from ..store.schema import DamagedEntry, Entry
@@ -70,7 +71,7 @@ class Settings:
     probes: Catalogue = field(default_factory=Catalogue)
     token: str | None = None
     workers: int = 1
-    probe_timeout_s: float = 600.0
+    probe_timeout_s: float = options.PROBE_TIMEOUT_S
     allowed_hosts: frozenset[str] | None = None
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import BadInput
+from ..errors import BadInput, first_line
 from ..results.plan import Plan
 from ..store.schema import Entry
 from ..store.store import Store
@@ -109,7 +109,7 @@ class FromStore:
             try:
                 self.flush()
             except (SQLAlchemyError, BadInput) as exc:  # the store is away for now: written the next time
-                _log.warning("autotune serve: hits and plans not written to the store yet (%s)", _first_line(exc))
+                _log.warning("autotune serve: hits and plans not written to the store yet (%s)", first_line(exc))
 
     def flush(self) -> None:
         """Write the hits served and the plans made since the last time to the store (kept for the next
@@ -191,7 +191,3 @@ def render(answer: dict[str, Any]) -> bytes:
     """A plan request's answer as the bytes sent (JSON, as FastAPI's JSONResponse writes it)."""
     return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
