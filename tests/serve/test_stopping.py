@@ -42,14 +42,14 @@ def test_sigterm_ends_a_running_probe_answers_503_and_releases_its_claim(tmp_pat
         server.stop()
 
 
-def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is_served(tmp_path):
+def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is_served(tmp_path, store_url):
     (tmp_path / "probes").mkdir()
-    (tmp_path / "probes" / "sleepy.py").write_text("import time\n\ndef build():\n    time.sleep(3600)\n")
-    server = Server(tmp_path, extra=("--probes", str(tmp_path / "probes"), "--probe-timeout", "2"))
+    (tmp_path / "probes" / "sleepy.py").write_text(SLOW)  # sleeps holding its store claim
+    server = Server(tmp_path, store=store_url, extra=("--probes", str(tmp_path / "probes"), "--probe-timeout", "2"))
     try:
         with server.client(timeout=60) as http:
             start = time.monotonic()
-            sleepy = http.post("/v1/plan", json={**PLAN, "probe": "sleepy"})
+            sleepy = http.post("/v1/plan", json={**PLAN, "probe": "sleepy", "target_batch": 64})
             took = time.monotonic() - start
             after = http.post("/v1/plan", json={**PLAN, "target_batch": 64})
         counted = metrics(server)
@@ -58,6 +58,7 @@ def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is
     assert sleepy.status_code == 504, sleepy.text
     assert sleepy.json()["detail"] == ("probe 'sleepy' ran past the 2 s limit (--probe-timeout) and was stopped; "
                                        "the service is fine, the next request starts a new worker")
+    assert rows(store_url, "autotune_claims") == []  # the stopped worker's claim released
     assert took < 40, f"the time-limit answer took {took:.1f} s"
     assert after.status_code == 200 and after.json()["plan"]["target_batch"] == 64, after.text
     assert counted["autotune_workers_restarted_total"] >= 1
