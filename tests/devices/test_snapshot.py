@@ -116,19 +116,26 @@ def test_highest_reserved_point_is_the_results_peak_to_the_byte(device, budget, 
     assert result.memory.simulated == (device == H100)
 
 
-def test_frames_point_into_the_users_file_and_line(tmp_path):
-    probe = tmp_path / "mine.py"
-    probe.write_text(
+def user_probe(path: Path, forward: str) -> Path:
+    """A probe file of the user's: a Linear(32, 64) as ``self.layer``, and ``forward`` (lines 7 on) as the
+    body of the model's own forward (of ``x``)."""
+    path.write_text(
         "import torch, autotune\n"
         "class Net(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.layer = torch.nn.Linear(32, 64)\n"
         "    def forward(self, x):\n"
-        "        return self.layer(x).relu()  # line 7\n"
+        + "".join(f"        {line}\n" for line in forward.splitlines()) +
         "def build():\n"
-        "    return autotune.Workload(name='mine', model=Net, batch=lambda n, g: torch.randn(n, 32, generator=g),\n"
-        "        loss=lambda m, b: m(b).pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
+        f"    return autotune.Workload(name={path.stem!r}, model=Net,\n"
+        "        batch=lambda n, g: torch.randn(n, 32, generator=g), loss=lambda m, b: m(b).pow(2).mean(),\n"
+        "        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
+    return path
+
+
+def test_frames_point_into_the_users_file_and_line(tmp_path):
+    probe = user_probe(tmp_path / "mine.py", "return self.layer(x).relu()  # line 7")
     path = tmp_path / "mine.pickle"
     result = api.probe(str(probe), device=H100, memory_snapshot=str(path), at=16, max_batch=64)
     allocs = [e for e in snap.read(path)["device_traces"][0] if e["action"] == "alloc"]
@@ -144,19 +151,8 @@ def test_frames_point_into_the_users_file_and_line(tmp_path):
 
 
 def test_activations_of_the_models_own_forward_are_named_by_its_class_not_outside_every_module(tmp_path):
-    probe = tmp_path / "rootfwd.py"
-    probe.write_text(
-        "import torch, autotune\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layer = torch.nn.Linear(32, 64)\n"
-        "    def forward(self, x):\n"
-        "        h = self.layer(x)\n"
-        "        return (h @ h.T).relu()  # (B, B): made by the root's own forward, no child's\n"
-        "def build():\n"
-        "    return autotune.Workload(name='rootfwd', model=Net, batch=lambda n, g: torch.randn(n, 32, generator=g),\n"
-        "        loss=lambda m, b: m(b).pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
+    probe = user_probe(tmp_path / "rootfwd.py",
+                       "h = self.layer(x)\nreturn (h @ h.T).relu()  # (B, B): made by the root's own forward")
     memory = api.probe(str(probe), device=H100, memory_snapshot=True, at=512, max_batch=1024).memory
     acts = {p.name: p.bytes for p in memory.parts if p.kind == "activations"}
     assert acts["<Net>"] >= 512 * 512 * 4 > acts["layer"], acts  # the (B, B) product and its relu
