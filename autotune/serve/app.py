@@ -31,6 +31,7 @@ describes; every error is ``{"detail": "one line"}``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -143,13 +144,20 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         if answer is None:
             asked, spec = _asked(body), probe.spec(function)
             answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": body.probe,
-                                                      "request": asked.to_dict()}, (spec, asked.probe)))
+                                                      "request": asked.to_dict()}, _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
         service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
         return Response(answer["body"], media_type="application/json")  # the answer's JSON, as PlanAnswer says
+
+
+def _probes(spec: str, asked: Any) -> frozenset[Hashable]:
+    """A job's key: one item per probe it runs (each rank's, for ranks that differ), what its store claim
+    depends on (the workload, the device, its memory, the fit rule), not which rank asked or how far it searches."""
+    return frozenset((spec, p.device, p.memory_budget, p.margin, p.precision, p.rule.parallel, p.rule.world_size)
+                     for p in (asked.ranks or (asked.probe,)))
 
 
 def _asked(body: PlanRequest) -> Any:

@@ -38,11 +38,12 @@ def status_of(exc: BaseException) -> int:
 
 @dataclass(eq=False)
 class Job:
-    """A request's job: what a worker runs (``body``), and ``key``, what its probe depends on (jobs with
-    the same key share one probe through the store). ``gone`` is set once its client has hung up."""
+    """A request's job: what a worker runs (``body``), and ``key``, what its probes depend on, one item per
+    probe (a job whose ranks differ probes each distinct device; jobs whose keys meet share those probes
+    through the store). ``gone`` is set once its client has hung up."""
 
     body: dict[str, Any]
-    key: Hashable
+    key: frozenset[Hashable]
     gone: threading.Event = field(default_factory=threading.Event)
 
 

@@ -13,7 +13,7 @@ answer (see :meth:`autotune.store.Store.claim`).
 
 A job ends early, its worker stopped the same way, when every client that asked
 for its probe has gone (a job whose own client went runs on while another
-request with the same probe key waits: that request takes its answer from the
+request that needs one of its probes waits: that request takes its answer from the
 store), and when the service is told to stop (:meth:`Pool.shutdown`): the
 request is answered 503 within a few seconds instead of when the probe ends.
 
@@ -292,7 +292,7 @@ class Pool:
             return JobFailed(503, STOPPING)
         if job.gone.is_set():
             with self._lock:
-                shared = any(o is not job and o.key == job.key and not o.gone.is_set() for o in self._live)
+                shared = any(o is not job and o.key & job.key and not o.gone.is_set() for o in self._live)
             if not shared:
                 return JobFailed(GONE, "every client that asked for this probe hung up")
         return None

@@ -36,14 +36,14 @@ def test_the_pool_answers_at_once_and_jobs_wait_for_a_started_worker(slow_starts
     pool.start()  # returns while no worker has started
     assert started == [] and pool.busy == 0
     answers: list[dict] = []
-    job = threading.Thread(target=lambda: answers.append(pool.run(Job({"n": 1}, "key"))))
+    job = threading.Thread(target=lambda: answers.append(pool.run(Job({"n": 1}, frozenset({"key"})))))
     job.start()
     job.join(0.2)
     assert job.is_alive() and answers == []  # waits: no worker has started
     release.set()
     job.join(30)
     assert answers and answers[0]["job"] == 1 and answers[0]["worker"] in (0, 1)
-    assert pool.run(Job({"n": 2}, "key"))["job"] == 2
+    assert pool.run(Job({"n": 2}, frozenset({"key"})))["job"] == 2
     pool.stop()  # after the background start has finished
     assert sorted(started) == [0, 1] and pool.busy == 0
 
@@ -58,8 +58,23 @@ def test_a_worker_that_cannot_start_still_joins_the_pool(monkeypatch):
     pool = Pool("sqlite://", 1, timeout_s=60)
     pool.start()
     answers: list[dict] = []
-    job = threading.Thread(target=lambda: answers.append(pool.run(Job({}, "key"))), daemon=True)
+    job = threading.Thread(target=lambda: answers.append(pool.run(Job({}, frozenset({"key"})))), daemon=True)
     job.start()
     job.join(30)
     assert [a["worker"] for a in answers] == [0]  # not stuck: the job reaches the worker, whose run starts it
     pool.stop()
+
+
+def test_a_job_whose_client_went_runs_on_while_a_live_job_needs_one_of_its_probes():
+    """A job whose ranks differ probes each device: its key holds one item per probe, and a job for any one of
+    them (not only rank 0's) keeps it running once its own client has gone."""
+    pool = Pool("sqlite://", 1, timeout_s=60)
+    mixed = Job({}, frozenset({("mlp", "estimate:A100-80GB"), ("mlp", "estimate:T4-16GB")}))
+    t4 = Job({}, frozenset({("mlp", "estimate:T4-16GB")}))
+    other = Job({}, frozenset({("mlp", "estimate:H100-80GB")}))
+    pool._live.extend([mixed, t4, other])
+    mixed.gone.set()
+    assert pool._why_stop(mixed) is None  # the T4 job waits for the mixed job's T4 probe
+    t4.gone.set()
+    stopped = pool._why_stop(mixed)
+    assert stopped is not None and "every client that asked for this probe hung up" in stopped.message
