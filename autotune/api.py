@@ -12,7 +12,9 @@ it on; the command line and the service build the same requests and call the req
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -91,7 +93,8 @@ def open_store(store: StoreSpec) -> Store | None:
 # ---- probe -------------------------------------------------------------------------------------------------
 
 
-def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
+def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = options.DEVICE,
+          memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
           world_size: int | None = None, store: StoreSpec = None,
@@ -112,7 +115,13 @@ def probe(workload: Spec = None, *, device: Device | str = options.DEVICE, memor
     in the format of ``torch.cuda.memory._snapshot()`` (True: no file); the result's ``memory`` then says
     where the peak comes from, what would lower it most, and which allocator settings fit more (see
     :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
+
+    ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
+    ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    if isinstance(workload, ProbeRequest):
+        _alone(probe, workload, locals(), besides=("store", "memory_snapshot", "at"))
+        return probe_for(workload, store=store, snapshot=Snapshot.of(memory_snapshot, at))
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
                             world_size=world_size, group=group())
@@ -203,7 +212,7 @@ def agree_across_ranks(result: ProbeResult) -> ProbeResult:
 # ---- plan --------------------------------------------------------------------------------------------------
 
 
-def plan(target_batch: int, *, workload: Spec = None, device: Device | str = options.DEVICE,
+def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
@@ -231,7 +240,13 @@ def plan(target_batch: int, *, workload: Spec = None, device: Device | str = opt
     micro-batch and micro-steps (:func:`autotune.planning.mixed.make_mixed_plan`), balanced by time
     per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
     name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
+
+    ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``
+    may be given beside it.
     """
+    if isinstance(target_batch, PlanRequest):
+        _alone(plan, target_batch, locals(), besides=("store",))
+        return plan_for(target_batch, store=store)
     request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, tune=tune, trials=trials,
@@ -353,6 +368,17 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
                            uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
                            notes=(note,))
+
+
+def _alone(verb: Callable[..., Any], request: object, given: dict[str, Any], *, besides: tuple[str, ...]) -> None:
+    """BadInput when a request comes with arguments it already holds (any of ``verb``'s but ``besides`` given
+    other than as its default)."""
+    defaults = {k: p.default for k, p in inspect.signature(verb).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    extra = [k for k, default in defaults.items() if k not in besides and given[k] is not default]
+    if extra:
+        kind = type(request).__name__
+        raise BadInput(f"{verb.__name__}() was given a {kind} and also {', '.join(extra)}: a {kind} holds them; "
+                       f"set them in the request (dataclasses.replace), or call {verb.__name__}() without one")
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

@@ -91,3 +91,23 @@ def test_what_type_checkers_see_is_what_the_lazy_exports_give(package, table):
     seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
             for alias in node.names}
     assert seen == getattr(module, table)
+
+
+def test_the_verbs_take_a_request_built_by_hand_as_the_keywords_build_it():
+    """README, "Your own model": a PlanRequest (or ProbeRequest) passed to plan (or probe) plans as the keywords
+    that say the same do; an argument the request already holds, given beside it, is refused."""
+    from dataclasses import replace
+
+    from autotune import PlanRequest, ProbeRequest
+
+    request = PlanRequest(target_batch=1000, probe=ProbeRequest(workload="mlp", device="cpu", memory_budget=2**23))
+    by_request = autotune.plan(request)
+    by_keywords = autotune.plan(1000, workload="mlp", device="cpu", memory_budget=2**23)
+    assert by_request.schedule == by_keywords.schedule and by_request.micro_batch == by_keywords.micro_batch
+    probed = autotune.probe(replace(request.probe, margin=0.5))
+    assert probed.margin == 0.5 and probed.max_micro_batch < by_keywords.probe.max_micro_batch
+    with pytest.raises(BadInput, match=r"^plan\(\) was given a PlanRequest and also device, margin: a PlanRequest "
+                                       r"holds them"):
+        autotune.plan(request, device="cpu", margin=0.2)
+    with pytest.raises(BadInput, match=r"^probe\(\) was given a ProbeRequest and also max_batch"):
+        autotune.probe(request.probe, max_batch=8)
