@@ -306,3 +306,19 @@ def test_outside_torchrun_the_command_ends_the_ordinary_way():
     done = subprocess.run([sys.executable, "-c", CLI_UNDER_TORCHRUN, "--version"], check=False, capture_output=True,
                           text=True, timeout=60, env=env, cwd=ROOT)
     assert done.returncode == 0 and "interpreter finalized" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_batch_ramp_under_fsdp_grows_and_verifies_every_phase():
+    """``autotune run --ramp --parallel fsdp`` on two ranks: the ramp starts below the target, grows on the
+    measured noise scale, and every phase's sharded, accumulated gradient is the full-batch one."""
+    done = torchrun("-m", "autotune", "run", "--target-batch", "2048", "--probe", "mlp", "--device", "cpu",
+                    "--memory-budget", "4MiB", "--steps", "25", "--ramp", "--parallel", "fsdp", "--json", "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    phases = [p["effective_batch"] for p in result["batch_schedule"]]
+    assert len(phases) >= 2 and phases == sorted(phases) and phases[0] < 2048 == phases[-1], phases
+    assert result["plan"]["parallel"] == "fsdp"
+    checks = {c["name"]: c for c in result["verification"]["checks"]}
+    assert result["verification"]["passed"], checks
+    assert checks["phase_gradients"]["value"] <= 1e-5 and checks["batch_schedule"]["passed"]
