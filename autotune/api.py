@@ -119,6 +119,9 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    if isinstance(workload, PlanRequest):
+        raise BadInput("probe() takes a ProbeRequest, and was given a PlanRequest: pass its probe "
+                       "(autotune.probe(request.probe)), or plan it with autotune.plan(request)")
     if isinstance(workload, ProbeRequest):
         _alone(probe, workload, locals(), besides=("store", "memory_snapshot", "at"))
         return probe_for(workload, store=store, snapshot=Snapshot.of(memory_snapshot, at))
@@ -244,6 +247,9 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``
     may be given beside it.
     """
+    if isinstance(target_batch, ProbeRequest):
+        raise BadInput("plan() takes a PlanRequest, and was given a ProbeRequest: wrap it, "
+                       "autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
     if isinstance(target_batch, PlanRequest):
         _alone(plan, target_batch, locals(), besides=("store",))
         return plan_for(target_batch, store=store)

@@ -111,3 +111,7 @@ def test_the_verbs_take_a_request_built_by_hand_as_the_keywords_build_it():
         autotune.plan(request, device="cpu", margin=0.2)
     with pytest.raises(BadInput, match=r"^probe\(\) was given a ProbeRequest and also max_batch"):
         autotune.probe(request.probe, max_batch=8)
+    with pytest.raises(BadInput, match=r"^plan\(\) takes a PlanRequest, and was given a ProbeRequest: wrap it"):
+        autotune.plan(request.probe)
+    with pytest.raises(BadInput, match=r"^probe\(\) takes a ProbeRequest, and was given a PlanRequest"):
+        autotune.probe(request)
