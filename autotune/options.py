@@ -136,13 +136,16 @@ def per_rank(value: Any, name: str, *, most: int = MAX_RANKS,
     if isinstance(value, (list, tuple)):
         items = list(value)
     elif isinstance(value, str) and ("," in value or "*" in value):
+        example = "8MiB,3MiB" if "budget" in name else "estimate:A100-80GB,estimate:T4-16GB"
         parts = []
         for part in value.split(","):
-            text, _, count = part.strip().partition("*")
+            text, star, count = part.strip().partition("*")
             if not text.strip():
-                raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. "
-                               "estimate:A100-80GB,estimate:T4-16GB")
-            parts.append((text.strip(), whole(count, f"{name} count after '*'", example="4") if count else 1))
+                raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. {example}")
+            if star and not count.strip().isdigit():
+                raise BadInput(f"{name} count after '*' in {part.strip()!r} is not a whole number: give how many "
+                               f"ranks, e.g. {text.strip()}*4")
+            parts.append((text.strip(), whole(count, f"{name} count after '*'", example="4") if star else 1))
         if (ranks := sum(n for _, n in parts)) > most:
             raise BadInput(f"{name} names {ranks:,} ranks: at most {most:,} ({fix})")
         items = [text for text, n in parts for _ in range(n)]

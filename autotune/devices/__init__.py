@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
 from ..lazy import exports
+from ..units import format_bytes
 from .host import cuda_driver_missing, ram_bytes, torch_build
 from .nvml import load_nvml
 
@@ -105,8 +106,8 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
 def _check_allowance(memory_budget: int | None, allowance: int) -> None:
     if memory_budget is not None and memory_budget <= allowance:
         raise DeviceError(
-            f"memory_budget {memory_budget} bytes is smaller than the "
-            f"{allowance // 1024**2} MiB a CUDA context takes: give the GPU's memory, e.g. 24GiB"
+            f"memory_budget {format_bytes(memory_budget)} is not more than the {format_bytes(allowance)} a CUDA "
+            "context takes: give the GPU's memory, e.g. 24GiB"
         )
 
 
@@ -114,7 +115,6 @@ def _check_ram(memory_budget: int | None) -> None:
     """A CPU budget is memory this machine has: more than its RAM cannot be measured or enforced."""
     total = ram_bytes()[0]
     if memory_budget is not None and memory_budget > total:
-        from ..units import format_bytes
 
         raise DeviceError(
             f"memory_budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "

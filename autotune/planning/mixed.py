@@ -269,8 +269,9 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
     sizes = {b for row in split.rows for b in row}
     extra = []
     if any(r.seconds_per_sample is not None for r in ranks) and not timed:
-        extra.append("balanced by memory: the time per sample of some ranks is not known "
-                     f"({', '.join(str(i) for i, r in enumerate(ranks) if r.seconds_per_sample is None)})")
+        unknown = [str(i) for i, r in enumerate(ranks) if r.seconds_per_sample is None]
+        extra.append(f"balanced by memory: the time per sample of rank{'s' * (len(unknown) > 1)} "
+                     f"{', '.join(unknown[:8])}{', ...' if len(unknown) > 8 else ''} is not known")
     if lockstep:
         extra.append("FSDP: every rank runs the same number of micro-steps (each one gathers the parameters on all "
                      "ranks together), each with its own micro-batch")

@@ -291,7 +291,7 @@ TWO_GPUS = "devices here are cpu, cuda:0, cuda:1, estimate"
         ("tpu", {}, r"^unknown device 'tpu': use one of auto, cpu, cuda, cuda:N, estimate, estimate:GPU$"),
         ("cuda:x", {}, r"^unknown device 'cuda:x'"),
         ("estimate", {}, r"^device='estimate' needs memory_budget"),
-        ("estimate", {"memory_budget": 512 * MiB}, r"smaller than the 640 MiB a CUDA context takes"),
+        ("estimate", {"memory_budget": 512 * MiB}, r"512.0 MiB is not more than the 640.0 MiB a CUDA context"),
     ],
 )
 def test_get_device_errors(name, kwargs, match):

@@ -58,7 +58,7 @@ def test_memory_budget_overrides_the_presets_memory():
     assert dev.capacity_bytes() == 40 * GiB - CONTEXT_ALLOWANCE
     assert dev.target.capability == (8, 0)
     assert dev.describe().budget_bytes == 40 * GiB and "memory budget of 40.0 GiB" in dev.describe().summary
-    with pytest.raises(DeviceError, match="smaller than the 640 MiB a CUDA context takes"):
+    with pytest.raises(DeviceError, match="is not more than the 640.0 MiB a CUDA context takes"):
         get_device("estimate:A100-80GB", memory_budget=512 * MiB)
 
 

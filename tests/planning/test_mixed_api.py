@@ -32,6 +32,9 @@ def test_a_value_per_rank(value, items):
     ("cpu,,cpu", "device 'cpu,,cpu' has an empty item"),
     ("cpu*0", "device count after '\\*' 0 must be at least 1"),
     ("cpu*x", "is not a whole number"),
+    ("cpu*", r"device count after '\*' in 'cpu\*' is not a whole number: give how many ranks, e.g. cpu\*4"),
+    ("cpu*+2", "is not a whole number"),
+    ("cpu*1_000", "is not a whole number"),
 ])
 def test_a_bad_value_per_rank_names_the_parameter(value, match):
     with pytest.raises(BadInput, match=match):
@@ -49,6 +52,11 @@ def test_main_refuses_ten_billion_ranks_in_one_line(capsys):
     assert main(["plan", "--target-batch", "1024", *MLP[:2], "--device", "estimate:T4-16GB*10000000000"]) == 2
     assert capsys.readouterr().err.strip() == ("autotune plan: error: device names 10,000,000,000 ranks: at most "
                                                "1,000,000 (a larger job of ranks alike: one device and --world-size)")
+
+
+def test_an_empty_budget_item_is_shown_with_a_budget_example():
+    with pytest.raises(BadInput, match=r"'8MiB,,3MiB' has an empty item: give one per rank, e\.g\. 8MiB,3MiB$"):
+        options.memory_budgets("8MiB,,3MiB")
 
 
 def test_memory_budgets_per_rank():
