@@ -249,8 +249,13 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
     maxima = [r.max_micro_batch for r in ranks]
     world = len(ranks)
     if not differ(ranks):
-        return make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of, uniform=uniform,
+        made = make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of, uniform=uniform,
                          probe=probe, world_size_source=world_size_source)
+        timed = [r.seconds_per_sample is not None for r in ranks]
+        why = "" if all(timed) or not any(timed) else \
+            ", and the time per sample of some is not known, so speed cannot tell them apart"
+        alike = f"every rank runs the same plan: their max micro-batches are alike ({maxima[0]}){why}"
+        return replace(made, notes=made.notes + tuple(notes) + (alike,))
     if uniform:
         raise ranks_differ_error(maxima, f"uniform={uniform!r} asks for equal micro-batches on every rank")
     timed = all(r.seconds_per_sample is not None for r in ranks)

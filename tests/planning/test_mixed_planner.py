@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -173,10 +174,15 @@ def test_a_mixed_plan_gives_the_faster_larger_rank_the_larger_share_and_says_wha
             "samples per second)") in text
 
 
-def test_ranks_alike_get_the_ordinary_plan():
-    assert make_mixed_plan(255, shares(112, 112)) == make_plan(255, 112, world_size=2)
-    alike = make_mixed_plan(255, shares(112, 112, times=[0.001, 0.001]))
-    assert alike.mixed is None and alike == make_plan(255, 112, world_size=2)
+def test_ranks_alike_get_the_ordinary_plan_and_say_so():
+    plain = make_plan(255, 112, world_size=2)
+    for alike in (make_mixed_plan(255, shares(112, 112)), make_mixed_plan(255, shares(112, 112, times=[1e-3, 1e-3]))):
+        assert alike.mixed is None and replace(alike, notes=()) == plain
+        assert alike.notes[-1] == "every rank runs the same plan: their max micro-batches are alike (112)"
+    half_timed = shares(112, 112)
+    half_timed[1] = replace(half_timed[1], seconds_per_sample=1e-3, timed_by="roofline")  # a CPU and a GPU by name
+    said = make_mixed_plan(255, half_timed).notes[-1]
+    assert said.endswith("alike (112), and the time per sample of some is not known, so speed cannot tell them apart")
 
 
 def test_by_memory_the_slowest_rank_runs_fewer_micro_steps_than_the_smallest_for_all():
