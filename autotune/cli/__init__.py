@@ -97,18 +97,24 @@ def _main(argv: list[str] | None) -> int:
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{where}autotune {args.command}: error: {in_flag_terms(str(exc))}", file=sys.stderr)
+        _say(f"{where}autotune {args.command}: error: {in_flag_terms(str(exc))}")
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"{where}autotune {args.command}: interrupted", file=sys.stderr)
+        _say(f"{where}autotune {args.command}: interrupted")
         return 130
     except Exception as exc:  # a bug of ours: say so plainly
         if debug:
             traceback.print_exc()
         else:
-            print(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
-                  f"(rerun with --debug for the traceback)", file=sys.stderr)
+            _say(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
+                 "(rerun with --debug for the traceback)")
         return 1
+
+
+def _say(line: str) -> None:
+    """One line on stderr in one write, so that the lines of ranks sharing a terminal never run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _discard_output() -> None:

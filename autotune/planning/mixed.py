@@ -249,13 +249,8 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
     maxima = [r.max_micro_batch for r in ranks]
     world = len(ranks)
     if not differ(ranks):
-        made = make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of, uniform=uniform,
-                         probe=probe, world_size_source=world_size_source)
-        timed = [r.seconds_per_sample is not None for r in ranks]
-        why = "" if all(timed) or not any(timed) else \
-            ", and the time per sample of some is not known, so speed cannot tell them apart"
-        alike = f"every rank runs the same plan: their max micro-batches are alike ({maxima[0]}){why}"
-        return replace(made, notes=made.notes + tuple(notes) + (alike,))
+        return _alike(make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of,
+                                uniform=uniform, probe=probe, world_size_source=world_size_source), ranks, notes)
     if uniform:
         raise ranks_differ_error(maxima, f"uniform={uniform!r} asks for equal micro-batches on every rank")
     timed = all(r.seconds_per_sample is not None for r in ranks)
@@ -284,6 +279,15 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
                 accumulation_steps=max(map(len, split.rows)), schedule=split.rows, uniform=len(sizes) == 1,
                 multiple_of=multiple_of, max_micro_batch=max(maxima), world_size_source=world_size_source,
                 probe=probe, notes=tuple(notes) + tuple(extra), parallel=parallel, mixed=mixed)
+
+
+def _alike(made: Plan, ranks: Sequence[RankShare], notes: Sequence[str]) -> Plan:
+    """``made``, the plan of ranks that plan alike, saying so beside ``notes``."""
+    known = [r.seconds_per_sample is not None for r in ranks]
+    why = "" if all(known) or not any(known) else \
+        ", and the time per sample of some is not known, so speed cannot tell them apart"
+    said = f"every rank runs the same plan: their max micro-batches are alike ({ranks[0].max_micro_batch}){why}"
+    return replace(made, notes=made.notes + tuple(notes) + (said,))
 
 
 def _smallest_for_all(target: int, smallest: int, world: int, q: int) -> Plan | None:

@@ -257,3 +257,25 @@ def test_the_estimate_runs_under_the_generic_allocator_variable(capsys, monkeypa
         "expandable_segments:True", "PYTORCH_ALLOC_CONF")
     assert (old[0]["allocator_conf_variable"], plain[0]["allocator_conf_variable"]) == ("PYTORCH_CUDA_ALLOC_CONF", None)
     assert generic[0]["summary"].endswith("(PYTORCH_ALLOC_CONF=expandable_segments:True)")
+
+
+def test_an_error_is_one_write_of_one_line_so_ranks_sharing_a_terminal_never_run_together(monkeypatch):
+    import io
+    import sys
+
+    from autotune.cli import main
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return super().write(text)
+
+    err = Writes()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["plan", "--target-batch", "1024", "--probe", "mlp", "--device", "cpu*"]) == 2
+    assert err.writes == [err.getvalue()] and err.getvalue().count("\n") == 1, err.writes
+    assert err.getvalue().startswith("autotune plan: error: device count after '*' in 'cpu*' is not a whole number")
