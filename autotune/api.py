@@ -244,15 +244,16 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
     name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
 
-    ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``
-    may be given beside it.
+    ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
+    ``memory_snapshot`` and ``at`` may be given beside it.
     """
     if isinstance(target_batch, ProbeRequest):
         raise BadInput("plan() takes a PlanRequest, and was given a ProbeRequest: wrap it, "
                        "autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
     if isinstance(target_batch, PlanRequest):
-        _alone(plan, target_batch, locals(), besides=("store",))
-        return plan_for(target_batch, store=store)
+        _alone(plan, target_batch, locals(), besides=("store", "memory_snapshot", "at"))
+        asked = Snapshot.of(memory_snapshot, at)
+        return plan_for(target_batch if asked is None else replace(target_batch, snapshot=asked), store=store)
     request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, tune=tune, trials=trials,
@@ -384,7 +385,8 @@ def _alone(verb: Callable[..., Any], request: object, given: dict[str, Any], *, 
     if extra:
         kind = type(request).__name__
         raise BadInput(f"{verb.__name__}() was given a {kind} and also {', '.join(extra)}: a {kind} holds them; "
-                       f"set them in the request (dataclasses.replace), or call {verb.__name__}() without one")
+                       f"set them in the request (dataclasses.replace(request, ...)), or call {verb.__name__}() with "
+                       f"keywords alone; beside a request it takes only {', '.join(besides)}")
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

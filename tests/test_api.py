@@ -109,6 +109,8 @@ def test_the_verbs_take_a_request_built_by_hand_as_the_keywords_build_it():
     with pytest.raises(BadInput, match=r"^plan\(\) was given a PlanRequest and also device, margin: a PlanRequest "
                                        r"holds them"):
         autotune.plan(request, device="cpu", margin=0.2)
+    snapped = autotune.plan(request, memory_snapshot=True, at=64)
+    assert snapped.probe.memory is not None and snapped.probe.memory.batch == 64
     with pytest.raises(BadInput, match=r"^probe\(\) was given a ProbeRequest and also max_batch"):
         autotune.probe(request.probe, max_batch=8)
     with pytest.raises(BadInput, match=r"^plan\(\) takes a PlanRequest, and was given a ProbeRequest: wrap it"):
