@@ -117,8 +117,8 @@ def advise(options: list[AllocatorOption], batch: int, variable: str, limit: int
         figures = f"micro-batch {batch} runs out of memory under each" if all(o.out_of_memory for o in options) \
             else f"{_at(user, None, batch)}, {user.retries} release-and-retries"
         if limit is not None and user.max_micro_batch is not None and user.max_micro_batch >= limit:
-            lines.append(f"allocator settings: none of those tried ({tried}) was searched for a larger micro-batch: "
-                         f"{user.max_micro_batch} is already the largest asked for ({figures})")
+            lines.append(f"allocator settings: {user.max_micro_batch} is already the largest micro-batch asked for, "
+                         f"so no setting ({tried}) was searched for a larger one ({figures})")
         else:
             lines.append(f"allocator settings: none of those tried ({tried}) fits a larger micro-batch than "
                          f"{variable}={user.conf or '(not set)'} here ({figures})")

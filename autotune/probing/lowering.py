@@ -156,9 +156,8 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, 
         if still is None:
             return (f"{what} would avoid the error: reserved peak {format_bytes(again.reserved_peak)} of the "
                     f"{format_bytes(oom.capacity_bytes)} capacity, {how}."), None
-        return (f"{what} would still run out of memory ({still.phase}, needing at least "
-                f"{format_bytes(still.needed_bytes)} of the {format_bytes(still.capacity_bytes)} capacity), "
-                f"{how}{instead.clause()}."), None
+        return (f"{what} would still run out of memory (in {still.phase}, the live blocks and the request "
+                f"coming to {still.shortfall()}), {how}{instead.clause()}."), None
     peak, new = walk.reserved_peak, again.reserved_peak
     saved = peak - new
     if saved > 0:
@@ -226,6 +225,8 @@ class _Instead:
         if trace == rec.trace:
             return ""
         r = replay(trace, capacity=sim.capacity, conf=sim.conf, device_total=sim.device_total)
+        if not r.out_of_memory and r.reserved_peak >= self.walk.reserved_peak:
+            return ""  # the workspaces shrink inside segments the allocator keeps anyway: the peak stays
         figure = "it would still run out of memory" if r.out_of_memory else \
             f"{self.peak} {format_bytes(r.reserved_peak)}"
         return (f"CUBLAS_WORKSPACE_CONFIG={SMALL_CUBLAS} ({SMALL_CUBLAS_BYTES >> 20} MiB per cuBLAS handle and "

@@ -110,9 +110,17 @@ class OutOfMemory(Record):
                 "free blocks the allocator cannot release; ")
         if short > 0:
             return text + f"it would need at least {format_bytes(need)} there, {format_bytes(short)} over the capacity"
-        return text + (f"the live blocks and the request come to {format_bytes(need)}, within the capacity, but the "
-                       f"allocator asks the device for a new {format_bytes(self.segment_bytes)} segment, and the "
-                       f"{format_bytes(self.reserved_bytes)} it holds leave no room for it")
+        return text + f"the live blocks and the request come to {self.shortfall()}"
+
+    def shortfall(self) -> str:
+        """Why the request fails, in a clause: more than the capacity, or a new segment with no room beside what
+        the allocator holds."""
+        need, short, capacity = self.needed_bytes, self.needed_bytes - self.capacity_bytes, self.capacity_bytes
+        if short > 0:
+            return f"at least {format_bytes(need)}, {format_bytes(short)} over the {format_bytes(capacity)} capacity"
+        return (f"{format_bytes(need)}, within the {format_bytes(capacity)} capacity, but the allocator asks the "
+                f"device for a new {format_bytes(self.segment_bytes)} segment, and the "
+                f"{format_bytes(self.reserved_bytes)} it holds leave no room for it")
 
 
 @dataclass(frozen=True, kw_only=True)
