@@ -141,7 +141,7 @@ def _plan(args, request: PlanRequest, *, lead: bool) -> int:
     elif fmt == "table":
         print(plan.summary())
         if plan.probe is not None and plan.probe.memory is not None:
-            print("\n".join(plan.probe.memory.lines()))
+            print("\n".join(plan.probe.memory.lines(capacity=plan.probe.capacity_bytes)))
     else:
         print(json.dumps(export(plan, fmt), indent=2))
     write_output(args.output, text)

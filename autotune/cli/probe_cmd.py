@@ -82,10 +82,11 @@ def describe(result) -> str:
     from ..units import format_bytes
 
     lines = [result.summary(), f"device: {result.device.summary}"]
+    allocator = result.allocator_line()
     if result.breakdown:
         parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in result.breakdown.items())
-        lines.append(f"at the peak: {parts}")
-    allocator = result.allocator_line()
+        # under a caching allocator the reserved peak decides, and the tensors' peak comes at another moment
+        lines.append(f"{'live tensors at the allocated peak' if allocator is not None else 'at the peak'}: {parts}")
     if allocator is not None:
         lines.append(allocator)
     lines.append(f"trials: {len(result.trials)} ({result.real_runs} real, {result.real_ooms} out of memory), "
@@ -102,7 +103,7 @@ def describe(result) -> str:
         lines.append(text_table(("batch", "source", "peak", "fits", "seconds"), plain))
     lines += [f"note: {n}" for n in result.notes]
     if result.memory is not None:
-        lines += result.memory.lines()
+        lines += result.memory.lines(capacity=result.capacity_bytes)
     return "\n".join(lines)
 
 

@@ -139,7 +139,8 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, 
                 f"checkpointing {little}{instead.clause()}."), None
     name, held_bytes = top
     of = "the demand" if walk.out_of_memory else "the peak"
-    what = (f"activations of {name} hold {held_bytes / total:.0%} of {of} ({format_bytes(held_bytes)}) {where}; "
+    what = (f"activations of {name} and the modules in it hold {held_bytes / total:.0%} of {of} "
+            f"({format_bytes(held_bytes)}) {where}; "
             "activation checkpointing of these modules")
     try:
         again = analyse(record(checkpointed(workload, name), recorded.device, batch, frames=False,
@@ -197,10 +198,12 @@ class _Instead:
     def smaller_batch(self) -> str:
         """A smaller micro-batch: past the capacity, the probe's max; else half this one, estimated."""
         fits = self.levers.fits
-        if self.walk.out_of_memory is not None and fits is not None and fits[0] < self.batch:
+        past = self.walk.out_of_memory is not None or \
+            (self.recorded.simulation is None and self.walk.reserved_peak > self.recorded.device.capacity_bytes())
+        if past and fits is not None and fits[0] < self.batch:
             return (f"a smaller micro-batch (micro-batch {fits[0]}, the probe's max: {self.peak} "
                     f"{format_bytes(fits[1])}; more accumulation steps keep the effective batch)")
-        if self.batch < 2 or self.walk.out_of_memory is not None:
+        if self.batch < 2 or past:
             return ""
         half = self.batch // 2
         smaller = analyse(record(self.workload, self.recorded.device, half, frames=False,

@@ -180,8 +180,9 @@ class MemoryTimeline(Record):
         inside = [p for p in self.parts if p.kind != "context"]
         return sorted(inside, key=lambda p: -p.bytes)[:n]
 
-    def lines(self, n: int = 5) -> list[str]:
-        """For a terminal: the peak, its top parts, the lowering sentence and the advice."""
+    def lines(self, n: int = 5, *, capacity: int | None = None) -> list[str]:
+        """For a terminal: the peak, its top parts, the lowering sentence and the advice. ``capacity``: the
+        device's; a live peak (no allocator simulated) above it is said not to fit."""
         oom = self.out_of_memory
         if oom is not None:
             out = [f"memory at micro-batch {self.batch}: {oom.headline()}; what is live then:",
@@ -192,8 +193,11 @@ class MemoryTimeline(Record):
                        f"least such a GPU must hold for micro-batch {self.batch}")
         else:
             peak = "reserved" if self.simulated else "live"
-            out = [f"memory at micro-batch {self.batch}: {peak} peak {format_bytes(self.reserved_peak_bytes)} in "
-                   f"{self.peak_phase}; largest parts:"]
+            over = not self.simulated and capacity is not None and self.reserved_peak_bytes > capacity
+            verdict = f"does not fit: the {format_bytes(capacity or 0)} capacity runs out before it (the device " \
+                "stops the fit rule with its out-of-memory error there), " if over else ""
+            out = [f"memory at micro-batch {self.batch}: {verdict}{peak} peak {format_bytes(self.reserved_peak_bytes)} "
+                   f"in {self.peak_phase}; largest parts:"]
             for p in self.top(n):
                 share = p.bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
                 out.append(f"  {p.label}: {format_bytes(p.bytes)} ({share:.0%})")

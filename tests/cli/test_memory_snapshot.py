@@ -124,6 +124,18 @@ def test_at_a_size_past_the_capacity_says_it_does_not_fit_and_what_it_would_need
     assert failed["needed_bytes"] > failed["capacity_bytes"] == 384 << 20
 
 
+def test_on_the_cpu_a_size_past_the_budget_says_it_does_not_fit_and_names_the_probes_max(capsys, tmp_path):
+    """The CPU's timeline is the tracker's (no allocator simulated): a live peak above the budget does not fit,
+    and what lowers it is the probe's max, not half of a size that is still over."""
+    code, out, err = run(capsys, "probe", "--probe", "mlp", "--device", "cpu", "--memory-budget", "8MiB", "--quiet",
+                         "--memory-snapshot", tmp_path / "cpu.pickle", "--at", "20000")
+    assert (code, err) == (0, "")
+    lines = memory_lines(out)
+    assert lines[0].startswith("memory at micro-batch 20000: does not fit: the 8.0 MiB capacity runs out before it "
+                               "(the device stops the fit rule with its out-of-memory error there), live peak ")
+    assert any(", the probe's max: peak " in line for line in lines) and "micro-batch 10000" not in out
+
+
 @pytest.mark.parametrize("command", [["probe"], ["plan", "--target-batch", "64"]])
 @pytest.mark.parametrize("flags,words", [
     (["--memory-snapshot", "m.pickle", "--at", "0"], "--at 0 must be at least 1"),
