@@ -269,8 +269,13 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Gi
         return _tuned(request, given, kept)
     if request.ranks:
         wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
-        devices = {r.rule.rank: resolve(r, Given(wl))[1] for r in request.ranks}
-        ranks = _devices_if_they_differ([d.describe() for d in devices.values()])
+        made: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
+        for r in request.ranks:
+            if (r.device, r.memory_budget) not in made:
+                dev = resolve(r, Given(wl))[1]
+                made[r.device, r.memory_budget] = dev, dev.describe()
+        devices = {r.rule.rank: made[r.device, r.memory_budget][0] for r in request.ranks}
+        ranks = _devices_if_they_differ([made[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:
             return _plan_mixed(request, wl, devices, ranks, kept)
         request = replace(request, ranks=())  # devices listed, all alike: one probe serves
@@ -328,8 +333,11 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
         {distributed.rank(): replace(request.probe, max_batch=_mixed_limit(request))}
     done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
     alike: dict[tuple[str, int], int] = {}  # the first rank of each device (name and capacity): ranks alike probe once
+    named: dict[int, tuple[str, int]] = {}
     for r, dev in devices.items():
-        twin = alike.setdefault((dev.describe().name, dev.capacity_bytes()), r)
+        if id(dev) not in named:  # ranks alike share one device object: described once
+            named[id(dev)] = (dev.describe().name, dev.capacity_bytes())
+        twin = alike.setdefault(named[id(dev)], r)
         if twin != r:
             done[r] = done[twin]
             continue

@@ -135,7 +135,7 @@ def _plan(args, request: PlanRequest, *, lead: bool) -> int:
         raise ranks_differ(exc, args.format) from None
     if not lead:
         return 0  # rank 0 speaks for every rank
-    text = dumps(plan.to_dict())
+    text = dumps(plan.to_dict()) if fmt == "json" or args.output else ""  # a million ranks' plan takes seconds
     if fmt == "json":
         print(text, end="")
     elif fmt == "table":
