@@ -183,7 +183,7 @@ def test_the_allocator_settings_are_read_as_torch_reads_them(monkeypatch):
 def test_budget_that_leaves_nothing_after_the_allowance():
     with pytest.raises(ValueError, match="leaves nothing after the 640.0 MiB allowance"):
         EstimateDevice.for_gpu(CUDA_CONTEXT_ALLOWANCE)
-    with pytest.raises(DeviceError, match="smaller than the 640 MiB"):
+    with pytest.raises(DeviceError, match="640.0 MiB is not more than the 640.0 MiB a CUDA context takes"):
         get_device("estimate", memory_budget=CUDA_CONTEXT_ALLOWANCE)
 
 

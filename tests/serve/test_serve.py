@@ -152,7 +152,7 @@ def test_only_served_probes_run(server):
     ({**PLAN, "device": "cuda:0"}, 422, "device"),
     ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
     ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
-    ({**PLAN, "memory_budget": "100MiB"}, 422, "smaller than the 640 MiB"),
+    ({**PLAN, "memory_budget": "100MiB"}, 422, "memory_budget 100.0 MiB is not more than the 640.0 MiB a CUDA context"),
     ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": Input should be 'fp32'"),
     ({**PLAN, "precision": "fp8"}, 422, "precision"),
     ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
