@@ -119,12 +119,10 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
-    if isinstance(workload, PlanRequest):
-        raise BadInput("probe() takes a ProbeRequest, and was given a PlanRequest: pass its probe "
-                       "(autotune.probe(request.probe)), or plan it with autotune.plan(request)")
-    if isinstance(workload, ProbeRequest):
-        _alone(probe, workload, locals(), besides=("store", "memory_snapshot", "at"))
-        return probe_for(workload, store=store, snapshot=Snapshot.of(memory_snapshot, at))
+    asked = _request(probe, workload, locals(), ProbeRequest,
+                     "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
+    if asked is not None:
+        return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
                             world_size=world_size, group=group())
@@ -247,13 +245,11 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
-    if isinstance(target_batch, ProbeRequest):
-        raise BadInput("plan() takes a PlanRequest, and was given a ProbeRequest: wrap it, "
-                       "autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
-    if isinstance(target_batch, PlanRequest):
-        _alone(plan, target_batch, locals(), besides=("store", "memory_snapshot", "at"))
-        asked = Snapshot.of(memory_snapshot, at)
-        return plan_for(target_batch if asked is None else replace(target_batch, snapshot=asked), store=store)
+    asked = _request(plan, target_batch, locals(), PlanRequest,
+                     "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
+    if asked is not None:
+        snapshot = Snapshot.of(memory_snapshot, at)
+        return plan_for(asked if snapshot is None else replace(asked, snapshot=snapshot), store=store)
     request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, tune=tune, trials=trials,
@@ -385,16 +381,27 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
                            notes=(note,))
 
 
-def _alone(verb: Callable[..., Any], request: object, given: dict[str, Any], *, besides: tuple[str, ...]) -> None:
-    """BadInput when a request comes with arguments it already holds (any of ``verb``'s but ``besides`` given
-    other than as its default)."""
+#: What a verb given a request takes beside it.
+BESIDE_A_REQUEST = ("store", "memory_snapshot", "at")
+
+
+def _request(verb: Callable[..., Any], value: object, given: dict[str, Any], kind: type, fix: str) -> Any:
+    """``value`` when it is a request of ``kind`` (None when it is no request); BadInput when it is the other
+    kind (saying ``fix``), or when it comes with arguments it already holds (any of ``verb``'s keywords but
+    :data:`BESIDE_A_REQUEST` given other than as its default)."""
+    other = PlanRequest if kind is ProbeRequest else ProbeRequest
+    if isinstance(value, other):
+        raise BadInput(f"{verb.__name__}() takes a {kind.__name__}, and was given a {other.__name__}: {fix}")
+    if not isinstance(value, kind):
+        return None
     defaults = {k: p.default for k, p in inspect.signature(verb).parameters.items() if p.kind is p.KEYWORD_ONLY}
-    extra = [k for k, default in defaults.items() if k not in besides and given[k] is not default]
+    extra = [k for k, default in defaults.items() if k not in BESIDE_A_REQUEST and given[k] is not default]
     if extra:
-        kind = type(request).__name__
-        raise BadInput(f"{verb.__name__}() was given a {kind} and also {', '.join(extra)}: a {kind} holds them; "
+        name = kind.__name__
+        raise BadInput(f"{verb.__name__}() was given a {name} and also {', '.join(extra)}: a {name} holds them; "
                        f"set them in the request (dataclasses.replace(request, ...)), or call {verb.__name__}() with "
-                       f"keywords alone; beside a request it takes only {', '.join(besides)}")
+                       f"keywords alone; beside a request it takes only {', '.join(BESIDE_A_REQUEST)}")
+    return value
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
