@@ -235,7 +235,7 @@ def snapshot_path(value: Any, name: str = "memory_snapshot") -> str | None:
         raise BadInput(f"{name} {value!r} is not a file path: give one such as 'memory.pickle'")
     from .serial import check_writable
 
-    check_writable(value, what=f"cannot write the {name} file {value}")
+    check_writable(value, what=f"cannot write the {name} file {value}", example="memory.pickle")
     return str(value)
 
 

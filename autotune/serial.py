@@ -83,9 +83,10 @@ def dumps(data: dict[str, Any]) -> str:
     return json.dumps(_clean(data), indent=2, sort_keys=False) + "\n"
 
 
-def check_writable(path: str | os.PathLike, *, what: str | None = None) -> Path:
+def check_writable(path: str | os.PathLike, *, what: str | None = None, example: str = "result.json") -> Path:
     """The file that writing ``path`` replaces (through symlinks); BadInput, starting with ``what``,
-    when it cannot be written: a missing or unwritable folder, a folder, a read-only file.
+    when it cannot be written: a missing or unwritable folder, a folder (``example``: a file name to suggest
+    in it), a read-only file.
 
     Cheap enough to call before long work, so that a bad output path fails first.
     """
@@ -93,7 +94,7 @@ def check_writable(path: str | os.PathLike, *, what: str | None = None) -> Path:
     what = what or f"cannot write {path}"
     target = Path(os.path.realpath(path))
     if target.is_dir():
-        raise BadInput(f"{what}: it is a folder; give a file path, e.g. {path / 'result.json'}")
+        raise BadInput(f"{what}: it is a folder; give a file path, e.g. {path / example}")
     if _is_special(path):
         return path  # /dev/null, a pipe: written in place
     folder = target.parent

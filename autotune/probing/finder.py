@@ -194,7 +194,7 @@ def _simulated_allocated(est: Trials, batch: int) -> int | None:
 def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
-    notes = [n for a in est.done.values() if a.measurement is not None for n in a.measurement.notes]
+    notes = _one_of_each(est, measured.trial.batch)
     peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
     if drop is not None and simulates:
@@ -210,6 +210,24 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
                      "synchronised and freed its cache before trying again; it runs, but slower every step "
                      "(a smaller micro-batch avoids it)")
     return list(dict.fromkeys(notes))
+
+
+def _one_of_each(est: Trials, batch: int) -> list[str]:
+    """The evaluations' notes, one of each kind (the text before its first colon): the one at ``batch`` (the
+    answer) where it was evaluated, else the first (each size's figures differ, the kind of note does not)."""
+    def notes(b: int) -> tuple[str, ...]:
+        measured = est.done[b].measurement
+        return measured.notes if measured is not None else ()
+
+    def kind(note: str) -> str:
+        return note.split(":", 1)[0]
+
+    kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
+    kept: dict[str, str] = {}
+    for b in ([batch] if batch in est.done else []) + list(est.done):
+        for note in notes(b):
+            kept.setdefault(kind(note), note)
+    return [kept[k] for k in kinds]
 
 
 def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *,

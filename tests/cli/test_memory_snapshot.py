@@ -143,10 +143,10 @@ def test_on_the_cpu_a_size_past_the_budget_says_it_does_not_fit_and_names_the_pr
     (["--at", "4"], "--at N is the micro-batch of --memory-snapshot: add --memory-snapshot FILE, or drop --at"),
     (["--memory-snapshot", "/no/such/folder/m.pickle"],
      "cannot write the --memory-snapshot file /no/such/folder/m.pickle: folder /no/such/folder does not exist"),
-    (["--memory-snapshot", "DIR"], "it is a folder; give a file path"),
+    (["--memory-snapshot", "DIR"], "it is a folder; give a file path, e.g. DIR/memory.pickle"),
 ])
 def test_bad_snapshot_flags_are_one_line_and_exit_2(capsys, tmp_path, command, flags, words):
     code, out, err = run(capsys, *command, *H100, *[tmp_path if f == "DIR" else f for f in flags])
     lines = err.strip().splitlines()
     assert (code, out) == (2, "") and len(lines) == 1 and "Traceback" not in err
-    assert lines[0].startswith(f"autotune {command[0]}: error: ") and words in lines[0]
+    assert lines[0].startswith(f"autotune {command[0]}: error: ") and words.replace("DIR", str(tmp_path)) in lines[0]

@@ -177,3 +177,16 @@ def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_a
     # through them are right at the first guess.
     assert [t.batch for t in result.trials if t.source == "estimate"] == [2, 3, expected]
     assert any("estimated under FakeTensorMode" in n and "autocast" in n for n in result.notes)
+
+
+def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
+    """The convnet's estimate notes the cuDNN workspaces it counts as 0 bytes at each size it evaluates (16 of
+    them): the probe says it once, with the figure at the max micro-batch."""
+    from autotune.workload import load_workload
+
+    result = probe(load_workload("convnet"), get_device("estimate", memory_budget=2**30))
+    (cudnn,) = [n for n in result.notes if n.startswith("cuDNN convolution workspaces counted as 0 bytes")]
+    at_answer = result.trials[[t.batch for t in result.trials].index(result.max_micro_batch)]
+    assert at_answer.source == "estimate" and len({t.batch for t in result.trials}) > 3
+    assert len(result.notes) == len(set(result.notes)) and len(result.notes) < 10, result.notes
+    assert "(44.0 MiB)" in cudnn, cudnn
