@@ -48,6 +48,8 @@ MAX_TARGET_BATCH = 1_000_000_000
 MAX_MICRO_BATCHES = 1_000_000
 #: The most ranks a value per rank may name: every rank runs at least one micro-batch a step.
 MAX_RANKS = MAX_MICRO_BATCHES
+#: What a value per rank naming too many ranks is told to do instead.
+RANKS_FIX = "a larger job of ranks alike: one device and --world-size"
 #: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 DEFAULT_PROBE = "gpt"
@@ -129,8 +131,7 @@ def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
     return parse_size(value, what=name)
 
 
-def per_rank(value: Any, name: str, *, most: int = MAX_RANKS,
-             fix: str = "a larger job of ranks alike: one device and --world-size") -> tuple[Any, ...]:
+def per_rank(value: Any, name: str, *, most: int = MAX_RANKS, fix: str = RANKS_FIX) -> tuple[Any, ...]:
     """A value given once per rank: ``"a,b"``, ``"a*4,b*4"`` (4 ranks of each), a list or a tuple; a single value
     is a list of one. More than ``most`` ranks is refused (counted before any item is made), saying ``fix``."""
     if isinstance(value, (list, tuple)):
@@ -159,7 +160,7 @@ def per_rank(value: Any, name: str, *, most: int = MAX_RANKS,
 
 
 def memory_budgets(value: Any, name: str = "memory_budget", *, most: int = MAX_RANKS,
-                   fix: str = "a larger job of ranks alike: one device and --world-size") -> tuple[int | None, ...]:
+                   fix: str = RANKS_FIX) -> tuple[int | None, ...]:
     """Bytes per rank (see :func:`per_rank`, which takes ``most`` and ``fix``), each from a number or a size
     string; ``(None,)`` for None."""
     return tuple(memory_budget(v, name) for v in per_rank(value, name, most=most, fix=fix))

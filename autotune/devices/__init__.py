@@ -115,7 +115,6 @@ def _check_ram(memory_budget: int | None) -> None:
     """A CPU budget is memory this machine has: more than its RAM cannot be measured or enforced."""
     total = ram_bytes()[0]
     if memory_budget is not None and memory_budget > total:
-
         raise DeviceError(
             f"memory_budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
             f"give at most {format_bytes(total)} for device='cpu', or plan for a larger device with "

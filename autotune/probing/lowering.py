@@ -144,8 +144,7 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, 
             "activation checkpointing of these modules")
     try:
         again = analyse(record(checkpointed(workload, name), recorded.device, batch, frames=False,
-                               runner=recorded.device, data_parallel=rule.data_parallel,
-                               sharding=rule.sharding))
+                               runner=recorded.device, rule=rule))
     except AutotuneError as exc:  # the workload's own code failed under checkpointing (a WorkloadError): "cannot say"
         return (f"{what} could not be estimated ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:120] if str(exc) else ''})."), None
@@ -207,8 +206,7 @@ class _Instead:
             return ""
         half = self.batch // 2
         smaller = analyse(record(self.workload, self.recorded.device, half, frames=False,
-                                 runner=self.recorded.device, data_parallel=self.rule.data_parallel,
-                                 sharding=self.rule.sharding))
+                                 runner=self.recorded.device, rule=self.rule))
         if smaller.out_of_memory is not None or smaller.reserved_peak >= self.walk.reserved_peak:
             return ""
         return (f"a smaller micro-batch (micro-batch {half}: {self.peak} {format_bytes(smaller.reserved_peak)} by "

@@ -44,7 +44,7 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
     batch = batch or result.max_micro_batch
     base = device.device if isinstance(device, RecordingDevice) else device
     log.progress(f"recording the fit rule at micro-batch {batch} for a memory timeline ...")
-    recorded = record(workload, base, batch, data_parallel=rule.data_parallel, sharding=rule.sharding)
+    recorded = record(workload, base, batch, rule=rule)
     walk = analyse(recorded)
     if path is not None:
         snap.write(walk.snapshot, path, what=f"--memory-snapshot {path}")
@@ -78,8 +78,7 @@ def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batc
 
     def trace_at(b: int) -> list[tuple[int, int, int]]:
         if b not in traces:
-            traces[b] = record(workload, runner, b, frames=False, runner=runner, data_parallel=rule.data_parallel,
-                                 sharding=rule.sharding).recording.trace
+            traces[b] = record(workload, runner, b, frames=False, runner=runner, rule=rule).recording.trace
         return traces[b]
 
     settings = Settings(user_conf=runner.alloc_conf, capacity=runner.capacity_bytes(),

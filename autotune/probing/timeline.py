@@ -24,6 +24,7 @@ from ..devices.snapshot import OutOfMemoryAt, Simulation, build
 from ..results.timeline import OutOfMemory, PeakPart
 from ..workload import Workload
 from .fitrule import Attempt, run_trial
+from .fsdp import RunRule
 
 SAMPLES = 600  # points of the stacked timeline
 OUTSIDE = "(outside any module: the batch, the loss)"
@@ -60,13 +61,15 @@ def simulation_of(runner: Any) -> Simulation | None:
     return Simulation(conf=runner.allocator, capacity=runner.capacity_bytes(), device_total=runner.device_total)
 
 
-def record(workload: Workload, device: Device, batch: int, *, frames: bool = True, data_parallel: bool = False,
-           sharding: Any = None, runner: Any = None) -> Recorded:
-    """The fit rule at ``batch``, recorded (``frames``: with each allocation's Python frames)."""
-    runner = runner if runner is not None else runner_for(device, sharding)
+def record(workload: Workload, device: Device, batch: int, *, frames: bool = True, rule: RunRule | None = None,
+           runner: Any = None) -> Recorded:
+    """The fit rule at ``batch`` (``rule``: DDP's buckets or this rank's FSDP sharding), recorded (``frames``:
+    with each allocation's Python frames)."""
+    rule = rule or RunRule()
+    runner = runner if runner is not None else runner_for(device, rule.sharding)
     attempt, recording = record_with(Recorder(frames=frames), lambda: run_trial(
         runner, workload, batch, 1 << 62, source="estimate" if runner.estimated else "real", capacity_guard=False,
-        data_parallel=data_parallel, sharding=sharding))
+        data_parallel=rule.data_parallel, sharding=rule.sharding))
     return Recorded(attempt, recording, simulation_of(runner), runner)
 
 

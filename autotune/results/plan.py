@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Annotated, Any
 
-from .. import options
 from ..errors import ResultFileError
-from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH
+from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, PARALLEL, Parallel
 from ..units import format_bytes
 from ..units import plural as _plural
 from .probe import ProbeResult
@@ -44,7 +43,7 @@ class Plan(Record):
     target_batch: Whole
     world_size: Whole
     world_size_source: str = "default"
-    parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = "ddp"
+    parallel: Annotated[Parallel, one_of(PARALLEL)] = "ddp"
     micro_batch: Whole
     accumulation_steps: Whole
     multiple_of: Whole = 1
