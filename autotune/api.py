@@ -97,7 +97,7 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
           memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
-          world_size: int | None = None, store: StoreSpec = None,
+          fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, store: StoreSpec = None,
           memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
@@ -107,6 +107,10 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     one rank's, measured on a fake process group of that size). ``data_parallel``:
     under DDP, the fit rule holds DDP's gradient buckets; by default, whether
     there are several ranks. Under torchrun the ranks agree on the smallest maximum.
+    ``fsdp_sync``: under FSDP, "every" reduce-scatters the gradients after every micro-step (accumulated in
+    their shards), "last" at the last micro-step only (unsharded gradients held between micro-steps), "auto"
+    probes both and takes the one with the larger max micro-batch ("last" on a tie); the result's
+    ``fsdp_sync`` says which.
     ``store``: a plan store's URL (``sqlite:///plans.db``, any SQLAlchemy URL) or
     a Store: a probe it has seen is answered from it (on a real device, after one
     confirm run), a new one is kept there; by default ``$AUTOTUNE_STORE`` when
@@ -125,7 +129,7 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
         return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
-                            world_size=world_size, group=group())
+                            fsdp_sync=fsdp_sync, world_size=world_size, group=group())
     return probe_for(request, store=store, given=Given.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
@@ -151,11 +155,17 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
                ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
     """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
     device when they differ (the store's fingerprint covers them)."""
-    rule = request.rule
-    log.progress(f"probing {wl.name} on {dev.describe().summary}" +
-                 (f" (FSDP over {plural(rule.world_size, 'rank')})" if rule.sharded else ""))
-    result = cached.probe(kept, request, wl, dev, ranks=ranks)
-    return replace(result, source=request.workload)
+    from .probing.fsdpsync import probe_chosen
+
+    def probed(asked: ProbeRequest) -> ProbeResult:
+        rule = asked.rule
+        sync = {"every": ", gradients synchronised every micro-step",
+                "last": ", gradients synchronised at the last micro-step"}.get(rule.fsdp_sync, "")
+        log.progress(f"probing {wl.name} on {dev.describe().summary}" +
+                     (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
+        return cached.probe(kept, asked, wl, dev, ranks=ranks)
+
+    return replace(probe_chosen(probed, request, estimated=dev.estimated), source=request.workload)
 
 
 def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,
@@ -167,14 +177,15 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
     from .probing.memory import explain
 
     batch = snapshot.at if snapshot.at is not None else at
-    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path,
-                                          rule=RunRule.of(request.rule)))
+    rule = request.rule if result.fsdp_sync is None else replace(request.rule, fsdp_sync=options.fsdp_sync(result.fsdp_sync))
+    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=RunRule.of(rule)))
 
 
 def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,
                     device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
                     margin: float = options.MARGIN, at: int | None = None, max_batch: int = options.MAX_BATCH,
-                    parallel: str = options.DEFAULT_PARALLEL, world_size: int | None = None) -> ProbeResult:
+                    parallel: str = options.DEFAULT_PARALLEL, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
+                    world_size: int | None = None) -> ProbeResult:
     """Probe ``workload``, then write the fit rule at the max micro-batch (or ``at``) to ``path`` as
     ``torch.cuda.memory._snapshot()`` does: what ``python -m torch.cuda._memory_viz trace_plot|segment_plot``
     and pytorch.org/memory_viz open, before having the GPU, at sizes that would not fit. The result's
@@ -184,7 +195,8 @@ def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, 
     result's reserved peak, to the byte); on the CPU it is the tracker's (allocated memory only).
     """
     return probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
-                 parallel=parallel, world_size=world_size, memory_snapshot=path if path is not None else True, at=at)
+                 parallel=parallel, fsdp_sync=fsdp_sync, world_size=world_size,
+                 memory_snapshot=path if path is not None else True, at=at)
 
 
 def _devices_if_they_differ(mine: list[DeviceInfo]) -> tuple[DeviceInfo, ...] | None:
@@ -217,13 +229,15 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
-         parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None, uniform_ranks: bool = False,
+         parallel: str = options.DEFAULT_PARALLEL, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
+         store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
-    ``fully_shard`` (the probe then measures one rank of exactly that many).
-    The probe never searches past the per-rank target, since a plan never needs more.
+    ``fully_shard`` (the probe then measures one rank of exactly that many), its gradient sync as
+    ``fsdp_sync`` says (see :func:`probe`). The probe never searches past the per-rank target, since a
+    plan never needs more.
     ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True
     equal micro-batches within twice the fewest steps (else NoUniformPlan, a PlanError that
     names the nearest targets), "force" equal micro-batches however many steps they take.
@@ -252,7 +266,8 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
         return plan_for(asked if snapshot is None else replace(asked, snapshot=snapshot), store=store)
     request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
-                           uniform_ranks=uniform_ranks, parallel=parallel, tune=tune, trials=trials,
+                           uniform_ranks=uniform_ranks, parallel=parallel, fsdp_sync=fsdp_sync, tune=tune,
+                           trials=trials,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
     return plan_for(request, store=store, given=Given.of(workload, device))
@@ -419,12 +434,13 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
-        max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None,
-        uniform_ranks: bool = False, ramp: RampConfig | bool | None = None) -> RunResult:
+        max_norm: float | None = None, parallel: str | None = None, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
+        store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
-    given says how it runs itself, and ``parallel``, if given, must agree.
+    given says how it runs itself, and ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan`
+    (a plan given runs the gradient sync its probe chose).
     ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
     ``device`` and ``memory_budget`` may be given per rank under torchrun, and ``uniform_ranks``
     is :func:`plan`'s: ranks that differ each run their own micro-batch and micro-steps unless it is set.
@@ -445,12 +461,16 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         check_below(ramp.start, target_batch)
     if plan is not None:
         planned, wl, dev = _given_plan(plan, workload, device, memory_budget, parallel)
+        if options.fsdp_sync(fsdp_sync) not in (options.DEFAULT_FSDP_SYNC, planned.fsdp_sync):
+            raise BadInput(f"fsdp_sync {fsdp_sync} but the plan synchronises FSDP's gradients at "
+                           f"{planned.fsdp_sync or 'no'} micro-step (it was made for {planned.parallel}): drop "
+                           f"fsdp_sync, or plan again with fsdp_sync {fsdp_sync}")
     else:
         this_rank(device, memory_budget, group())  # a device per rank is for a torchrun job
         request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                                margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                                uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
-                               group=group())
+                               fsdp_sync=fsdp_sync, group=group())
         # Before any work: a run needs as many processes as the plan has ranks, and a real device.
         distributed.check_world(request.world_size, f"world_size {request.world_size}"
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",

@@ -35,6 +35,12 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 Parallel = Literal["ddp", "fsdp"]
 PARALLEL: tuple[str, ...] = get_args(Parallel)
 DEFAULT_PARALLEL: Parallel = "ddp"
+#: When FSDP synchronises gradients within an optimizer step: a reduce-scatter after every micro-step
+#: (gradients accumulate in their shards), at the last micro-step only (unsharded gradients held between
+#: micro-steps, one reduce-scatter a step), or "auto": the one that gives the larger micro-batch, "last" on a tie.
+FsdpSync = Literal["auto", "every", "last"]
+FSDP_SYNCS: tuple[str, ...] = get_args(FsdpSync)
+DEFAULT_FSDP_SYNC: FsdpSync = "auto"
 #: How ``autotune plan`` prints a plan: for people, as JSON, or as a framework's settings.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
@@ -209,6 +215,10 @@ def precision(value: Any, name: str = "precision") -> Precision:
 
 def parallel(value: Any, name: str = "parallel") -> Parallel:
     return cast(Parallel, choice(value, PARALLEL, name))
+
+
+def fsdp_sync(value: Any, name: str = "fsdp_sync") -> FsdpSync:
+    return cast(FsdpSync, choice(value, FSDP_SYNCS, name))
 
 
 def lr_scaling(value: Any, name: str = "lr_scaling") -> str:

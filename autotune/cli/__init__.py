@@ -144,7 +144,7 @@ def _reader_gone(fd: int) -> bool:
 
 #: Library parameters the command line sets with a flag of the same name: errors name the flag.
 FLAG_PARAMETERS = ("memory_budget", "multiple_of", "world_size", "target_batch", "max_batch", "max_norm",
-                   "study_name", "storage", "dist_timeout", "parallel", "memory_snapshot")
+                   "study_name", "storage", "dist_timeout", "parallel", "memory_snapshot", "fsdp_sync")
 FLAG_SWITCHES = ("uniform", "force", "tune", "uniform_ranks")
 _PARAMETER = re.compile(r"\b(" + "|".join(FLAG_PARAMETERS) + r")\b")
 _SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")

@@ -120,11 +120,20 @@ def add_schedule_flags(p: argparse.ArgumentParser) -> None:
                         "micro-batch and the same micro-steps, instead of each its own")
 
 
+def add_fsdp_sync(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fsdp-sync", choices=options.FSDP_SYNCS, default=options.DEFAULT_FSDP_SYNC,
+                   help="under fsdp, when gradients are reduce-scattered: every micro-step (accumulated in their "
+                        "shards: least memory), at the last micro-step only (unsharded gradients held between "
+                        "micro-steps: one reduce-scatter a step), or auto: the one with the larger max micro-batch, "
+                        "last on a tie (default: %(default)s)")
+
+
 def add_parallel(p: argparse.ArgumentParser, *, world_size: bool = False) -> None:
     """--parallel (and, where the schedule flags do not give it, --world-size)."""
     p.add_argument("--parallel", choices=options.PARALLEL, default=options.DEFAULT_PARALLEL,
                    help="how the ranks share the model: ddp (each holds all of it) or fsdp (fully_shard: each holds "
                         "its shard; the probe measures one rank of the world size)")
+    add_fsdp_sync(p)
     if world_size:
         p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
                        help="data-parallel ranks: fsdp shards over them, ddp holds its gradient buckets when "

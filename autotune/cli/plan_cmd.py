@@ -102,6 +102,7 @@ def request_of(args) -> PlanRequest:
     return plan_request(args.target_batch, workload=args.probe, device=args.device, memory_budget=args.memory_budget,
                         margin=args.margin, world_size=args.world_size, multiple_of=args.multiple_of,
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
+                        fsdp_sync=args.fsdp_sync,
                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
                         memory_snapshot=args.memory_snapshot, at=args.at, group=options.torchrun_group())
 

@@ -62,7 +62,8 @@ def run(args) -> int:
     check_memory_snapshot(args)
     # Every flag checked here, once, before torch loads.
     request = probe_request(args.probe, device=args.device, memory_budget=args.memory_budget, margin=args.margin,
-                            max_batch=args.max_batch, parallel=args.parallel, world_size=args.world_size)
+                            max_batch=args.max_batch, parallel=args.parallel, fsdp_sync=args.fsdp_sync,
+                            world_size=args.world_size)
     snapshot = Snapshot.of(args.memory_snapshot, args.at)
     import_torch(freeze=args.own_process)
     from .. import api as pipeline

@@ -11,6 +11,7 @@ from .common import (
     add_common,
     add_device,
     add_distributed,
+    add_fsdp_sync,
     add_report,
     add_schedule_flags,
     add_store,
@@ -54,6 +55,7 @@ def add_parser(sub) -> None:
     add_schedule_flags(p)
     p.add_argument("--parallel", choices=options.PARALLEL, default=None,
                    help="ddp or fsdp (fully_shard) when planning now (default ddp); a --plan runs as it was made")
+    add_fsdp_sync(p)
     p.add_argument("--steps", type=positive_int("--steps"), default=options.STEPS, help="optimizer steps to train")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check gradient equivalence, memory and sample counts")
@@ -108,7 +110,8 @@ def _run(args, *, lead: bool) -> int:
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
-                          parallel=args.parallel, store=args.store, uniform_ranks=args.uniform_ranks,
+                          parallel=args.parallel, fsdp_sync=args.fsdp_sync, store=args.store,
+                          uniform_ranks=args.uniform_ranks,
                           ramp=RampConfig(start=args.ramp_from,
                                           lr_scaling=args.lr_scaling or options.DEFAULT_LR_SCALING)
                           if args.ramp else None)

@@ -103,6 +103,7 @@ def this_rank(device: object, memory_budget: object, group: tuple[int, int] | No
 def probe_request(workload: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
                   margin: object = options.MARGIN, max_batch: object = options.MAX_BATCH,
                   data_parallel: bool | None = None, parallel: object = options.DEFAULT_PARALLEL,
+                  fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
                   world_size: int | None = None, env: Mapping[str, str] | None = None,
                   group: tuple[int, int] | None = None) -> ProbeRequest:
     """The request :func:`autotune.probe` makes of its arguments (see there), every one checked here, once.
@@ -110,17 +111,28 @@ def probe_request(workload: object = None, *, device: object = options.DEVICE, m
     ``group``: (world size, rank) inside a process group; ``env``: where ``$WORLD_SIZE`` is read."""
     mine, budget = this_rank(device, memory_budget, group)
     world, _ = world_of(world_size, os.environ if env is None else env, group)
-    parallel = options.parallel(parallel)
+    parallel, sync = options.parallel(parallel), _fsdp_sync(fsdp_sync, parallel)
     buckets = data_parallel if data_parallel is not None else (group is not None or world > 1)
     return ProbeRequest(workload=probe_spec(workload), device=device_name(mine), memory_budget=budget,
                         margin=options.margin(margin), max_batch=options.whole(max_batch, "max_batch"),
-                        rule=FitRule.of(parallel, world, rank=group[1] if group else 0, buckets=buckets))
+                        rule=FitRule.of(parallel, world, rank=group[1] if group else 0, buckets=buckets,
+                                        fsdp_sync=sync))
+
+
+def _fsdp_sync(value: object, parallel: object) -> str:
+    """``fsdp_sync`` checked: a choice, and one that only FSDP takes."""
+    sync = options.fsdp_sync(value)
+    if sync != options.DEFAULT_FSDP_SYNC and parallel != "fsdp":
+        raise BadInput(f"fsdp_sync {sync} is FSDP's gradient sync and parallel is {parallel}: add parallel fsdp, or "
+                       "drop fsdp_sync")
+    return sync
 
 
 def plan_request(target_batch: object, *, workload: object = None, device: object = options.DEVICE,
                  memory_budget: object = None, margin: object = options.MARGIN, world_size: int | None = None,
                  multiple_of: object = 1, uniform: object = None, uniform_ranks: bool = False,
-                 parallel: object = options.DEFAULT_PARALLEL, tune: bool = False, trials: object = options.TRIALS,
+                 parallel: object = options.DEFAULT_PARALLEL, fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
+                 tune: bool = False, trials: object = options.TRIALS,
                  storage: str | None = None, study_name: str | None = None, memory_snapshot: object = None,
                  at: object = None, env: Mapping[str, str] | None = None,
                  group: tuple[int, int] | None = None) -> PlanRequest:
@@ -146,13 +158,13 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
     mine, budget = this_rank(device, memory_budget, group) if listed is None or group is not None else \
         (devices[0], budgets[0])
     probe = probe_request(workload, device=mine, memory_budget=budget, margin=margin, max_batch=per_rank,
-                          parallel=parallel, world_size=world, env={}, group=group)
+                          parallel=parallel, fsdp_sync=fsdp_sync, world_size=world, env={}, group=group)
     ranks: tuple[ProbeRequest, ...] = ()
     if listed is not None and group is None:  # a job of ranks that differ, planned from this one process
         limit = per_rank if uniform_ranks else max(1, target - (world - 1) * multiple)
         ranks = tuple(replace(probe, device=device_name(devices[r % len(devices)]),
                               memory_budget=budgets[r % len(budgets)], max_batch=limit,
-                              rule=FitRule.of(parallel, world, rank=r, buckets=True)) for r in range(world))
+                              rule=replace(probe.rule, rank=r, buckets=not probe.rule.sharded)) for r in range(world))
     return PlanRequest(target_batch=target, probe=probe, ranks=ranks, multiple_of=multiple,
                        split=SPLIT_OF_UNIFORM[uniform], uniform_ranks=bool(uniform_ranks), world_size_source=source,
                        tuning=tuning, snapshot=snapshot)

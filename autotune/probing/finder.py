@@ -137,6 +137,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         predicted_allocated_peak_bytes=_simulated_allocated(est, final),
         parallel="fsdp" if sharding is not None else options.DEFAULT_PARALLEL,
         world_size=sharding.world_size if sharding is not None else None,
+        fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
     )
 
 

@@ -79,8 +79,8 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     communication buffer (its buckets) for as long as the model lives; the
     fit rule then holds such a buffer too. ``sharding``: the plan runs under
     FSDP; the model is sharded (see :mod:`autotune.probing.fsdp`) and gradients
-    synchronise on the last micro-step only. ``on_step(done, total)`` is called
-    after every micro-step (progress of a long real run).
+    synchronise on the last micro-step only, or on every one (``sharding.sync_every``).
+    ``on_step(done, total)`` is called after every micro-step (progress of a long real run).
     """
     total = OPTIMIZER_STEPS * MICRO_STEPS
 

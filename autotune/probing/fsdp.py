@@ -162,13 +162,17 @@ class FsdpRule:
 
     ``world_size`` ranks, measured as ``rank``; ``precision`` picks the
     mixed-precision policy; ``real_group``: shard over the active default
-    process group instead of a private fake one (its size and rank then hold).
+    process group instead of a private fake one (its size and rank then hold);
+    ``sync_every``: reduce-scatter the gradients after every micro-step (they
+    accumulate in their shards) instead of at the last micro-step only (the
+    unsharded gradients then live from the first micro-step to the last).
     """
 
     world_size: int
     rank: int = 0
     precision: str = "fp32"
     real_group: bool = False
+    sync_every: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -210,10 +214,9 @@ class FsdpRule:
             finally:
                 placed.clear()
 
-    @staticmethod
-    def sync(model: nn.Module, *, last: bool) -> None:
-        """Gradients are reduce-scattered on the last micro-step only."""
-        model.set_requires_gradient_sync(last)  # type: ignore[operator]
+    def sync(self, model: nn.Module, *, last: bool) -> None:
+        """Gradients are reduce-scattered on the last micro-step only, or on every one (``sync_every``)."""
+        model.set_requires_gradient_sync(last or self.sync_every)  # type: ignore[operator]
 
     @staticmethod
     def tag_gradients(session: Session, model: nn.Module) -> None:
@@ -277,9 +280,11 @@ def fake_engine(device: EstimateDevice) -> EstimateDevice:
 def sharding_note(rule: FsdpRule) -> str:
     """What the probe's figures are, under FSDP."""
     group = "the process group" if rule.real_group else "a fake process group"
+    held = ("gradients reduce-scattered after every micro-step" if rule.sync_every else
+            "the unsharded gradients kept until the last micro-step synchronises")
     return (f"FSDP: the fit rule of rank {rule.rank} of {rule.world_size} with fully_shard ({group}): its shards of "
-            "the parameters, gradients and optimizer state, the unsharded units in flight, the unsharded gradients "
-            "kept until the last micro-step synchronises, the reduce-scatter buffers")
+            f"the parameters, gradients and optimizer state, the unsharded units in flight, {held}, the "
+            "reduce-scatter buffers")
 
 
 @dataclass(frozen=True)
@@ -292,9 +297,10 @@ class RunRule:
 
     @classmethod
     def of(cls, rule: FitRule, precision: str = "fp32") -> RunRule:
-        """``rule``'s runs, all-gathered in ``precision`` when sharded."""
+        """``rule``'s runs, all-gathered in ``precision`` when sharded (``fsdp_sync`` "auto" is measured as
+        "last": :func:`autotune.probing.fsdpsync.probe_both` measures both and picks)."""
         if rule.sharded:
-            return cls(sharding=FsdpRule(rule.world_size, rule.rank, precision))
+            return cls(sharding=FsdpRule(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every"))
         return cls(data_parallel=rule.buckets)
 
     def fields(self) -> dict[str, Any]:

@@ -130,6 +130,14 @@ class Plan(Record):
         return None if self.probe is None else self.probe.device.budget_bytes
 
     @property
+    def fsdp_sync(self) -> str | None:
+        """Under FSDP, when the gradients are reduce-scattered: after "every" micro-step or at the "last" one, as
+        the probe measured it ("last" for a plan whose probe does not say); None under DDP."""
+        if self.parallel != "fsdp":
+            return None
+        return (self.probe.fsdp_sync if self.probe is not None else None) or "last"
+
+    @property
     @derived(after="schedule")
     def per_rank_batch(self) -> tuple[int, ...]:
         """Samples each rank sees per optimizer step."""
@@ -169,7 +177,9 @@ class Plan(Record):
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
         if self.parallel == "fsdp":
-            lines.append(f"FSDP: the model sharded over {_plural(self.world_size, 'rank')} (fully_shard)")
+            sync = "after every micro-step" if self.fsdp_sync == "every" else "at the last micro-step"
+            lines.append(f"FSDP: the model sharded over {_plural(self.world_size, 'rank')} (fully_shard), gradients "
+                         f"reduce-scattered {sync}")
         if self.world_size_source != "default":
             where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(
                 self.world_size_source, self.world_size_source)

@@ -98,6 +98,8 @@ class ProbeResult(Record):
     # "fsdp": the fit rule of one rank of a model sharded over world_size ranks
     parallel: Annotated[Parallel, one_of(PARALLEL)] = "ddp"
     world_size: Whole | None = None  # the ranks an FSDP probe sharded over (its figures hold for that many)
+    # an FSDP probe's gradient sync: a reduce-scatter after "every" micro-step, or at the "last" one only
+    fsdp_sync: Annotated[str | None, one_of(("every", "last"))] = None
     fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
     from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
     memory: MemoryTimeline | None = None  # where the peak comes from, when a memory snapshot was asked for
@@ -109,6 +111,8 @@ class ProbeResult(Record):
             raise ValueError(f"usable {self.usable_bytes} must be in (0, capacity {self.capacity_bytes}]")
         if self.parallel == "fsdp" and self.world_size is None:
             raise ValueError("an FSDP probe needs the world size it sharded over, got None")
+        if self.fsdp_sync is not None and self.parallel != "fsdp":
+            raise ValueError(f"fsdp_sync {self.fsdp_sync} is for an FSDP probe, this one is {self.parallel}")
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         object.__setattr__(self, "curve", tuple((int(b), int(p)) for b, p in self.curve))
         object.__setattr__(self, "curve_lines", tuple((float(a), float(c)) for a, c in self.curve_lines))

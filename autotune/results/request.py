@@ -35,29 +35,36 @@ class FitRule(Record):
 
     ``parallel``: "ddp" (every rank holds the whole model; with ``buckets`` the fit rule also holds one
     gradient-sized bucket, as DDP does for world sizes above 1) or "fsdp" (the model sharded over
-    ``world_size`` ranks with ``fully_shard``, measured as rank ``rank``).
+    ``world_size`` ranks with ``fully_shard``, measured as rank ``rank``). ``fsdp_sync``: when FSDP
+    reduce-scatters the gradients, after "every" micro-step or at the "last" one only ("auto": the one giving
+    the larger micro-batch).
     """
 
     parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL
     world_size: Whole = 1
     rank: Count = 0
     buckets: bool = False
+    fsdp_sync: Annotated[options.FsdpSync, one_of(options.FSDP_SYNCS)] = options.DEFAULT_FSDP_SYNC
 
     def validate(self) -> None:
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
         if self.parallel == "fsdp" and self.buckets:
             raise ValueError("buckets are DDP's: a fit rule for fsdp holds none")
+        if self.parallel != "fsdp" and self.fsdp_sync != options.DEFAULT_FSDP_SYNC:
+            raise ValueError(f"fsdp_sync {self.fsdp_sync} is FSDP's gradient sync: add parallel fsdp, or drop it")
 
     @classmethod
-    def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None) -> FitRule:
+    def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None,
+           fsdp_sync: str = options.DEFAULT_FSDP_SYNC) -> FitRule:
         """The fit rule of ``world_size`` ranks: DDP holds its buckets when there are several (or as
-        ``buckets`` says), FSDP shards over them."""
+        ``buckets`` says), FSDP shards over them, its gradient sync as ``fsdp_sync`` says."""
         if parallel != "ddp":
             buckets = False
         elif buckets is None:
             buckets = world_size > 1
-        return cls(parallel=options.parallel(parallel), world_size=world_size, rank=rank, buckets=bool(buckets))
+        return cls(parallel=options.parallel(parallel), world_size=world_size, rank=rank, buckets=bool(buckets),
+                   fsdp_sync=options.fsdp_sync(fsdp_sync))
 
     @property
     def sharded(self) -> bool:

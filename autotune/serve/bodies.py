@@ -49,6 +49,9 @@ class PlanRequest(BaseModel):
                                                                        "rank, e.g. 80GiB,24GiB")] = None
     world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
     parallel: options.Parallel = options.DEFAULT_PARALLEL
+    fsdp_sync: Annotated[options.FsdpSync, Field(description="under fsdp, when gradients are reduce-scattered: "
+                                                             "every micro-step, the last one, or auto")] = \
+        options.DEFAULT_FSDP_SYNC
     margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
     precision: Annotated[Literal["fp32"], Field(description="fp32, what the fit rule measures (the only precision "
                                                             "planned)")] = "fp32"
@@ -91,7 +94,8 @@ class PlanRequest(BaseModel):
         world = None if self.listed() and "world_size" not in self.model_fields_set else self.world_size
         return plan_request(self.target_batch, workload=self.probe, device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
-                            multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel, env={})
+                            multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel,
+                            fsdp_sync=self.fsdp_sync, env={})
 
 
 def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:

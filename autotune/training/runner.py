@@ -103,6 +103,7 @@ class _Record:
     wanted: list[int] = field(default_factory=list)  # this rank's samples per step: the plan's, or its ramp phase's
     expected_items: list[int] = field(default_factory=list)  # the items in the batch each step was given
     rounds: list[int] = field(default_factory=list)  # under DDP or FSDP: gradient collectives per step
+    micro_steps: list[int] = field(default_factory=list)  # under DDP or FSDP: this rank's micro-steps per step
     in_sync: list[bool] = field(default_factory=list)  # under DDP or FSDP: every rank holds the same parameters
     skipped: int = 0  # fp16 steps GradScaler skipped
     noise: NoiseScaleEstimate | None = None
@@ -119,6 +120,8 @@ class _Run:
         self.steps, self.precision, self.max_norm, self.ramp = steps, precision, max_norm, ramp
         self.ddp, self.rank = distributed.active(), distributed.rank()
         self.fsdp = plan.parallel == "fsdp"
+        # FSDP syncing every micro-step: no micro-step runs with gradient sync off
+        self.no_sync = contextlib.nullcontext if plan.fsdp_sync == "every" else None
         self.sizes = list(plan.schedule[self.rank])
         self.start = distributed.rank_offsets(plan.per_rank_batch)[self.rank]
         self.scope = contextlib.ExitStack()
@@ -144,7 +147,7 @@ class _Run:
             return gradient_check(
                 Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=self.workload.loss,
                             items=self.workload.items, max_norm=self.max_norm, precision=self.precision,
-                            noise_scale=False),
+                            noise_scale=False, no_sync=self.no_sync),
                 self.host_model, share(global_batch, start, sum(sizes)), reference_batch=global_batch)
         finally:
             del model  # the copy's memory is free before the cleanup
@@ -166,7 +169,7 @@ class _Run:
             counter = sharded.ReduceScatterCounter(trained) if self.fsdp else distributed.RoundCounter(trained)
         acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
                           items=self.workload.items, move=session.move, max_norm=self.max_norm,
-                          precision=self.precision, ramp=self.ramp)
+                          precision=self.precision, ramp=self.ramp, no_sync=self.no_sync)
         for step in range(self.steps):
             self.where.now = f"at step {step + 1} of {self.steps} of the run"
             self._step(session, acc, model, counter)
@@ -199,6 +202,7 @@ class _Run:
         if counter is not None:
             with session.tracker.paused():
                 record.rounds.append(counter.take())
+                record.micro_steps.append(out.micro_steps)
                 digest = sharded.gathered_digest(model) if self.fsdp else distributed.parameter_digest(model)
                 record.in_sync.append(len(set(distributed.gather_ints(digest))) == 1)
 
@@ -209,7 +213,9 @@ def _run_checks(run: _Run, peak: int, usable: int, predicted: int | None) -> lis
     checks = [memory_check(peak, usable, predicted), count_check(run.record.consumed, run.record.wanted,
                                                                  run.record.expected_items)]
     if run.ddp:
-        checks += [rounds_check(run.record.rounds, collective="reduce-scatter" if run.fsdp else "all-reduce"),
+        every = run.record.micro_steps if run.no_sync is not None else None  # one round a micro-step
+        checks += [rounds_check(run.record.rounds, collective="reduce-scatter" if run.fsdp else "all-reduce",
+                                every_micro_step=every),
                    sync_check(run.record.in_sync)]
     return checks
 

@@ -184,17 +184,29 @@ def _other_partition(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def rounds_check(rounds: Sequence[int], *, collective: str = "all-reduce") -> Check:
+def rounds_check(rounds: Sequence[int], *, collective: str = "all-reduce",
+                 every_micro_step: Sequence[int] | None = None) -> Check:
     """The gradients were synchronised once per optimizer step, not once per micro-step: DDP's
-    all-reduce, or FSDP's reduce-scatter (``collective="reduce-scatter"``)."""
+    all-reduce, or FSDP's reduce-scatter (``collective="reduce-scatter"``); or, with ``every_micro_step``
+    giving each step's micro-steps (FSDP syncing every micro-step), once per micro-step."""
+    expected = list(every_micro_step) if every_micro_step is not None else [1] * len(rounds)
+    bad = next((i for i, (r, k) in enumerate(zip(rounds, expected)) if r != k), None)
+    ok = bool(rounds) and len(rounds) == len(expected) and bad is None
     worst = max(rounds) if rounds else 0
-    ok = bool(rounds) and all(r == 1 for r in rounds)
-    fix = "no_sync()" if collective == "all-reduce" else "no_sync() (FSDP2: set_requires_gradient_sync(False))"
-    text = (f"1 gradient {collective} round per optimizer step over {plural(len(rounds), 'step')}" if ok else
-            f"{worst} gradient {collective} rounds in an optimizer step, expected 1: micro-steps before the last "
-            f"must run inside {fix}")
+    if every_micro_step is None:
+        fix = "no_sync()" if collective == "all-reduce" else "no_sync() (FSDP2: set_requires_gradient_sync(False))"
+        text = (f"1 gradient {collective} round per optimizer step over {plural(len(rounds), 'step')}" if ok else
+                f"{worst} gradient {collective} rounds in an optimizer step, expected 1: micro-steps before the last "
+                f"must run inside {fix}")
+    else:
+        at = bad if bad is not None else 0
+        text = (f"1 gradient {collective} round per micro-step over {plural(len(rounds), 'step')}" if ok else
+                f"{rounds[at] if rounds else 0} gradient {collective} rounds in optimizer step {at + 1}, expected "
+                f"{expected[at] if expected else 1} (one a micro-step): with gradients synchronised every "
+                "micro-step, no micro-step may run with gradient sync off")
     name = {"all-reduce": "allreduce_rounds", "reduce-scatter": "reduce_scatter_rounds"}[collective]
-    return Check(name=name, passed=ok, value=worst, limit=1, message=text, details={"rounds_per_step": list(rounds)})
+    return Check(name=name, passed=ok, value=worst, limit=max(expected, default=1), message=text,
+                 details={"rounds_per_step": list(rounds)})
 
 
 def sync_check(agree: Sequence[bool]) -> Check:

@@ -274,7 +274,7 @@ def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
     data = json.loads(dumps(plan.to_dict()))
     assert Plan.from_dict(data) == plan
     old = {k: v for k, v in data.items() if k != "parallel"}
-    old["probe"] = {k: v for k, v in data["probe"].items() if k not in ("parallel", "world_size")}
+    old["probe"] = {k: v for k, v in data["probe"].items() if k not in ("parallel", "world_size", "fsdp_sync")}
     assert Plan.from_dict(old).parallel == "ddp" and Plan.from_dict(old).probe.parallel == "ddp"
     with pytest.raises(ValueError, match="sharded over 4 ranks, the plan has 8"):
         replace(plan, world_size=8, schedule=((2,),) * 8, micro_batch=2)

@@ -1,0 +1,70 @@
+"""FSDP's gradient sync chosen by the probe: a reduce-scatter after every micro-step, or at the last one only.
+
+Syncing at the last micro-step only (FSDP2's ``set_requires_gradient_sync(False)``
+before it) keeps each unit's *unsharded* gradients from the first micro-step
+until the last one reduce-scatters them: the whole model's gradients on every
+rank, between micro-steps. Syncing after every micro-step reduce-scatters each
+micro-step's gradients at once and accumulates them in their shards, so no
+unsharded gradient outlives its unit's backward; it costs one reduce-scatter a
+micro-step instead of one a step, and on few ranks (where a shard is most of a
+gradient) the sharded sum beside each micro-step's reduce-scatter can hold more
+than deferring does. "auto" probes both and takes the larger max micro-batch,
+"last" on a tie (fewer collectives); the result says what the other gave. On a
+real device, where each probe costs a real run, "auto" probes "last" and
+probes "every" only when "last" does not fit a micro-batch of 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..errors import DoesNotFit, first_line
+from ..results.probe import ProbeResult
+from ..results.request import ProbeRequest
+from ..units import format_bytes
+
+Probe = Callable[[ProbeRequest], ProbeResult]
+
+
+def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool) -> ProbeResult:
+    """``probe`` of ``request`` with its ``fsdp_sync`` measured when it is "every" or "last", chosen when it is
+    "auto" (see the module; ``estimated``: the device is an estimate, whose probes run nothing real). Raises
+    the "last" probe's DoesNotFit when neither fits a micro-batch of 1."""
+    if not request.rule.sharded or request.rule.fsdp_sync != "auto":
+        return probe(request)
+    found: dict[str, ProbeResult | DoesNotFit] = {}
+    for sync in ("last", "every"):
+        try:
+            found[sync] = probe(request.with_rule(fsdp_sync=sync))
+        except DoesNotFit as exc:
+            found[sync] = exc
+        done = found[sync]
+        if not estimated and isinstance(done, ProbeResult) and sync == "last":
+            return _noted(done, "FSDP gradient sync at the last micro-step only (chosen: it fits, and on a real "
+                                "device each sync costs real runs to compare; fsdp_sync every may fit more)")
+    last, every = found["last"], found["every"]
+    if isinstance(last, DoesNotFit) and isinstance(every, DoesNotFit):
+        raise last
+    if isinstance(every, DoesNotFit) or (isinstance(last, ProbeResult) and isinstance(every, ProbeResult)
+                                         and last.max_micro_batch >= every.max_micro_batch):
+        assert isinstance(last, ProbeResult)
+        return _noted(last, f"FSDP gradient sync at the last micro-step only (chosen: one reduce-scatter a step; "
+                            f"syncing after every micro-step {_gives(every)})")
+    return _noted(every, f"FSDP gradient sync after every micro-step (chosen: max micro-batch "
+                         f"{every.max_micro_batch}; syncing at the last micro-step only, which holds the unsharded "
+                         f"gradients between micro-steps, {_gives(last, every.max_micro_batch)})")
+
+
+def _gives(other: ProbeResult | DoesNotFit, at: int | None = None) -> str:
+    """What the sync not chosen gave: its max micro-batch (and its peak at the chosen one's, ``at``), or why
+    it does not fit."""
+    if isinstance(other, DoesNotFit):
+        return f"does not fit: {first_line(other)}"
+    need = other.predicted_peak_at(at) if at is not None else None
+    held = f", {format_bytes(need)} at {at}" if need else ""
+    return f"gives max micro-batch {other.max_micro_batch}{held}"
+
+
+def _noted(result: ProbeResult, note: str) -> ProbeResult:
+    return replace(result, notes=(*result.notes, note))
