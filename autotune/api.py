@@ -177,7 +177,8 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
     from .probing.memory import explain
 
     batch = snapshot.at if snapshot.at is not None else at
-    rule = request.rule if result.fsdp_sync is None else replace(request.rule, fsdp_sync=options.fsdp_sync(result.fsdp_sync))
+    rule = request.rule if result.fsdp_sync is None else \
+        replace(request.rule, fsdp_sync=options.fsdp_sync(result.fsdp_sync))
     return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=RunRule.of(rule)))
 
 
@@ -460,11 +461,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     if ramp is not None and ramp.start is not None and target_batch is not None:
         check_below(ramp.start, target_batch)
     if plan is not None:
-        planned, wl, dev = _given_plan(plan, workload, device, memory_budget, parallel)
-        if options.fsdp_sync(fsdp_sync) not in (options.DEFAULT_FSDP_SYNC, planned.fsdp_sync):
-            raise BadInput(f"fsdp_sync {fsdp_sync} but the plan synchronises FSDP's gradients at "
-                           f"{planned.fsdp_sync or 'no'} micro-step (it was made for {planned.parallel}): drop "
-                           f"fsdp_sync, or plan again with fsdp_sync {fsdp_sync}")
+        planned, wl, dev = _given_plan(plan, workload, device, memory_budget, parallel, fsdp_sync)
     else:
         this_rank(device, memory_budget, group())  # a device per rank is for a torchrun job
         request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
@@ -502,7 +499,7 @@ def _ramp(ramp: Any) -> RampConfig | None:
 
 
 def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any, memory_budget: Any,
-                parallel: str | None) -> tuple[Plan, Workload, Device]:
+                parallel: str | None, fsdp_sync: str) -> tuple[Plan, Workload, Device]:
     """A plan given to :func:`run` (or its file), checked against this job, with its workload and device: the
     plan's own probe and, unless given, the budget it was made for."""
     if isinstance(plan, (str, os.PathLike)):
@@ -510,6 +507,10 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     if parallel is not None and options.parallel(parallel) != plan.parallel:
         raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
                        f"again with parallel {parallel}")
+    if options.fsdp_sync(fsdp_sync) not in (options.DEFAULT_FSDP_SYNC, plan.fsdp_sync):
+        raise BadInput(f"fsdp_sync {fsdp_sync} but the plan synchronises FSDP's gradients at "
+                       f"{plan.fsdp_sync or 'no'} micro-step (it was made for {plan.parallel}): drop fsdp_sync, or "
+                       f"plan again with fsdp_sync {fsdp_sync}")
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
                             f"or plan for world_size={distributed.world_size()}")
     probed = plan.probe

@@ -346,3 +346,81 @@ def test_a_run_under_fsdp_measures_the_noise_scale():
     assert result.verification.passed and result.plan.accumulation_steps > 1
     assert result.noise_scale is not None and result.noise_scale.steps == 2, result.noise_scale
     assert "noise scale:" in result.summary()
+
+
+# ---- FSDP's gradient sync: after every micro-step, at the last one only, or chosen ---------------------------
+
+
+def _wide() -> Workload:
+    """Parameters far larger than the activations of a few samples: the unsharded gradients that a deferred
+    sync holds between micro-steps decide what fits."""
+
+    def model() -> nn.Module:
+        return nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(4)], nn.Linear(512, 10))
+
+    def batch(n: int, g: torch.Generator):
+        return torch.randn(n, 512, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    return Workload(name="wide", model=model, batch=batch,
+                    loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
+def test_syncing_every_micro_step_holds_no_unsharded_gradients_between_micro_steps():
+    cpu = get_device("cpu")
+    peaks = {}
+    for every in (False, True):
+        _, m = cpu.measure(fit_rule_work(_wide(), 4, sharding=FsdpRule(8, 0, sync_every=every)))
+        peaks[every] = m.peak_bytes
+    gradients = sum(p.numel() * 4 for p in _wide().make_model().parameters())
+    # deferring holds the whole model's unsharded gradients beside the next micro-step; every micro-step, an
+    # eighth of them (the shards) at most
+    assert peaks[False] - peaks[True] >= 0.8 * gradients * 7 / 8, (peaks, gradients)
+
+
+@pytest.mark.slow
+def test_fsdp_sync_auto_takes_every_micro_step_where_the_deferred_sync_does_not_fit():
+    from autotune import api
+    from autotune.errors import DoesNotFit
+
+    asked = dict(device="cpu", memory_budget="12MiB", parallel="fsdp", world_size=8, max_batch=4096)
+    with pytest.raises(DoesNotFit, match="micro-batch 1 needs"):
+        api.probe(_wide(), fsdp_sync="last", **asked)
+    every = api.probe(_wide(), fsdp_sync="every", **asked)
+    chosen = api.probe(_wide(), **asked)
+    assert chosen.fsdp_sync == "every" and chosen.max_micro_batch == every.max_micro_batch > 1
+    assert any("sync after every micro-step (chosen" in n and "last micro-step only" in n and "does not fit" in n
+               for n in chosen.notes), chosen.notes
+
+
+def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_which(tmp_path):
+    from autotune import api
+    from autotune.results.plan import Plan
+    from autotune.serial import dumps
+
+    plan = api.plan(16, workload="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4)
+    assert plan.probe.fsdp_sync == "last" and plan.fsdp_sync == "last"
+    assert any("at the last micro-step only (chosen" in n for n in plan.probe.notes), plan.probe.notes
+    assert "gradients reduce-scattered at the last micro-step" in plan.summary()
+    every = api.plan(16, workload="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4,
+                     fsdp_sync="every")
+    assert every.fsdp_sync == "every" and "reduce-scattered after every micro-step" in every.summary()
+    assert Plan.from_dict(json.loads(dumps(every.to_dict()))).fsdp_sync == "every"
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(every.to_dict()))
+    with pytest.raises(BadInput, match="fsdp_sync last but the plan synchronises FSDP's gradients at every"):
+        api.run(plan=path, device="cpu", fsdp_sync="last")
+
+
+def test_fsdp_sync_is_refused_without_fsdp_on_every_surface(capsys):
+    from autotune import api
+    from autotune.cli import main
+    from autotune.planning.requests import plan_request
+
+    with pytest.raises(BadInput, match="fsdp_sync every is FSDP's gradient sync and parallel is ddp: add parallel "
+                                       "fsdp"):
+        api.probe("mlp", device="cpu", fsdp_sync="every")
+    with pytest.raises(BadInput, match="fsdp_sync 'sometimes' must be one of auto, every, last"):
+        plan_request(64, workload="mlp", parallel="fsdp", fsdp_sync="sometimes")
+    assert main(["plan", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", "--fsdp-sync", "last"]) == 2
+    err = capsys.readouterr().err
+    assert "--fsdp-sync last is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp" in err, err

@@ -6,7 +6,10 @@ the end (what gloo's threads do for a while, longer on a loaded machine); a
 probe where rank 1 has less memory than rank 0 (its real trials run out of
 memory mid-forward, with units all-gathered) and what was left alive after it;
 the runner's checks, on a plan made from that probe, for the correct
-accumulation and two planted faults.
+accumulation and two planted faults; and the same with gradients synchronised
+every micro-step (``sync_every``): each rank's fit-rule peak, and the runner's
+checks on a plan whose probe chose it, correct and with the sync planted
+deferred to the last micro-step.
 """
 
 from __future__ import annotations
@@ -26,10 +29,19 @@ from autotune.planning.planner import make_plan
 from autotune.probing.fitrule import fit_rule_work
 from autotune.probing.fsdp import FsdpRule
 from autotune.training import distributed
+from autotune.training.accumulate import Accumulator
 from autotune.workload import load_workload
 
 from ..helpers import fake_groups, transport_keeps_buffers
 from .ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks
+
+
+class DefersSync(Accumulator):
+    """Fault for a plan that synchronises every micro-step: FSDP's own no_sync() before the last micro-step
+    (the right gradient, one reduce-scatter round a step instead of one a micro-step)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "no_sync": None})
 
 
 def out_of_memory_on_rank_1(limit: int):
@@ -72,8 +84,10 @@ def case() -> dict:
     _, measured = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule))
     with transport_keeps_buffers():
         _, kept = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule), enforce_capacity=False)
+    _, every = cpu.measure(fit_rule_work(gpt, BATCH, sharding=replace(rule, sync_every=True)))
     out: dict = {"batch": BATCH, "target": TARGET, "limit": LIMIT,
                  "peaks": distributed.gather_ints(measured.peak_bytes),
+                 "peaks_sync_every": distributed.gather_ints(every.peak_bytes),
                  "peaks_transport_keeps": distributed.gather_ints(kept.peak_bytes)}
 
     # Rank 1 runs out of memory above ``LIMIT`` samples, where rank 0 fits.
@@ -90,4 +104,6 @@ def case() -> dict:
     out["parallel"] = plan.parallel
     out.update(checks(plan, gpt, cpu, 2, {"syncs_every_micro_step": SyncsEveryMicroStep,
                                           "no_world_factor": NoWorldFactor}))
+    every_plan = make_plan(TARGET, probed.max_micro_batch, world_size=world, probe=replace(probed, fsdp_sync="every"))
+    out["sync_every"] = checks(every_plan, gpt, cpu, 2, {"defers_sync": DefersSync})
     return out

@@ -200,9 +200,10 @@ def test_the_one_process_fsdp_estimate_matches_each_rank_measured_under_torchrun
 
     worker = cases["fsdp"]
     estimate = fake_engine(get_device("cpu").estimator())
-    _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=FsdpRule(2, 0)))
-    for peak in worker["peaks"]:
-        assert abs(m.peak_bytes - peak) / peak <= 0.03, (m.peak_bytes, worker["peaks"])
+    for every, measured in ((False, worker["peaks"]), (True, worker["peaks_sync_every"])):
+        _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=FsdpRule(2, 0, sync_every=every)))
+        for peak in measured:
+            assert abs(m.peak_bytes - peak) / peak <= 0.03, (every, m.peak_bytes, measured)
 
 
 @pytest.mark.slow
@@ -238,6 +239,19 @@ def test_planted_fsdp_faults_are_caught(cases):
     assert "set_requires_gradient_sync(False)" in rounds["message"]
     factor = worker["no_world_factor"]
     assert not factor["passed"] and factor["gradient_equivalence"]["value"] > 0.4
+
+
+@pytest.mark.slow
+def test_two_ranks_verify_under_fsdp_syncing_every_micro_step_and_a_deferred_sync_is_caught(cases):
+    worker = cases["fsdp"]
+    k = len(worker["schedule"][0])
+    correct, deferred = worker["sync_every"]["correct"], worker["sync_every"]["defers_sync"]
+    assert correct["passed"] and correct["gradient_equivalence"]["value"] <= 1e-5, correct
+    assert k > 1 and correct["reduce_scatter_rounds"]["value"] == k  # one round a micro-step
+    assert correct["parameters_in_sync"]["passed"]
+    assert deferred["gradient_equivalence"]["passed"]  # the right gradient, but ...
+    assert not deferred["passed"] and not deferred["reduce_scatter_rounds"]["passed"]  # ... one round a step
+    assert f"expected {k} (one a micro-step)" in deferred["reduce_scatter_rounds"]["message"]
 
 
 @pytest.mark.slow
