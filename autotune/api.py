@@ -97,7 +97,7 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
           memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
-          world_size: int | None = None, store: StoreSpec = None,
+          world_size: int | None = None, precision: str = "fp32", store: StoreSpec = None,
           memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
@@ -116,6 +116,9 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     where the peak comes from, what would lower it most, and which allocator settings fit more (see
     :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
 
+    ``precision``: the request's (:class:`autotune.ProbeRequest` takes the same keywords); a probe measures the
+    fit rule in fp32, as the workload builds its model, so only "fp32" is probed.
+
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
@@ -125,7 +128,7 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
         return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
-                            world_size=world_size, group=group())
+                            world_size=world_size, precision=precision, group=group())
     return probe_for(request, store=store, given=Given.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
@@ -135,6 +138,10 @@ def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = 
     """The probe a request asks for, through the plan store when there is one (a cache around the probe);
     under torchrun the ranks agree on the smallest maximum. ``snapshot``: also the memory timeline at its
     size (default: the max micro-batch)."""
+    if request.precision != "fp32":
+        raise BadInput(f"precision {request.precision}: a probe measures the fit rule in fp32, as the workload builds "
+                       f"its model; probe in fp32 (a model built in {request.precision} is measured as built), "
+                       f"then train with run(precision={request.precision!r})")
     wl, dev = resolve(request, given)
     if snapshot is not None and not dev.estimated and dev.torch_device.type == "cuda":
         from .devices.history import RecordingDevice
@@ -435,7 +442,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     from .planning.ramp import check_below, first_batch
     from .training.runner import run_plan
 
-    steps = options.whole(steps, "steps")
+    steps, verify = options.whole(steps, "steps", text=False), options.boolean(verify, "verify")
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)
     ramp = _ramp(ramp)

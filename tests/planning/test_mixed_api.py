@@ -31,6 +31,8 @@ def test_a_value_per_rank(value, items):
 @pytest.mark.parametrize("value, match", [
     ("cpu,,cpu", "device 'cpu,,cpu' has an empty item"),
     ("cpu*0", "device count after '\\*' 0 must be at least 1"),
+    ("estimate:T4-16GB*-1", r"device count after '\*' -1 must be at least 1: give how many ranks, e\.g\. "
+                            r"estimate:T4-16GB\*4$"),
     ("cpu*x", "is not a whole number"),
     ("cpu*", r"device count after '\*' in 'cpu\*' is not a whole number: give how many ranks, e.g. cpu\*4"),
     ("cpu*+2", "is not a whole number"),

@@ -66,7 +66,7 @@ def test_a_record_reads_back_what_it_wrote():
 @pytest.mark.parametrize(("change", "words"), [
     ({"count": 0}, "count 0 must be at least 1"),
     ({"count": True}, "count True is not a whole number"),
-    ({"count": "3"}, "count '3' is not a whole number"),
+    ({"count": "3"}, "count '3' is a string, not a whole number: give the number itself, 3"),
     ({"share": 1.0}, "share 1.0 must be a fraction in [0, 1)"),
     ({"kind": "c"}, "kind 'c' must be one of a, b"),
     ({"parts": [{"size": 1}]}, "parts must be Part objects"),
@@ -137,7 +137,9 @@ def test_result_files_are_written_byte_for_byte_as_they_were(name):
 
 @pytest.mark.parametrize(("value", "kwargs", "error", "words"), [
     ("12", {}, BadInput, None),
-    ("12", {"text": False}, BadInput, "size '12' is not a whole number"),
+    ("12", {"text": False}, BadInput, "size '12' is a string, not a whole number: give the number itself, 12"),
+    ("x", {"text": False, "example": "8"}, BadInput, "size 'x' is a string, not a whole number: give the number "
+                                                      "itself, e.g. 8"),
     (0, {"fix": "use 1 or more"}, BadInput, "size 0 must be at least 1: use 1 or more"),
     (1, {"least": 2, "example": "8"}, BadInput, "size 1 must be at least 2, e.g. 8"),
     (2.0, {"error": PlanError}, PlanError, "size 2.0 is not a whole number"),
