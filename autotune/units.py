@@ -55,6 +55,16 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
 
 
+def format_margin(margin: float) -> str:
+    """A margin as a percentage to 6 significant digits, more where those would round a margin below 1 up to
+    100%: ``0.1 -> '10%'``, ``0.125 -> '12.5%'``, ``0.99999 -> '99.999%'``, ``0.9999999 -> '99.99999%'``. The one
+    way results and messages print a margin."""
+    digits = 6
+    while f"{margin * 100:.{digits}g}" == "100" and margin < 1 and digits < 17:
+        digits += 1
+    return f"{margin * 100:.{digits}g}%"
+
+
 def format_bytes(n: float | int | None) -> str:
     """``1536 -> '1.5 KiB'``; sizes a person reads, in binary units."""
     if n is None:

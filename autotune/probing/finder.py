@@ -33,7 +33,7 @@ from ..devices.base import Device, own_random_state
 from ..devices.estimate import EstimateDevice
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
@@ -313,7 +313,7 @@ def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float,
     how = "measured" if measured else "estimated"
     return (
         f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
-        f"({format_bytes(capacity)} capacity, margin {margin:.0%}): use bf16, enable activation "
+        f"({format_bytes(capacity)} capacity, margin {format_margin(margin)}): use bf16, enable activation "
         f"checkpointing, shrink the model or the sequence length, or use a device with more memory"
     )
 

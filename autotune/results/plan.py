@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from ..errors import ResultFileError
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, PARALLEL, Parallel
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 from ..units import plural as _plural
 from .probe import ProbeResult
 from .ranks import MixedRanks
@@ -190,7 +190,7 @@ class Plan(Record):
         lines = [
             f"memory: {peak} {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
             f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "
-            f"(margin {probe.margin:.0%})",
+            f"(margin {format_margin(probe.margin)})",
             f"probed: {probe.workload} on {device}; max micro-batch {probe.max_micro_batch} ({status})",
         ]
         allocator = probe.allocator_line()

@@ -104,7 +104,8 @@ class Snapshot(Record):
             if at is not None:
                 raise BadInput("at is where a memory snapshot is taken: give memory_snapshot too, or drop at")
             return None
-        return cls(path=options.snapshot_path(memory_snapshot), at=options.whole(at, "at", text=False) if at is not None else None)
+        return cls(path=options.snapshot_path(memory_snapshot),
+                   at=options.whole(at, "at", text=False) if at is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)

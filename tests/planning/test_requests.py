@@ -159,3 +159,9 @@ def test_the_verbs_take_the_keywords_of_their_requests():
         autotune.probe(workload="mlp", device="cpu", precision="bf16")
     with pytest.raises(BadInput, match=r"^precision bf16: a probe measures"):
         autotune.probe(ProbeRequest(workload="mlp", precision="bf16"))
+
+
+def test_a_margin_just_below_one_is_shown_as_it_is_in_the_error():
+    """SV10: usable memory at margin 0.99999 says "margin 99.999%", not "margin 100%"."""
+    with pytest.raises(AutotuneError, match=r"\(8\.0 MiB capacity, margin 99\.999%\)"):
+        autotune.probe("mlp", device="cpu", memory_budget="8MiB", margin=0.99999)
