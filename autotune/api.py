@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
-from .errors import BadInput
+from .errors import BadInput, DoesNotFit
 from .planning.requests import plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
@@ -344,7 +344,13 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
         if twin != r:
             done[r] = done[twin]
             continue
-        result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+        try:
+            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+        except DoesNotFit as exc:
+            from .planning.mixed import rank_cannot_hold_one
+
+            raise rank_cannot_hold_one(exc.facts, r, request.world_size, asked[r].device, asked[r].memory_budget,
+                                       request.probe.rule.parallel) from None
         done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
     gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
     made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)

@@ -205,3 +205,28 @@ def test_a_mixed_plan_is_kept_in_the_store_under_fingerprints_that_cover_every_r
     assert "ranks" not in store.get(alone.probe.fingerprint).components  # alike ranks: fingerprints as before
     kept = [p for p in store.plans(fingerprints[1]) if p.get("mixed")]
     assert kept and kept[0]["schedule"] == [list(r) for r in first.schedule]
+
+
+def test_a_rank_that_cannot_hold_one_sample_is_named_with_its_device_and_the_fixes(capsys):
+    """M16: a mixed job whose rank 1 cannot hold a micro-batch of 1 says which rank, on which device and budget,
+    and offers what lets the job run (FSDP over the ranks, a smaller model, more memory for that rank)."""
+    import re
+
+    code, out, err = run(capsys, "plan", "--target-batch", "1800", *MLP, "--memory-budget", "8MiB,1KiB", "-q")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
+    assert re.match(r"autotune plan: error: rank 1 of 2 \(cpu, --memory-budget 1\.0 KiB\) cannot hold a "
+                    r"micro-batch of 1: micro-batch 1 needs .* usable memory is 921 B \(1\.0 KiB capacity, margin "
+                    r"10%\): shard the model over the 2 ranks \(--parallel fsdp\), use a smaller model .*give rank 1 "
+                    r"a device with more memory", err), err
+
+
+@pytest.mark.slow
+def test_a_gpu_of_a_mixed_job_too_small_for_the_model_is_named_and_fsdp_is_offered():
+    """Issue item 5: gpt:build_1b on an A100 beside a T4: the T4 (rank 1) cannot hold one sample; the error names
+    it and offers parallel fsdp or a smaller model, not only the one-device fixes."""
+    from autotune.errors import DoesNotFit
+
+    with pytest.raises(DoesNotFit, match=r"^rank 1 of 2 \(estimate:T4-16GB\) cannot hold a micro-batch of 1: "
+                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel fsdp\), use a "
+                                         r"smaller model"):
+        autotune.plan(64, workload="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")
