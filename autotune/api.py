@@ -372,7 +372,7 @@ def _mixed_limit(request: PlanRequest) -> int:
 def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None, str | None]],
                 ranks: tuple[DeviceInfo, ...]) -> Plan:
     """The plan of ranks that differ, from each rank's probe and speed."""
-    from .planning.mixed import make_mixed_plan
+    from .planning.mixed import make_mixed_plan, uniform_ranks_note
     from .planning.planner import make_plan
     from .results.plan import peak_at
     from .training.ranks import ranks_note, share_of
@@ -385,9 +385,7 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
         made = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
                          multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
                          world_size_source=source)
-        said = (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
-                f"(max micro-batch per rank: {', '.join(str(p.max_micro_batch) for p in probes)})")
-        return replace(made, notes=made.notes + (said, note))
+        return replace(made, notes=made.notes + (uniform_ranks_note(probes, low), note))
     return make_mixed_plan(request.target_batch, [share_of(*d) for d in done], multiple_of=request.multiple_of,
                            uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),

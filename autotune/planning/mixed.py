@@ -233,6 +233,17 @@ def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform
                        "each rank its own micro-batch", maxima=tuple(maxima))
 
 
+def uniform_ranks_note(probes: Sequence[ProbeResult], low: int) -> str:
+    """What a plan with ``uniform_ranks`` says of its ranks: every rank at rank ``low``'s max, and each rank's max;
+    a rank probed only up to its per-rank target (the most a rank of such a plan needs) holds at least that."""
+    def shown(p: ProbeResult) -> str:
+        return f"at least {p.max_micro_batch} (probed only up to the per-rank target)" \
+            if p.limited_by == "max_batch" else str(p.max_micro_batch)
+
+    return (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
+            f"(max micro-batch per rank: {', '.join(map(shown, probes))})")
+
+
 def rank_cannot_hold_one(facts: str, rank: int, world: int, device: str, budget: int | None,
                          parallel: str) -> DoesNotFit:
     """The error of a rank of a mixed job that cannot hold a micro-batch of 1 (``facts``: the bytes needed and

@@ -119,7 +119,10 @@ def test_uniform_ranks_keeps_the_smallest_for_all_plan():
     assert plan.mixed is None and plan.probe is not None and plan.probe.capacity_bytes == 3 * MiB
     plain = make_plan(1300, plan.probe.max_micro_batch, world_size=2)
     assert plan.schedule == plain.schedule and plan.per_rank_batch == (650, 650)
-    assert any("uniform ranks: every rank at rank 1's max micro-batch" in n for n in plan.notes)
+    low = plan.probe.max_micro_batch
+    # M12: rank 0 was probed only up to the per-rank target 650, so 650 is a floor of its max, not its max
+    assert f"uniform ranks: every rank at rank 1's max micro-batch {low} (max micro-batch per rank: at least 650 " \
+           f"(probed only up to the per-rank target), {low})" in plan.notes, plan.notes
 
 
 def test_alike_devices_in_a_list_get_the_ordinary_plan():
