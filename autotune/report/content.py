@@ -63,7 +63,7 @@ def verdict(s: Subject) -> Text:
         return Text(f"Ran {s.plan.arithmetic} for {plural(s.run.steps, 'step')}: {word}; peak "
                     f"{format_bytes(s.run.peak_bytes)} of {format_bytes(s.run.usable_bytes)} usable.", tone)
     if s.plan is not None and s.probe is not None:
-        return Text(f"Plan {s.plan.arithmetic}: peak {format_bytes(s.plan.predicted_peak_bytes)} of "
+        return Text(f"Plan {s.plan.arithmetic}: peak {format_bytes(s.plan.predicted_peak_of(0))} of "
                     f"{format_bytes(s.probe.usable_bytes)} usable, {status(s.probe)}.",
                     "warn" if s.probe.estimated else "ok")
     if s.plan is not None:
