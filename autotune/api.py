@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
-from .errors import BadInput
+from .errors import BadInput, DoesNotFit
 from .planning.requests import plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
@@ -97,7 +97,8 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
           memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
-          fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, store: StoreSpec = None,
+          fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, precision: str = "fp32",
+          store: StoreSpec = None,
           memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
@@ -120,6 +121,9 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     where the peak comes from, what would lower it most, and which allocator settings fit more (see
     :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
 
+    ``precision``: the request's (:class:`autotune.ProbeRequest` takes the same keywords); a probe measures the
+    fit rule in fp32, as the workload builds its model, so only "fp32" is probed.
+
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
@@ -129,7 +133,7 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
         return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
-                            fsdp_sync=fsdp_sync, world_size=world_size, group=group())
+                            fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
     return probe_for(request, store=store, given=Given.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
@@ -139,6 +143,10 @@ def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = 
     """The probe a request asks for, through the plan store when there is one (a cache around the probe);
     under torchrun the ranks agree on the smallest maximum. ``snapshot``: also the memory timeline at its
     size (default: the max micro-batch)."""
+    if request.precision != "fp32":
+        raise BadInput(f"precision {request.precision}: a probe measures the fit rule in fp32, as the workload builds "
+                       f"its model; probe in fp32 (a model built in {request.precision} is measured as built), "
+                       f"then train with run(precision={request.precision!r})")
     wl, dev = resolve(request, given)
     if snapshot is not None and not dev.estimated and dev.torch_device.type == "cuda":
         from .devices.history import RecordingDevice
@@ -353,7 +361,13 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
         if twin != r:
             done[r] = done[twin]
             continue
-        result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+        try:
+            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+        except DoesNotFit as exc:
+            from .planning.mixed import rank_cannot_hold_one
+
+            raise rank_cannot_hold_one(exc.facts, r, request.world_size, asked[r].device, asked[r].memory_budget,
+                                       request.probe.rule.parallel) from None
         done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
     gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
     made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
@@ -375,7 +389,7 @@ def _mixed_limit(request: PlanRequest) -> int:
 def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None, str | None]],
                 ranks: tuple[DeviceInfo, ...]) -> Plan:
     """The plan of ranks that differ, from each rank's probe and speed."""
-    from .planning.mixed import make_mixed_plan
+    from .planning.mixed import make_mixed_plan, uniform_ranks_note
     from .planning.planner import make_plan
     from .results.plan import peak_at
     from .training.ranks import ranks_note, share_of
@@ -388,9 +402,7 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
         made = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
                          multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
                          world_size_source=source)
-        said = (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
-                f"(max micro-batch per rank: {', '.join(str(p.max_micro_batch) for p in probes)})")
-        return replace(made, notes=made.notes + (said, note))
+        return replace(made, notes=made.notes + (uniform_ranks_note(probes, low), note))
     return make_mixed_plan(request.target_batch, [share_of(*d) for d in done], multiple_of=request.multiple_of,
                            uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
@@ -452,7 +464,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     from .planning.ramp import check_below, first_batch
     from .training.runner import run_plan
 
-    steps = options.whole(steps, "steps")
+    steps, verify = options.whole(steps, "steps", text=False), options.boolean(verify, "verify")
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)
     ramp = _ramp(ramp)

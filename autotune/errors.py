@@ -57,7 +57,12 @@ class ResultFileError(BadInput):
 
 
 class DoesNotFit(AutotuneError):
-    """Even a micro-batch of one does not fit the usable memory."""
+    """Even a micro-batch of one does not fit the usable memory. ``facts``: what the message says before its fixes
+    (the bytes needed and usable), for a caller that names the rank or device and gives fixes of its own."""
+
+    def __init__(self, message: str, *, facts: str | None = None):
+        super().__init__(message)
+        self.facts = facts if facts is not None else message
 
 
 class WorkloadError(AutotuneError):

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, cast, get_args, overload
 
 from .errors import BadInput, ProbeFileError
 from .units import parse_size
@@ -125,9 +125,26 @@ def whole(value: Any, name: str, *, least: int = 1, example: str = "", fix: str 
         pass
     if number is None or number < least:
         hint = f": {fix}" if fix else f", e.g. {example}" if example else ""
+        if number is None and isinstance(value, str) and not text:
+            digits = value.strip()
+            raise error(f"{name} {value!r} is a string, not a whole number: give the number itself"
+                        + (f", {digits}" if digits.isdigit() else hint))
         raise error(f"{name} {value!r} is not a whole number{hint}" if number is None else
                     f"{name} {number} must be at least {least}{hint}")
     return number
+
+
+@overload
+def boolean(value: Any, name: str) -> bool: ...
+@overload
+def boolean(value: Any, name: str, *, none: bool) -> bool | None: ...
+def boolean(value: Any, name: str, *, none: bool = False) -> bool | None:
+    """True or False (with ``none``, also None): the one check of a yes-or-no option. Nothing else is taken for
+    one, not 1, 'false' or 'yes', so that a string such as 'false' is never read as True."""
+    if isinstance(value, bool) or (none and value is None):
+        return value
+    allowed = "True, False or None" if none else "True or False"
+    raise BadInput(f"{name} {value!r} must be {allowed} (a bool, not {type(value).__name__})")
 
 
 def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
@@ -149,10 +166,11 @@ def per_rank(value: Any, name: str, *, most: int = MAX_RANKS, fix: str = RANKS_F
             text, star, count = part.strip().partition("*")
             if not text.strip():
                 raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. {example}")
-            if star and not count.strip().isdigit():
-                raise BadInput(f"{name} count after '*' in {part.strip()!r} is not a whole number: give how many "
-                               f"ranks, e.g. {text.strip()}*4")
-            parts.append((text.strip(), whole(count, f"{name} count after '*'", example="4") if star else 1))
+            how_many = f"give how many ranks, e.g. {text.strip()}*4"
+            if star and not count.strip().removeprefix("-").isdigit():
+                raise BadInput(f"{name} count after '*' in {part.strip()!r} is not a whole number: {how_many}")
+            parts.append((text.strip(), whole(count, f"{name} count after '*'", fix=how_many)
+                          if star else 1))
         if (ranks := sum(n for _, n in parts)) > most:
             raise BadInput(f"{name} names {ranks:,} ranks: at most {most:,} ({fix})")
         items = [text for text, n in parts for _ in range(n)]
@@ -188,8 +206,10 @@ def positive(value: Any, name: str, *, what: str = "a positive number") -> float
     return number
 
 
-def margin(value: Any, name: str = "margin") -> float:
-    """A fraction in [0, 1): the share of capacity kept free."""
+def margin(value: Any, name: str = "margin", *, text: bool = True) -> float:
+    """A fraction in [0, 1): the share of capacity kept free; with ``text``, also as a string ("0.1")."""
+    if isinstance(value, str) and not text:
+        raise BadInput(f"{name} {value!r} is a string, not a number: give the fraction itself, e.g. 0.1")
     number = _number(value)
     if not 0 <= number < 1:
         raise BadInput(f"{name} {_shown(value)} must be a fraction in [0, 1): the share of memory kept free, e.g. 0.1")

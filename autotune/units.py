@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -13,6 +14,8 @@ _UNITS = {
     "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
     "ti": 1024**4, "tib": 1024**4,
 }
+#: The largest size taken (1 EiB): far beyond any device's memory, and within every integer type a size meets.
+MAX_SIZE = 2**60
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -24,7 +27,9 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
     """
     if isinstance(text, bool):
         raise BadInput(f"{what} {text!r} is not a size: give bytes or a number with a unit such as 512MiB or 12GiB")
-    if isinstance(text, int):
+    if isinstance(text, float) and math.isfinite(text) and abs(text) > MAX_SIZE:
+        value = int(text)
+    elif isinstance(text, int):
         value = text
     else:
         match = _SIZE.match(str(text))
@@ -40,12 +45,24 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
         value = int(Fraction(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise BadInput(f"{what} {text!r} must be more than 0 bytes: give a size such as 512MiB or 12GiB")
+    if value > MAX_SIZE:
+        raise BadInput(f"{what} {text!r} is too large: at most {MAX_SIZE:,} bytes (1 EiB), e.g. 512MiB or 12GiB")
     return value
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 step``, ``2 steps``: a count with its noun; ``many`` where adding "s" is wrong (process, processes)."""
     return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def format_margin(margin: float) -> str:
+    """A margin as a percentage to 6 significant digits, more where those would round a margin below 1 up to
+    100%: ``0.1 -> '10%'``, ``0.125 -> '12.5%'``, ``0.99999 -> '99.999%'``, ``0.9999999 -> '99.99999%'``. The one
+    way results and messages print a margin."""
+    digits = 6
+    while f"{margin * 100:.{digits}g}" == "100" and margin < 1 and digits < 17:
+        digits += 1
+    return f"{margin * 100:.{digits}g}%"
 
 
 def format_bytes(n: float | int | None) -> str:

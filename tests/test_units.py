@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autotune.errors import BadInput
-from autotune.units import format_bytes, parse_size
+from autotune.units import format_bytes, format_margin, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -100,3 +100,11 @@ def test_decimal_fractions_are_exact(milli, unit):
 )
 def test_format_bytes(n, expected):
     assert format_bytes(n) == expected
+
+
+@pytest.mark.parametrize("margin, shown", [
+    (0.1, "10%"), (0.125, "12.5%"), (0.0, "0%"), (1 / 3, "33.3333%"), (0.99999, "99.999%"), (0.9999999, "99.99999%"),
+])
+def test_a_margin_is_shown_with_its_digits_and_never_as_100_percent(margin, shown):
+    """SV10: a margin of 0.99999 is 99.999%, not 100% (a margin is below 1, so it never shows as 100%)."""
+    assert format_margin(margin) == shown

@@ -74,10 +74,10 @@ class AutotuneBatchSize(Callback):
     def __init__(self, target_batch: int, *, batch_arg_name: str = "batch_size", device: Device | str | None = None,
                  memory_budget: int | str | None = None, margin: float = options.MARGIN,
                  scan_batches: int = SCAN_BATCHES, ramp: RampConfig | None = None):
-        self.target_batch = options.whole(target_batch, "target_batch", example="1024")
-        self.margin = options.margin(margin)
+        self.target_batch = options.whole(target_batch, "target_batch", example="1024", text=False)
+        self.margin = options.margin(margin, text=False)
         self.memory_budget = options.memory_budget(memory_budget)
-        self.scan_batches = options.whole(scan_batches, "scan_batches")
+        self.scan_batches = options.whole(scan_batches, "scan_batches", text=False)
         self.batch_arg_name, self.device = batch_arg_name, device
         self.plan: Plan | None = None
         if ramp is not None and not isinstance(ramp, RampConfig):

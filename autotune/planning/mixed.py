@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from .. import options
-from ..errors import PlanError, RanksDiffer
+from ..errors import DoesNotFit, PlanError, RanksDiffer
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Parallel
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.ranks import MixedRanks, RankShare
-from ..units import plural
+from ..units import format_bytes, plural
 from .planner import Uniform, make_plan
 
 
@@ -231,6 +231,29 @@ def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform
     return RanksDiffer(f"{asked}, but the ranks differ ({how_ranks_differ(maxima)}): pass {fix} for the "
                        f"smallest-for-all plan (every rank at most {min(maxima)}), or {drop} for a plan that gives "
                        "each rank its own micro-batch", maxima=tuple(maxima))
+
+
+def uniform_ranks_note(probes: Sequence[ProbeResult], low: int) -> str:
+    """What a plan with ``uniform_ranks`` says of its ranks: every rank at rank ``low``'s max, and each rank's max;
+    a rank probed only up to its per-rank target (the most a rank of such a plan needs) holds at least that."""
+    def shown(p: ProbeResult) -> str:
+        return f"at least {p.max_micro_batch} (probed only up to the per-rank target)" \
+            if p.limited_by == "max_batch" else str(p.max_micro_batch)
+
+    return (f"uniform ranks: every rank at rank {low}'s max micro-batch {probes[low].max_micro_batch} "
+            f"(max micro-batch per rank: {', '.join(map(shown, probes))})")
+
+
+def rank_cannot_hold_one(facts: str, rank: int, world: int, device: str, budget: int | None,
+                         parallel: str) -> DoesNotFit:
+    """The error of a rank of a mixed job that cannot hold a micro-batch of 1 (``facts``: the bytes needed and
+    usable): it names the rank and its device, and what would let the job run."""
+    where = device + (f", memory_budget {format_bytes(budget)}" if budget is not None else "")
+    shard = (f"shard the model over the {world} ranks (parallel fsdp), "
+             if parallel != "fsdp" else "")
+    return DoesNotFit(f"rank {rank} of {world} ({where}) cannot hold a micro-batch of 1: {facts}: {shard}use a "
+                      f"smaller model (or bf16, activation checkpointing, a shorter sequence), give rank {rank} a "
+                      "device with more memory, or leave it out of the device list", facts=facts)
 
 
 def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_of: int = 1, uniform: Uniform = None,

@@ -103,8 +103,8 @@ def this_rank(device: object, memory_budget: object, group: tuple[int, int] | No
 def probe_request(workload: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
                   margin: object = options.MARGIN, max_batch: object = options.MAX_BATCH,
                   data_parallel: bool | None = None, parallel: object = options.DEFAULT_PARALLEL,
-                  fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
-                  world_size: int | None = None, env: Mapping[str, str] | None = None,
+                  fsdp_sync: object = options.DEFAULT_FSDP_SYNC, world_size: int | None = None,
+                  precision: object = "fp32", env: Mapping[str, str] | None = None,
                   group: tuple[int, int] | None = None) -> ProbeRequest:
     """The request :func:`autotune.probe` makes of its arguments (see there), every one checked here, once.
 
@@ -112,11 +112,14 @@ def probe_request(workload: object = None, *, device: object = options.DEVICE, m
     mine, budget = this_rank(device, memory_budget, group)
     world, _ = world_of(world_size, os.environ if env is None else env, group)
     parallel, sync = options.parallel(parallel), _fsdp_sync(fsdp_sync, parallel)
+    data_parallel = options.boolean(data_parallel, "data_parallel", none=True)
     buckets = data_parallel if data_parallel is not None else (group is not None or world > 1)
     return ProbeRequest(workload=probe_spec(workload), device=device_name(mine), memory_budget=budget,
-                        margin=options.margin(margin), max_batch=options.whole(max_batch, "max_batch"),
+                        margin=options.margin(margin, text=False),
+                        max_batch=options.whole(max_batch, "max_batch", text=False),
                         rule=FitRule.of(parallel, world, rank=group[1] if group else 0, buckets=buckets,
-                                        fsdp_sync=sync))
+                                        fsdp_sync=sync),
+                        precision=options.precision(precision))
 
 
 def _fsdp_sync(value: object, parallel: object) -> str:
@@ -139,13 +142,14 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
     """The request :func:`autotune.plan` makes of its arguments (see there), every one checked here, once:
     a target no plan can hold, a storage that cannot open, settings that exclude each other, all before
     any probe."""
-    target = options.whole(target_batch, "target_batch", example="1024")
-    if uniform not in SPLIT_OF_UNIFORM:
+    target = options.whole(target_batch, "target_batch", example="1024", text=False)
+    if not (uniform is None or isinstance(uniform, bool) or uniform == "force"):
         raise BadInput(f"uniform {uniform!r} must be True, False, None or 'force'")
+    uniform_ranks, tune = options.boolean(uniform_ranks, "uniform_ranks"), options.boolean(tune, "tune")
     devices, budgets = _per_rank(device), options.memory_budgets(memory_budget)
     listed = _listed(devices, budgets)
     world, source = world_of(world_size, os.environ if env is None else env, group, listed)
-    multiple = options.whole(multiple_of, "multiple_of")
+    multiple = options.whole(multiple_of, "multiple_of", text=False)
     check_plan(target, target, world_size=world, multiple_of=multiple)
     parallel = options.parallel(parallel)
     tuning = _tuning(tune, trials, storage, study_name, parallel, listed, group)
@@ -173,7 +177,7 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
 def _tuning(tune: bool, trials: object, storage: str | None, study_name: str | None, parallel: str,
             listed: int | None, group: tuple[int, int] | None) -> Tuning | None:
     """``--tune``'s settings, or None; BadInput for settings it cannot take."""
-    trials = options.whole(trials, "trials")
+    trials = options.whole(trials, "trials", text=False)
     if not tune:
         for name, value in (("storage", storage), ("study_name", study_name)):
             if value is not None:

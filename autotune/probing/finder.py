@@ -33,7 +33,7 @@ from ..devices.base import Device, own_random_state
 from ..devices.estimate import EstimateDevice
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
@@ -168,7 +168,7 @@ def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateC
     notes.extend([note] if note else [])
     notes.extend(_surprising_ooms(real.log, curve.at, usable))
     if final == 0:
-        raise DoesNotFit(_does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True))
+        raise _does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True)
     return final, real(final)
 
 
@@ -299,7 +299,7 @@ def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: f
     first = est(min(2, max_batch))
     if not first.fits:
         if first.trial.batch == 1 or not est(1).fits:
-            raise DoesNotFit(_does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False))
+            raise _does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False)
         return Estimate(1, curve)
     if max_batch <= 2:
         return Estimate(max_batch, curve)
@@ -309,14 +309,13 @@ def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: f
     return Estimate(found, curve, note)
 
 
-def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float, *, measured: bool) -> str:
+def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float, *, measured: bool) -> DoesNotFit:
     need = "runs out of memory" if needed is None else f"needs {format_bytes(needed)}"
     how = "measured" if measured else "estimated"
-    return (
-        f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
-        f"({format_bytes(capacity)} capacity, margin {margin:.0%}): use bf16, enable activation "
-        f"checkpointing, shrink the model or the sequence length, or use a device with more memory"
-    )
+    facts = (f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
+             f"({format_bytes(capacity)} capacity, margin {format_margin(margin)})")
+    return DoesNotFit(f"{facts}: use bf16, enable activation checkpointing, shrink the model or the sequence length, "
+                      "or use a device with more memory", facts=facts)
 
 
 @contextlib.contextmanager

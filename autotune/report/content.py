@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..results.plan import Plan
-from ..units import format_bytes, plural
+from ..units import format_bytes, format_margin, plural
 from ..version import __version__
 from . import memory, ramp, runs, tables, timeline
 from .blocks import Bullets, Code, Report, Rows, Section, Table, Text
@@ -63,7 +63,7 @@ def verdict(s: Subject) -> Text:
         return Text(f"Ran {s.plan.arithmetic} for {plural(s.run.steps, 'step')}: {word}; peak "
                     f"{format_bytes(s.run.peak_bytes)} of {format_bytes(s.run.usable_bytes)} usable.", tone)
     if s.plan is not None and s.probe is not None:
-        return Text(f"Plan {s.plan.arithmetic}: peak {format_bytes(s.plan.predicted_peak_bytes)} of "
+        return Text(f"Plan {s.plan.arithmetic}: peak {format_bytes(s.plan.predicted_peak_of(0))} of "
                     f"{format_bytes(s.probe.usable_bytes)} usable, {status(s.probe)}.",
                     "warn" if s.probe.estimated else "ok")
     if s.plan is not None:
@@ -81,7 +81,7 @@ def summary(s: Subject) -> Section:
             ("Workload", p.workload + (f" ({tables.options_text(p.options)})" if p.options else "")),
             ("Device", p.device.summary),
             ("Capacity", f"{format_bytes(p.capacity_bytes)} (from {p.device.capacity_source})"),
-            ("Margin", f"{p.margin * 100:g}%"),
+            ("Margin", format_margin(p.margin)),
             ("Usable memory", f"{format_bytes(p.usable_bytes)} = capacity x (1 - margin)"),
             ("Max micro-batch", str(p.max_micro_batch)),
             ("Max micro-batch found by", f"{status(p)}; limited by "

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 
 DPI = 90
 WIDTH = 7.5  # inches: 675 px at DPI
@@ -74,7 +74,7 @@ def peak_vs_batch(*, curve: Sequence[tuple[int, int]], real: Sequence[tuple[int,
                    label=f"training run peak ({format_bytes(run_peak)})")
     ax.axhline(capacity / size, color="black", ls="--", lw=1.2, label=f"capacity {format_bytes(capacity)}")
     ax.axhline(usable / size, color="#ff7f0e", lw=1.5,
-               label=f"usable {format_bytes(usable)} (margin {margin * 100:g}%)")
+               label=f"usable {format_bytes(usable)} (margin {format_margin(margin)})")
     ax.axvline(chosen, color="#9467bd", ls=":", lw=2, label=f"plan: micro-batch {chosen}")
     if max_micro_batch != chosen:
         ax.axvline(max_micro_batch, color="#7f7f7f", ls="-.", lw=1.2, label=f"max micro-batch {max_micro_batch}")

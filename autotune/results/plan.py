@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from ..errors import ResultFileError
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, PARALLEL, Parallel
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 from ..units import plural as _plural
 from .probe import ProbeResult
 from .ranks import MixedRanks
@@ -30,7 +30,13 @@ class Plan(Record):
     ranks that differ (``mixed``): each rank then runs its own number, at most
     ``accumulation_steps``, with micro-batches of at most its own max
     (``mixed.ranks[r]``). ``micro_batch`` is the largest size in the schedule,
-    ``uniform`` True when all sizes are equal.
+    ``uniform`` True when all sizes are equal. In a mixed plan's JSON,
+    ``micro_batch``, ``accumulation_steps``, ``predicted_peak_bytes`` and
+    ``headroom_bytes`` are null, since no one figure holds for every rank
+    (``micro_batch x accumulation_steps x world_size`` is not the target there):
+    each rank's are its row of ``schedule``, ``per_rank_batch`` and
+    ``mixed.ranks[r]`` (``peak_bytes``, ``headroom_bytes``). A file that holds
+    them, as older versions wrote, reads the same.
     ``world_size_source`` says where ``world_size`` came from ("flag",
     "WORLD_SIZE", "process group", "the device list", "default", "assumed"). ``tuning`` is what
     the throughput tuner measured, when it chose this plan. ``parallel``: how
@@ -161,18 +167,28 @@ class Plan(Record):
     @derived(after="schedule")
     def predicted_peak_bytes(self) -> int | None:
         """Peak memory at ``micro_batch``: measured when the probe confirmed that very size,
-        else the probe's estimate; None without a probe. In a mixed plan: rank 0's, at its largest
-        micro-batch (every rank's is in ``mixed.ranks``)."""
+        else the probe's estimate; None without a probe, and in a mixed plan, whose ranks each have
+        their own (:meth:`predicted_peak_of`, ``mixed.ranks[r].peak_bytes``)."""
         if self.mixed is not None:
-            return self.mixed.ranks[0].peak_bytes
+            return None
         return None if self.probe is None else peak_at(self.probe, self.micro_batch)
 
     @property
     @derived(after="schedule")
     def headroom_bytes(self) -> int | None:
+        """Usable memory less :attr:`predicted_peak_bytes`; None where that is (a mixed plan: see
+        ``mixed.ranks[r].headroom_bytes``)."""
         peak = self.predicted_peak_bytes
         usable = self.usable_bytes_of(0)
         return None if peak is None or usable is None else usable - peak
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON data; in a mixed plan ``micro_batch`` and ``accumulation_steps`` are null (see the
+        class)."""
+        data = super().to_dict()
+        if self.mixed is not None:
+            data["micro_batch"] = data["accumulation_steps"] = None
+        return data
 
     def summary(self) -> str:
         lines = [f"plan: {self.arithmetic}"]
@@ -200,7 +216,7 @@ class Plan(Record):
         lines = [
             f"memory: {peak} {format_bytes(self.predicted_peak_bytes)} of {format_bytes(probe.usable_bytes)} usable "
             f"at micro-batch {self.micro_batch}, headroom {format_bytes(self.headroom_bytes)} "
-            f"(margin {probe.margin:.0%})",
+            f"(margin {format_margin(probe.margin)})",
             f"probed: {probe.workload} on {device}; max micro-batch {probe.max_micro_batch} ({status})",
         ]
         allocator = probe.allocator_line()
@@ -211,7 +227,7 @@ class Plan(Record):
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "data", kind: str | None = None, where: str = "") -> Plan:
         """The plan ``to_dict`` wrote; one whose schedule passes its probe's max is refused unless planned so."""
-        plan = super().from_dict(data, source=source)
+        plan = super().from_dict(_mixed_figures(data), source=source)
         probed = plan.probe.max_micro_batch if plan.probe is not None and plan.mixed is None else None
         on_purpose = probed is not None and above_probe_note(plan.max_micro_batch, probed) in plan.notes
         if probed is not None and plan.micro_batch > probed and not on_purpose:
@@ -219,6 +235,23 @@ class Plan(Record):
                 f"{source}: micro-batch {plan.micro_batch} in the schedule is above the {probed} its probe found "
                 f"to fit: plan again (autotune plan --output), or keep every micro-batch at most {probed}")
         return plan
+
+
+def _mixed_figures(data: Any) -> Any:
+    """A mixed plan's JSON with the null ``micro_batch`` and ``accumulation_steps`` that ``to_dict`` writes taken
+    from its schedule (the largest micro-batch, the most micro-steps), as the Plan holds them; anything else as
+    it is (a schedule that is not a list of lists of numbers is then refused, naming it)."""
+    if not isinstance(data, dict) or data.get("mixed") is None:
+        return data
+    missing = [k for k in ("micro_batch", "accumulation_steps") if k in data and data[k] is None]
+    if not missing:
+        return data
+    try:
+        rows = data["schedule"]
+        figures = {"micro_batch": max(max(row) for row in rows), "accumulation_steps": max(map(len, rows))}
+    except (KeyError, TypeError, ValueError):
+        return data
+    return {**data, **{k: figures[k] for k in missing}}
 
 
 def peak_at(probe: ProbeResult, batch: int) -> int | None:

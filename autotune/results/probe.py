@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
 from ..options import PARALLEL, Parallel
-from ..units import format_bytes
+from ..units import format_bytes, format_margin
 from .device import DeviceInfo
 from .record import Margin, Record, Whole, derived, one_of
 from .timeline import MemoryTimeline
@@ -159,7 +159,7 @@ class ProbeResult(Record):
         return (
             f"max micro-batch {self.max_micro_batch} on {self.device.name} ({status}; limited by {limit}): "
             f"{peak} {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "
-            f"({format_bytes(self.capacity_bytes)} capacity, margin {self.margin:.0%})"
+            f"({format_bytes(self.capacity_bytes)} capacity, margin {format_margin(self.margin)})"
         )
 
     def allocator_line(self) -> str | None:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from .. import options
 from ..units import format_bytes, plural
-from .record import Record, Rule, Whole, one_of
+from .record import Record, Rule, Whole, derived, one_of
 
 #: How a rank's time per sample is known: timed on the rank itself, or a roofline estimate for a GPU by name.
 TIMED_BY = ("measured", "roofline")
@@ -23,7 +23,8 @@ BALANCED_BY = ("time", "memory")
 class RankShare(Record):
     """One rank of a mixed plan: its device, its max micro-batch and memory, and its speed when known.
 
-    ``peak_bytes`` is the predicted peak at this rank's largest micro-batch in the plan; ``budget_bytes`` the
+    ``peak_bytes`` is the predicted peak at this rank's largest micro-batch in the plan, ``headroom_bytes`` its
+    usable memory less that (None without a peak); ``budget_bytes`` the
     memory budget it was planned under (a run keeps to it); ``seconds_per_sample`` its time per sample at its max
     micro-batch, ``timed_by`` how that is known; ``fingerprint`` its probe's key in the plan store.
     """
@@ -42,6 +43,11 @@ class RankShare(Record):
         if (t is None) != (self.timed_by is None) or (self.timed_by is not None and self.timed_by not in TIMED_BY):
             raise ValueError(f"timed_by must be one of {TIMED_BY} with a time per sample, None without; got "
                              f"{self.timed_by!r}")
+
+    @property
+    @derived(after="peak_bytes")
+    def headroom_bytes(self) -> int | None:
+        return None if self.peak_bytes is None else self.usable_bytes - self.peak_bytes
 
     def speed_words(self) -> str:
         """``0.21 ms per sample (roofline)``, or nothing when the speed is not known."""

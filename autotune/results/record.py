@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from .. import options
+from ..errors import BadInput
 from ..serial import envelope, open_envelope
 from .reading import Bad, Reader, invalid, reader
 
@@ -75,7 +76,7 @@ def one_of(choices: tuple[str, ...]) -> Rule:
 Whole = Annotated[int, Rule(options.whole, text=False)]
 Count = Annotated[int, Rule(options.whole, least=0, text=False)]
 #: A fraction in [0, 1): the share of memory kept free.
-Margin = Annotated[float, Rule(options.margin)]
+Margin = Annotated[float, Rule(options.margin, text=False)]
 
 
 def derived(after: str) -> Callable[[F], F]:
@@ -125,9 +126,10 @@ class Record:
             if value is None and nullable:
                 continue
             if many and not all(isinstance(v, cls) for v in value):
-                raise ValueError(f"{name} must be {cls.__name__} objects")
+                raise BadInput(f"{name} must be {cls.__name__} objects")
             if not many and not isinstance(value, cls):
-                raise ValueError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+                raise BadInput(f"{name} must be a {cls.__name__}, got {type(value).__name__}: give "
+                               f"{name}={cls.__name__}(...)")
         self.validate()
 
     def validate(self) -> None:

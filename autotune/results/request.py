@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, get_args
 
 from .. import options
+from ..errors import BadInput
 from .record import Count, Margin, Record, Rule, Whole, one_of
 
 #: How a plan may split the target: the fewest steps (uneven micro-batches where they must be), equal
@@ -43,16 +44,16 @@ class FitRule(Record):
     parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL
     world_size: Whole = 1
     rank: Count = 0
-    buckets: bool = False
+    buckets: Annotated[bool, Rule(options.boolean)] = False
     fsdp_sync: Annotated[options.FsdpSync, one_of(options.FSDP_SYNCS)] = options.DEFAULT_FSDP_SYNC
 
     def validate(self) -> None:
         if self.rank >= self.world_size:
-            raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
+            raise BadInput(f"rank {self.rank} must be below world_size {self.world_size}")
         if self.parallel == "fsdp" and self.buckets:
-            raise ValueError("buckets are DDP's: a fit rule for fsdp holds none")
+            raise BadInput("buckets are DDP's: a fit rule for fsdp holds none")
         if self.parallel != "fsdp" and self.fsdp_sync != options.DEFAULT_FSDP_SYNC:
-            raise ValueError(f"fsdp_sync {self.fsdp_sync} is FSDP's gradient sync: add parallel fsdp, or drop it")
+            raise BadInput(f"fsdp_sync {self.fsdp_sync} is FSDP's gradient sync: add parallel fsdp, or drop it")
 
     @classmethod
     def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None,
@@ -82,7 +83,7 @@ class ProbeRequest(Record):
     ``max_batch``: the largest micro-batch worth trying (a plan never needs more than its per-rank target).
     """
 
-    workload: str | None = None
+    workload: Annotated[str | None, Rule(options.text)] = None
     device: Annotated[str, Rule(options.text)] = "cpu"
     memory_budget: Annotated[int | None, Rule(options.memory_budget)] = None
     margin: Margin = options.MARGIN
@@ -108,11 +109,10 @@ class Snapshot(Record):
         """The API's ``memory_snapshot`` (a path, True for none, None or False for no snapshot) and ``at``."""
         if not memory_snapshot:
             if at is not None:
-                from ..errors import BadInput
-
                 raise BadInput("at is where a memory snapshot is taken: give memory_snapshot too, or drop at")
             return None
-        return cls(path=options.snapshot_path(memory_snapshot), at=options.whole(at, "at") if at is not None else None)
+        return cls(path=options.snapshot_path(memory_snapshot),
+                   at=options.whole(at, "at", text=False) if at is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,14 +141,14 @@ class PlanRequest(Record):
     ranks: tuple[ProbeRequest, ...] = ()
     multiple_of: Whole = 1
     split: Annotated[Split, one_of(SPLITS)] = "fewest"
-    uniform_ranks: bool = False
+    uniform_ranks: Annotated[bool, Rule(options.boolean)] = False
     world_size_source: str = "default"
     tuning: Tuning | None = None
     snapshot: Snapshot | None = None
 
     def validate(self) -> None:
         if self.ranks and len(self.ranks) != self.probe.rule.world_size:
-            raise ValueError(f"ranks lists {len(self.ranks)} probes for world_size {self.probe.rule.world_size}")
+            raise BadInput(f"ranks lists {len(self.ranks)} probes for world_size {self.probe.rule.world_size}")
 
     @property
     def world_size(self) -> int:

@@ -220,9 +220,10 @@ def run_observation(result: RunResult, digest: str) -> Observation:
 
 def oom_observation(plan: Plan, digest: str, device: Device, why: str) -> Observation:
     """The measurement of a run of a plan that ran out of memory."""
-    info = device.describe()
+    info, rank = device.describe(), distributed.rank()
     return Observation(fingerprint=digest, source="run", device=device_label(info), device_kind=info.kind,
-                       batch=plan.micro_batch, estimated_peak_bytes=plan.predicted_peak_bytes, oom=True, note=why)
+                       batch=max(plan.schedule[rank]) if plan.mixed is not None else plan.micro_batch,
+                       estimated_peak_bytes=plan.predicted_peak_of(rank), oom=True, note=why)
 
 
 def record_run(store: Store, plan: Plan, workload: Workload, device: Device, precision: str,

@@ -105,6 +105,17 @@ def test_the_callback_refuses_what_it_cannot_set():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(target_batch="64"), r"^target_batch '64' is a string, not a whole number: give the number itself, 64$"),
+    (dict(target_batch=64, margin="0.1"), r"^margin '0\.1' is a string, not a number"),
+    (dict(target_batch=64, scan_batches="4"), r"^scan_batches '4' is a string"),
+])
+def test_the_callback_refuses_strings_for_numbers_as_the_api_does(kwargs, words):
+    """A2, A5: one rule for the API's numbers: a string is refused, never coerced."""
+    with pytest.raises(BadInput, match=words):
+        AutotuneBatchSize(**kwargs)
+
+
 def test_manual_accumulator_in_one_process_matches_full_batch_sgd():
     plan = make_plan(21, 4)
     assert plan.arithmetic == "21 = 3 x 3 + 3 x 4 over 6 steps x 1 rank"  # uneven, each weighted by its tokens

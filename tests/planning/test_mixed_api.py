@@ -31,6 +31,8 @@ def test_a_value_per_rank(value, items):
 @pytest.mark.parametrize("value, match", [
     ("cpu,,cpu", "device 'cpu,,cpu' has an empty item"),
     ("cpu*0", "device count after '\\*' 0 must be at least 1"),
+    ("estimate:T4-16GB*-1", r"device count after '\*' -1 must be at least 1: give how many ranks, e\.g\. "
+                            r"estimate:T4-16GB\*4$"),
     ("cpu*x", "is not a whole number"),
     ("cpu*", r"device count after '\*' in 'cpu\*' is not a whole number: give how many ranks, e.g. cpu\*4"),
     ("cpu*+2", "is not a whole number"),
@@ -117,7 +119,10 @@ def test_uniform_ranks_keeps_the_smallest_for_all_plan():
     assert plan.mixed is None and plan.probe is not None and plan.probe.capacity_bytes == 3 * MiB
     plain = make_plan(1300, plan.probe.max_micro_batch, world_size=2)
     assert plan.schedule == plain.schedule and plan.per_rank_batch == (650, 650)
-    assert any("uniform ranks: every rank at rank 1's max micro-batch" in n for n in plan.notes)
+    low = plan.probe.max_micro_batch
+    # M12: rank 0 was probed only up to the per-rank target 650, so 650 is a floor of its max, not its max
+    assert f"uniform ranks: every rank at rank 1's max micro-batch {low} (max micro-batch per rank: at least 650 " \
+           f"(probed only up to the per-rank target), {low})" in plan.notes, plan.notes
 
 
 def test_alike_devices_in_a_list_get_the_ordinary_plan():
@@ -203,3 +208,28 @@ def test_a_mixed_plan_is_kept_in_the_store_under_fingerprints_that_cover_every_r
     assert "ranks" not in store.get(alone.probe.fingerprint).components  # alike ranks: fingerprints as before
     kept = [p for p in store.plans(fingerprints[1]) if p.get("mixed")]
     assert kept and kept[0]["schedule"] == [list(r) for r in first.schedule]
+
+
+def test_a_rank_that_cannot_hold_one_sample_is_named_with_its_device_and_the_fixes(capsys):
+    """M16: a mixed job whose rank 1 cannot hold a micro-batch of 1 says which rank, on which device and budget,
+    and offers what lets the job run (FSDP over the ranks, a smaller model, more memory for that rank)."""
+    import re
+
+    code, out, err = run(capsys, "plan", "--target-batch", "1800", *MLP, "--memory-budget", "8MiB,1KiB", "-q")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
+    assert re.match(r"autotune plan: error: rank 1 of 2 \(cpu, --memory-budget 1\.0 KiB\) cannot hold a "
+                    r"micro-batch of 1: micro-batch 1 needs .* usable memory is 921 B \(1\.0 KiB capacity, margin "
+                    r"10%\): shard the model over the 2 ranks \(--parallel fsdp\), use a smaller model .*give rank 1 "
+                    r"a device with more memory", err), err
+
+
+@pytest.mark.slow
+def test_a_gpu_of_a_mixed_job_too_small_for_the_model_is_named_and_fsdp_is_offered():
+    """Issue item 5: gpt:build_1b on an A100 beside a T4: the T4 (rank 1) cannot hold one sample; the error names
+    it and offers parallel fsdp or a smaller model, not only the one-device fixes."""
+    from autotune.errors import DoesNotFit
+
+    with pytest.raises(DoesNotFit, match=r"^rank 1 of 2 \(estimate:T4-16GB\) cannot hold a micro-batch of 1: "
+                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel fsdp\), use a "
+                                         r"smaller model"):
+        autotune.plan(64, workload="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")

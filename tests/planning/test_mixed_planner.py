@@ -235,6 +235,27 @@ def test_a_mixed_plan_round_trips_through_json_and_is_validated():
         Plan.from_dict(bad)
 
 
+def test_a_mixed_plans_json_has_no_one_figure_for_what_differs_per_rank():
+    """M19: micro_batch x accumulation_steps x world_size is no figure of a mixed plan (here 464 x 2 x 2 = 1856 for a
+    target of 1024), nor is rank 0's peak the plan's: the JSON holds null there and each rank's figures per rank;
+    a file written before, with rank 0's figures, still reads as the same plan."""
+    plan = make_mixed_plan(1024, shares(512, 96, times=[0.0002, 0.0016]), peak_of=lambda r, b: b * MiB)
+    data = json.loads(dumps(plan.to_dict()))
+    assert [data[k] for k in ("micro_batch", "accumulation_steps", "predicted_peak_bytes", "headroom_bytes")] == \
+        [None] * 4
+    assert [(r["peak_bytes"], r["headroom_bytes"]) for r in data["mixed"]["ranks"]] == [(464 * MiB, 49 * MiB),
+                                                                                        (96 * MiB, 1 * MiB)]
+    assert data["per_rank_batch"] == [928, 96] and data["schedule"] == [[464, 464], [96]]
+    read = Plan.from_dict(data)
+    assert read == plan and (read.micro_batch, read.accumulation_steps) == (464, 2)
+    assert plan.predicted_peak_bytes is None and plan.headroom_bytes is None and plan.predicted_peak_of(1) == 96 * MiB
+    old = {**data, "micro_batch": 464, "accumulation_steps": 2, "predicted_peak_bytes": 464 * MiB,
+           "headroom_bytes": 49 * MiB}
+    for share in old["mixed"]["ranks"]:
+        del share["headroom_bytes"]
+    assert Plan.from_dict(old) == plan
+
+
 def test_unequal_rows_need_a_mixed_plan():
     with pytest.raises(ValueError, match="every rank must run accumulation_steps=2"):
         Plan(target_batch=10, world_size=2, micro_batch=5, accumulation_steps=2, schedule=((5, 4), (1,)),

@@ -232,7 +232,7 @@ def test_nearest_uniform_targets():
     (dict(target_batch=0), r"target batch 0 must be at least 1"),
     (dict(target_batch=-8), r"target batch -8 must be at least 1"),
     (dict(target_batch=1.5), r"target batch 1\.5 is not a whole number"),
-    (dict(target_batch="8"), r"target batch '8' is not a whole number"),
+    (dict(target_batch="8"), r"target batch '8' is a string, not a whole number: give the number itself, 8"),
     (dict(target_batch=True), r"target batch True is not a whole number"),
     (dict(max_micro_batch=0), r"max micro-batch 0 must be at least 1"),
     (dict(world_size=0), r"world size 0 must be at least 1"),

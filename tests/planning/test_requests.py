@@ -101,3 +101,67 @@ def test_a_snapshot_request_checks_its_file_and_size_when_made(tmp_path):
         Snapshot.of(True, 0)
     with pytest.raises(BadInput, match="memory_snapshot"):
         Snapshot.of(str(tmp_path / "no" / "such" / "m.pickle"))
+
+
+E = dict(workload="mlp", device="estimate:T4-16GB")
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(target_batch="64"), r"^target_batch '64' is a string, not a whole number: give the number itself, 64$"),
+    (dict(target_batch=64, multiple_of="8"), r"^multiple_of '8' is a string"),
+    (dict(target_batch=64, margin="0.1"), r"^margin '0\.1' is a string, not a number: give the fraction itself"),
+    (dict(target_batch=64, uniform=1), r"^uniform 1 must be True, False, None or 'force'$"),
+    (dict(target_batch=1024, device="estimate:T4-16GB,estimate:A100-80GB", uniform_ranks="false"),
+     r"^uniform_ranks 'false' must be True or False \(a bool, not str\)$"),
+    (dict(target_batch=1024, device="estimate:T4-16GB,estimate:A100-80GB", uniform_ranks=1), r"^uniform_ranks 1 "),
+    (dict(target_batch=64, tune="no"), r"^tune 'no' must be True or False"),
+    (dict(target_batch=64, memory_budget=1e30), r"^memory_budget 1e\+30 is too large: at most "
+                                                 r"1,152,921,504,606,846,976 bytes \(1 EiB\)"),
+    (dict(target_batch=64, memory_budget=10**30), r"^memory_budget 10{30} is too large"),
+])
+def test_plan_refuses_a_value_of_the_wrong_type_when_the_request_is_made(kwargs, words):
+    """A2, A5, A7, M31: strings for numbers and anything but a bool for a yes-or-no option are refused when the
+    request is made, as BadInput naming the value, never coerced ('false' is not True)."""
+    with pytest.raises(BadInput, match=words):
+        plan_request(**{**E, **kwargs}, env={})
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: probe_request("mlp", device="cpu", max_batch="64"), r"^max_batch '64' is a string"),
+    (lambda: probe_request("mlp", device="cpu", data_parallel="yes"), r"^data_parallel 'yes' must be True, False "
+                                                                      r"or None \(a bool, not str\)$"),
+    (lambda: ProbeRequest(workload=3), r"^workload 3 must be"),
+    (lambda: ProbeRequest(margin="0.1"), r"^margin '0\.1' is a string"),
+    (lambda: FitRule(buckets=1), r"^buckets 1 must be True or False"),
+    (lambda: PlanRequest(target_batch=64, probe=ProbeRequest(), uniform_ranks="false"), r"^uniform_ranks 'false' "),
+    (lambda: PlanRequest(target_batch=64, probe="mlp"), r"^probe must be a ProbeRequest, got str: give "
+                                                        r"probe=ProbeRequest\(\.\.\.\)$"),
+    (lambda: PlanRequest(target_batch=64, probe=None), r"^probe must be a ProbeRequest, got NoneType"),
+    (lambda: Snapshot.of(True, "8"), r"^at '8' is a string"),
+])
+def test_a_request_made_by_hand_checks_types_as_badinput(call, words):
+    """A5, A14: a request's fields are checked for their type when it is made, and every refusal is BadInput."""
+    with pytest.raises(BadInput, match=words):
+        call()
+
+
+def test_the_verbs_take_the_keywords_of_their_requests():
+    """A20: every field of ProbeRequest is a keyword of probe() (its fit rule as parallel, world_size and
+    data_parallel), and a precision a probe cannot measure is refused in words, not with a TypeError."""
+    import dataclasses
+    import inspect
+
+    keywords = set(inspect.signature(autotune.probe).parameters)
+    rule = {"parallel", "world_size", "data_parallel"}
+    assert {f.name for f in dataclasses.fields(ProbeRequest)} - {"rule"} <= keywords and rule <= keywords
+    assert probe_request("mlp", device="cpu", precision="fp32").precision == "fp32"
+    with pytest.raises(BadInput, match=r"^precision bf16: a probe measures the fit rule in fp32"):
+        autotune.probe(workload="mlp", device="cpu", precision="bf16")
+    with pytest.raises(BadInput, match=r"^precision bf16: a probe measures"):
+        autotune.probe(ProbeRequest(workload="mlp", precision="bf16"))
+
+
+def test_a_margin_just_below_one_is_shown_as_it_is_in_the_error():
+    """SV10: usable memory at margin 0.99999 says "margin 99.999%", not "margin 100%"."""
+    with pytest.raises(AutotuneError, match=r"\(8\.0 MiB capacity, margin 99\.999%\)"):
+        autotune.probe("mlp", device="cpu", memory_budget="8MiB", margin=0.99999)
