@@ -365,6 +365,7 @@ def _wide() -> Workload:
                     loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
 
 
+@pytest.mark.slow
 def test_syncing_every_micro_step_holds_no_unsharded_gradients_between_micro_steps():
     cpu = get_device("cpu")
     peaks = {}
