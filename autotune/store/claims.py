@@ -6,14 +6,14 @@ A claim is a row of ``autotune_claims``: who holds it (host, process, thread) an
 so a claim outlives its holder by at most one lease (:data:`LEASE_S`), wherever the holder ran: a
 process killed on another host, or a host that went away, frees its fingerprints once the lease runs
 out, which the row shows everyone. On the holder's own host a claim whose process is gone is taken
-over at once. Leases are timed by the database's clock (:func:`now`): a PostgreSQL server's, so that
-hosts whose clocks differ agree on when a lease runs out; an SQLite file has no clock of its own, so
-there each process's host times it (the processes sharing a file share a host, or nearly one clock). A
-claim that runs out further ahead than any lease (:data:`MAX_LEASE_S`) was written by a host whose
-clock is ahead, or changed by hand: it is taken over, and ``autotune store gc`` removes it. A claim is
-taken in one transaction: on PostgreSQL its row is locked
-(``SELECT ... FOR UPDATE``) and a new one inserted with ``ON CONFLICT DO NOTHING``, so that of two
-processes asking at once exactly one gets it; on SQLite ``BEGIN IMMEDIATE``'s write lock does the same.
+over at once. Leases are timed by the database's clock (:func:`database_now`): a PostgreSQL server's,
+so that hosts whose clocks differ agree on when a lease runs out; an SQLite file has no clock of its
+own, so there each process's host times it (the processes sharing a file share a host, or nearly one
+clock). A claim that runs out further ahead than any lease (:data:`MAX_LEASE_S`) was written by a
+host whose clock is ahead, or changed by hand: it is taken over, and ``autotune store gc`` removes it.
+A claim is taken in one transaction: on PostgreSQL its row is locked (``SELECT ... FOR UPDATE``) and
+a new one inserted with ``ON CONFLICT DO NOTHING``, so that of two processes asking at once exactly
+one gets it; on SQLite ``BEGIN IMMEDIATE``'s write lock does the same.
 """
 
 from __future__ import annotations
