@@ -1,4 +1,4 @@
-"""``autotune store``: look inside a plan store (ls, show), and prune it (rm, gc)."""
+"""``autotune store``: look inside a plan store (ls, show), prune it (rm, gc), and bring it up to date (migrate)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ A plan store keeps probe results by fingerprint (what the answer depends on:
 the workload's graph, the device, torch, the allocator settings, precision,
 world size, margin), the plans made from them, and what real runs measured.
 `autotune probe|plan|run --store URL` fill it; `autotune serve` shares it.
-These commands never make a store: ls and show open it read-only. An entry
+These commands never make a store: ls, show and gc --dry-run open it
+read-only; migrate brings a store written by an earlier autotune up to date
+(every entry kept), as any command that writes it does. An entry
 that cannot be read back (a damaged row) is listed as damaged, answers no
 probe (the next probe of it replaces it) and can be removed with rm.
 
@@ -25,15 +27,17 @@ examples:
   autotune store show 3fa9c2e1b7d0 --store sqlite:///plans.db    # one entry, its plans and measurements
   autotune store rm 3fa9c2e1b7d0 --store sqlite:///plans.db
   autotune store gc --older-than 30 --store sqlite:///plans.db   # also entries unused for 30 days
+  autotune store migrate --store sqlite:///plans.db
   AUTOTUNE_STORE=sqlite:///plans.db autotune store ls --json
 """
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("store", help="look inside a plan store (ls, show) and prune it (rm, gc)",
+    p = sub.add_parser("store", help="look inside a plan store (ls, show), prune it (rm, gc), bring it up to date "
+                                     "(migrate)",
                        description=EXAMPLES, formatter_class=Formatter)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True,
-                               help="ls, show, rm or gc")
+                               help="ls, show, rm, gc or migrate")
     ls = actions.add_parser("ls", help="every entry: fingerprint, workload, device, max micro-batch, when, hits",
                             formatter_class=Formatter)
     show = actions.add_parser("show", help="one entry in full, or per device how far estimates were from "
@@ -46,8 +50,11 @@ def add_parser(sub) -> None:
                                        "was not used for that long)", formatter_class=Formatter)
     gc.add_argument("--older-than", type=flag(_days, "--older-than"), default=None, metavar="DAYS",
                     help="also remove entries neither made nor served for DAYS days, and older measurements")
-    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    for action in (ls, show, rm, gc):
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing (the store is opened "
+                                                           "read-only)")
+    migrate = actions.add_parser("migrate", help="bring a store written by an earlier autotune up to date, every "
+                                                 "entry kept", formatter_class=Formatter)
+    for action in (ls, show, rm, gc, migrate):
         action.add_argument("--store", metavar="URL", default=None,
                             help="the store, e.g. sqlite:///plans.db (default: $AUTOTUNE_STORE)")
         add_common(action)
@@ -74,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         raise BadInput("autotune store needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
     name = "--store" if args.store else "$AUTOTUNE_STORE"
-    store = open_store(url, name=name, mode="read" if args.action in ("ls", "show") else "write")
+    reads = args.action in ("ls", "show") or (args.action == "gc" and args.dry_run)
+    store = open_store(url, name=name, mode="read" if reads else "write")
     try:
         data, text = ACTIONS[args.action](store, args)
     except OperationalError as exc:  # rm or gc on a store this process may read but not write
@@ -198,4 +206,14 @@ def _gc(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     return counts, f"{verb} " + ", ".join(f"{n} {what}" for what, n in counts.items())
 
 
-ACTIONS = {"ls": _ls, "show": _show, "rm": _rm, "gc": _gc}
+def _migrate(store: Any, _args: argparse.Namespace) -> tuple[Any, str]:
+    """The store was brought up to date when it was opened to write it: say from which layout."""
+    from ..store.schema import STORE_SCHEMA
+
+    before = store.migrated_from
+    text = f"{store.shown} is at layout {STORE_SCHEMA} already: nothing to do" if before is None else \
+        f"{store.shown}: brought from layout {before} to {STORE_SCHEMA}, every entry kept"
+    return {"store": store.shown, "from_layout": before or STORE_SCHEMA, "layout": STORE_SCHEMA}, text
+
+
+ACTIONS = {"ls": _ls, "show": _show, "rm": _rm, "gc": _gc, "migrate": _migrate}

@@ -86,6 +86,8 @@ class Store:
         self.mode = mode
         self.file = sqlite_file(url)
         self.reopened = 0
+        #: The layout the store was brought from when this process opened it; None when it was not changed.
+        self.migrated_from: int | None = None
         self._reopen_lock = threading.Lock()
         self._open()
 
@@ -120,8 +122,8 @@ class Store:
     # -- transactions -------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        self._run(lambda conn: prepare(conn, mode=self.mode, name=self.name, shown=self.shown),
-                  retry=(OperationalError, IntegrityError), fresh=False)
+        self.migrated_from = self._run(lambda conn: prepare(conn, mode=self.mode, name=self.name, shown=self.shown),
+                                       retry=(OperationalError, IntegrityError), fresh=False)
 
     def _run(self, work: Callable[[Connection], R], *, retry: tuple[type[Exception], ...] = (IntegrityError,),
              attempts: int = 4, fresh: bool = True) -> R:

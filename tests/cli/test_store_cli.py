@@ -214,18 +214,20 @@ def test_a_damaged_entry_is_listed_shown_removed_and_probed_again(capsys, url, d
     assert code == 0 and f"removed 1 entry: {digest[:12]}" in out
 
 
-@pytest.mark.parametrize("argv", [["store", "ls"], ["plan", "--target-batch", "64", *CPU]])
-def test_a_damaged_layout_row_is_a_one_line_error(capsys, made, argv):
+@pytest.mark.parametrize("value", ["abc", "0"])
+@pytest.mark.parametrize("argv", [["store", "ls"], ["store", "gc", "--dry-run"], ["store", "migrate"],
+                                  ["plan", "--target-batch", "64", *CPU]])
+def test_a_damaged_layout_row_is_a_one_line_error(capsys, made, argv, value):
     from sqlalchemy import update
 
     from autotune.store import open_store, schema
 
     store = open_store(made)
     with store.engine.begin() as conn:
-        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value="abc"))
+        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value=value))
     store.close()
     got, _, err = run(capsys, *argv, "--store", made)
-    assert got == 2 and "is damaged: its layout row (autotune_store_info 'schema') holds 'abc'" in err, err
+    assert got == 2 and f"is damaged: its layout row (autotune_store_info 'schema') holds {value!r}" in err, err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -475,7 +475,7 @@ def test_damaged_plans_and_measurements_are_skipped(store):
     assert store.accuracy(FP)[0]["measurements"] == 1
 
 
-@pytest.mark.parametrize("value", ["abc", "", "-1"])
+@pytest.mark.parametrize("value", ["abc", "", "-1", "0", "00", "\u00b2"])
 def test_a_damaged_layout_row_is_named_not_an_internal_error(store_url, value):
     from sqlalchemy import update
 
@@ -488,7 +488,7 @@ def test_a_damaged_layout_row_is_named_not_an_internal_error(store_url, value):
     store.engine.dispose()
     for mode in ("create", "read"):
         with pytest.raises(BadInput, match=f"^store .* is damaged: its layout row .* holds {value!r}, not a layout "
-                                           "number: restore"):
+                                           r"number \(they count from 1\): restore"):
             Store(url, mode=mode)
 
 
