@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 from typing import Any
 
 from .. import options
 from ..errors import BadInput
+from ..units import plural
 from .common import Formatter, Parser, add_common, flag
 
 EXAMPLES = """\
@@ -90,8 +92,21 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise BadInput(f"{name} {store.shown!r} is read-only here, and autotune store {args.action} needs to write "
                        "it: run it as a user who may") from None
-    print(json.dumps(data, indent=2) if args.json else text)
+    print(json.dumps(data, indent=2) if args.json else printable(text))
     return 0
+
+
+#: Unicode categories a terminal may act on instead of showing: controls (ESC, BEL, C1 such as CSI),
+#: format characters (bidirectional overrides) and line and paragraph separators.
+_UNSHOWN = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+def printable(text: str) -> str:
+    """``text`` as it may reach a terminal: characters it would act on (except newlines) written as escapes,
+    ``\\x1b``, so that text from a store's rows (device names and notes that clients of ``autotune serve``
+    sent) cannot move the cursor, recolour, retitle or write the clipboard. JSON escapes them itself."""
+    return "".join(ch if ch == "\n" or unicodedata.category(ch) not in _UNSHOWN
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _ls(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
@@ -122,8 +137,9 @@ def _show(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if args.fingerprint is None:
         counts, table = store.counts(), store.accuracy()
         damaged = sum(e.damage is not None for e in store.entries())
-        text = (f"{store.shown}: {counts['entries']} entries{f' ({damaged} damaged)' if damaged else ''}, "
-                f"{counts['plans']} plans, {counts['measurements']} measurements\n" + accuracy_text(table))
+        text = (f"{store.shown}: {plural(counts['entries'], 'entry', 'entries')}"
+                f"{f' ({damaged} damaged)' if damaged else ''}, {plural(counts['plans'], 'plan')}, "
+                f"{plural(counts['measurements'], 'measurement')}\n" + accuracy_text(table))
         counts["damaged"] = damaged
         return {"store": store.shown, **counts, "accuracy": table}, text
     entry = store.find(args.fingerprint)
@@ -139,7 +155,7 @@ def _entry(store: Any, entry: Any) -> tuple[Any, str]:
     plans = store.plans(entry.fingerprint)
     observed = store.observations(entry.fingerprint)
     lines = [f"fingerprint {entry.fingerprint}",
-             f"measured {when(entry.created_at)} on {entry.device}; served {entry.hits} times"
+             f"measured {when(entry.created_at)} on {entry.device}; served {plural(entry.hits, 'time')}"
              + (f", last {when(entry.last_hit_at)}" if entry.last_hit_at else "")]
     if entry.damage is not None:
         lines.append(f"damaged: {entry.damage}; it is probed again and replaced when next asked for, or remove it "
@@ -193,17 +209,21 @@ def accuracy_text(table: list[dict[str, Any]]) -> str:
 
 
 def _rm(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
-    entries = [store.find(f) for f in args.fingerprints]
+    entries = list({e.fingerprint: e for e in map(store.find, args.fingerprints)}.values())  # each once
     gone = store.remove([e.fingerprint for e in entries])
     return {"removed": [e.fingerprint for e in entries]}, \
-        f"removed {gone} {'entry' if gone == 1 else 'entries'}: {', '.join(e.short for e in entries)}"
+        f"removed {plural(gone, 'entry', 'entries')}: {', '.join(e.short for e in entries)}"
 
 
 def _gc(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     older = None if args.older_than is None else args.older_than * 86400.0
     counts = store.gc(older_than_s=older, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    return counts, f"{verb} " + ", ".join(f"{n} {what}" for what, n in counts.items())
+    return counts, f"{verb} " + ", ".join(plural(n, _ONE[what], what) for what, n in counts.items())
+
+
+#: What gc counts, one of each.
+_ONE = {"entries": "entry", "plans": "plan", "measurements": "measurement", "claims": "claim"}
 
 
 def _migrate(store: Any, _args: argparse.Namespace) -> tuple[Any, str]:
