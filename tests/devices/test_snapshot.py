@@ -22,6 +22,7 @@ from autotune.devices.history import RecordingDevice
 from autotune.probing import timeline as tl
 from autotune.probing.fsdp import RunRule
 from autotune.probing.memory import compare_real
+from autotune.results.timeline import share
 from autotune.units import format_bytes, parse_size
 from autotune.workload import load_workload
 
@@ -347,8 +348,10 @@ def test_an_out_of_memory_error_within_the_capacity_is_laid_to_the_cache_the_all
     assert first.endswith("the live blocks and the request come to 90.0 MiB, within the 100.0 MiB capacity, but the "
                           "allocator "
                           "asks the device for a new 20.0 MiB segment, and the 90.0 MiB it holds leave no room for it; "
-                          "what is live then:")
-    assert m.lines()[1:3] == ["  the request, activations of fc: 30.0 MiB", "  activations of fc: 60.0 MiB"]
+                          "the demand there, 120.0 MiB, is the request and what the allocator holds then (live blocks, "
+                          "cached free blocks):")
+    assert m.lines()[1:4] == ["  the request, activations of fc: 30.0 MiB (25%)", "  live, activations of fc: 60.0 MiB "
+                              "(50%)", "  held, cached free blocks: 30.0 MiB (25%)"]
 
 
 def test_a_timeline_written_before_out_of_memory_was_recorded_reads_as_none():
@@ -567,3 +570,28 @@ def test_each_change_the_advice_suggests_gives_the_figure_it_states(probe, prese
     assert suggested, (m.lowering, m.advice)
     if probe == "gpt" and preset == "T4-16GB":
         assert "activation checkpointing of these modules would lower it by about" in m.lowering
+
+
+def test_past_the_capacity_the_demands_parts_and_the_sentences_figures_agree():
+    """mlp at 200000 on a 1 GiB estimate: the ReLU's output is asked for while the Linear's, of the same family,
+    is live. The listing tells the request from the live block, gives each its share of the demand, and the
+    sentence's figures are those shares' sums (the family's with the request, all activations below 100%)."""
+    m = api.probe("mlp", device="estimate", memory_budget="1GiB", max_batch=512, memory_snapshot=True,
+                  at=200_000).memory
+    o = m.out_of_memory
+    demand = o.reserved_bytes + o.requested_bytes
+    assert o.request.label == "activations of layers *"
+    listed = [re.fullmatch(r"  (the request|live|held), (.+): ([\d.]+ \w+) \((\S+)\)", line) for line in m.lines()[1:]]
+    listed = [x.groups() for x in listed if x is not None]
+    assert ("the request", "activations of layers *", format_bytes(o.requested_bytes),
+            share(o.requested_bytes, demand)) == listed[0]
+    assert ("live", "activations of layers *") in [x[:2] for x in listed]
+    assert len({x[:2] for x in listed}) == len(listed)  # nothing listed twice
+    assert f"the demand there, {format_bytes(demand)}, is the request" in m.lines()[0]
+    family = o.requested_bytes + sum(p.bytes for p in o.parts if p.label == "activations of layers *")
+    assert (f"activations of layers * and the modules in it hold {share(family, demand)} of the "
+            f"{format_bytes(demand)} demand ({format_bytes(family)}, the request's {format_bytes(o.requested_bytes)} "
+            "included)") in m.lowering
+    acts = o.requested_bytes + sum(p.bytes for p in o.parts if p.kind == "activations")
+    assert acts < demand and f"activations ({format_bytes(acts)}, {share(acts, demand)})" in m.lowering
+    assert share(acts, demand) != "100%" and share(1, 1000) == "<1%" and share(999, 1000) == ">99%"
