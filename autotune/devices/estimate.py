@@ -369,8 +369,8 @@ def _allocator_config(conf: str, variable: str | None) -> tuple[AllocatorConfig 
         raise BadInput(f"{variable or 'alloc_conf'}={conf!r} cannot be used: {exc}") from None
     if config.per_process_memory_fraction <= 0.0:
         raise BadInput(f"{variable or 'alloc_conf'}={conf!r}: per_process_memory_fraction 0 lets the allocator "
-                       "reserve nothing, so no micro-batch fits: set it above 0 (e.g. per_process_memory_fraction:0.5), "
-                       "or leave it out")
+                       "reserve nothing, so no micro-batch fits: set it above 0 "
+                       "(e.g. per_process_memory_fraction:0.5), or leave it out")
     return config, None
 
 
