@@ -146,7 +146,8 @@ class MemoryTimeline(Record):
     """The fit rule at ``batch`` allocation by allocation (the estimate's, ``simulated`` through the caching
     allocator when it stands in for a GPU): the peak, what is live there, and the timeline.
 
-    ``parts`` sum to ``reserved_peak_bytes`` (``context`` is extra: outside the allocator). ``series`` holds
+    ``parts`` sum to ``reserved_peak_bytes`` (``context`` is extra: outside the allocator): what is live at
+    ``peak_event``, the moment that limits the micro-batch (the most allocated while the reserved peak is held). ``series`` holds
     sampled points ``(event, *SERIES)`` (bytes by kind; ``allocator`` is reserved minus the tensors); ``phases``
     ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one sentence what would
     lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options`` compares
