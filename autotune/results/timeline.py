@@ -147,11 +147,11 @@ class MemoryTimeline(Record):
     allocator when it stands in for a GPU): the peak, what is live there, and the timeline.
 
     ``parts`` sum to ``reserved_peak_bytes`` (``context`` is extra: outside the allocator): what is live at
-    ``peak_event``, the moment that limits the micro-batch (the most allocated while the reserved peak is held). ``series`` holds
-    sampled points ``(event, *SERIES)`` (bytes by kind; ``allocator`` is reserved minus the tensors); ``phases``
-    ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one sentence what would
-    lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options`` compares
-    allocator settings, ``advice`` says which one helps.
+    ``peak_event``, the moment that limits the micro-batch (the most allocated while the reserved peak is held).
+    ``series`` holds sampled points ``(event, *SERIES)`` (bytes by kind; ``allocator`` is reserved minus the
+    tensors); ``phases`` ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one
+    sentence what would lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options``
+    compares allocator settings, ``advice`` says which one helps.
 
     ``out_of_memory``: where the simulated GPU runs out of memory at ``batch`` (a size that does not fit), and
     what it asks for there; ``lowering`` and ``advice`` are then about that demand. The snapshot goes on past it
