@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput, DoesNotFit
-from .planning.requests import plan_request, probe_request, this_rank
+from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
 from .results.probe import ProbeResult
@@ -131,6 +131,8 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
                      "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
     if asked is not None:
         return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
+    if memory_snapshot is not None and memory_snapshot is not False:
+        one_device(device, memory_budget, group())
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
                             fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
@@ -203,6 +205,9 @@ def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, 
     Standing in for a GPU the trace is the caching-allocator simulation's (its highest reserved point is the
     result's reserved peak, to the byte); on the CPU it is the tracker's (allocated memory only).
     """
+    if isinstance(path, bool):  # True would mean "no file" to probe's memory_snapshot
+        raise BadInput(f"path {path!r} is not a file path: give one such as 'memory.pickle', or None for the "
+                       "explanation without a file")
     return probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
                  parallel=parallel, fsdp_sync=fsdp_sync, world_size=world_size,
                  memory_snapshot=path if path is not None else True, at=at)

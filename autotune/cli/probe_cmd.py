@@ -84,12 +84,18 @@ def describe(result) -> str:
 
     lines = [result.summary(), f"device: {result.device.summary}"]
     allocator = result.allocator_line()
+    # with --at, the memory lines below are of another micro-batch than the probe's own figures: say whose these are
+    other = result.memory is not None and result.memory.batch != result.max_micro_batch
     if result.breakdown:
         parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in result.breakdown.items())
         # under a caching allocator the reserved peak decides, and the tensors' peak comes at another moment
-        lines.append(f"{'live tensors at the allocated peak' if allocator is not None else 'at the peak'}: {parts}")
+        where = "live tensors at the allocated peak" if allocator is not None else "at the peak"
+        if other:
+            where += (f" of micro-batch {result.max_micro_batch} (the max; micro-batch {result.memory.batch}'s "
+                      "memory is below)")
+        lines.append(f"{where}: {parts}")
     if allocator is not None:
-        lines.append(allocator)
+        lines.append(f"at micro-batch {result.max_micro_batch} (the max), {allocator}" if other else allocator)
     lines.append(f"trials: {len(result.trials)} ({result.real_runs} real, {result.real_ooms} out of memory), "
                  f"{result.seconds:.1f} s")
     if any(t.allocated_bytes is not None for t in result.trials):

@@ -1,13 +1,15 @@
-"""``autotune store``: look inside a plan store (ls, show), and prune it (rm, gc)."""
+"""``autotune store``: look inside a plan store (ls, show), prune it (rm, gc), and bring it up to date (migrate)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 from typing import Any
 
 from .. import options
 from ..errors import BadInput
+from ..units import plural
 from .common import Formatter, Parser, add_common, flag
 
 EXAMPLES = """\
@@ -15,7 +17,9 @@ A plan store keeps probe results by fingerprint (what the answer depends on:
 the workload's graph, the device, torch, the allocator settings, precision,
 world size, margin), the plans made from them, and what real runs measured.
 `autotune probe|plan|run --store URL` fill it; `autotune serve` shares it.
-These commands never make a store: ls and show open it read-only. An entry
+These commands never make a store: ls, show and gc --dry-run open it
+read-only; migrate brings a store written by an earlier autotune up to date
+(every entry kept), as any command that writes it does. An entry
 that cannot be read back (a damaged row) is listed as damaged, answers no
 probe (the next probe of it replaces it) and can be removed with rm.
 
@@ -25,15 +29,17 @@ examples:
   autotune store show 3fa9c2e1b7d0 --store sqlite:///plans.db    # one entry, its plans and measurements
   autotune store rm 3fa9c2e1b7d0 --store sqlite:///plans.db
   autotune store gc --older-than 30 --store sqlite:///plans.db   # also entries unused for 30 days
+  autotune store migrate --store sqlite:///plans.db
   AUTOTUNE_STORE=sqlite:///plans.db autotune store ls --json
 """
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("store", help="look inside a plan store (ls, show) and prune it (rm, gc)",
+    p = sub.add_parser("store", help="look inside a plan store (ls, show), prune it (rm, gc), bring it up to date "
+                                     "(migrate)",
                        description=EXAMPLES, formatter_class=Formatter)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True,
-                               help="ls, show, rm or gc")
+                               help="ls, show, rm, gc or migrate")
     ls = actions.add_parser("ls", help="every entry: fingerprint, workload, device, max micro-batch, when, hits",
                             formatter_class=Formatter)
     show = actions.add_parser("show", help="one entry in full, or per device how far estimates were from "
@@ -46,8 +52,11 @@ def add_parser(sub) -> None:
                                        "was not used for that long)", formatter_class=Formatter)
     gc.add_argument("--older-than", type=flag(_days, "--older-than"), default=None, metavar="DAYS",
                     help="also remove entries neither made nor served for DAYS days, and older measurements")
-    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    for action in (ls, show, rm, gc):
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing (the store is opened "
+                                                           "read-only)")
+    migrate = actions.add_parser("migrate", help="bring a store written by an earlier autotune up to date, every "
+                                                 "entry kept", formatter_class=Formatter)
+    for action in (ls, show, rm, gc, migrate):
         action.add_argument("--store", metavar="URL", default=None,
                             help="the store, e.g. sqlite:///plans.db (default: $AUTOTUNE_STORE)")
         add_common(action)
@@ -74,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         raise BadInput("autotune store needs --store URL (or $AUTOTUNE_STORE), e.g. --store sqlite:///plans.db")
     name = "--store" if args.store else "$AUTOTUNE_STORE"
-    store = open_store(url, name=name, mode="read" if args.action in ("ls", "show") else "write")
+    reads = args.action in ("ls", "show") or (args.action == "gc" and args.dry_run)
+    store = open_store(url, name=name, mode="read" if reads else "write")
     try:
         data, text = ACTIONS[args.action](store, args)
     except OperationalError as exc:  # rm or gc on a store this process may read but not write
@@ -82,8 +92,21 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise BadInput(f"{name} {store.shown!r} is read-only here, and autotune store {args.action} needs to write "
                        "it: run it as a user who may") from None
-    print(json.dumps(data, indent=2) if args.json else text)
+    print(json.dumps(data, indent=2) if args.json else printable(text))
     return 0
+
+
+#: Unicode categories a terminal may act on instead of showing: controls (ESC, BEL, C1 such as CSI),
+#: format characters (bidirectional overrides) and line and paragraph separators.
+_UNSHOWN = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+def printable(text: str) -> str:
+    """``text`` as it may reach a terminal: characters it would act on (except newlines) written as escapes,
+    ``\\x1b``, so that text from a store's rows (device names and notes that clients of ``autotune serve``
+    sent) cannot move the cursor, recolour, retitle or write the clipboard. JSON escapes them itself."""
+    return "".join(ch if ch == "\n" or unicodedata.category(ch) not in _UNSHOWN
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _ls(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
@@ -114,8 +137,9 @@ def _show(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if args.fingerprint is None:
         counts, table = store.counts(), store.accuracy()
         damaged = sum(e.damage is not None for e in store.entries())
-        text = (f"{store.shown}: {counts['entries']} entries{f' ({damaged} damaged)' if damaged else ''}, "
-                f"{counts['plans']} plans, {counts['measurements']} measurements\n" + accuracy_text(table))
+        text = (f"{store.shown}: {plural(counts['entries'], 'entry', 'entries')}"
+                f"{f' ({damaged} damaged)' if damaged else ''}, {plural(counts['plans'], 'plan')}, "
+                f"{plural(counts['measurements'], 'measurement')}\n" + accuracy_text(table))
         counts["damaged"] = damaged
         return {"store": store.shown, **counts, "accuracy": table}, text
     entry = store.find(args.fingerprint)
@@ -131,7 +155,7 @@ def _entry(store: Any, entry: Any) -> tuple[Any, str]:
     plans = store.plans(entry.fingerprint)
     observed = store.observations(entry.fingerprint)
     lines = [f"fingerprint {entry.fingerprint}",
-             f"measured {when(entry.created_at)} on {entry.device}; served {entry.hits} times"
+             f"measured {when(entry.created_at)} on {entry.device}; served {plural(entry.hits, 'time')}"
              + (f", last {when(entry.last_hit_at)}" if entry.last_hit_at else "")]
     if entry.damage is not None:
         lines.append(f"damaged: {entry.damage}; it is probed again and replaced when next asked for, or remove it "
@@ -185,17 +209,31 @@ def accuracy_text(table: list[dict[str, Any]]) -> str:
 
 
 def _rm(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
-    entries = [store.find(f) for f in args.fingerprints]
+    entries = list({e.fingerprint: e for e in map(store.find, args.fingerprints)}.values())  # each once
     gone = store.remove([e.fingerprint for e in entries])
     return {"removed": [e.fingerprint for e in entries]}, \
-        f"removed {gone} {'entry' if gone == 1 else 'entries'}: {', '.join(e.short for e in entries)}"
+        f"removed {plural(gone, 'entry', 'entries')}: {', '.join(e.short for e in entries)}"
 
 
 def _gc(store: Any, args: argparse.Namespace) -> tuple[Any, str]:
     older = None if args.older_than is None else args.older_than * 86400.0
     counts = store.gc(older_than_s=older, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    return counts, f"{verb} " + ", ".join(f"{n} {what}" for what, n in counts.items())
+    return counts, f"{verb} " + ", ".join(plural(n, _ONE[what], what) for what, n in counts.items())
 
 
-ACTIONS = {"ls": _ls, "show": _show, "rm": _rm, "gc": _gc}
+#: What gc counts, one of each.
+_ONE = {"entries": "entry", "plans": "plan", "measurements": "measurement", "claims": "claim"}
+
+
+def _migrate(store: Any, _args: argparse.Namespace) -> tuple[Any, str]:
+    """The store was brought up to date when it was opened to write it: say from which layout."""
+    from ..store.schema import STORE_SCHEMA
+
+    before = store.migrated_from
+    text = f"{store.shown} is at layout {STORE_SCHEMA} already: nothing to do" if before is None else \
+        f"{store.shown}: brought from layout {before} to {STORE_SCHEMA}, every entry kept"
+    return {"store": store.shown, "from_layout": before or STORE_SCHEMA, "layout": STORE_SCHEMA}, text
+
+
+ACTIONS = {"ls": _ls, "show": _show, "rm": _rm, "gc": _gc, "migrate": _migrate}

@@ -489,7 +489,9 @@ class CachingAllocator:
                 return candidate
         page = KSMALL_BUFFER if pool.small else self.config.large_segment_size
         total = self.device_total if self.device_total is not None else _UNKNOWN_DEVICE_VA
-        va = -(-(total + total // 8) // page) * page  # address space for 1 1/8 of the device's memory
+        # address space for 1 1/8 of the device's memory; a request past it fails at map_block on a GPU, but
+        # without a capacity (a GPU large enough) the segment must hold it
+        va = -(-max(total + total // 8, size if self.capacity is None else 0) // page) * page
         seg = ExpandableSegment(self._new_address(va), page, va)
         block = Block(seg.base, va, stream, pool, seg)
         block.mapped = False

@@ -174,7 +174,18 @@ class EstimateDevice:
         return self.allocator is not None
 
     def capacity_bytes(self) -> int:
-        return self.capacity - self.allowance
+        capped = self.fraction_cap()
+        return self.capacity - self.allowance if capped is None else capped
+
+    def fraction_cap(self) -> int | None:
+        """What ``per_process_memory_fraction`` lets the allocator reserve (the fraction of the GPU's total memory,
+        as ``torch.cuda.set_per_process_memory_fraction`` caps it), where that is less than the memory the CUDA
+        context leaves; else None."""
+        fraction = self.allocator.per_process_memory_fraction if self.allocator is not None else 1.0
+        if fraction >= 1.0:
+            return None
+        capped = int(fraction * self.device_total)
+        return capped if capped < self.capacity - self.allowance else None
 
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare. Everything an estimate
@@ -324,10 +335,17 @@ class EstimateDevice:
         elif self.round_to > 1:
             lines.append(f"allocations rounded up to {self.round_to} bytes")
         source = "memory budget" if self.budget_given else "NVML total of the GPU"
+        source += " less the CUDA context allowance" if self.allowance else ""
+        if self.fraction_cap() is not None:
+            assert self.allocator is not None
+            source = (f"per_process_memory_fraction {self.allocator.per_process_memory_fraction:g} x the GPU's "
+                      f"{format_bytes(self.device_total)}; below the {format_bytes(self.capacity - self.allowance)} "
+                      f"from the {source}")
+            lines.append(f"the allocator may reserve {format_bytes(self.capacity_bytes())} ({source})")
         measured_by = (_SIMULATED_BY if self.simulates else _MEASURED_BY)[self.engine]
         return DeviceInfo(
             name=self.name, kind="estimate", estimated=True, capacity_bytes=self.capacity_bytes(),
-            capacity_source=source + (" less the CUDA context allowance" if self.allowance else ""),
+            capacity_source=source,
             budget_bytes=self.capacity if self.budget_given else None, measured_by=measured_by,
             summary="; ".join(lines), torch=torch.__version__, allowance_bytes=self.allowance, round_to=self.round_to,
             cuda_like=self.cuda_like, engine=self.engine, engine_fallback=self.fallback, model=self.model,
@@ -343,12 +361,17 @@ def _allocator_config(conf: str, variable: str | None) -> tuple[AllocatorConfig 
     """The conf the simulation runs with, or None and why it cannot simulate this one (a conf torch
     itself would refuse is refused here, naming the variable it came from, else ``alloc_conf``)."""
     try:
-        return AllocatorConfig.parse(conf), None
+        config = AllocatorConfig.parse(conf)
     except BadInput as exc:
         if "cudaMallocAsync" in conf:
             return None, (f"{variable or 'alloc_conf'}={conf}: CUDA's own pool allocator (cudaMallocAsync) is not "
                           "simulated; the estimate counts live tensor bytes rounded to 512 bytes")
         raise BadInput(f"{variable or 'alloc_conf'}={conf!r} cannot be used: {exc}") from None
+    if config.per_process_memory_fraction <= 0.0:
+        raise BadInput(f"{variable or 'alloc_conf'}={conf!r}: per_process_memory_fraction 0 lets the allocator "
+                       "reserve nothing, so no micro-batch fits: set it above 0 "
+                       "(e.g. per_process_memory_fraction:0.5), or leave it out")
+    return config, None
 
 
 def default_engine() -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .allocator import AllocatorConfig, CachingAllocator
 
@@ -48,12 +48,17 @@ def replay(events: Sequence[Event], *, capacity: int | None, conf: str | Allocat
         alloc = _run(events, CachingAllocator(capacity, config, device_total=device_total))
         oom = False
     except torch.OutOfMemoryError:
-        alloc = _run(events, CachingAllocator(None, config, device_total=device_total or capacity))
+        alloc = _run(events, CachingAllocator(None, unlimited(config), device_total=device_total or capacity))
         oom = True
     stats = alloc.stats.counters
     return Replay(reserved_peak=alloc.max_reserved, allocated_peak=alloc.max_allocated,
                   retries=stats["num_alloc_retries"], out_of_memory=oom, events=len(events),
                   seconds=time.perf_counter() - start)
+
+
+def unlimited(config: AllocatorConfig) -> AllocatorConfig:
+    """``config`` on a GPU large enough: without ``per_process_memory_fraction``, whose cap is the capacity's."""
+    return replace(config, per_process_memory_fraction=1.0)
 
 
 def _run(events: Iterable[Event], alloc: CachingAllocator) -> CachingAllocator:

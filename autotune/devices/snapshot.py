@@ -35,6 +35,7 @@ from typing import Any
 
 from .allocator import AllocatorConfig, CachingAllocator
 from .recorder import Made, Recording
+from .replay import unlimited
 
 #: What a trace entry's size means: the requested bytes of the block (``alloc``, ``free_*``) or the segment's.
 RESERVE = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
@@ -80,7 +81,8 @@ def build(recording: Recording, simulation: Simulation | None, *, on_step: OnSte
     oom_at = first_oom(recording.trace, simulation)
     if oom_at is not None and on_oom is not None:
         on_oom(oom_at)
-    alloc = CachingAllocator(simulation.capacity if oom_at is None else None, simulation.conf,
+    alloc = CachingAllocator(simulation.capacity if oom_at is None else None,
+                             simulation.conf if oom_at is None else unlimited(simulation.conf),
                              device_total=simulation.device_total or simulation.capacity)
     entries: list[dict[str, Any]] = []
 

@@ -100,6 +100,15 @@ def this_rank(device: object, memory_budget: object, group: tuple[int, int] | No
     return devices[rank % len(devices)], budgets[rank % len(budgets)]
 
 
+def one_device(device: object, memory_budget: object, group: tuple[int, int] | None) -> None:
+    """A memory snapshot is of one device: refuse a device or memory_budget per rank outside a torchrun job
+    (where each rank takes its own)."""
+    listed = _listed(_per_rank(device), options.memory_budgets(memory_budget))
+    if listed is not None and group is None:
+        raise BadInput(f"memory_snapshot is for one device, and a device or memory_budget per rank ({listed} given) "
+                       "names several: take each device's snapshot with its own call (one device, one budget)")
+
+
 def probe_request(workload: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
                   margin: object = options.MARGIN, max_batch: object = options.MAX_BATCH,
                   data_parallel: bool | None = None, parallel: object = options.DEFAULT_PARALLEL,

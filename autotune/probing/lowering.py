@@ -32,7 +32,7 @@ import torch
 
 from ..devices.replay import replay
 from ..errors import AutotuneError
-from ..results.timeline import PeakPart
+from ..results.timeline import PeakPart, share
 from ..units import format_bytes
 from ..workload import Workload
 from .fsdp import RunRule
@@ -134,13 +134,17 @@ def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, 
         state, acts = at.held("parameters", "gradients", "optimizer_state"), at.held("activations")
         little = "would lower it little" if acts < WORTH * total else \
             "has no module family holding a large share of them to wrap"
-        return (f"{where} parameters, gradients and optimizer state hold {state / total:.0%} "
-                f"({format_bytes(state)}) and activations {acts / total:.0%} ({format_bytes(acts)}): activation "
+        return (f"{where} parameters, gradients and optimizer state hold {share(state, total)} "
+                f"({format_bytes(state)}) and activations {share(acts, total)} ({format_bytes(acts)}): activation "
                 f"checkpointing {little}{instead.clause()}."), None
     name, held_bytes = top
-    of = "the demand" if walk.out_of_memory else "the peak"
-    what = (f"activations of {name} and the modules in it hold {held_bytes / total:.0%} of {of} "
-            f"({format_bytes(held_bytes)}) {where}; "
+    of = f"the {format_bytes(total)} demand" if walk.out_of_memory else "the peak"
+    request = walk.out_of_memory.request if walk.out_of_memory else None
+    inside = request is not None and request.kind == "activations" and \
+        (request.name == name or request.name.startswith(f"{name}."))
+    asked = f", the request's {format_bytes(request.bytes)} included" if inside and request is not None else ""
+    what = (f"activations of {name} and the modules in it hold {share(held_bytes, total)} of {of} "
+            f"({format_bytes(held_bytes)}{asked}) {where}; "
             "activation checkpointing of these modules")
     try:
         again = analyse(record(checkpointed(workload, name), recorded.device, batch, frames=False,
@@ -189,7 +193,7 @@ class _Instead:
                 "or sharding with --parallel fsdp)" if kinds[0] == "parameters" else changes[kinds[0]]()
             if change:
                 which = "the largest part" if first else "the largest part a change lowers"
-                return (f"; what would lower it: {which}, {label} ({format_bytes(held)}, {held / at.total:.0%}), "
+                return (f"; what would lower it: {which}, {label} ({format_bytes(held)}, {share(held, at.total)}), "
                         f"shrinks with {change}")
             first = False
         return ""

@@ -114,7 +114,7 @@ def analyse(recorded: Recorded) -> Walk:
     blocks: dict[int, int] = {}
     requested: dict[int, int] = {}
     sums = dict.fromkeys(("parameters", "gradients", "optimizer_state", "activations", "workspace"), 0)
-    state: dict[str, Any] = {"best": -1, "index": 0, "live": {}, "allocated": 0}
+    state: dict[str, Any] = {"best": -1, "held": -1, "index": 0, "live": {}, "allocated": 0}
     points: list[tuple[int, int, int, int, int, int, int]] = []
     n = len(rec.trace)
     every = max(1, n // SAMPLES)
@@ -128,9 +128,11 @@ def analyse(recorded: Recorded) -> Walk:
         elif key in blocks:
             sums[kinds[key]] -= blocks.pop(key)
         state["allocated"] = max(state["allocated"], allocated)
-        peak = reserved > state["best"]
+        # the moment that limits the micro-batch: the most allocated while the reserved peak is held (reached
+        # at a small segment's cudaMalloc, the reserved peak may hold little but cache then)
+        peak = reserved > state["best"] or (reserved == state["best"] and allocated > state["held"])
         if peak:
-            state["best"], state["index"], state["live"] = reserved, i, dict(blocks)
+            state["best"], state["held"], state["index"], state["live"] = reserved, allocated, i, dict(blocks)
         if peak or i % every == 0 or i == n - 1:
             tensors = sum(sums.values())
             points.append((i, sums["parameters"], sums["gradients"], sums["optimizer_state"], sums["activations"],

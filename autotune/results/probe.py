@@ -156,10 +156,12 @@ class ProbeResult(Record):
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
         limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else "memory"
         peak = "reserved peak" if self.allocated_peak_bytes is not None else "peak"
+        source = self.device.capacity_source
+        fraction = f": {source.split(';')[0]}" if source.startswith("per_process_memory_fraction") else ""
         return (
             f"max micro-batch {self.max_micro_batch} on {self.device.name} ({status}; limited by {limit}): "
             f"{peak} {format_bytes(self.peak_bytes)} of {format_bytes(self.usable_bytes)} usable "
-            f"({format_bytes(self.capacity_bytes)} capacity, margin {format_margin(self.margin)})"
+            f"({format_bytes(self.capacity_bytes)} capacity{fraction}, margin {format_margin(self.margin)})"
         )
 
     def allocator_line(self) -> str | None:

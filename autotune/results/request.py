@@ -107,7 +107,7 @@ class Snapshot(Record):
     @classmethod
     def of(cls, memory_snapshot: object, at: object = None) -> Snapshot | None:
         """The API's ``memory_snapshot`` (a path, True for none, None or False for no snapshot) and ``at``."""
-        if not memory_snapshot:
+        if memory_snapshot is None or memory_snapshot is False:  # '' is refused below, as the CLI refuses it
             if at is not None:
                 raise BadInput("at is where a memory snapshot is taken: give memory_snapshot too, or drop at")
             return None

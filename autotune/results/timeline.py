@@ -146,11 +146,12 @@ class MemoryTimeline(Record):
     """The fit rule at ``batch`` allocation by allocation (the estimate's, ``simulated`` through the caching
     allocator when it stands in for a GPU): the peak, what is live there, and the timeline.
 
-    ``parts`` sum to ``reserved_peak_bytes`` (``context`` is extra: outside the allocator). ``series`` holds
-    sampled points ``(event, *SERIES)`` (bytes by kind; ``allocator`` is reserved minus the tensors); ``phases``
-    ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one sentence what would
-    lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options`` compares
-    allocator settings, ``advice`` says which one helps.
+    ``parts`` sum to ``reserved_peak_bytes`` (``context`` is extra: outside the allocator): what is live at
+    ``peak_event``, the moment that limits the micro-batch (the most allocated while the reserved peak is held).
+    ``series`` holds sampled points ``(event, *SERIES)`` (bytes by kind; ``allocator`` is reserved minus the
+    tensors); ``phases`` ``(event, name)`` where each phase of the fit rule starts. ``lowering`` says in one
+    sentence what would lower the peak most, with the figure the estimate computed (``lowering_bytes``). ``options``
+    compares allocator settings, ``advice`` says which one helps.
 
     ``out_of_memory``: where the simulated GPU runs out of memory at ``batch`` (a size that does not fit), and
     what it asks for there; ``lowering`` and ``advice`` are then about that demand. The snapshot goes on past it
@@ -185,9 +186,13 @@ class MemoryTimeline(Record):
         device's; a live peak (no allocator simulated) above it is said not to fit."""
         oom = self.out_of_memory
         if oom is not None:
-            out = [f"memory at micro-batch {self.batch}: {oom.headline()}; what is live then:",
-                   f"  the request, {oom.request.label}: {format_bytes(oom.requested_bytes)}"]
-            out += [f"  {p.label}: {format_bytes(p.bytes)}" for p in sorted(oom.parts, key=lambda p: -p.bytes)[:n]]
+            demand = oom.reserved_bytes + oom.requested_bytes
+            out = [f"memory at micro-batch {self.batch}: {oom.headline()}; the demand there, {format_bytes(demand)}, "
+                   "is the request and what the allocator holds then (live blocks, cached free blocks):",
+                   f"  the request, {oom.request.label}: {format_bytes(oom.requested_bytes)} "
+                   f"({share(oom.requested_bytes, demand)})"]
+            out += [f"  {'held' if p.kind in ('cache', 'rounding') else 'live'}, {p.label}: {format_bytes(p.bytes)} "
+                    f"({share(p.bytes, demand)})" for p in sorted(oom.parts, key=lambda p: -p.bytes)[:n]]
             out.append(f"past that point the snapshot goes on without a limit, as on a GPU large enough: there the "
                        f"fit rule's blocks peak at {format_bytes(self.allocated_peak_bytes)} (allocated peak), the "
                        f"least such a GPU must hold for micro-batch {self.batch}")
@@ -199,8 +204,7 @@ class MemoryTimeline(Record):
             out = [f"memory at micro-batch {self.batch}: {verdict}{peak} peak {format_bytes(self.reserved_peak_bytes)} "
                    f"in {self.peak_phase}; largest parts:"]
             for p in self.top(n):
-                share = p.bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
-                out.append(f"  {p.label}: {format_bytes(p.bytes)} ({share:.0%})")
+                out.append(f"  {p.label}: {format_bytes(p.bytes)} ({share(p.bytes, self.reserved_peak_bytes)})")
         if self.lowering:
             out.append(self.lowering)
         out += list(self.advice)
@@ -213,3 +217,13 @@ class MemoryTimeline(Record):
             out.append(f"memory snapshot: {self.snapshot_file} (python -m torch.cuda._memory_viz trace_plot "
                        f"{self.snapshot_file} -o memory.html, or pytorch.org/memory_viz)")
         return out
+
+
+def share(part: int, total: int) -> str:
+    """``part`` as a whole percentage of ``total``, never rounded to 0% or 100% when it is neither."""
+    if not total or not part:
+        return "0%"
+    if part >= total:
+        return f"{part / total:.0%}"
+    found = f"{part / total:.0%}"
+    return "<1%" if found == "0%" else ">99%" if found == "100%" else found

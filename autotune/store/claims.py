@@ -6,9 +6,14 @@ A claim is a row of ``autotune_claims``: who holds it (host, process, thread) an
 so a claim outlives its holder by at most one lease (:data:`LEASE_S`), wherever the holder ran: a
 process killed on another host, or a host that went away, frees its fingerprints once the lease runs
 out, which the row shows everyone. On the holder's own host a claim whose process is gone is taken
-over at once. A claim is taken in one transaction: on PostgreSQL its row is locked
-(``SELECT ... FOR UPDATE``) and a new one inserted with ``ON CONFLICT DO NOTHING``, so that of two
-processes asking at once exactly one gets it; on SQLite ``BEGIN IMMEDIATE``'s write lock does the same.
+over at once. Leases are timed by the database's clock (:func:`database_now`): a PostgreSQL server's,
+so that hosts whose clocks differ agree on when a lease runs out; an SQLite file has no clock of its
+own, so there each process's host times it (the processes sharing a file share a host, or nearly one
+clock). A claim that runs out further ahead than any lease (:data:`MAX_LEASE_S`) was written by a
+host whose clock is ahead, or changed by hand: it is taken over, and ``autotune store gc`` removes it.
+A claim is taken in one transaction: on PostgreSQL its row is locked (``SELECT ... FOR UPDATE``) and
+a new one inserted with ``ON CONFLICT DO NOTHING``, so that of two processes asking at once exactly
+one gets it; on SQLite ``BEGIN IMMEDIATE``'s write lock does the same.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -30,6 +35,8 @@ from . import schema
 
 #: How long a claim holds unless its holder renews it (a third of this apart, while it probes).
 LEASE_S = 30.0
+#: No lease is longer: a claim that runs out further ahead than this is broken (its holder's clock is ahead).
+MAX_LEASE_S = 2 * LEASE_S
 #: How often a process waiting for another's probe looks again.
 POLL_S = 0.2
 
@@ -68,11 +75,16 @@ def take(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> str 
     """Take the claim on ``fingerprint`` for ``owner`` in this transaction: None when it is the
     owner's now, else who holds it."""
     t = schema.claims
-    now = time.time()
+    _check_lease(lease_s)
     row = conn.execute(select(t).where(t.c.fingerprint == fingerprint).with_for_update()).first()
+    now = database_now(conn)
     if row is not None:
-        if row.owner != owner and row.expires_at > now and alive(row.owner):
+        if row.owner != owner and now < row.expires_at <= now + MAX_LEASE_S and alive(row.owner):
             return str(row.owner)
+        if row.owner != owner and row.expires_at > now + MAX_LEASE_S:
+            _log.warning("autotune store: the claim on %s by %s runs out %.3g s from now, later than any lease "
+                         "allows (%.0f s): its host's clock is ahead, or the row was changed by hand; taken over",
+                         fingerprint[:12], owner_words(row.owner), row.expires_at - now, MAX_LEASE_S)
         conn.execute(update(t).where(t.c.fingerprint == fingerprint)
                      .values(owner=owner, claimed_at=now, expires_at=now + lease_s))
         return None
@@ -101,9 +113,30 @@ def _insert_new(conn: Connection, values: dict[str, Any]) -> Any:
 def renew(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> bool:
     """Extend the owner's claim by a lease from now; False when it is not the owner's any more."""
     t = schema.claims
+    _check_lease(lease_s)
     done = conn.execute(update(t).where((t.c.fingerprint == fingerprint) & (t.c.owner == owner))
-                        .values(expires_at=time.time() + lease_s))
+                        .values(expires_at=database_now(conn) + lease_s))
     return bool(done.rowcount)
+
+
+def stale(now: float) -> Any:
+    """Which claims ``autotune store gc`` removes at ``now`` (:func:`database_now`): those whose lease ran out,
+    and those that run out further ahead than any lease."""
+    t = schema.claims
+    return (t.c.expires_at < now) | (t.c.expires_at > now + MAX_LEASE_S)
+
+
+def database_now(conn: Connection) -> float:
+    """The time by the database's clock, in seconds since 1970: a PostgreSQL server's, which every host
+    using it shares; for SQLite, which has no clock of its own, this host's."""
+    if conn.dialect.name == "postgresql":
+        return float(conn.execute(select(func.extract("epoch", func.clock_timestamp()))).scalar_one())
+    return time.time()
+
+
+def _check_lease(lease_s: float) -> None:
+    if lease_s > MAX_LEASE_S:
+        raise ValueError(f"a claim's lease must be at most {MAX_LEASE_S} s, got {lease_s}")
 
 
 def release(conn: Connection, fingerprint: str, owner: str) -> None:

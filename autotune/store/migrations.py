@@ -50,10 +50,10 @@ def _layout_2(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _layout_2}
 
 
-def prepare(conn: Connection, *, mode: Mode, name: str, shown: str) -> None:
+def prepare(conn: Connection, *, mode: Mode, name: str, shown: str) -> int | None:
     """Make the store's tables (``mode`` "create", when there are none), or check its layout and bring
-    it up to date (not when ``mode`` is "read"); BadInput naming ``name`` when it is no store, is
-    damaged or is newer than this autotune."""
+    it up to date (not when ``mode`` is "read"): the layout it was brought from, None when it was not
+    changed. BadInput naming ``name`` when it is no store, is damaged or is newer than this autotune."""
     if mode != "read":
         lock_layout(conn)
     exists = inspect(conn).has_table(schema.info.name)
@@ -65,21 +65,23 @@ def prepare(conn: Connection, *, mode: Mode, name: str, shown: str) -> None:
     if found is None and mode == "create":
         schema.metadata.create_all(conn, checkfirst=True)
         conn.execute(insert(schema.info).values(key="schema", value=str(schema.STORE_SCHEMA)))
-        return
-    if not isinstance(found, str) or not found.isdigit():
+        return None
+    layout = int(found) if isinstance(found, str) and found.isascii() and found.isdigit() else 0
+    if layout < 1:
         raise BadInput(f"{name} {shown!r} is damaged: its layout row ({schema.info.name} 'schema') holds {found!r}, "
-                       "not a layout number: restore the store from a backup, or start a new one")
-    layout = int(found)
+                       "not a layout number (they count from 1): restore the store from a backup, or start a new one")
     if layout > schema.STORE_SCHEMA:
         raise BadInput(f"{name} {shown!r} has layout {found}, newer than the {schema.STORE_SCHEMA} this autotune "
                        "reads: upgrade autotune (pip install -U autotune)")
     if layout == schema.STORE_SCHEMA or (mode == "read" and layout >= schema.READS_FROM):
-        return
+        return None
     if mode == "read":
         raise BadInput(f"{name} {shown!r} has layout {found}, older than this autotune reads without bringing it up "
-                       "to date: run autotune store gc --dry-run --store URL once (it migrates the store)")
+                       "to date: run autotune store migrate --store URL once (it brings the store up to date, every "
+                       "entry kept)")
     migrate(conn, layout)
     _log.info("autotune store: %s brought from layout %d to %d", shown, layout, schema.STORE_SCHEMA)
+    return layout
 
 
 def migrate(conn: Connection, layout: int) -> None:

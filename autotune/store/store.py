@@ -86,6 +86,8 @@ class Store:
         self.mode = mode
         self.file = sqlite_file(url)
         self.reopened = 0
+        #: The layout the store was brought from when this process opened it; None when it was not changed.
+        self.migrated_from: int | None = None
         self._reopen_lock = threading.Lock()
         self._open()
 
@@ -120,8 +122,8 @@ class Store:
     # -- transactions -------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        self._run(lambda conn: prepare(conn, mode=self.mode, name=self.name, shown=self.shown),
-                  retry=(OperationalError, IntegrityError), fresh=False)
+        self.migrated_from = self._run(lambda conn: prepare(conn, mode=self.mode, name=self.name, shown=self.shown),
+                                       retry=(OperationalError, IntegrityError), fresh=False)
 
     def _run(self, work: Callable[[Connection], R], *, retry: tuple[type[Exception], ...] = (IntegrityError,),
              attempts: int = 4, fresh: bool = True) -> R:
@@ -380,7 +382,8 @@ class Store:
         return self._run(write) if keys else 0
 
     def gc(self, *, older_than_s: float | None = None, dry_run: bool = False) -> dict[str, int]:
-        """Remove invalidated entries, claims whose lease ran out, and with ``older_than_s`` entries
+        """Remove invalidated entries, claims whose lease ran out (or that run out further ahead than any
+        lease: :func:`~autotune.store.claims.stale`), and with ``older_than_s`` entries
         neither made nor served since then and measurements older than that. Counts of what went
         (or would go, with ``dry_run``)."""
         now = time.time()
@@ -392,6 +395,7 @@ class Store:
 
         def work(conn: Connection) -> dict[str, int]:
             keys = list(conn.execute(select(e.c.fingerprint).where(stale)).scalars())
+            old_claims = claims.stale(claims.database_now(conn))
             measured: Any = m.c.fingerprint.in_(keys)
             if older_than_s is not None:
                 measured = measured | (m.c.recorded_at < now - older_than_s)
@@ -399,13 +403,13 @@ class Store:
                 "entries": len(keys),
                 "plans": _count(conn, schema.plans, schema.plans.c.fingerprint.in_(keys)),
                 "measurements": _count(conn, m, measured),
-                "claims": _count(conn, schema.claims, schema.claims.c.expires_at < now),
+                "claims": _count(conn, schema.claims, old_claims),
             }
             if not dry_run:
                 for table in (schema.plans, schema.requests):
                     conn.execute(delete(table).where(table.c.fingerprint.in_(keys)))
                 conn.execute(delete(m).where(measured))
-                conn.execute(delete(schema.claims).where(schema.claims.c.expires_at < now))
+                conn.execute(delete(schema.claims).where(old_claims))
                 conn.execute(delete(e).where(e.c.fingerprint.in_(keys)))
             return counts
 

@@ -59,14 +59,16 @@ def test_probe_writes_the_snapshot_and_prints_where_the_peak_comes_from(capsys, 
 @pytest.mark.slow
 def test_one_name_per_quantity_fragmentation_is_reserved_peak_minus_allocated_peak(capsys, tmp_path):
     """Two figures, two names: fragmentation (the reserved peak minus the allocated peak, two moments) and the
-    cached free blocks at the reserved peak (a part of it)."""
+    cached free blocks at the moment the breakdown is of (a part of it). That moment is the most allocated while
+    the reserved peak is held: where the allocated peak lies inside that plateau, as here, the figures agree."""
     result = tmp_path / "probe.json"
     code, out, _ = run(capsys, "probe", *H100, "--max-batch", "512", "--memory-snapshot", tmp_path / "m.pickle",
                        "--output", result)
     data = json.loads(result.read_text())
     fragmentation = format_bytes(data["fragmentation_bytes"])
     (cache,) = [p for p in data["memory"]["parts"] if p["kind"] == "cache"]
-    assert format_bytes(cache["bytes"]) != fragmentation  # else the check below could not tell them apart
+    assert cache["bytes"] == data["fragmentation_bytes"] == data["memory"]["reserved_peak_bytes"] - \
+        data["memory"]["allocated_peak_bytes"]
     said = [line for line in out.splitlines() if "fragmentation" in line]
     assert len(said) >= 2 and all(f"fragmentation {fragmentation}" in line for line in said), said
     assert f"fragmentation {fragmentation} (reserved peak minus allocated peak" in out
@@ -99,6 +101,12 @@ def test_at_a_size_that_fits_records_that_size(capsys, tmp_path):
     lines = memory_lines(out)
     assert lines[0].startswith(f"memory at micro-batch 100: reserved peak {format_bytes(reserved)} in ")
     assert not any("out of memory" in line for line in lines)
+    # the probe's own figures are the max's (512), not --at's: they say so
+    (live,) = [line for line in out.splitlines() if line.startswith("live tensors")]
+    assert live.startswith("live tensors at the allocated peak of micro-batch 512 (the max; micro-batch 100's memory "
+                           "is below): ")
+    (cache,) = [line for line in out.splitlines() if "caching allocator (simulated)" in line]
+    assert cache.startswith("at micro-batch 512 (the max), caching allocator (simulated): reserved peak ")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 
 from autotune.cli import main
 
-from ..stores import GATED, rows
+from ..stores import GATED, execute, rows
 
 ESTIMATE = ["--probe", "mlp", "--device", "estimate", "--memory-budget", "1GiB"]
 CPU = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB"]
@@ -116,19 +116,39 @@ def test_store_ls_show_rm_gc(capsys, url):
     code, out, _ = run(capsys, "store", "ls", "--store", url)
     assert short in out and "served" in out
     code, out, _ = run(capsys, "store", "show", short, "--store", url)
-    assert code == 0 and f"fingerprint {entry['fingerprint']}" in out
+    assert code == 0 and f"fingerprint {entry['fingerprint']}" in out and "; served 1 time, last " in out
     assert "ops:" in out and "1021 = " in out and "confirm" in out and " run " in out
     code, out, _ = run(capsys, "store", "show", "--store", url)
     assert code == 0 and "measured vs estimated peak, per device" in out and "cpu" in out
+    assert f"{url}: 1 entry, 1 plan, " in out
     code, out, _ = run(capsys, "store", "show", "--store", url, "--json")
     summary = json.loads(out)
     assert summary["entries"] == 1 and summary["accuracy"][0]["measurements"] >= 3
     code, out, _ = run(capsys, "store", "gc", "--dry-run", "--older-than", "0", "--store", url)
-    assert code == 0 and "would remove 1 entries" in out
-    code, out, _ = run(capsys, "store", "rm", short, "--store", url)
-    assert code == 0 and f"removed 1 entry: {short}" in out
+    assert code == 0 and out.startswith("would remove 1 entry, 1 plan, ") and out.endswith(", 0 claims\n")
+    code, out, _ = run(capsys, "store", "rm", short, short, entry["fingerprint"], "--store", url)
+    assert code == 0 and out == f"removed 1 entry: {short}\n"  # named three times, listed once
     code, out, _ = run(capsys, "store", "ls", "--store", url)
     assert "holds no entries" in out
+
+
+def test_text_clients_sent_reaches_the_terminal_escaped(capsys, url):
+    from autotune.store import Observation, open_store
+
+    code, out, _ = run(capsys, "plan", "--target-batch", "64", *CPU, "--store", url, "--json")
+    digest = json.loads(out)["probe"]["fingerprint"]
+    open_store(url).record(Observation(  # as POST /v1/measurements may send it
+        fingerprint=digest, source="reported", device="\x1b[31mNVIDIA A100\x9b0m", device_kind="cuda", batch=8,
+        peak_reserved_bytes=1000, note="\x1b]52;c;cm0gLXJmIC8=\x07<img src=x>\u202eRED\x1b[0m"))
+    execute(url, "UPDATE autotune_entries SET workload = :name", name="mlp\x1b[2J")  # a row changed by hand
+    for argv in (["show", digest[:12]], ["show"], ["ls"]):
+        code, out, err = run(capsys, "store", *argv, "--store", url)
+        assert code == 0 and not any(ch in out for ch in "\x1b\x07\x9b\u202e"), (argv, out)
+        assert ("\\x1b[31mNVIDIA A100\\x9b0m" if argv[0] == "show" else "mlp\\x1b[2J") in out
+    code, out, _ = run(capsys, "store", "show", digest[:12], "--store", url)
+    assert "\\x1b]52;c;cm0gLXJmIC8=\\x07<img src=x>\\u202eRED\\x1b[0m" in out
+    code, out, _ = run(capsys, "store", "show", digest[:12], "--store", url, "--json")
+    assert json.loads(out)["measurements"][-1]["device"] == "\x1b[31mNVIDIA A100\x9b0m"  # JSON keeps it, escaped
 
 
 @pytest.fixture
@@ -214,18 +234,20 @@ def test_a_damaged_entry_is_listed_shown_removed_and_probed_again(capsys, url, d
     assert code == 0 and f"removed 1 entry: {digest[:12]}" in out
 
 
-@pytest.mark.parametrize("argv", [["store", "ls"], ["plan", "--target-batch", "64", *CPU]])
-def test_a_damaged_layout_row_is_a_one_line_error(capsys, made, argv):
+@pytest.mark.parametrize("value", ["abc", "0"])
+@pytest.mark.parametrize("argv", [["store", "ls"], ["store", "gc", "--dry-run"], ["store", "migrate"],
+                                  ["plan", "--target-batch", "64", *CPU]])
+def test_a_damaged_layout_row_is_a_one_line_error(capsys, made, argv, value):
     from sqlalchemy import update
 
     from autotune.store import open_store, schema
 
     store = open_store(made)
     with store.engine.begin() as conn:
-        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value="abc"))
+        conn.execute(update(schema.info).where(schema.info.c.key == "schema").values(value=value))
     store.close()
     got, _, err = run(capsys, *argv, "--store", made)
-    assert got == 2 and "is damaged: its layout row (autotune_store_info 'schema') holds 'abc'" in err, err
+    assert got == 2 and f"is damaged: its layout row (autotune_store_info 'schema') holds {value!r}" in err, err
     assert len(err.strip().splitlines()) == 1
 
 

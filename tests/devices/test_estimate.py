@@ -180,6 +180,47 @@ def test_the_allocator_settings_are_read_as_torch_reads_them(monkeypatch):
         get_device("estimate", memory_budget=GiB)
 
 
+def test_per_process_memory_fraction_caps_the_capacity_the_margin_is_taken_from(monkeypatch):
+    """On a T4 (15.0 GiB, 14.4 GiB after the CUDA context) a fraction of 0.5 lets the allocator reserve 7.5 GiB:
+    that is the capacity, usable = min(capacity, fraction x total) x (1 - margin), and the output says so."""
+    from autotune import api
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.5")
+    dev = get_device("estimate:T4-16GB")
+    assert dev.capacity_bytes() == int(0.5 * 15360 * MiB) < dev.capacity - dev.allowance
+    result = api.probe("mlp", device="estimate:T4-16GB", max_batch=64)
+    assert result.capacity_bytes == dev.capacity_bytes() and result.usable_bytes == int(0.9 * dev.capacity_bytes())
+    assert "of 6.8 GiB usable (7.5 GiB capacity: per_process_memory_fraction 0.5 x the GPU's 15.0 GiB, margin 10%)" \
+        in result.summary()
+    assert "the allocator may reserve 7.5 GiB (per_process_memory_fraction 0.5 x the GPU's 15.0 GiB; below the " \
+        "14.4 GiB from" in result.device.summary
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.99")  # 14.9 GiB: the context decides
+    dev = get_device("estimate:T4-16GB")
+    assert dev.capacity_bytes() == dev.capacity - dev.allowance and "may reserve" not in dev.describe().summary
+
+
+@pytest.mark.parametrize("fraction", ["0", "0.0"])
+def test_a_fraction_of_0_is_refused(fraction, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", f"per_process_memory_fraction:{fraction}")
+    with pytest.raises(BadInput, match=r"^PYTORCH_ALLOC_CONF='per_process_memory_fraction:0(\.0)?': "
+                                       r"per_process_memory_fraction 0 lets the allocator reserve nothing.*above 0"):
+        get_device("estimate:T4-16GB")
+
+
+def test_a_tiny_fraction_says_micro_batch_1_does_not_fit(monkeypatch):
+    """Past the fraction's cap the estimate replays on a GPU large enough (no fraction there): a figure, not an
+    out-of-memory error inside the estimate."""
+    from autotune import api
+    from autotune.errors import DoesNotFit
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.00001")
+    with pytest.raises(DoesNotFit, match=r"micro-batch 1 needs [\d.]+ MiB \(estimated\), usable memory is"):
+        api.probe("mlp", device="estimate:T4-16GB", max_batch=64)
+
+
 def test_budget_that_leaves_nothing_after_the_allowance():
     with pytest.raises(ValueError, match="leaves nothing after the 640.0 MiB allowance"):
         EstimateDevice.for_gpu(CUDA_CONTEXT_ALLOWANCE)

@@ -94,6 +94,14 @@ def test_replay_that_runs_out_reports_the_unlimited_peak():
     assert (r.reserved_peak, r.out_of_memory) == (28 * MiB, True)
 
 
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_a_request_past_the_devices_address_space_runs_out_and_the_unlimited_replay_holds_it(conf):
+    """2 GiB on a 1 GiB GPU: out of memory; replayed without a limit (a GPU large enough), an expandable segment
+    needs address space for the request, not 1 1/8 of the 1 GiB device's memory."""
+    r = replay([(1, 2 << 30, 0), (1, -1, 0)], capacity=1 << 30, conf=conf, device_total=1 << 30)
+    assert r.out_of_memory and r.reserved_peak >= r.allocated_peak >= 2 << 30
+
+
 def test_replay_reads_the_alloc_conf():
     # 30 MiB cached, then 10 MiB asked: split from the cached block, unless max_split_size_mb makes the
     # 30 MiB block oversize, which a smaller request may not take (get_free_block): a new 10 MiB segment.

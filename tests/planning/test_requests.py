@@ -165,3 +165,30 @@ def test_a_margin_just_below_one_is_shown_as_it_is_in_the_error():
     """SV10: usable memory at margin 0.99999 says "margin 99.999%", not "margin 100%"."""
     with pytest.raises(AutotuneError, match=r"\(8\.0 MiB capacity, margin 99\.999%\)"):
         autotune.probe("mlp", device="cpu", memory_budget="8MiB", margin=0.99999)
+@pytest.mark.parametrize("call", [
+    lambda: autotune.memory_snapshot("", "mlp", device="estimate:T4-16GB"),
+    lambda: autotune.memory_snapshot(True, "mlp", device="estimate:T4-16GB"),
+    lambda: autotune.probe("mlp", device="estimate:T4-16GB", memory_snapshot=""),
+    lambda: autotune.plan(64, workload="mlp", device="estimate:T4-16GB", memory_snapshot=""),
+])
+def test_an_empty_or_true_snapshot_path_is_refused_as_the_command_line_refuses_it(call, monkeypatch):
+    """``--memory-snapshot ''`` exits 2; the API's calls refuse it too, before any probe, instead of writing no
+    file (memory_snapshot(path): True is no path; probe and plan take True as "no file", never '')."""
+    from autotune.probing import finder
+
+    monkeypatch.setattr(finder, "probe", lambda *a, **k: pytest.fail("probed before the refusal"))
+    with pytest.raises(BadInput, match=r"^(path|memory_snapshot) (''|True) is not a file path: give one such as "
+                                       r"'memory.pickle'"):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda path: autotune.memory_snapshot(path, "mlp", device="estimate:T4-16GB,estimate:A100-80GB"),
+    lambda path: autotune.probe("mlp", device="estimate:T4-16GB", memory_budget="8GiB,4GiB", memory_snapshot=path),
+    lambda path: autotune.plan(64, workload="mlp", device="estimate:T4-16GB,estimate:A100-80GB",
+                               memory_snapshot=path),
+])
+def test_a_snapshot_of_several_devices_is_refused_as_one_device_only(call, tmp_path):
+    with pytest.raises(BadInput, match=r"^memory_snapshot is for (one device|a plan of one device)"):
+        call(str(tmp_path / "m.pickle"))
+    assert not (tmp_path / "m.pickle").exists()

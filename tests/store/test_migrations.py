@@ -99,8 +99,31 @@ def test_a_store_is_read_as_it_is_without_being_changed(old_store):
 def test_a_layout_this_autotune_cannot_read_as_it_is_is_refused_to_readers(old_store, monkeypatch):
     monkeypatch.setattr(schema, "READS_FROM", 2)
     with pytest.raises(BadInput, match="has layout 1, older than this autotune reads without bringing it up to date: "
-                                       "run autotune store gc --dry-run"):
+                                       "run autotune store migrate --store URL once"):
         Store(old_store, name="--store", mode="read")
+
+
+def test_a_dry_run_changes_nothing_and_migrate_brings_the_store_up_to_date(old_store, capsys):
+    from autotune.cli import main
+    from autotune.store import store as module
+
+    before = _file_bytes(old_store)
+    assert main(["store", "gc", "--dry-run", "--older-than", "0", "--store", old_store]) == 0
+    assert "would remove 3 entries, 3 plans, 3 measurements, 0 claims" in capsys.readouterr().out
+    assert rows(old_store, "autotune_store_info", "value") == [("1",)], "a dry run migrated the store"
+    assert _file_bytes(old_store) == before
+    assert main(["store", "migrate", "--store", old_store]) == 0
+    assert capsys.readouterr().out.strip().endswith(": brought from layout 1 to 2, every entry kept")
+    assert rows(old_store, "autotune_store_info", "value") == [("2",)] and len(rows(old_store, "autotune_entries")) == 3
+    for opened in list(module._OPEN.values()):
+        opened.close()
+    assert main(["store", "migrate", "--store", old_store]) == 0
+    assert capsys.readouterr().out.strip().endswith(" is at layout 2 already: nothing to do")
+
+
+def _file_bytes(url: str) -> bytes | None:
+    """The SQLite file's bytes (None for a server's database)."""
+    return Path(url.removeprefix("sqlite:///")).read_bytes() if url.startswith("sqlite") else None
 
 
 def test_a_failing_step_leaves_the_store_as_it_was(old_store, monkeypatch):

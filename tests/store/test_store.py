@@ -20,7 +20,7 @@ from autotune.store import Observation, open_store
 from autotune.store.schema import STORE_SCHEMA
 from autotune.store.store import Store, accuracy, owner_id
 
-from ..stores import rows
+from ..stores import execute, rows
 
 FP = "ab" * 32
 OTHER = "cd" * 32
@@ -291,6 +291,49 @@ def test_a_claim_from_another_host_ends_with_its_lease(store):
     assert rows(store.url, "autotune_claims", "owner") == [(owner_id(),)]
 
 
+def _plant_claim(url: str, fingerprint: str, owner: str, ahead_s: float) -> None:
+    """A claim row written behind the store's back: claimed now, expiring ``ahead_s`` from now."""
+    now = time.time()
+    execute(url, "INSERT INTO autotune_claims VALUES (:fp, :owner, :now, :until)", fp=fingerprint, owner=owner,
+            now=now, until=now + ahead_s)
+
+
+def test_a_claim_reaching_further_than_any_lease_is_taken_over_and_cleared(store, caplog):
+    from autotune.store.claims import MAX_LEASE_S
+
+    _plant_claim(store.url, FP, ELSEWHERE, 1e9)  # a holder whose clock is far ahead, or a row changed by hand
+    _plant_claim(store.url, OTHER, ELSEWHERE, 1e9)
+    with caplog.at_level("WARNING", logger="autotune.store"):
+        assert store.take(FP, owner_id()) is None  # not waited for: 31 years
+    store.release(FP, owner_id())
+    assert f"the claim on {FP[:12]} by process 4242 on gpu-node-9 runs out 1e+09 s from now, later than any lease " \
+           f"allows ({MAX_LEASE_S:.0f} s): its host's clock is ahead, or the row was changed by hand; taken over" \
+           in caplog.text
+    assert store.gc(dry_run=True)["claims"] == 1 and len(rows(store.url, "autotune_claims")) == 1
+    assert store.gc()["claims"] == 1 and rows(store.url, "autotune_claims") == []
+    _plant_claim(store.url, FP, ELSEWHERE, MAX_LEASE_S - 5)  # within the longest lease: held, and kept by gc
+    assert store.take(FP, owner_id()) == ELSEWHERE and store.gc()["claims"] == 0
+
+
+def test_a_lease_is_timed_by_the_servers_clock(postgres, monkeypatch):
+    from types import SimpleNamespace
+
+    from autotune.store import claims
+
+    url = postgres.database()
+    try:
+        store = Store(url)
+        ahead = time.time() + 3600
+        monkeypatch.setattr(claims, "time", SimpleNamespace(time=lambda: ahead))  # this host's clock an hour ahead
+        assert store.take(FP, owner_id(), lease_s=30) is None
+        monkeypatch.undo()
+        (claimed, expires), = rows(url, "autotune_claims", "claimed_at", "expires_at")
+        assert claimed == pytest.approx(time.time(), abs=5) and expires - claimed == pytest.approx(30, abs=0.1)
+        store.close()
+    finally:
+        postgres.drop(url)
+
+
 @pytest.mark.parametrize("heartbeat", [True, False])
 def test_a_claim_is_renewed_while_it_is_held(store, monkeypatch, heartbeat):
     from autotune.store import claims
@@ -432,7 +475,7 @@ def test_damaged_plans_and_measurements_are_skipped(store):
     assert store.accuracy(FP)[0]["measurements"] == 1
 
 
-@pytest.mark.parametrize("value", ["abc", "", "-1"])
+@pytest.mark.parametrize("value", ["abc", "", "-1", "0", "00", "\u00b2"])
 def test_a_damaged_layout_row_is_named_not_an_internal_error(store_url, value):
     from sqlalchemy import update
 
@@ -445,7 +488,7 @@ def test_a_damaged_layout_row_is_named_not_an_internal_error(store_url, value):
     store.engine.dispose()
     for mode in ("create", "read"):
         with pytest.raises(BadInput, match=f"^store .* is damaged: its layout row .* holds {value!r}, not a layout "
-                                           "number: restore"):
+                                           r"number \(they count from 1\): restore"):
             Store(url, mode=mode)
 
 
