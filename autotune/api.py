@@ -175,7 +175,9 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
         return cached.probe(kept, asked, wl, dev, ranks=ranks)
 
-    return replace(probe_chosen(probed, request, estimated=dev.estimated), source=request.workload)
+    chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
+    result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)
+    return replace(result, source=request.workload)
 
 
 def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,

@@ -93,7 +93,10 @@ def test_what_the_fit_rule_holds_besides_the_model_changes_the_fingerprint(monke
 def test_fsdps_rule_is_written_out_in_the_parts():
     parts = fingerprint(tiny(), estimate(), asked(parallel="fsdp", world_size=2, rank=1)).components
     assert parts["rule"] == {"sharding": {"autotune.probing.fsdp.FsdpRule": {
-        "world_size": 2, "rank": 1, "precision": "fp32", "real_group": False}}}
+        "world_size": 2, "rank": 1, "precision": "fp32", "real_group": False, "sync_every": False}}}
+    every = fingerprint(tiny(), estimate(), asked(parallel="fsdp", world_size=2, rank=1, fsdp_sync="every"))
+    assert every.components["rule"]["sharding"]["autotune.probing.fsdp.FsdpRule"]["sync_every"] is True
+    assert every.digest != fingerprint(tiny(), estimate(), asked(parallel="fsdp", world_size=2, rank=1)).digest
 
 
 def test_the_allocator_settings_change_the_fingerprint(monkeypatch):
