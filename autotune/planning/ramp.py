@@ -30,7 +30,9 @@ from accumulation's micro-steps):
   differ is refused by :func:`first_batch`: ramp it with ``uniform_ranks``).
 
 The learning rate follows the batch by one of :data:`autotune.options.LR_SCALINGS`
-(:func:`lr_scale`); the user's rate is the one tuned for the target batch.
+(:func:`lr_scale`); the user's rate is the one tuned for the target batch. It never falls when the batch grows
+(:func:`phase_lr_scale`): before any reading the ``noise`` rule takes its conservative end, and a phase keeps the
+rate of the phase before where a new reading of a larger noise scale would lower it.
 
 Nothing here imports torch: the runner, the Accumulator and the framework
 callbacks all decide through these functions.
@@ -51,7 +53,7 @@ from .mixed import how_ranks_differ
 from .planner import make_plan
 
 __all__ = ["GROW_AT_LEAST", "RampConfig", "Reading", "check_below", "check_start", "default_start", "first_batch",
-           "least_start", "lr_scale", "ramp_quantum",
+           "least_start", "lr_scale", "phase_lr_scale", "ramp_quantum",
            "next_batch", "phase_micro_limit", "phase_plan", "window_reading"]
 
 #: A change multiplies the batch by at least this much (or reaches the target).
@@ -199,6 +201,15 @@ def next_batch(current: int, *, target: int, quantum: int, reading: Reading | No
     return grown
 
 
+def phase_lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, exponent: float = 1.0,
+                   before: float | None = None) -> float:
+    """The factor on the learning rate of a phase of ``batch``: :func:`lr_scale`, but never below ``before``, the
+    factor of the (smaller) phase before it: a larger batch's gradient is less noisy, so the rate that phase ran
+    at stays safe, and a reading of a larger noise scale never lowers the rate as the batch grows."""
+    scale = lr_scale(rule, batch=batch, target=target, noise_scale=noise_scale, exponent=exponent)
+    return scale if before is None else max(scale, before)
+
+
 def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, exponent: float = 1.0) -> float:
     """The factor on the learning rate tuned for ``target`` when a step takes ``batch`` samples.
 
@@ -207,7 +218,8 @@ def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, e
       shrinking only below it; raised to ``exponent`` (1 for SGD, whose step the paper models; ½ for optimizers
       that normalise the step, whose rate scales as the square root of the batch where the noise dominates:
       Malladi et al. 2022; the small-batch side of Li et al. 2024's Adam rule). ``noise_scale`` None (nothing
-      measured yet) assumes ``B_noise = batch``.
+      measured yet) takes the rule's conservative end, ``B_noise`` far above the batch: ``(batch / target) **
+      exponent``, the smallest factor any reading can give, so a first reading only raises it.
     - ``linear``: ``batch / target`` (Goyal et al. 2017, SGD).
     - ``sqrt``: ``(batch / target) ** 0.5`` (Hoffer et al. 2017; Malladi et al. 2022 for Adam).
     - ``none``: 1.
@@ -221,5 +233,6 @@ def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, e
         return batch / target
     if rule == "sqrt":
         return math.sqrt(batch / target)
-    bn = noise_scale if noise_scale is not None and noise_scale > 0 and math.isfinite(noise_scale) else float(batch)
-    return ((1 + bn / target) / (1 + bn / batch)) ** exponent
+    if noise_scale is None or not noise_scale > 0 or not math.isfinite(noise_scale):
+        return (batch / target) ** exponent
+    return ((1 + noise_scale / target) / (1 + noise_scale / batch)) ** exponent

@@ -39,8 +39,8 @@ from ..planning.ramp import (
     RampConfig,
     Reading,
     first_batch,
-    lr_scale,
     next_batch,
+    phase_lr_scale,
     phase_plan,
     ramp_quantum,
     window_reading,
@@ -196,8 +196,9 @@ class BatchRamp:
     def _begin(self, plan: Plan) -> None:
         reading = self._decided
         b = None if reading is None else reading.b_simple
-        scale = lr_scale(self.config.lr_scaling, batch=plan.target_batch, target=self.plan.target_batch,
-                         noise_scale=b, exponent=self.exponent)
+        scale = phase_lr_scale(self.config.lr_scaling, batch=plan.target_batch, target=self.plan.target_batch,
+                               noise_scale=b, exponent=self.exponent,
+                               before=self.phases[-1].lr_scale if self.phases else None)
         phase = BatchPhase(first_step=self._steps, effective_batch=plan.target_batch, b_simple=b,
                            low=None if reading is None else reading.low, lr_scale=scale, schedule=plan.schedule)
         lr = f"lr x{scale:.2g} ({self.config.lr_scaling})"

@@ -16,6 +16,7 @@ from autotune.planning.ramp import (
     default_start,
     first_batch,
     lr_scale,
+    phase_lr_scale,
     next_batch,
     phase_micro_limit,
     phase_plan,
@@ -70,7 +71,8 @@ def test_the_batch_never_shrinks_never_passes_the_target_and_grows_only_above_it
     ("noise", 100, 10.0, 1.0, (1 + 10 / 1000) / (1 + 10 / 100)),  # near 1 above B_noise: 0.918
     ("noise", 10, 1000.0, 1.0, (1 + 1000 / 1000) / (1 + 1000 / 10)),  # below it: about 2 B / B_noise
     ("noise", 100, 10.0, 0.5, math.sqrt((1 + 10 / 1000) / (1 + 10 / 100))),
-    ("noise", 100, None, 1.0, (1 + 100 / 1000) / 2),  # nothing measured: B_noise assumed to be the batch
+    ("noise", 100, None, 1.0, 100 / 1000),  # nothing measured: the conservative end (B_noise far above B)
+    ("noise", 100, None, 0.5, (100 / 1000) ** 0.5),
     ("noise", 1000, 50.0, 1.0, 1.0),  # at the target: the rate tuned for it
     ("linear", 100, 10.0, 1.0, 0.1),
     ("sqrt", 100, 10.0, 1.0, math.sqrt(0.1)),
@@ -78,6 +80,17 @@ def test_the_batch_never_shrinks_never_passes_the_target_and_grows_only_above_it
 ])
 def test_the_learning_rate_rules(rule, batch, noise, exponent, want):
     assert lr_scale(rule, batch=batch, target=1000, noise_scale=noise, exponent=exponent) == pytest.approx(want)
+
+
+def test_a_phase_never_runs_at_a_lower_rate_than_the_smaller_phase_before():
+    # A reading of a much larger noise scale would lower the rule's factor as the batch grows: the phase keeps it.
+    first = phase_lr_scale("noise", batch=128, target=4096, noise_scale=128.0, exponent=0.5)
+    grown = phase_lr_scale("noise", batch=256, target=4096, noise_scale=1e5, exponent=0.5, before=first)
+    assert lr_scale("noise", batch=256, target=4096, noise_scale=1e5, exponent=0.5) < first == grown
+    assert phase_lr_scale("noise", batch=4096, target=4096, noise_scale=1e5, before=first) == 1.0
+    for noise in (1.0, 1e3, 1e6):  # no reading can take the rate below the conservative start
+        assert lr_scale("noise", batch=64, target=4096, noise_scale=noise) >= lr_scale(
+            "noise", batch=64, target=4096, noise_scale=None)
 
 
 def test_the_noise_rule_keeps_the_rate_where_linear_would_divide_it_by_sixteen():

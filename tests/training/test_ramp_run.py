@@ -123,3 +123,17 @@ def test_a_ramp_on_ranks_that_differ_is_refused_with_the_fix():
         first_batch(mixed, RampConfig(start=1200))
     alike = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
     assert first_batch(alike, RampConfig(start=600)) == 600 and alike.max_micro_batch < 300
+
+
+def test_the_learning_rate_never_falls_when_the_batch_grows():
+    # Issue 4: on the mlp (AdamW, noise ~1e4) from 64 toward 1024, step 1 ran at x0.73 (B_noise assumed = 64) and
+    # the first reading's growth to 128 dropped it to x0.36. Now step 1 runs at the rule's conservative end,
+    # sqrt(64 / 1024), and each phase's factor is at least the one before.
+    import autotune
+
+    result = autotune.run(target_batch=1024, workload="mlp", device="cpu", memory_budget="2.4MB", steps=24,
+                          verify=False, ramp=autotune.RampConfig(start=64, min_steps=2, window=4))
+    phases = result.batch_schedule
+    assert len(phases) >= 3 and phases[0].lr_scale == pytest.approx((64 / 1024) ** 0.5)
+    for before, after in zip(phases, phases[1:]):
+        assert after.effective_batch > before.effective_batch and after.lr_scale >= before.lr_scale, phases
