@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
                         "was done")
     p.add_argument("--ramp-from", type=positive_int("--ramp-from"), default=None, metavar="N",
                    help="with --ramp: the first effective batch (default: the smallest with two micro-batches at "
-                        "the memory limit)")
+                        "the memory limit, or a quarter of a target that memory holds in one step)")
     p.add_argument("--lr-scaling", choices=options.LR_SCALINGS, default=None,
                    help="with --ramp: how the learning rate follows the batch: noise (McCandlish et al.'s "
                         "eps(B) = eps_max / (1 + B_noise/B), relative to the target), linear, sqrt, none "

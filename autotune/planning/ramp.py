@@ -13,7 +13,7 @@ from accumulation's micro-steps):
 
 - it starts at ``start`` (default :func:`default_start`: the smallest batch
   with two micro-batches in all when micro-batches are as large as memory
-  allows), and after each optimizer step decides the next step's batch ``B``;
+  allows, or a quarter of a target memory holds in one step), and after each optimizer step decides the next step's batch ``B``;
 - it grows only when (1) the current phase has run ``min_steps`` steps, (2)
   the 95% interval of the noise scale over the latest ``window`` steps
   (:func:`window_reading`) is bounded and its lower end is above ``B`` (a
@@ -58,6 +58,9 @@ __all__ = ["GROW_AT_LEAST", "RampConfig", "Reading", "check_below", "check_start
 
 #: A change multiplies the batch by at least this much (or reaches the target).
 GROW_AT_LEAST = 1.25
+#: Where memory holds the target in one step, the default start is the target over this (two doublings below it
+#: at the default growth), so the ramp has room to grow.
+SMALL_TARGET_SHARE = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,19 +109,23 @@ def ramp_quantum(plan: Plan) -> int:
 def default_start(target: int, *, world_size: int, max_micro_batch: int, quantum: int = 1) -> int:
     """The smallest batch with two micro-batches in all at micro-batches as large as memory allows:
     ``m + 1`` on one rank (the fewest-step plan splits it in two; rounded up to a multiple of ``quantum``),
-    ``W x m`` on ``W`` ranks (one micro-batch of ``m`` each; rounded down). PlanError when that is not below
-    the target."""
+    ``W x m`` on ``W`` ranks (one micro-batch of ``m`` each; rounded down). Where memory holds the target in one
+    such step, :data:`SMALL_TARGET_SHARE` of the target instead (rounded down; its phases take smaller
+    micro-batches). Never below :func:`least_start`; PlanError when that leaves no batch below the target."""
+    least = least_start(world_size, quantum)
     if world_size == 1:
         first = -(-(max_micro_batch + 1) // quantum) * quantum
     else:
         first = world_size * max_micro_batch // quantum * quantum
-    first = max(first, least_start(world_size, quantum))
+    if max(first, least) >= target:
+        first = target // SMALL_TARGET_SHARE // quantum * quantum
+    first = max(first, least)
     if first >= target:
-        example = max(least_start(world_size, quantum), target // 16 // quantum * quantum)
-        raise PlanError(f"ramp: micro-batches of up to {max_micro_batch} (the memory limit) on {world_size} "
-                        f"rank{'s' * (world_size != 1)} leave no batch below the target {target} with two "
-                        f"micro-batches at the memory limit to start from: give a start (RampConfig(start=N), "
-                        f"--ramp-from N), e.g. {example}")
+        what = "two micro-batches on one rank" if world_size == 1 else f"one micro-batch on each of {world_size} ranks"
+        step = "" if quantum == 1 else f", in multiples of {quantum}"
+        raise PlanError(f"ramp: the target {target} leaves no batch below it to start from: the smallest a ramp runs "
+                        f"is {least} ({what}{step}, so the noise scale can be measured); ramp toward a larger target, "
+                        f"or train at {target} without the ramp")
     return first
 
 

@@ -22,7 +22,8 @@ class RampConfig(Record):
     """How the effective batch ramps up to the target (the rule: :mod:`autotune.planning.ramp`).
 
     ``start``: the first effective batch (``--ramp-from``), None for the smallest
-    with two micro-batches at the memory limit. ``lr_scaling``: how the learning
+    with two micro-batches at the memory limit (a quarter of a target that memory
+    holds in one step). ``lr_scaling``: how the learning
     rate follows the batch (``noise``, ``linear``, ``sqrt``, ``none``;
     :func:`autotune.planning.ramp.lr_scale`). ``min_steps``: optimizer steps a
     phase runs before the batch may grow again. ``growth``: the most one change

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -110,9 +111,28 @@ def test_the_default_start(target, world, m, quantum, want):
     assert default_start(target, world_size=world, max_micro_batch=m, quantum=quantum) == want
 
 
-def test_no_default_start_when_memory_holds_the_target():
-    with pytest.raises(PlanError, match=r"give a start \(RampConfig\(start=N\), --ramp-from N\), e\.g\. 64"):
-        default_start(1024, world_size=1, max_micro_batch=1024)
+@pytest.mark.parametrize("target,world,m,quantum,want", [
+    (1024, 1, 1024, 1, 256),  # memory holds the target in one micro-batch: a quarter of it, in two micro-batches
+    (100, 1, 100, 1, 25),     # R8 / issue 3: the target caps the limit at 100 (memory holds 160)
+    (100, 1, 160, 8, 24),     # rounded down to a multiple of 8
+    (64, 4, 32, 4, 16),       # 4 ranks hold 128 at once: a quarter of 64
+    (6, 1, 6, 1, 2),          # never below two micro-batches of one
+])
+def test_the_default_start_when_memory_holds_the_target_in_one_step(target, world, m, quantum, want):
+    assert default_start(target, world_size=world, max_micro_batch=m, quantum=quantum) == want
+
+
+@pytest.mark.parametrize("target,world,quantum,words", [
+    (2, 1, 1, "the target 2 leaves no batch below it to start from: the smallest a ramp runs is 2 (two "
+              "micro-batches on one rank, so the noise scale can be measured)"),
+    (16, 1, 8, "the smallest a ramp runs is 16 (two micro-batches on one rank, in multiples of 8"),
+    (4, 4, 4, "the smallest a ramp runs is 4 (one micro-batch on each of 4 ranks"),
+])
+def test_no_default_start_when_no_batch_a_ramp_runs_is_below_the_target(target, world, quantum, words):
+    with pytest.raises(PlanError, match=re.escape(words)) as caught:
+        default_start(target, world_size=world, max_micro_batch=target, quantum=quantum)
+    assert "ramp toward a larger target, or train at" in str(caught.value)
+    assert "memory limit" not in str(caught.value)
 
 
 @pytest.mark.parametrize("start,world,q,words", [

@@ -137,3 +137,13 @@ def test_the_learning_rate_never_falls_when_the_batch_grows():
     assert len(phases) >= 3 and phases[0].lr_scale == pytest.approx((64 / 1024) ** 0.5)
     for before, after in zip(phases, phases[1:]):
         assert after.effective_batch > before.effective_batch and after.lr_scale >= before.lr_scale, phases
+
+
+def test_a_target_memory_holds_in_one_step_ramps_from_the_default_start():
+    # Issue 3 / R8: target 100 at a limit of 160 was refused unless --ramp-from was given.
+    import autotune
+
+    result = autotune.run(target_batch=100, workload="mlp", device="cpu", memory_budget="2.4MB", steps=2,
+                          ramp=True)
+    assert result.passed and result.batch_schedule[0].effective_batch == 25
+    assert result.batch_schedule[0].schedule == ((12, 13),)  # smaller micro-batches than the plan's 100
