@@ -13,7 +13,8 @@ from accumulation's micro-steps):
 
 - it starts at ``start`` (default :func:`default_start`: the smallest batch
   with two micro-batches in all when micro-batches are as large as memory
-  allows, or a quarter of a target memory holds in one step), and after each optimizer step decides the next step's batch ``B``;
+  allows, or a quarter of a target memory holds in one step), and after each
+  optimizer step decides the next step's batch ``B``;
 - it grows only when (1) the current phase has run ``min_steps`` steps, (2)
   the 95% interval of the noise scale over the latest ``window`` steps
   (:func:`window_reading`) is bounded and its lower end is above ``B`` (a
