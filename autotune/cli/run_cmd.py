@@ -65,8 +65,8 @@ def add_parser(sub) -> None:
                    help="start at a small effective batch and grow it toward --target-batch with the measured "
                         "gradient noise scale (about B_simple, only when its 95%% lower bound is above the batch), "
                         "every phase an exact plan of micro-batches at most the memory limit (the fewest micro-steps, "
-                        "evened); ranks that differ ramp with --uniform-ranks; the result's batch_schedule says what "
-                        "was done")
+                        "evened; with --uniform whole micro-batches of the plan's); ranks that differ ramp with "
+                        "--uniform-ranks; the result's batch_schedule says what was done")
     p.add_argument("--ramp-from", type=positive_int("--ramp-from"), default=None, metavar="N",
                    help="with --ramp: the first effective batch (default: the smallest with two micro-batches at "
                         "the memory limit, or a quarter of a target that memory holds in one step)")

@@ -30,14 +30,13 @@ With manual optimization the ramp changes at any step boundary:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 
 from ..errors import PlanError
-from ..planning.ramp import least_start
+from ..planning.ramp import least_start, uniform_base
 from ..results.plan import Plan
 from ..results.ramp import RampConfig
 from ..training.noise import GradientNoiseScale
@@ -51,9 +50,9 @@ class EpochRamp:
 
     def __init__(self, trainer: Trainer, module: LightningModule, plan: Plan, config: RampConfig):
         self.micro, self.world = plan.micro_batch, trainer.world_size
-        base = dataclasses.replace(plan, max_micro_batch=plan.micro_batch)  # Lightning's batch size is fixed
+        base, quantum = uniform_base(plan)  # Lightning's batch size is fixed: whole micro-batches of the plan's
         _check_room(plan, config, self.world)
-        self.ramp = BatchRamp(base, config, rank=trainer.global_rank, quantum=self.micro * self.world)
+        self.ramp = BatchRamp(base, config, rank=trainer.global_rank, quantum=quantum)
         self.ramp.attach(trainer.optimizers[0])
         self.noise = GradientNoiseScale(module.parameters(), world_size=self.world)
         self._measuring = False

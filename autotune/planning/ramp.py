@@ -27,8 +27,10 @@ from accumulation's micro-steps):
 - each phase is an exact plan from the planner (:func:`phase_plan`): the
   fewest micro-steps of at most the memory limit, their sizes evened (80 + 81,
   not 160 + 1); on one rank a phase keeps two micro-batches at least, so the
-  noise scale stays measurable; every rank runs alike (a plan whose ranks
-  differ is refused by :func:`first_batch`: ramp it with ``uniform_ranks``).
+  noise scale stays measurable; a uniform ramp (``--uniform``,
+  :func:`uniform_base`) runs every phase in whole micro-batches of the plan's;
+  every rank runs alike (a plan whose ranks differ is refused by
+  :func:`first_batch`: ramp it with ``uniform_ranks``).
 
 The learning rate follows the batch by one of :data:`autotune.options.LR_SCALINGS`
 (:func:`lr_scale`); the user's rate is the one tuned for the target batch. It never falls when the batch grows
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import options
 from ..errors import PlanError
@@ -55,7 +57,7 @@ from .planner import make_plan
 
 __all__ = ["GROW_AT_LEAST", "RampConfig", "Reading", "check_below", "check_start", "default_start", "first_batch",
            "least_start", "lr_scale", "phase_lr_scale", "ramp_quantum",
-           "next_batch", "phase_micro_limit", "phase_plan", "window_reading"]
+           "next_batch", "phase_micro_limit", "phase_plan", "uniform_base", "window_reading"]
 
 #: A change multiplies the batch by at least this much (or reaches the target).
 GROW_AT_LEAST = 1.25
@@ -170,6 +172,18 @@ def first_batch(plan: Plan, config: RampConfig, *, quantum: int | None = None) -
         start = default_start(plan.target_batch, world_size=plan.world_size, max_micro_batch=plan.max_micro_batch,
                               quantum=q)
     return check_start(start, plan.target_batch, world_size=plan.world_size, quantum=q)
+
+
+def uniform_base(plan: Plan) -> tuple[Plan, int]:
+    """A ramp toward ``plan`` in whole micro-batches of its (equal) micro-batch, as ``uniform`` asks of every phase:
+    the plan with that micro-batch as the memory limit, and the quantum, micro-batch x world size. PlanError when
+    the plan's micro-batches differ."""
+    if not plan.uniform or plan.mixed is not None:
+        sizes = sorted({n for row in plan.schedule for n in row})
+        raise PlanError(f"a uniform ramp runs every phase in whole micro-batches of the plan's, but this plan's differ "
+                        f"({', '.join(map(str, sizes[:4]))}): plan with uniform='force' (--uniform), or ramp "
+                        "without uniform")
+    return replace(plan, max_micro_batch=plan.micro_batch), plan.micro_batch * plan.world_size
 
 
 def phase_micro_limit(batch: int, *, world_size: int, max_micro_batch: int, multiple_of: int = 1) -> int:

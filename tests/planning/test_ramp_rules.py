@@ -21,6 +21,7 @@ from autotune.planning.ramp import (
     phase_lr_scale,
     phase_micro_limit,
     phase_plan,
+    uniform_base,
     window_reading,
 )
 
@@ -181,6 +182,15 @@ def test_every_phase_is_an_exact_plan_within_the_memory_limit_that_the_noise_sca
     if batch < base.target_batch:  # below the target (the plan itself), two micro-batches: the noise is measurable
         assert phase.world_size * phase.accumulation_steps >= 2
     assert phase_micro_limit(batch, world_size=world, max_micro_batch=m, multiple_of=q) <= m
+
+
+def test_a_uniform_ramp_takes_whole_micro_batches_of_the_plans():
+    base, quantum = uniform_base(make_plan(512, 160, uniform="force"))
+    assert (base.max_micro_batch, quantum) == (128, 128)
+    assert phase_plan(first_batch(base, RampConfig(), quantum=quantum), base).schedule == ((128, 128),)
+    assert phase_plan(384, base).schedule == ((128, 128, 128),)
+    with pytest.raises(PlanError, match=r"this plan's differ \(255, 256\): plan with uniform='force'"):
+        uniform_base(make_plan(1021, 300))
 
 
 def test_the_phase_at_the_target_is_the_plan_itself():

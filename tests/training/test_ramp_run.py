@@ -147,3 +147,15 @@ def test_a_target_memory_holds_in_one_step_ramps_from_the_default_start():
                           ramp=True)
     assert result.passed and result.batch_schedule[0].effective_batch == 25
     assert result.batch_schedule[0].schedule == ((12, 13),)  # smaller micro-batches than the plan's 100
+
+
+def test_uniform_holds_in_every_phase():
+    # R14: --uniform ramped through 161 = 80 + 81 and 322 = 2 x 107 + 1 x 108 without a word.
+    import autotune
+
+    result = autotune.run(target_batch=512, workload="mlp", device="cpu", memory_budget="2.4MB", steps=12,
+                          uniform="force", ramp=autotune.RampConfig(min_steps=2, window=4))
+    phases = result.batch_schedule
+    assert result.passed and len(phases) >= 2 and result.plan.uniform
+    for phase in phases:  # whole micro-batches of the plan's 128
+        assert {n for row in phase.schedule for n in row} == {result.plan.micro_batch}, phase.schedule
