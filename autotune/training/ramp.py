@@ -36,9 +36,11 @@ import torch
 from .. import log
 from ..errors import BadInput
 from ..planning.ramp import (
+    SMALL_TARGET_SHARE,
     RampConfig,
     Reading,
     first_batch,
+    least_start,
     next_batch,
     phase_lr_scale,
     phase_plan,
@@ -226,6 +228,7 @@ class RampSampler(PlanSampler):
                  seed: int = 0, drop_last: bool = False):
         super().__init__(dataset_size, ramp, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.ramp = ramp
+        _check_dataset(self.size, ramp)
 
     def __len__(self) -> int:
         shares = self.ramp.per_rank_batch
@@ -248,6 +251,21 @@ class RampSampler(PlanSampler):
                 shares = split(len(window), shares)
             start = sum(shares[:self.rank])
             yield window[start:start + shares[self.rank]]
+
+
+def _check_dataset(size: int, ramp: BatchRamp) -> None:
+    """BadInput, with the starts that would fit, when a dataset of ``size`` holds fewer samples than the batch
+    ``ramp`` wants now: every step would be an epoch's short last batch, which no phase takes."""
+    want = ramp.effective_batch
+    if size >= want:
+        return
+    which = "the batch ramp's first batch" if not ramp.phases else "the batch the ramp wants now"
+    least, q = least_start(ramp.world_size, ramp.quantum), ramp.quantum
+    fits = (f"start the ramp within the dataset, RampConfig(start=N) with N from {least} to {size // q * q}, e.g. "
+            f"{max(least, size // SMALL_TARGET_SHARE // q * q)}, or train on more data" if size >= least else
+            f"train on more data (a ramp's batch holds at least {least})")
+    raise BadInput(f"the dataset holds {size} samples, fewer than {which} of {want}: every step would be an "
+                   f"epoch's short last batch, which no phase of the ramp takes; {fits}")
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:

@@ -203,6 +203,16 @@ def test_the_first_batch_must_be_the_ramps():
         step(regression(512, 1.0, torch.Generator().manual_seed(0)))
 
 
+def test_a_dataset_smaller_than_the_first_batch_is_said_when_the_sampler_is_made():
+    # R30: the mid-loop error told the user to use step.ramp.sampler(len(dataset)), which they had.
+    ramp = BatchRamp(make_plan(512, 280), autotune.RampConfig())
+    assert ramp.start == 281
+    with pytest.raises(BadInput, match=r"the dataset holds 100 samples, fewer than the batch ramp's first batch of "
+                                       r"281: .*RampConfig\(start=N\) with N from 2 to 100, e\.g\. 25"):
+        ramp.sampler(100)
+    assert len(ramp.sampler(281)) == 1
+
+
 def test_a_new_phase_on_cuda_hands_the_allocators_unused_blocks_back_first(monkeypatch):
     emptied: list[int] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(step.ramp._steps))
