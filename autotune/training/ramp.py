@@ -205,8 +205,10 @@ class BatchRamp:
                            low=None if reading is None else reading.low, lr_scale=scale, schedule=plan.schedule)
         lr = f"lr x{scale:.2g} ({self.config.lr_scaling})"
         if not self.phases:
-            log.progress(f"batch ramp: step 1 takes {plan.target_batch} samples ({plan.arithmetic}), {lr}; growing "
-                         f"toward {self.plan.target_batch} with the measured noise scale")
+            toward = f"growing toward {self.plan.target_batch} with the measured noise scale" \
+                if plan.target_batch < self.plan.target_batch else \
+                f"the ramp starts at the target {self.plan.target_batch}: every step takes it, nothing to grow"
+            log.progress(f"batch ramp: step 1 takes {plan.target_batch} samples ({plan.arithmetic}), {lr}; {toward}")
         else:
             was = self.phases[-1].effective_batch
             why = "" if reading is None or reading.low is None else \

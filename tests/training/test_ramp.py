@@ -213,6 +213,17 @@ def test_a_dataset_smaller_than_the_first_batch_is_said_when_the_sampler_is_made
     assert len(ramp.sampler(281)) == 1
 
 
+def test_a_ramp_that_starts_at_the_target_says_so(caplog):
+    # R7: "growing toward 512 with the measured noise scale" at a start of 512.
+    model = fixed_model()
+    step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), make_plan(64, 32), loss=squared,
+                       ramp=autotune.RampConfig(start=64))
+    with caplog.at_level("INFO", logger="autotune"):
+        step(regression(64, 1.0, torch.Generator().manual_seed(0)))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "starts at the target 64: every step takes it, nothing to grow" in said and "growing" not in said
+
+
 def test_a_new_phase_on_cuda_hands_the_allocators_unused_blocks_back_first(monkeypatch):
     emptied: list[int] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(step.ramp._steps))
