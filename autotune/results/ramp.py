@@ -35,7 +35,7 @@ class RampConfig(Record):
     lr_scaling: Annotated[str, Rule(options.lr_scaling)] = options.DEFAULT_LR_SCALING
     min_steps: Annotated[int, Rule(options.whole, example="10")] = options.RAMP_MIN_STEPS
     growth: Annotated[float, Rule(options.above_one, example="2.0")] = options.RAMP_GROWTH
-    window: Annotated[int, Rule(options.whole, least=2, example="20")] = options.RAMP_WINDOW
+    window: Annotated[int, Rule(options.ramp_window)] = options.RAMP_WINDOW
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,6 +155,9 @@ def test_a_start_that_cannot_be(start, world, q, words):
     ("growth", 1.0, "growth 1.0 must be a number above 1"),
     ("min_steps", 0, "min_steps 0 must be at least 1"),
     ("window", 1, "window 1 must be at least 2"),
+    ("window", 10**12, "window 1000000000000 must be at most 1000 steps"),  # R28
+    ("growth", "2", "growth '2' is text, not a number: give a number above 1, e.g. 2.0"),  # R28: not coerced
+    ("growth", True, "growth True must be a number above 1"),
     ("start", 0, "start 0 must be at least 1"),
 ])
 def test_settings_are_checked_once(field, value, words):
