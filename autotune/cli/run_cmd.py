@@ -92,11 +92,25 @@ def run(args) -> int:
     check_report(args)
     check_probe(args)
     check_store(args)
+    _check_ramp(args)
     import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
         return _run(args, lead=distributed.rank() == 0)
+
+
+def _check_ramp(args) -> None:
+    """What the flags alone show a ramp cannot run, before torch loads: a start above the target, and a device or
+    budget per rank in a process that is not one of a torchrun job's ranks."""
+    if not args.ramp:
+        return
+    from ..planning.ramp import check_below
+    from ..planning.requests import this_rank
+
+    if args.ramp_from is not None and args.target_batch is not None:
+        check_below(args.ramp_from, args.target_batch)
+    this_rank(args.device, args.memory_budget, options.torchrun_group())
 
 
 def _run(args, *, lead: bool) -> int:

@@ -96,10 +96,18 @@ def test_the_command_line_ramps_and_writes_the_record(tmp_path, capsys):
     (["--lr-scaling", "linear"], "--lr-scaling is for a batch ramp: add --ramp"),
     (["--ramp", "--ramp-from", "100"], "ramp start 100 is above the target batch 64"),
     (["--ramp", "--lr-scaling", "cubic"], "invalid choice: 'cubic'"),
+    (["--ramp", "--memory-budget", "8MiB,3MiB"], "--memory-budget per rank (2 given) is for a plan of several "
+                                                 "ranks, or for each rank of a torchrun job"),  # R19
 ])
-def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, words, capsys):
-    from autotune.cli import main
+def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, words, capsys, monkeypatch):
+    # R2, R19: before torch is even imported (the seconds that import takes looked like a probe).
+    from autotune.cli import main, run_cmd
 
+    def no_torch(**kwargs):
+        raise AssertionError("torch imported before the inputs were refused")
+
+    monkeypatch.setattr(run_cmd, "import_torch", no_torch)
+    monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit) as exit_:
         code = main(["run", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", *argv])
         raise SystemExit(code)
