@@ -468,7 +468,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
     """
-    from .planning.ramp import check_below, first_batch
+    from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
 
     steps, verify = options.whole(steps, "steps", text=False), options.boolean(verify, "verify")
@@ -494,12 +494,14 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 "plan, not run")
         wl, dev = _real(request.probe, Given.of(workload, device))
         planned = plan_for(request, store=store, given=Given(wl, dev))
-    if ramp is not None:
-        first_batch(planned, ramp)  # a ramp that cannot start fails before any training
+    uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
+    if ramp is not None:  # a ramp that cannot start fails before any training
+        base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)
+        first_batch(base, ramp, quantum=quantum)
 
     def train() -> RunResult:
         return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
-                        ramp=ramp)
+                        ramp=ramp, uniform=uniform_ramp)
 
     kept = open_store(store)
     return train() if kept is None else cached.record_run(kept, planned, wl, dev, precision, train)

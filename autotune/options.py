@@ -68,6 +68,7 @@ DEFAULT_LR_SCALING: LrScaling = "noise"
 RAMP_MIN_STEPS = 10
 RAMP_GROWTH = 2.0
 RAMP_WINDOW = 20
+RAMP_WINDOW_MOST = 1000  # a window forgets: the noise scale moves by orders of magnitude while one so long fills
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,11 +247,23 @@ def lr_scaling(value: Any, name: str = "lr_scaling") -> str:
 
 
 def above_one(value: Any, name: str, *, example: str) -> float:
-    """A finite number above 1."""
-    number = _number(value)
+    """A finite number above 1: an int or a float, never text or a bool."""
+    if isinstance(value, str):
+        raise BadInput(f"{name} {value!r} is text, not a number: give a number above 1, e.g. {example}")
+    number = _number(value) if isinstance(value, (int, float)) else math.nan
     if not (number > 1 and math.isfinite(number)):
         raise BadInput(f"{name} {_shown(value)} must be a number above 1, e.g. {example}")
     return number
+
+
+def ramp_window(value: Any, name: str = "window") -> int:
+    """The optimizer steps a batch ramp reads the noise scale over: 2 to :data:`RAMP_WINDOW_MOST`."""
+    steps = whole(value, name, least=2, example=str(RAMP_WINDOW))
+    if steps > RAMP_WINDOW_MOST:
+        raise BadInput(f"{name} {steps} must be at most {RAMP_WINDOW_MOST} steps: the ramp reads the noise scale of "
+                       f"the latest steps, which moves by orders of magnitude over a longer window, e.g. "
+                       f"{RAMP_WINDOW}")
+    return steps
 
 
 def seconds(value: Any, name: str) -> float:

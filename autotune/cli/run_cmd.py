@@ -67,11 +67,11 @@ def add_parser(sub) -> None:
                    help="start at a small effective batch and grow it toward --target-batch with the measured "
                         "gradient noise scale (about B_simple, only when its 95%% lower bound is above the batch), "
                         "every phase an exact plan of micro-batches at most the memory limit (the fewest micro-steps, "
-                        "evened); ranks that differ ramp with --uniform-ranks; the result's batch_schedule says what "
-                        "was done")
+                        "evened; with --uniform whole micro-batches of the plan's); ranks that differ ramp with "
+                        "--uniform-ranks; the result's batch_schedule says what was done")
     p.add_argument("--ramp-from", type=positive_int("--ramp-from"), default=None, metavar="N",
                    help="with --ramp: the first effective batch (default: the smallest with two micro-batches at "
-                        "the memory limit)")
+                        "the memory limit, or a quarter of a target that memory holds in one step)")
     p.add_argument("--lr-scaling", choices=options.LR_SCALINGS, default=None,
                    help="with --ramp: how the learning rate follows the batch: noise (McCandlish et al.'s "
                         "eps(B) = eps_max / (1 + B_noise/B), relative to the target), linear, sqrt, none "
@@ -94,11 +94,25 @@ def run(args) -> int:
     check_report(args)
     check_probe(args)
     check_store(args)
+    _check_ramp(args)
     import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
         return _run(args, lead=distributed.rank() == 0)
+
+
+def _check_ramp(args) -> None:
+    """What the flags alone show a ramp cannot run, before torch loads: a start above the target, and a device or
+    budget per rank in a process that is not one of a torchrun job's ranks."""
+    if not args.ramp:
+        return
+    from ..planning.ramp import check_below
+    from ..planning.requests import this_rank
+
+    if args.ramp_from is not None and args.target_batch is not None:
+        check_below(args.ramp_from, args.target_batch)
+    this_rank(args.device, args.memory_budget, options.torchrun_group())
 
 
 def _run(args, *, lead: bool) -> int:

@@ -68,7 +68,8 @@ class AutotuneBatchSize(Callback):
 
     ``ramp`` (an :class:`autotune.RampConfig`): start at a small effective batch and grow it toward the target
     with the measured gradient noise scale, changing ``accumulate_grad_batches`` at epoch starts only (see
-    :mod:`autotune.integrations.lightning_ramp`); ``.ramp.ramp.phases`` says what was done.
+    :mod:`autotune.integrations.lightning_ramp`); ``.ramp.ramp.phases`` says what was done, and
+    ``.ramp.short_steps`` the epochs' last steps that took fewer samples than their phase.
     """
 
     def __init__(self, target_batch: int, *, batch_arg_name: str = "batch_size", device: Device | str | None = None,

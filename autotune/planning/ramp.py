@@ -13,7 +13,8 @@ from accumulation's micro-steps):
 
 - it starts at ``start`` (default :func:`default_start`: the smallest batch
   with two micro-batches in all when micro-batches are as large as memory
-  allows), and after each optimizer step decides the next step's batch ``B``;
+  allows, or a quarter of a target memory holds in one step), and after each
+  optimizer step decides the next step's batch ``B``;
 - it grows only when (1) the current phase has run ``min_steps`` steps, (2)
   the 95% interval of the noise scale over the latest ``window`` steps
   (:func:`window_reading`) is bounded and its lower end is above ``B`` (a
@@ -26,11 +27,15 @@ from accumulation's micro-steps):
 - each phase is an exact plan from the planner (:func:`phase_plan`): the
   fewest micro-steps of at most the memory limit, their sizes evened (80 + 81,
   not 160 + 1); on one rank a phase keeps two micro-batches at least, so the
-  noise scale stays measurable; every rank runs alike (a plan whose ranks
-  differ is refused by :func:`first_batch`: ramp it with ``uniform_ranks``).
+  noise scale stays measurable; a uniform ramp (``--uniform``,
+  :func:`uniform_base`) runs every phase in whole micro-batches of the plan's;
+  every rank runs alike (a plan whose ranks differ is refused by
+  :func:`first_batch`: ramp it with ``uniform_ranks``).
 
 The learning rate follows the batch by one of :data:`autotune.options.LR_SCALINGS`
-(:func:`lr_scale`); the user's rate is the one tuned for the target batch.
+(:func:`lr_scale`); the user's rate is the one tuned for the target batch. It never falls when the batch grows
+(:func:`phase_lr_scale`): before any reading the ``noise`` rule takes its conservative end, and a phase keeps the
+rate of the phase before where a new reading of a larger noise scale would lower it.
 
 Nothing here imports torch: the runner, the Accumulator and the framework
 callbacks all decide through these functions.
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import options
 from ..errors import PlanError
@@ -51,11 +56,14 @@ from .mixed import how_ranks_differ
 from .planner import make_plan
 
 __all__ = ["GROW_AT_LEAST", "RampConfig", "Reading", "check_below", "check_start", "default_start", "first_batch",
-           "least_start", "lr_scale", "ramp_quantum",
-           "next_batch", "phase_micro_limit", "phase_plan", "window_reading"]
+           "least_start", "lr_scale", "phase_lr_scale", "ramp_quantum",
+           "next_batch", "phase_micro_limit", "phase_plan", "uniform_base", "window_reading"]
 
 #: A change multiplies the batch by at least this much (or reaches the target).
 GROW_AT_LEAST = 1.25
+#: Where memory holds the target in one step, the default start is the target over this (two doublings below it
+#: at the default growth), so the ramp has room to grow.
+SMALL_TARGET_SHARE = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,19 +112,23 @@ def ramp_quantum(plan: Plan) -> int:
 def default_start(target: int, *, world_size: int, max_micro_batch: int, quantum: int = 1) -> int:
     """The smallest batch with two micro-batches in all at micro-batches as large as memory allows:
     ``m + 1`` on one rank (the fewest-step plan splits it in two; rounded up to a multiple of ``quantum``),
-    ``W x m`` on ``W`` ranks (one micro-batch of ``m`` each; rounded down). PlanError when that is not below
-    the target."""
+    ``W x m`` on ``W`` ranks (one micro-batch of ``m`` each; rounded down). Where memory holds the target in one
+    such step, :data:`SMALL_TARGET_SHARE` of the target instead (rounded down; its phases take smaller
+    micro-batches). Never below :func:`least_start`; PlanError when that leaves no batch below the target."""
+    least = least_start(world_size, quantum)
     if world_size == 1:
         first = -(-(max_micro_batch + 1) // quantum) * quantum
     else:
         first = world_size * max_micro_batch // quantum * quantum
-    first = max(first, least_start(world_size, quantum))
+    if max(first, least) >= target:
+        first = target // SMALL_TARGET_SHARE // quantum * quantum
+    first = max(first, least)
     if first >= target:
-        example = max(least_start(world_size, quantum), target // 16 // quantum * quantum)
-        raise PlanError(f"ramp: micro-batches of up to {max_micro_batch} (the memory limit) on {world_size} "
-                        f"rank{'s' * (world_size != 1)} leave no batch below the target {target} with two "
-                        f"micro-batches at the memory limit to start from: give a start (RampConfig(start=N), "
-                        f"--ramp-from N), e.g. {example}")
+        what = "two micro-batches on one rank" if world_size == 1 else f"one micro-batch on each of {world_size} ranks"
+        step = "" if quantum == 1 else f", in multiples of {quantum}"
+        raise PlanError(f"ramp: the target {target} leaves no batch below it to start from: the smallest a ramp runs "
+                        f"is {least} ({what}{step}, so the noise scale can be measured); ramp toward a larger target, "
+                        f"or train at {target} without the ramp")
     return first
 
 
@@ -162,6 +174,18 @@ def first_batch(plan: Plan, config: RampConfig, *, quantum: int | None = None) -
     return check_start(start, plan.target_batch, world_size=plan.world_size, quantum=q)
 
 
+def uniform_base(plan: Plan) -> tuple[Plan, int]:
+    """A ramp toward ``plan`` in whole micro-batches of its (equal) micro-batch, as ``uniform`` asks of every phase:
+    the plan with that micro-batch as the memory limit, and the quantum, micro-batch x world size. PlanError when
+    the plan's micro-batches differ."""
+    if not plan.uniform or plan.mixed is not None:
+        sizes = sorted({n for row in plan.schedule for n in row})
+        raise PlanError(f"a uniform ramp runs every phase in whole micro-batches of the plan's, but this plan's differ "
+                        f"({', '.join(map(str, sizes[:4]))}): plan with uniform='force' (--uniform), or ramp "
+                        "without uniform")
+    return replace(plan, max_micro_batch=plan.micro_batch), plan.micro_batch * plan.world_size
+
+
 def phase_micro_limit(batch: int, *, world_size: int, max_micro_batch: int, multiple_of: int = 1) -> int:
     """The largest micro-batch of a phase: the memory limit, but on one rank at most half the batch (rounded up
     to a multiple of ``multiple_of``), so the phase keeps the two micro-batches the noise scale needs."""
@@ -199,6 +223,15 @@ def next_batch(current: int, *, target: int, quantum: int, reading: Reading | No
     return grown
 
 
+def phase_lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, exponent: float = 1.0,
+                   before: float | None = None) -> float:
+    """The factor on the learning rate of a phase of ``batch``: :func:`lr_scale`, but never below ``before``, the
+    factor of the (smaller) phase before it: a larger batch's gradient is less noisy, so the rate that phase ran
+    at stays safe, and a reading of a larger noise scale never lowers the rate as the batch grows."""
+    scale = lr_scale(rule, batch=batch, target=target, noise_scale=noise_scale, exponent=exponent)
+    return scale if before is None else max(scale, before)
+
+
 def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, exponent: float = 1.0) -> float:
     """The factor on the learning rate tuned for ``target`` when a step takes ``batch`` samples.
 
@@ -207,7 +240,8 @@ def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, e
       shrinking only below it; raised to ``exponent`` (1 for SGD, whose step the paper models; ½ for optimizers
       that normalise the step, whose rate scales as the square root of the batch where the noise dominates:
       Malladi et al. 2022; the small-batch side of Li et al. 2024's Adam rule). ``noise_scale`` None (nothing
-      measured yet) assumes ``B_noise = batch``.
+      measured yet) takes the rule's conservative end, ``B_noise`` far above the batch: ``(batch / target) **
+      exponent``, the smallest factor any reading can give, so a first reading only raises it.
     - ``linear``: ``batch / target`` (Goyal et al. 2017, SGD).
     - ``sqrt``: ``(batch / target) ** 0.5`` (Hoffer et al. 2017; Malladi et al. 2022 for Adam).
     - ``none``: 1.
@@ -221,5 +255,6 @@ def lr_scale(rule: str, *, batch: int, target: int, noise_scale: float | None, e
         return batch / target
     if rule == "sqrt":
         return math.sqrt(batch / target)
-    bn = noise_scale if noise_scale is not None and noise_scale > 0 and math.isfinite(noise_scale) else float(batch)
-    return ((1 + bn / target) / (1 + bn / batch)) ** exponent
+    if noise_scale is None or not noise_scale > 0 or not math.isfinite(noise_scale):
+        return (batch / target) ** exponent
+    return ((1 + noise_scale / target) / (1 + noise_scale / batch)) ** exponent

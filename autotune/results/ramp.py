@@ -22,7 +22,8 @@ class RampConfig(Record):
     """How the effective batch ramps up to the target (the rule: :mod:`autotune.planning.ramp`).
 
     ``start``: the first effective batch (``--ramp-from``), None for the smallest
-    with two micro-batches at the memory limit. ``lr_scaling``: how the learning
+    with two micro-batches at the memory limit (a quarter of a target that memory
+    holds in one step). ``lr_scaling``: how the learning
     rate follows the batch (``noise``, ``linear``, ``sqrt``, ``none``;
     :func:`autotune.planning.ramp.lr_scale`). ``min_steps``: optimizer steps a
     phase runs before the batch may grow again. ``growth``: the most one change
@@ -34,7 +35,7 @@ class RampConfig(Record):
     lr_scaling: Annotated[str, Rule(options.lr_scaling)] = options.DEFAULT_LR_SCALING
     min_steps: Annotated[int, Rule(options.whole, example="10")] = options.RAMP_MIN_STEPS
     growth: Annotated[float, Rule(options.above_one, example="2.0")] = options.RAMP_GROWTH
-    window: Annotated[int, Rule(options.whole, least=2, example="20")] = options.RAMP_WINDOW
+    window: Annotated[int, Rule(options.ramp_window)] = options.RAMP_WINDOW
 
 
 @dataclass(frozen=True, kw_only=True)

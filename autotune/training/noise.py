@@ -267,6 +267,13 @@ class GradientNoiseScale:
         self._micro, self._items, self._broken = 0, total_items, None
         self._measuring = self._step % self.every == 0
 
+    def drop_step(self, reason: str) -> None:
+        """Measure nothing of the step begun (``reason`` is counted, as for a step whose backward could not be
+        read): e.g. a framework's accumulation that turned out not to hold the items ``begin_step`` was told."""
+        if self._items is None:
+            raise RuntimeError("drop_step() outside a step: call begin_step(total_items) first")
+        self._broken = reason
+
     def micro_step(self, items: int, weight: float) -> _MicroStep:
         """Context manager around one micro-step's ``backward()``: ``items`` n_i (this rank), ``weight`` w_i of
         its mean loss. A micro-step of 0 items (or weight 0) contributes nothing and is not measured."""

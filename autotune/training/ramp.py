@@ -36,11 +36,13 @@ import torch
 from .. import log
 from ..errors import BadInput
 from ..planning.ramp import (
+    SMALL_TARGET_SHARE,
     RampConfig,
     Reading,
     first_batch,
-    lr_scale,
+    least_start,
     next_batch,
+    phase_lr_scale,
     phase_plan,
     ramp_quantum,
     window_reading,
@@ -196,14 +198,17 @@ class BatchRamp:
     def _begin(self, plan: Plan) -> None:
         reading = self._decided
         b = None if reading is None else reading.b_simple
-        scale = lr_scale(self.config.lr_scaling, batch=plan.target_batch, target=self.plan.target_batch,
-                         noise_scale=b, exponent=self.exponent)
+        scale = phase_lr_scale(self.config.lr_scaling, batch=plan.target_batch, target=self.plan.target_batch,
+                               noise_scale=b, exponent=self.exponent,
+                               before=self.phases[-1].lr_scale if self.phases else None)
         phase = BatchPhase(first_step=self._steps, effective_batch=plan.target_batch, b_simple=b,
                            low=None if reading is None else reading.low, lr_scale=scale, schedule=plan.schedule)
         lr = f"lr x{scale:.2g} ({self.config.lr_scaling})"
         if not self.phases:
-            log.progress(f"batch ramp: step 1 takes {plan.target_batch} samples ({plan.arithmetic}), {lr}; growing "
-                         f"toward {self.plan.target_batch} with the measured noise scale")
+            toward = f"growing toward {self.plan.target_batch} with the measured noise scale" \
+                if plan.target_batch < self.plan.target_batch else \
+                f"the ramp starts at the target {self.plan.target_batch}: every step takes it, nothing to grow"
+            log.progress(f"batch ramp: step 1 takes {plan.target_batch} samples ({plan.arithmetic}), {lr}; {toward}")
         else:
             was = self.phases[-1].effective_batch
             why = "" if reading is None or reading.low is None else \
@@ -225,6 +230,7 @@ class RampSampler(PlanSampler):
                  seed: int = 0, drop_last: bool = False):
         super().__init__(dataset_size, ramp, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.ramp = ramp
+        _check_dataset(self.size, ramp)
 
     def __len__(self) -> int:
         shares = self.ramp.per_rank_batch
@@ -247,6 +253,21 @@ class RampSampler(PlanSampler):
                 shares = split(len(window), shares)
             start = sum(shares[:self.rank])
             yield window[start:start + shares[self.rank]]
+
+
+def _check_dataset(size: int, ramp: BatchRamp) -> None:
+    """BadInput, with the starts that would fit, when a dataset of ``size`` holds fewer samples than the batch
+    ``ramp`` wants now: every step would be an epoch's short last batch, which no phase takes."""
+    want = ramp.effective_batch
+    if size >= want:
+        return
+    which = "the batch ramp's first batch" if not ramp.phases else "the batch the ramp wants now"
+    least, q = least_start(ramp.world_size, ramp.quantum), ramp.quantum
+    fits = (f"start the ramp within the dataset, RampConfig(start=N) with N from {least} to {size // q * q}, e.g. "
+            f"{max(least, size // SMALL_TARGET_SHARE // q * q)}, or train on more data" if size >= least else
+            f"train on more data (a ramp's batch holds at least {least})")
+    raise BadInput(f"the dataset holds {size} samples, fewer than {which} of {want}: every step would be an "
+                   f"epoch's short last batch, which no phase of the ramp takes; {fits}")
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:

@@ -25,6 +25,7 @@ from ..compat import tree_map
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line
+from ..planning.ramp import uniform_base
 from ..results.noise import NoiseScaleEstimate
 from ..results.ramp import BatchPhase, RampConfig, batch_per_step
 from ..results.run import RunResult, Verification
@@ -33,13 +34,14 @@ from ..workload import Workload
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
+from .ramp import BatchRamp
 from .ramp_checks import gradients_check, schedule_check
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 
 
 def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.STEPS, verify: bool = True,
              precision: str = "fp32", max_norm: float | None = None, seed: int = 0,
-             ramp: RampConfig | None = None) -> RunResult:
+             ramp: RampConfig | None = None, uniform: bool = False) -> RunResult:
     """Train ``workload`` for ``steps`` optimizer steps by ``plan`` on ``device``.
 
     Inside a process group (torchrun), this rank trains its share of every
@@ -47,7 +49,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
     for a plan made for FSDP; the checks then also count the gradient
     all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
     ``ramp``: grow the effective batch toward the plan's target with the measured noise scale
-    (:mod:`autotune.training.ramp`); every phase is verified like the plan.
+    (:mod:`autotune.training.ramp`); every phase is verified like the plan. ``uniform`` (with ``ramp``): every
+    phase in whole micro-batches of the plan's equal ones (:func:`autotune.planning.ramp.uniform_base`).
     In a plan for ranks that differ, each rank runs its own micro-batches and
     micro-steps and is held to its own usable memory and predicted peak.
     """
@@ -57,7 +60,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
                             f"or plan for world_size={world}")
     usable = plan.usable_bytes_of(distributed.rank()) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
-    run = _Run(plan, workload, device, steps=steps, precision=precision, max_norm=max_norm, seed=seed, ramp=ramp)
+    run = _Run(plan, workload, device, steps=steps, precision=precision, max_norm=max_norm, seed=seed, ramp=ramp,
+               uniform=uniform)
     checks: list[Check] = []
     with run.scope, own_random_state(device.torch_device, seed), run.where("while building the model"):
         run.host_model = workload.make_model()
@@ -115,9 +119,13 @@ class _Run:
     steps go into ``record``. ``scope`` holds what lasts the whole run (FSDP's mesh)."""
 
     def __init__(self, plan: Any, workload: Workload, device: Device, *, steps: int, precision: str,
-                 max_norm: float | None, seed: int, ramp: RampConfig | None):
+                 max_norm: float | None, seed: int, ramp: RampConfig | None, uniform: bool = False):
         self.plan, self.workload, self.device = plan, workload, device
-        self.steps, self.precision, self.max_norm, self.ramp = steps, precision, max_norm, ramp
+        self.steps, self.precision, self.max_norm = steps, precision, max_norm
+        self.ramp: RampConfig | BatchRamp | None = ramp
+        if ramp is not None and uniform:  # every phase in whole micro-batches of the plan's
+            base, quantum = uniform_base(plan)
+            self.ramp = BatchRamp(base, ramp, quantum=quantum)
         self.ddp, self.rank = distributed.active(), distributed.rank()
         self.fsdp = plan.parallel == "fsdp"
         # FSDP syncing every micro-step: no micro-step runs with gradient sync off

@@ -77,6 +77,42 @@ def test_automatic_optimization_grows_the_batch_at_epoch_starts_in_whole_micro_b
 
 
 @pytest.mark.slow
+def test_the_short_last_step_of_an_epoch_is_said_and_recorded_as_it_was():
+    # R34: 700 sequences in micro-batches of the plan's size end each epoch with a step of fewer samples than the
+    # phase's (fewer micro-batches, the last one short), each weighted 1/k by Lightning as if full.
+    pl.seed_everything(0, verbose=False)
+    tune, steps = AutotuneBatchSize(256, memory_budget="300KiB", ramp=QUICK), Steps()
+    data = Sequences([6] * 700)
+    t = trainer(callbacks=[tune, steps], max_steps=-1, max_epochs=6)
+    with pytest.warns(UserWarning, match=r"took \d+ samples on this rank instead of the phase's \d+") as said:
+        t.fit(TinyLM(lr=0.1), datamodule=data)
+    said = [str(w.message) for w in said if "batch ramp" in str(w.message)]
+    assert said and all("accumulator" in w for w in said)  # the way to exact steps
+    phases, short = tune.ramp.ramp.phases, tune.ramp.short_steps
+    assert short and len(phases) >= 2
+    ends = [p.first_step for p in phases[1:]] + [len(steps.samples)]
+    for phase, end in zip(phases, ends):
+        for step in range(phase.first_step, end):
+            took = steps.samples[step]
+            assert took == phase.effective_batch or short.get(step) == took, (step, took, short)
+    assert all(steps.samples[step] == took < 256 for step, took in short.items())
+
+
+@pytest.mark.slow
+def test_a_target_of_two_micro_batches_leaves_no_room_and_says_what_would():
+    # R33: the suggested start was the target itself (no ramp at all).
+    from autotune.errors import PlanError
+
+    pl.seed_everything(0, verbose=False)
+    tune = AutotuneBatchSize(64, memory_budget="300KiB", ramp=QUICK)
+    with pytest.raises(PlanError) as caught:
+        trainer(callbacks=[tune], max_steps=-1, max_epochs=1).fit(TinyLM(lr=0.1), datamodule=Sequences([6] * 128))
+    said = str(caught.value)
+    assert "whole micro-batches of 32" in said and "2 x 32 = 64 is the target 64" in said
+    assert "a smaller memory_budget" in said and "a larger target_batch" in said and "e.g. 64" not in said
+
+
+@pytest.mark.slow
 def test_manual_optimization_grows_the_batch_at_any_step():
     plan = make_plan(48, 8)
     ramp = BatchRamp(plan, autotune.RampConfig(start=12, min_steps=3, window=8))

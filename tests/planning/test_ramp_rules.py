@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -17,8 +18,10 @@ from autotune.planning.ramp import (
     first_batch,
     lr_scale,
     next_batch,
+    phase_lr_scale,
     phase_micro_limit,
     phase_plan,
+    uniform_base,
     window_reading,
 )
 
@@ -70,7 +73,8 @@ def test_the_batch_never_shrinks_never_passes_the_target_and_grows_only_above_it
     ("noise", 100, 10.0, 1.0, (1 + 10 / 1000) / (1 + 10 / 100)),  # near 1 above B_noise: 0.918
     ("noise", 10, 1000.0, 1.0, (1 + 1000 / 1000) / (1 + 1000 / 10)),  # below it: about 2 B / B_noise
     ("noise", 100, 10.0, 0.5, math.sqrt((1 + 10 / 1000) / (1 + 10 / 100))),
-    ("noise", 100, None, 1.0, (1 + 100 / 1000) / 2),  # nothing measured: B_noise assumed to be the batch
+    ("noise", 100, None, 1.0, 100 / 1000),  # nothing measured: the conservative end (B_noise far above B)
+    ("noise", 100, None, 0.5, (100 / 1000) ** 0.5),
     ("noise", 1000, 50.0, 1.0, 1.0),  # at the target: the rate tuned for it
     ("linear", 100, 10.0, 1.0, 0.1),
     ("sqrt", 100, 10.0, 1.0, math.sqrt(0.1)),
@@ -78,6 +82,17 @@ def test_the_batch_never_shrinks_never_passes_the_target_and_grows_only_above_it
 ])
 def test_the_learning_rate_rules(rule, batch, noise, exponent, want):
     assert lr_scale(rule, batch=batch, target=1000, noise_scale=noise, exponent=exponent) == pytest.approx(want)
+
+
+def test_a_phase_never_runs_at_a_lower_rate_than_the_smaller_phase_before():
+    # A reading of a much larger noise scale would lower the rule's factor as the batch grows: the phase keeps it.
+    first = phase_lr_scale("noise", batch=128, target=4096, noise_scale=128.0, exponent=0.5)
+    grown = phase_lr_scale("noise", batch=256, target=4096, noise_scale=1e5, exponent=0.5, before=first)
+    assert lr_scale("noise", batch=256, target=4096, noise_scale=1e5, exponent=0.5) < first == grown
+    assert phase_lr_scale("noise", batch=4096, target=4096, noise_scale=1e5, before=first) == 1.0
+    for noise in (1.0, 1e3, 1e6):  # no reading can take the rate below the conservative start
+        assert lr_scale("noise", batch=64, target=4096, noise_scale=noise) >= lr_scale(
+            "noise", batch=64, target=4096, noise_scale=None)
 
 
 def test_the_noise_rule_keeps_the_rate_where_linear_would_divide_it_by_sixteen():
@@ -97,9 +112,28 @@ def test_the_default_start(target, world, m, quantum, want):
     assert default_start(target, world_size=world, max_micro_batch=m, quantum=quantum) == want
 
 
-def test_no_default_start_when_memory_holds_the_target():
-    with pytest.raises(PlanError, match=r"give a start \(RampConfig\(start=N\), --ramp-from N\), e\.g\. 64"):
-        default_start(1024, world_size=1, max_micro_batch=1024)
+@pytest.mark.parametrize("target,world,m,quantum,want", [
+    (1024, 1, 1024, 1, 256),  # memory holds the target in one micro-batch: a quarter of it, in two micro-batches
+    (100, 1, 100, 1, 25),     # R8 / issue 3: the target caps the limit at 100 (memory holds 160)
+    (100, 1, 160, 8, 24),     # rounded down to a multiple of 8
+    (64, 4, 32, 4, 16),       # 4 ranks hold 128 at once: a quarter of 64
+    (6, 1, 6, 1, 2),          # never below two micro-batches of one
+])
+def test_the_default_start_when_memory_holds_the_target_in_one_step(target, world, m, quantum, want):
+    assert default_start(target, world_size=world, max_micro_batch=m, quantum=quantum) == want
+
+
+@pytest.mark.parametrize("target,world,quantum,words", [
+    (2, 1, 1, "the target 2 leaves no batch below it to start from: the smallest a ramp runs is 2 (two "
+              "micro-batches on one rank, so the noise scale can be measured)"),
+    (16, 1, 8, "the smallest a ramp runs is 16 (two micro-batches on one rank, in multiples of 8"),
+    (4, 4, 4, "the smallest a ramp runs is 4 (one micro-batch on each of 4 ranks"),
+])
+def test_no_default_start_when_no_batch_a_ramp_runs_is_below_the_target(target, world, quantum, words):
+    with pytest.raises(PlanError, match=re.escape(words)) as caught:
+        default_start(target, world_size=world, max_micro_batch=target, quantum=quantum)
+    assert "ramp toward a larger target, or train at" in str(caught.value)
+    assert "memory limit" not in str(caught.value)
 
 
 @pytest.mark.parametrize("start,world,q,words", [
@@ -121,6 +155,9 @@ def test_a_start_that_cannot_be(start, world, q, words):
     ("growth", 1.0, "growth 1.0 must be a number above 1"),
     ("min_steps", 0, "min_steps 0 must be at least 1"),
     ("window", 1, "window 1 must be at least 2"),
+    ("window", 10**12, "window 1000000000000 must be at most 1000 steps"),  # R28
+    ("growth", "2", "growth '2' is text, not a number: give a number above 1, e.g. 2.0"),  # R28: not coerced
+    ("growth", True, "growth True must be a number above 1"),
     ("start", 0, "start 0 must be at least 1"),
 ])
 def test_settings_are_checked_once(field, value, words):
@@ -148,6 +185,15 @@ def test_every_phase_is_an_exact_plan_within_the_memory_limit_that_the_noise_sca
     if batch < base.target_batch:  # below the target (the plan itself), two micro-batches: the noise is measurable
         assert phase.world_size * phase.accumulation_steps >= 2
     assert phase_micro_limit(batch, world_size=world, max_micro_batch=m, multiple_of=q) <= m
+
+
+def test_a_uniform_ramp_takes_whole_micro_batches_of_the_plans():
+    base, quantum = uniform_base(make_plan(512, 160, uniform="force"))
+    assert (base.max_micro_batch, quantum) == (128, 128)
+    assert phase_plan(first_batch(base, RampConfig(), quantum=quantum), base).schedule == ((128, 128),)
+    assert phase_plan(384, base).schedule == ((128, 128, 128),)
+    with pytest.raises(PlanError, match=r"this plan's differ \(255, 256\): plan with uniform='force'"):
+        uniform_base(make_plan(1021, 300))
 
 
 def test_the_phase_at_the_target_is_the_plan_itself():

@@ -117,8 +117,8 @@ def recorded_lr(optimizer: torch.optim.Optimizer) -> list[float]:
 
 @pytest.mark.parametrize("optimizer,rule,want", [
     (torch.optim.SGD, "linear", 64 / 512), (torch.optim.SGD, "sqrt", (64 / 512) ** 0.5),
-    (torch.optim.SGD, "none", 1.0), (torch.optim.SGD, "noise", (1 + 64 / 512) / 2),
-    (torch.optim.AdamW, "noise", ((1 + 64 / 512) / 2) ** 0.5),  # Adam-type: the square root of SGD's factor
+    (torch.optim.SGD, "none", 1.0), (torch.optim.SGD, "noise", 64 / 512),  # no reading yet: the conservative end
+    (torch.optim.AdamW, "noise", (64 / 512) ** 0.5),  # Adam-type: the square root of SGD's factor
 ])
 def test_the_learning_rate_rule_is_applied_during_each_step_and_the_schedulers_rate_kept(optimizer, rule, want):
     model = fixed_model()
@@ -201,6 +201,27 @@ def test_the_first_batch_must_be_the_ramps():
     with pytest.raises(BadInput, match=r"the batch ramp starts at 33 samples per step \(33 on rank 0\) but the "
                                        r"first batch holds 512: feed the batches the ramp wants"):
         step(regression(512, 1.0, torch.Generator().manual_seed(0)))
+
+
+def test_a_dataset_smaller_than_the_first_batch_is_said_when_the_sampler_is_made():
+    # R30: the mid-loop error told the user to use step.ramp.sampler(len(dataset)), which they had.
+    ramp = BatchRamp(make_plan(512, 280), autotune.RampConfig())
+    assert ramp.start == 281
+    with pytest.raises(BadInput, match=r"the dataset holds 100 samples, fewer than the batch ramp's first batch of "
+                                       r"281: .*RampConfig\(start=N\) with N from 2 to 100, e\.g\. 25"):
+        ramp.sampler(100)
+    assert len(ramp.sampler(281)) == 1
+
+
+def test_a_ramp_that_starts_at_the_target_says_so(caplog):
+    # R7: "growing toward 512 with the measured noise scale" at a start of 512.
+    model = fixed_model()
+    step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), make_plan(64, 32), loss=squared,
+                       ramp=autotune.RampConfig(start=64))
+    with caplog.at_level("INFO", logger="autotune"):
+        step(regression(64, 1.0, torch.Generator().manual_seed(0)))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "starts at the target 64: every step takes it, nothing to grow" in said and "growing" not in said
 
 
 def test_a_new_phase_on_cuda_hands_the_allocators_unused_blocks_back_first(monkeypatch):

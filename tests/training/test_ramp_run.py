@@ -96,10 +96,18 @@ def test_the_command_line_ramps_and_writes_the_record(tmp_path, capsys):
     (["--lr-scaling", "linear"], "--lr-scaling is for a batch ramp: add --ramp"),
     (["--ramp", "--ramp-from", "100"], "ramp start 100 is above the target batch 64"),
     (["--ramp", "--lr-scaling", "cubic"], "invalid choice: 'cubic'"),
+    (["--ramp", "--memory-budget", "8MiB,3MiB"], "--memory-budget per rank (2 given) is for a plan of several "
+                                                 "ranks, or for each rank of a torchrun job"),  # R19
 ])
-def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, words, capsys):
-    from autotune.cli import main
+def test_the_command_line_refuses_a_ramp_it_cannot_run_before_any_probe(argv, words, capsys, monkeypatch):
+    # R2, R19: before torch is even imported (the seconds that import takes looked like a probe).
+    from autotune.cli import main, run_cmd
 
+    def no_torch(**kwargs):
+        raise AssertionError("torch imported before the inputs were refused")
+
+    monkeypatch.setattr(run_cmd, "import_torch", no_torch)
+    monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit) as exit_:
         code = main(["run", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", *argv])
         raise SystemExit(code)
@@ -123,3 +131,39 @@ def test_a_ramp_on_ranks_that_differ_is_refused_with_the_fix():
         first_batch(mixed, RampConfig(start=1200))
     alike = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
     assert first_batch(alike, RampConfig(start=600)) == 600 and alike.max_micro_batch < 300
+
+
+def test_the_learning_rate_never_falls_when_the_batch_grows():
+    # Issue 4: on the mlp (AdamW, noise ~1e4) from 64 toward 1024, step 1 ran at x0.73 (B_noise assumed = 64) and
+    # the first reading's growth to 128 dropped it to x0.36. Now step 1 runs at the rule's conservative end,
+    # sqrt(64 / 1024), and each phase's factor is at least the one before.
+    import autotune
+
+    result = autotune.run(target_batch=1024, workload="mlp", device="cpu", memory_budget="2.4MB", steps=24,
+                          verify=False, ramp=autotune.RampConfig(start=64, min_steps=2, window=4))
+    phases = result.batch_schedule
+    assert len(phases) >= 3 and phases[0].lr_scale == pytest.approx((64 / 1024) ** 0.5)
+    for before, after in zip(phases, phases[1:]):
+        assert after.effective_batch > before.effective_batch and after.lr_scale >= before.lr_scale, phases
+
+
+def test_a_target_memory_holds_in_one_step_ramps_from_the_default_start():
+    # Issue 3 / R8: target 100 at a limit of 160 was refused unless --ramp-from was given.
+    import autotune
+
+    result = autotune.run(target_batch=100, workload="mlp", device="cpu", memory_budget="2.4MB", steps=2,
+                          ramp=True)
+    assert result.passed and result.batch_schedule[0].effective_batch == 25
+    assert result.batch_schedule[0].schedule == ((12, 13),)  # smaller micro-batches than the plan's 100
+
+
+def test_uniform_holds_in_every_phase():
+    # R14: --uniform ramped through 161 = 80 + 81 and 322 = 2 x 107 + 1 x 108 without a word.
+    import autotune
+
+    result = autotune.run(target_batch=512, workload="mlp", device="cpu", memory_budget="2.4MB", steps=12,
+                          uniform="force", ramp=autotune.RampConfig(min_steps=2, window=4))
+    phases = result.batch_schedule
+    assert result.passed and len(phases) >= 2 and result.plan.uniform
+    for phase in phases:  # whole micro-batches of the plan's 128
+        assert {n for row in phase.schedule for n in row} == {result.plan.micro_batch}, phase.schedule

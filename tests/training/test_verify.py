@@ -15,14 +15,14 @@ from autotune.workload import load_workload
 from .accumulators import ClipsEveryMicroStep, CountsASampleTwice, DropsASample, NaiveOneOverK, PerSequenceMeans
 
 
-def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0):
+def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0, precision="fp32"):
     """The gradient check of ``accumulation`` (autotune's, or a planted fault) over a copy of a fresh model."""
     torch.manual_seed(seed)
     model = workload.model()
     batch = workload.batch(sum(sizes), torch.Generator().manual_seed(seed))
     trained = copy.deepcopy(model)
     acc = accumulation(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
-                       items=workload.items, max_norm=max_norm, noise_scale=False)
+                       items=workload.items, max_norm=max_norm, noise_scale=False, precision=precision)
     return gradient_check(acc, model, batch)
 
 
@@ -52,6 +52,21 @@ def test_clipping_every_micro_step_is_caught(mlp):
     assert check(mlp, sizes, max_norm=0.05).passed
     result = check(mlp, sizes, accumulation=ClipsEveryMicroStep, max_norm=0.05)
     assert not result.passed and "do not add up" in result.message
+
+
+def test_fp16_on_the_cpu_is_held_to_its_own_rounding_and_still_catches_a_wrong_weighting(mlp):
+    # R17: the mlp's ReLUs make fp16 rounding alone move its gradient by ~1.4e-2 (one pass, no accumulation at
+    # all), above the table's 1e-2; the limit is twice that rounding, measured, and a wrong weighting stays caught.
+    for sizes in ([128] * 4, [80, 81], [384, 128]):
+        good = check(mlp, sizes, precision="fp16")
+        assert good.passed, good.message
+        assert good.limit > 1e-2 and good.details["rounding"] > 1e-2
+        assert "one fp16 pass" in good.message
+    bad = check(mlp, [384, 128], accumulation=NaiveOneOverK, precision="fp16")
+    assert not bad.passed and bad.value > 10 * bad.limit and "do not add up" in bad.message
+    dropped = check(mlp, [128] * 4, accumulation=DropsASample, precision="fp16")
+    assert not dropped.passed and "do not add up" in dropped.message
+    assert check(mlp, [128] * 4, precision="bf16").passed
 
 
 def test_naive_weighting_is_right_when_sizes_and_items_are_equal(mlp):
