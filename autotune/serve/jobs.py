@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError
+from ..store.claims import LEASE_S
+from ..store.store import Store
+
+#: Told whose store claim a job waits for (a claim's owner), and None once the job holds the claim.
+Waiting = Callable[[str | None], None]
 
 
 class JobFailed(Exception):
@@ -47,7 +52,7 @@ class Job:
     gone: threading.Event = field(default_factory=threading.Event)
 
 
-def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
+def run_job(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder: None) -> dict[str, Any]:
     """One job, in a worker: the plan its request asks for, through the API and the store."""
     from .. import api
     from ..results.request import PlanRequest
@@ -55,10 +60,38 @@ def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
     if job["kind"] != "plan":
         raise BadInput(f"unknown job {job['kind']!r}")
     request = PlanRequest.from_dict(job["request"], source="the job")
-    plan = api.plan_for(request, store=store_url, given=api.Given(load(job["spec"], job["probe"])))
+    store = _told(store_url, waiting)
+    plan = api.plan_for(request, store=store, given=api.Given(load(job["spec"], job["probe"])))
     probe = plan.probe
     assert probe is not None
     return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
+
+
+class Told(Store):
+    """A store that tells ``tell`` whose claim a take found held, each time that changes (None: taken)."""
+
+    holder: str | None = None
+    tell: Waiting = staticmethod(lambda holder: None)
+
+    def take(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> str | None:
+        holder = super().take(fingerprint, owner, lease_s)
+        if holder != self.holder:
+            self.holder = holder
+            self.tell(holder)
+        return holder
+
+
+_STORES: dict[str, Told] = {}
+
+
+def _told(store_url: str, waiting: Waiting) -> Told:
+    """The store at ``store_url`` (one per worker process, as :func:`autotune.store.open_store` keeps one),
+    telling ``waiting`` whose claim its takes find held."""
+    if store_url not in _STORES:
+        _STORES[store_url] = Told(store_url, name="--store")
+    store = _STORES[store_url]
+    store.holder, store.tell = None, waiting
+    return store
 
 
 def load(spec: str, name: str) -> Any:
@@ -98,14 +131,15 @@ def scrub(text: str, spec: str) -> str:
     return text.replace(str(path), path.name).replace(str(path.parent) + "/", "")
 
 
-def answer(job: dict[str, Any], store_url: str) -> dict[str, Any]:
-    """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not."""
+def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder: None) -> dict[str, Any]:
+    """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not
+    (``waiting``: told whose store claim the job waits for)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ..store.store import StoreUnavailable
 
     try:
-        return {"ok": True, **run_job(job, store_url)}
+        return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
         return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"]),
                 "store_error": isinstance(exc, StoreUnavailable)}
