@@ -65,11 +65,17 @@ class Guard:
 
 
 def host_name(header: bytes) -> str:
-    """The name in a Host header, without the port: ``127.0.0.1``, ``::1``, ``localhost``."""
+    """The name in a Host header, without the port: ``127.0.0.1``, ``::1``, ``localhost``. A header whose
+    text after the name is not ``:PORT`` (``localhost:8321@evil.com``) is given whole, so it names no host."""
     text = header.decode("latin-1").strip().lower()
     if text.startswith("["):
-        return text[1:].partition("]")[0]
-    return text.rpartition(":")[0] if text.count(":") == 1 else text
+        name, _, port = text[1:].partition("]")
+    elif text.count(":") == 1:
+        name, port = text.split(":")
+        port = ":" + port
+    else:
+        return text
+    return name if port == "" or (port[:1] == ":" and port[1:].isdigit() and port.isascii()) else text
 
 
 async def _send(send: Send, status: int, detail: str) -> None:

@@ -29,6 +29,8 @@ def test_the_names_a_service_answers_to(host, extra, names):
 @pytest.mark.parametrize("header,name", [
     (b"127.0.0.1:8321", "127.0.0.1"), (b"LocalHost", "localhost"), (b"[::1]:8321", "::1"), (b"[::1]", "::1"),
     (b"attacker.example.com:80", "attacker.example.com"), (b"", ""),
+    (b"localhost:18321@evil.com", "localhost:18321@evil.com"), (b"localhost:", "localhost:"),
+    (b"[::1]:80@evil.com", "[::1]:80@evil.com"), (b"[::1]x", "[::1]x"), (b"localhost:\xb2", "localhost:\xb2"),
 ])
 def test_the_name_in_a_host_header(header, name):
     assert host_name(header) == name
