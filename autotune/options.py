@@ -40,6 +40,8 @@ FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
 #: ``autotune serve``: seconds a probe may run before its worker is stopped (--probe-timeout).
 PROBE_TIMEOUT_S = 600.0
+#: ``autotune serve``: seconds a client has to send a request whole, headers and body (--read-timeout).
+READ_TIMEOUT_S = 20.0
 #: Under torchrun: seconds a rank waits for the others before giving up.
 DIST_TIMEOUT_S = 600.0
 #: The largest effective batch a plan holds (samples per optimizer step).

@@ -78,6 +78,10 @@ def add_parser(sub) -> None:
                    help="worker processes running probes, one probe at a time each")
     p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=options.PROBE_TIMEOUT_S,
                    metavar="SECONDS", help="a probe running longer is stopped and its request answered 504")
+    p.add_argument("--read-timeout", type=flag(options.seconds, "--read-timeout"), default=options.READ_TIMEOUT_S,
+                   metavar="SECONDS", help="a client that has not sent its request whole (headers and body) this long "
+                                           "after it connected (or began its next request) is answered 408 and "
+                                           "disconnected")
     p.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="no access-log line per request (by default one JSON object a line on stderr: time, method, "
                         "path, status, seconds, cached, fingerprint)")
@@ -149,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
           f"{'bearer token required' if token else 'no token: this machine only'})", file=sys.stderr, flush=True)
     if args.access_log:
         _log_access()
+    from ..serve.guard import protocol
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                            access_log=False)
+                            access_log=False, http=protocol(args.read_timeout))
     _server(uvicorn.Server, app.state.pool.shutdown)(config).run()
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +51,8 @@ def probes_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, probes_dir, module_store_url) -> Iterator[Server]:
     running = Server(tmp_path_factory.mktemp("serve"), store=module_store_url, token=TOKEN,
-                     extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "120"))
+                     extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "120",
+                            "--read-timeout", "4"))
     yield running
     running.stop()
 
@@ -182,6 +184,46 @@ def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
         assert streamed.status_code == 413
         broken = http.post("/v1/plan", content=b"{not json", headers={"content-type": "application/json"})
         assert broken.status_code == 400 and "not JSON" in broken.json()["detail"]
+
+
+def test_a_client_that_trickles_its_request_is_answered_408_and_disconnected(server):
+    """Partial headers, and whole headers with part of the body, trickled a byte a second: each connection is
+    cut off once its request has not arrived whole within --read-timeout (4 s here)."""
+    started = (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+               b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 200\r\n\r\n{\"target_batch\": ")
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in started]
+    try:
+        for sock, first in zip(slow, started):
+            sock.sendall(first)
+        for _ in range(8):
+            time.sleep(1)
+            for sock in slow:
+                try:
+                    sock.sendall(b"1")
+                except OSError:  # cut off already
+                    pass
+        answers = [_until_closed(sock) for sock in slow]
+    finally:
+        for sock in slow:
+            sock.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive whole within 4 s" in answer, answer
+    with server.client() as http:
+        assert http.get("/healthz").status_code == 200
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """What the server sent before it closed the connection (socket.timeout when it did not)."""
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
 
 
 def test_the_server_process_never_loads_torch(server):
