@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
@@ -131,6 +132,19 @@ class MeasurementRequest(BaseModel):
             raise ValueError("must be a finite number")
         return value
 
+    @field_validator("peak_reserved_bytes", "peak_allocated_bytes")
+    @classmethod
+    def _measured(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("0 bytes is not a peak a job ran with: report torch.cuda.max_memory_reserved() (and "
+                             "max_memory_allocated()) after its steps, or \"oom\": true with no peak")
+        return value
+
+    @field_validator("device", "note")
+    @classmethod
+    def _plain(cls, value: str | None) -> str | None:
+        return None if value is None else plain(value)
+
     @field_validator("device")
     @classmethod
     def _real(cls, value: str) -> str:
@@ -150,11 +164,29 @@ class MeasurementRequest(BaseModel):
         return self
 
 
+#: Unicode categories a client's text may not hold: controls (ESC, DEL, C1), formats (bidi overrides, zero
+#: widths), line and paragraph separators, surrogates. Printed to a terminal or a page they act, not show.
+_NOT_TEXT = ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def plain(value: str) -> str:
+    """``value`` when it is plain text; ValueError naming the first control character and where it is."""
+    for at, ch in enumerate(value):
+        if unicodedata.category(ch) in _NOT_TEXT:
+            raise ValueError(f"must be plain text: it holds the control character U+{ord(ch):04X} at position {at}; "
+                             "send the text without control characters (terminal escapes, tabs, new lines)")
+    return value
+
+
 def implausible(body: MeasurementRequest, probed: Any) -> str | None:
     """Why a reported measurement cannot be one of the entry's device, or None."""
     from ..units import format_bytes
 
     device = probed.device
+    planned = "cpu" if device.kind == "cpu" or (device.kind == "estimate" and device.cuda_like is False) else "cuda"
+    if body.device_kind != planned:
+        return (f"device_kind {body.device_kind!r} is not the kind of device the entry planned for ({planned}: "
+                f"{device.summary}): report runs on that kind of device, or plan for this one first")
     total = device.total_bytes or (device.ram_total_bytes if device.kind == "cpu" else None) or probed.capacity_bytes
     for name in ("peak_reserved_bytes", "peak_allocated_bytes"):
         value = getattr(body, name)

@@ -449,6 +449,12 @@ def test_implausible_measurements_are_refused(server):
             "allocated": http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 3_000_000}),
             "estimate": http.post("/v1/measurements", json={**good, "device": "estimate", "oom": True,
                                                              "peak_reserved_bytes": None}),
+            "zero": http.post("/v1/measurements", json={**good, "peak_reserved_bytes": 0}),
+            "zero allocated": http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 0}),
+            "cpu": http.post("/v1/measurements", json={**good, "device_kind": "cpu"}),
+            "escape": http.post("/v1/measurements", json={**good, "note": "<b>\u001b[31mRED\u001b[0m"}),
+            "bidi": http.post("/v1/measurements", json={**good, "device": "NVIDIA \u202eA100"}),
+            "bell": http.post("/v1/measurements", json={**good, "device": "NVIDIA A100\u0007"}),
         }
         kept = http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 1_900_000})
         rows = http.get(f"/v1/plans/{fp}").json()["measurements"]
@@ -458,6 +464,16 @@ def test_implausible_measurements_are_refused(server):
     assert "is above the 1.0 GiB" in answers["above"].json()["detail"]
     assert "peak_allocated_bytes 3000000 is above peak_reserved_bytes 2000000" in answers["allocated"].json()["detail"]
     assert "is an estimate, which measures nothing" in answers["estimate"].json()["detail"]
+    assert answers["zero"].json()["detail"].startswith("peak_reserved_bytes 0: 0 bytes is not a peak a job ran with")
+    assert answers["zero allocated"].json()["detail"].startswith("peak_allocated_bytes 0: 0 bytes is not a peak")
+    assert answers["cpu"].json()["detail"].startswith("device_kind 'cpu' is not the kind of device the entry "
+                                                      "planned for (cuda: ")
+    assert answers["escape"].json()["detail"] == (
+        'note "<b>\\u001b[31mRED\\u001b[0m": must be plain text: it holds the control character U+001B at '
+        "position 3; send the text without control characters (terminal escapes, tabs, new lines)")
+    assert "device" in answers["bidi"].json()["detail"] and "U+202E at position 7" in answers["bidi"].json()["detail"]
+    assert answers["bell"].json()["detail"].startswith('device "NVIDIA A100\\u0007": must be plain text')
+    assert "\x1b" not in answers["escape"].text
     assert kept.status_code == 201 and [r["peak_reserved_bytes"] for r in rows] == [2_000_000]
 
 
