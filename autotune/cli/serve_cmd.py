@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import options
 from ..errors import BadInput
-from .common import Formatter, flag, positive_int
+from .common import Formatter, flag
 
 EXAMPLES = """\
 Answers POST /v1/plan for estimated GPUs from a plan store shared by every job:
@@ -74,8 +74,9 @@ def add_parser(sub) -> None:
                         "listened on is always one (and localhost on 127.0.0.1; on 0.0.0.0 or :: any name is)")
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help=f"a file holding the bearer token every request must send (at least {MIN_TOKEN} characters)")
-    p.add_argument("--workers", type=positive_int("--workers"), default=1, metavar="N",
-                   help="worker processes running probes, one probe at a time each")
+    p.add_argument("--workers", type=flag(options.workers, "--workers"), default=1, metavar="N",
+                   help="worker processes running probes, one probe at a time each (at most "
+                        f"{options.WORKERS_PER_CPU} per CPU)")
     p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=options.PROBE_TIMEOUT_S,
                    metavar="SECONDS", help="a probe running longer is stopped and its request answered 504")
     p.add_argument("--read-timeout", type=flag(options.seconds, "--read-timeout"), default=options.READ_TIMEOUT_S,

@@ -7,7 +7,7 @@
     GET  /v1/plans/{fingerprint}/report the HTML memory report of its latest plan
     POST /v1/measurements               what a job measured, against a fingerprint
     GET  /v1/probes                     the probes this service runs
-    GET  /healthz                       liveness (without the token: the status alone)
+    GET  /healthz                       liveness (without the token: the status alone; HEAD too)
     GET  /metrics                       Prometheus metrics (:mod:`autotune.serve.metrics`)
     GET  /docs, /openapi.json           the API, described by FastAPI
 
@@ -61,6 +61,7 @@ from .worker import Pool
 #: The largest request body accepted, in bytes.
 MAX_BODY = 16 * 1024
 FINGERPRINT = r"^[0-9a-f]{6,64}$"
+NOT_JSON = "the body is not JSON: send a JSON object with content-type: application/json"
 
 
 @dataclass
@@ -226,7 +227,8 @@ def _service_routes(app: FastAPI, routes: APIRouter, service: Service) -> None:
         return answers.Probes(probes=[answers.ServedProbe(name=p.name, builtin=p.builtin, functions=list(p.functions),
                                                           error=p.error) for p in service.settings.probes.all()])
 
-    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)",
+    @app.api_route("/healthz", methods=["GET", "HEAD"],  # HEAD: what some load balancers check with
+                   summary="Liveness (in full with the token, or when the service has none)",
              responses={503: {"model": answers.Health | answers.Liveness,
                               "description": "the store cannot be read, or the service is stopping"}})
     async def healthz(request: Request, response: Response) -> answers.Health | answers.Liveness:
@@ -321,7 +323,7 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None) -> None:
             return await http_exception_handler(request, bearer.make_not_authenticated_error())
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _error(400, "the body is not JSON: send a JSON object with content-type: application/json")
+            return _error(400, NOT_JSON)
         whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)
                  and e.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type")]
         if whole:
@@ -368,6 +370,8 @@ def _refusals(app: FastAPI, bearer: Bearer | None) -> None:
     async def refused(request: Request, exc: StarletteHTTPException) -> Response:
         if bearer is not None and exc.status_code != 401 and await bearer.refuses(request):
             exc = bearer.make_not_authenticated_error()
+        elif exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
+            return _error(400, NOT_JSON)  # FastAPI's own words for a body that is not UTF-8 or nests too deep
         return await http_exception_handler(request, exc)
 
 

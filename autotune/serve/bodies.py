@@ -29,6 +29,8 @@ MAX_RANKS = 1024
 _ESTIMATE = r"estimate(:[A-Za-z0-9._-]{1,48})?(\*[0-9]{1,5})?"
 #: The devices of a request: one estimate for every rank, or one per rank (``A,B``; ``A*4,B*4``).
 DEVICES = rf"^{_ESTIMATE}(, ?{_ESTIMATE})*$"
+#: The decimals a margin is taken to: margins that differ less are one plan (and one entry of the store).
+MARGIN_DIGITS = 4
 #: An example body, for errors about the body itself.
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 
@@ -50,13 +52,31 @@ class PlanRequest(BaseModel):
                                                                        "rank, e.g. 80GiB,24GiB")] = None
     world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
     parallel: options.Parallel = options.DEFAULT_PARALLEL
-    margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
+    margin: Annotated[float, Field(ge=0, lt=1, description="the share of the GPU's memory kept free, taken to "
+                                                           f"{MARGIN_DIGITS} decimals (0.12341 is 0.1234): requests "
+                                                           "that differ less share one plan")] = options.MARGIN
     precision: Annotated[Literal["fp32"], Field(description="fp32, what the fit rule measures (the only precision "
                                                             "planned)")] = "fp32"
     multiple_of: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET)] = 1
     uniform: Annotated[StrictBool | Literal["force"] | None, Field(
         description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
                     "\"force\": equal micro-batches however many steps they take")] = None
+
+    @field_validator("margin")
+    @classmethod
+    def _rounded(cls, value: float) -> float:
+        if round(value, MARGIN_DIGITS) >= 1:
+            raise ValueError(f"must be below 1: margins are taken to {MARGIN_DIGITS} decimals, so "
+                             f"{1 - 10 ** -MARGIN_DIGITS:.{MARGIN_DIGITS}f} at most")
+        return round(value, MARGIN_DIGITS)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _fp32(cls, value: object) -> object:
+        if value != "fp32":
+            raise ValueError("the service plans fp32 only (the precision its fit rule measures): send \"fp32\" or "
+                             "leave precision out")
+        return value
 
     @field_validator("device", mode="before")
     @classmethod

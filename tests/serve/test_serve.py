@@ -155,7 +155,7 @@ def test_only_served_probes_run(server):
     ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
     ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
     ({**PLAN, "memory_budget": "100MiB"}, 422, "memory_budget 100.0 MiB is not more than the 640.0 MiB a CUDA context"),
-    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": Input should be 'fp32'"),
+    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": the service plans fp32 only"),
     ({**PLAN, "precision": "fp8"}, 422, "precision"),
     ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
     ({**PLAN, "target_batch": 7, "uniform": True, "multiple_of": 2}, 422, ""),
@@ -409,6 +409,18 @@ def test_a_hint_uses_the_request_s_own_fields_and_what_it_suggests_is_accepted(s
         forced = http.post("/v1/plan", json={**body, "uniform": "force"})
     assert forced.status_code == 200, forced.text
     assert forced.json()["plan"]["micro_batch"] == 3334 and forced.json()["plan"]["uniform"]
+
+
+def test_margins_that_differ_past_four_decimals_share_one_plan(server):
+    with server.client() as http:
+        answers = [http.post("/v1/plan", json={**PLAN, "margin": m}) for m in (0.2345, 0.2345 + 1e-9, 0.23449999)]
+        finer = http.post("/v1/plan", json={**PLAN, "margin": 0.99999})
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert [a.json()["cached"] for a in answers[1:]] == [True, True]
+    assert len({a.json()["fingerprint"] for a in answers}) == 1
+    assert answers[1].json()["plan"]["probe"]["margin"] == 0.2345
+    assert finer.status_code == 422
+    assert finer.json()["detail"] == "margin 0.99999: must be below 1: margins are taken to 4 decimals, so 0.9999 at most"
 
 
 def test_a_probe_that_found_the_memory_limit_serves_smaller_targets(server):
