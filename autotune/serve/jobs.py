@@ -6,6 +6,7 @@ Runs in the worker process (torch is imported there); the server process reads o
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 from collections.abc import Callable, Hashable
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError
+from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError, WorkloadError, first_line
 from ..store.claims import LEASE_S
 from ..store.store import Store
 
@@ -34,9 +35,9 @@ class JobFailed(Exception):
 
 def status_of(exc: BaseException) -> int:
     """The HTTP status for an error of a job: 422 for what the request asked (a budget, a probe
-    function, a plan that cannot exist, a workload that does not fit or cannot be estimated),
-    500 for a failure of the work."""
-    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable)):
+    function, a plan that cannot exist, a workload that does not fit or cannot be estimated, a
+    probe whose own code fails), 500 for a failure of the work."""
+    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable, WorkloadError)):
         return 422
     return 500
 
@@ -109,18 +110,15 @@ def load(spec: str, name: str) -> Any:
 
 
 def failure(exc: BaseException, spec: str) -> str:
-    """An exception raised by a probe file, in words: ``SyntaxError at line 3``, ``ValueError at line 7:
-    the message``; paths of this machine left out."""
+    """An exception raised by a probe file as it loads, in words: ``SyntaxError at line 3``, ``KeyError at
+    line 7``; its message is left out (it may name paths, or what the file read, of this machine)."""
     path = spec.rpartition(":")[0] if spec.count(":") and not Path(spec).exists() else spec
     if isinstance(exc, SyntaxError):
         line = exc.lineno
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         line = frames[-1].lineno if frames else None
-    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    where = f" at line {line}" if line else ""
-    text = scrub(str(message).strip().splitlines()[0] if str(message).strip() else "", spec)
-    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+    return f"{type(exc).__name__}" + (f" at line {line}" if line else "")
 
 
 def scrub(text: str, spec: str) -> str:
@@ -143,11 +141,18 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
     except AutotuneError as exc:
         return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"]),
                 "store_error": isinstance(exc, StoreUnavailable)}
+    except SQLAlchemyError as exc:  # what the driver says names the database's host, port and user: logged
+        logging.getLogger("autotune.serve").warning("autotune serve: the store cannot be used now: %s",
+                                                    first_line(exc))
+        return {"ok": False, "status": 503, "store_error": True,
+                "error": f"the store cannot be used now ({type(exc).__name__}); the service is fine: try again once "
+                         "the database answers"}
     except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
-        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"]),
-                "store_error": isinstance(exc, SQLAlchemyError)}
-    except SystemExit as exc:
-        return {"ok": False, "status": 500, "error": f"the probe called exit({exc.code})"}
+        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"])}
+    except (SystemExit, KeyboardInterrupt) as exc:  # the probe's own code: the request gets it, the worker lives
+        did = f"called exit({exc.code})" if isinstance(exc, SystemExit) else "raised KeyboardInterrupt"
+        return {"ok": False, "status": 422, "error": f"probe {job['probe']!r} {did} while it was planned: a probe's "
+                                                     "code returns a workload or raises an error, and never exits"}
 
 
 def one_line(text: str) -> str:

@@ -159,9 +159,7 @@ class Worker:
             try:
                 answer = self.conn.recv()
             except (EOFError, OSError):
-                what = self._ended()
-                raise JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next "
-                                     "request starts a new worker") from None
+                raise _died(job, self._ended()) from None
             if "waiting" not in answer:
                 break
             holder = answer["waiting"]
@@ -214,6 +212,17 @@ class Worker:
                 process.join(3)
         if pid is not None:
             _release_claims(self.store_url, pid)
+
+
+def _died(job: dict[str, Any], what: str) -> JobFailed:
+    """The answer of a job whose worker ended while it ran: 422 for a probe of the operator's folders (its code
+    exits or crashes the process, as any failure of its code is answered), 500 for a built-in one."""
+    if job.get("builtin", True):
+        return JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next request "
+                              "starts a new worker")
+    return JobFailed(422, f"probe {job['probe']!r} ended its worker process ({what}) while it was planned: a "
+                          "probe's code returns a workload or raises an error, and never exits or crashes the "
+                          "process; the next request starts a new worker")
 
 
 def _late(probe: str, timeout_s: float, holder: str | None) -> JobFailed:

@@ -36,6 +36,10 @@ PROBES = {
         "def helper(x):\n    return x\n"),
     "slow.py": SLOW,
     "syntax.py": "import torch\n\ndef build(:\n    pass\n",
+    "opens.py": "def build():\n    return open('/srv/secret/dataset/train.bin')\n",
+    "segfault.py": "import ctypes\n\ndef build():\n    ctypes.string_at(0)\n",
+    "exits.py": "import sys\n\ndef build():\n    sys.exit(0)\n",
+    "interrupted.py": "def build():\n    raise KeyboardInterrupt\n",
     "raises.py": "import os\n\nCONFIG = os.environ['AUTOTUNE_TEST_NO_SUCH_VARIABLE']\n\ndef build():\n    pass\n",
 }
 
@@ -60,7 +64,9 @@ def server(tmp_path_factory, probes_dir, module_store_url) -> Iterator[Server]:
 def test_healthz_and_the_api_description(server):
     with server.client() as http:
         health = http.get("/healthz").json()
-        assert health["status"] == "ok" and health["store"] == server.store and health["workers"] == 2
+        assert health["status"] == "ok" and health["store"] == _database(server) and health["workers"] == 2
+        assert server.store.partition("://")[2] not in json.dumps(health)  # never where the store is
+        assert http.head("/healthz").status_code == 200
         paths = http.get("/openapi.json").json()["paths"]
         assert {"/v1/plan", "/v1/plans", "/v1/plans/{fingerprint}", "/v1/plans/{fingerprint}/report",
                 "/v1/measurements", "/healthz"} <= set(paths)
@@ -241,11 +247,18 @@ def test_a_probe_that_fails_or_kills_its_worker_is_an_error_not_a_dead_service(s
     before = metrics(server)
     with server.client() as http:
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
-        assert failing.status_code in (422, 500), failing.text
+        assert failing.status_code == 422, failing.text
         assert "the loss of this probe is broken" in failing.json()["detail"]
         for _ in range(2):  # each of the two workers, or one of them twice
             dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
-            assert dies.status_code == 500 and "worker died (exit code 3)" in dies.json()["detail"]
+            assert dies.status_code == 422 and dies.json()["detail"].startswith(
+                "probe 'dies' ended its worker process (exit code 3) while it was planned: a probe's code returns "
+                "a workload or raises an error"), dies.text
+        for probe, words in (("segfault", "ended its worker process (signal 11)"), ("exits", "called exit(0)"),
+                             ("interrupted", "raised KeyboardInterrupt")):
+            answer = http.post("/v1/plan", json={**PLAN, "probe": probe})
+            assert answer.status_code == 422 and f"probe {probe!r} {words} while it was planned" in \
+                answer.json()["detail"], answer.text
         after = http.post("/v1/plan", json={**PLAN, "probe": "small"})
         assert after.status_code == 200, after.text
         assert http.get("/healthz").json()["status"] == "ok"
@@ -368,7 +381,12 @@ def test_healthz_says_only_the_status_without_the_token(server):
     with server.client() as http:
         full = http.get("/healthz").json()
     assert bare.status_code == 200 and bare.json() == {"status": "ok"}
-    assert full["status"] == "ok" and full["store"] == server.store and "busy" in full
+    assert full["status"] == "ok" and full["store"] == _database(server) and "busy" in full
+
+
+def _database(server: Server) -> str:
+    """The kind of database of ``server``'s store: sqlite, postgresql."""
+    return server.store.partition(":")[0].partition("+")[0]
 
 
 @pytest.mark.parametrize("host", ["attacker.example.com", "attacker.example.com:8321", "127.0.0.1.nip.io", ""])
@@ -420,7 +438,8 @@ def test_margins_that_differ_past_four_decimals_share_one_plan(server):
     assert len({a.json()["fingerprint"] for a in answers}) == 1
     assert answers[1].json()["plan"]["probe"]["margin"] == 0.2345
     assert finer.status_code == 422
-    assert finer.json()["detail"] == "margin 0.99999: must be below 1: margins are taken to 4 decimals, so 0.9999 at most"
+    assert finer.json()["detail"] == ("margin 0.99999: must be below 1: margins are taken to 4 decimals, so 0.9999 "
+                                      "at most")
 
 
 def test_a_probe_that_found_the_memory_limit_serves_smaller_targets(server):
@@ -440,14 +459,16 @@ def test_a_broken_probe_file_is_named_without_server_paths(server, probes_dir):
     with server.client() as http:
         syntax = http.post("/v1/plan", json={**PLAN, "probe": "syntax"})
         raises = http.post("/v1/plan", json={**PLAN, "probe": "raises"})
+        opens = http.post("/v1/plan", json={**PLAN, "probe": "opens"})
         listed = {p["name"]: p for p in http.get("/v1/probes").json()["probes"]}
     assert syntax.status_code == 422
     assert syntax.json()["detail"] == "probe 'syntax' failed to load: SyntaxError at line 3"
     assert listed["syntax"]["error"] == "SyntaxError at line 3" and listed["small"]["error"] is None
     assert raises.status_code == 422, raises.text
-    assert raises.json()["detail"] == \
-        "probe 'raises' failed to load: KeyError at line 3: 'AUTOTUNE_TEST_NO_SUCH_VARIABLE'"
-    for answer in (syntax, raises):
+    assert raises.json()["detail"] == "probe 'raises' failed to load: KeyError at line 3"
+    assert opens.status_code == 422, opens.text
+    assert opens.json()["detail"] == "probe 'opens' failed to load: FileNotFoundError at line 2"  # not its path
+    for answer in (syntax, raises, opens):
         assert str(probes_dir) not in answer.text and "/" not in answer.json()["detail"]
 
 
