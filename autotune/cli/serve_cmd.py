@@ -36,8 +36,9 @@ described at /docs.
 
 Several replicas share one PostgreSQL store (pip install 'autotune[serve,postgres]'):
 a plan probed by one is answered by every other, a probe asked of two at
-once runs once, and a replica that dies while probing frees its probe once
-its claim's lease (30 s) runs out, or at once on the same host.
+once runs once, and a replica killed while probing frees its probe at once (its
+workers end with it and drop their claims), or once its claim's lease
+(30 s) runs out when its host went away.
 
 examples:
   autotune serve --store sqlite:///plans.db
