@@ -7,6 +7,7 @@ Runs in the worker process (torch is imported there); the server process reads o
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import traceback
 from collections.abc import Callable, Hashable
@@ -139,7 +140,7 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
     try:
         return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
-        return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"]),
+        return {"ok": False, "status": status_of(exc), "error": bare(scrub(one_line(str(exc)), job["spec"])),
                 "store_error": isinstance(exc, StoreUnavailable)}
     except SQLAlchemyError as exc:  # what the driver says names the database's host, port and user: logged
         logging.getLogger("autotune.serve").warning("autotune serve: the store cannot be used now: %s",
@@ -148,11 +149,21 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
                 "error": f"the store cannot be used now ({type(exc).__name__}); the service is fine: try again once "
                          "the database answers"}
     except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
-        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"])}
+        return {"ok": False, "status": 500, "error": bare(scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"]))}
     except (SystemExit, KeyboardInterrupt) as exc:  # the probe's own code: the request gets it, the worker lives
         did = f"called exit({exc.code})" if isinstance(exc, SystemExit) else "raised KeyboardInterrupt"
         return {"ok": False, "status": 422, "error": f"probe {job['probe']!r} {did} while it was planned: a probe's "
                                                      "code returns a workload or raises an error, and never exits"}
+
+
+#: The folders of an absolute path in a text (``/srv/data/`` of ``'/srv/data/train.bin'``), not a URL's.
+_FOLDERS = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"/:]+/)+(?=[^\s'\"/:])")
+
+
+def bare(text: str) -> str:
+    """``text`` (a job's error, which may quote what a probe's code said) with absolute paths given by their last
+    part only: a client is not told this machine's folders."""
+    return _FOLDERS.sub("", text)
 
 
 def one_line(text: str) -> str:

@@ -27,6 +27,11 @@ PROBES = {
         "def loss(model, batch):\n    raise ValueError('the loss of this probe is broken')\n\n"
         "def build():\n    return Workload(name='failing', model=lambda: nn.Linear(4, 1),\n"
         "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n"),
+    "reads.py": (
+        "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+        "def loss(model, batch):\n    return open('/srv/secret/dataset/train.bin')\n\n"
+        "def build():\n    return Workload(name='reads', model=lambda: nn.Linear(4, 1),\n"
+        "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n"),
     "small.py": (
         "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
         "def build(width=8):\n    return Workload(name='small', model=lambda: nn.Linear(4, width),\n"
@@ -249,6 +254,9 @@ def test_a_probe_that_fails_or_kills_its_worker_is_an_error_not_a_dead_service(s
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
         assert failing.status_code == 422, failing.text
         assert "the loss of this probe is broken" in failing.json()["detail"]
+        reads = http.post("/v1/plan", json={**PLAN, "probe": "reads"})  # its error names a file: not its folders
+        assert reads.status_code == 422 and "'train.bin'" in reads.json()["detail"], reads.text
+        assert "/srv" not in reads.text and "secret" not in reads.text
         for _ in range(2):  # each of the two workers, or one of them twice
             dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
             assert dies.status_code == 422 and dies.json()["detail"].startswith(
