@@ -230,10 +230,10 @@ def _late(probe: str, timeout_s: float, holder: str | None) -> JobFailed:
     if holder is None:
         return JobFailed(504, f"probe {probe!r} ran past the {timeout_s:g} s limit (--probe-timeout) and was "
                               "stopped; the service is fine, the next request starts a new worker")
-    return JobFailed(504, f"probe {probe!r} waited the whole {timeout_s:g} s limit (--probe-timeout) for "
-                          f"{owner_words(holder)}, which holds the store's claim on the same probe and is still "
-                          "probing it; nothing was stopped there: ask again later (this service takes the probe "
-                          "over once that process ends or its claim's lease runs out)")
+    return JobFailed(504, f"probe {probe!r} reached the {timeout_s:g} s limit (--probe-timeout) waiting for "
+                          f"{owner_words(holder)}, which holds the store's claim on the same probe and is probing it; "
+                          "only this wait was stopped: ask again later (this service takes the probe over once that "
+                          "process ends or its claim's lease runs out)")
 
 
 def _release_claims(store_url: str, pid: int) -> None:

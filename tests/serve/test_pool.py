@@ -103,5 +103,5 @@ def test_a_job_that_waits_past_its_limit_for_another_s_claim_says_whose(store_ur
     finally:
         pool.stop()
     assert failed.value.status == 504
-    assert failed.value.message.startswith("probe 'mlp' waited the whole 3 s limit (--probe-timeout) for process "
+    assert failed.value.message.startswith("probe 'mlp' reached the 3 s limit (--probe-timeout) waiting for process "
                                            "4242 on elsewhere, which holds the store's claim"), failed.value.message
