@@ -46,6 +46,11 @@ FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
 FRAMEWORKS = FORMATS[2:]
 #: ``autotune serve``: seconds a probe may run before its worker is stopped (--probe-timeout).
 PROBE_TIMEOUT_S = 600.0
+#: ``autotune serve``: probe workers per CPU at most (--workers): each is a process that imports torch and probes
+#: on the CPUs, so more only take memory and slow each other.
+WORKERS_PER_CPU = 4
+#: ``autotune serve``: seconds a client has to send a request whole, headers and body (--read-timeout).
+READ_TIMEOUT_S = 20.0
 #: Under torchrun: seconds a rank waits for the others before giving up.
 DIST_TIMEOUT_S = 600.0
 #: The largest effective batch a plan holds (samples per optimizer step).
@@ -264,6 +269,17 @@ def ramp_window(value: Any, name: str = "window") -> int:
                        f"the latest steps, which moves by orders of magnitude over a longer window, e.g. "
                        f"{RAMP_WINDOW}")
     return steps
+
+
+def workers(value: Any, name: str) -> int:
+    """A number of ``autotune serve`` workers: at least 1, at most :data:`WORKERS_PER_CPU` per CPU of this machine."""
+    count = whole(value, name)
+    cpus = os.cpu_count() or 1
+    if count > WORKERS_PER_CPU * cpus:
+        raise BadInput(f"{name} {count} is more than {WORKERS_PER_CPU * cpus}, {WORKERS_PER_CPU} per CPU ({cpus} "
+                       f"here): each worker is a process that imports torch and probes on the CPUs; give at most "
+                       f"{WORKERS_PER_CPU * cpus}")
+    return count
 
 
 def seconds(value: Any, name: str) -> float:

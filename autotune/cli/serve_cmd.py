@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import options
 from ..errors import BadInput
-from .common import Formatter, flag, positive_int
+from .common import Formatter, flag
 
 EXAMPLES = """\
 Answers POST /v1/plan for estimated GPUs from a plan store shared by every job:
@@ -36,8 +36,9 @@ described at /docs.
 
 Several replicas share one PostgreSQL store (pip install 'autotune[serve,postgres]'):
 a plan probed by one is answered by every other, a probe asked of two at
-once runs once, and a replica that dies while probing frees its probe once
-its claim's lease (30 s) runs out, or at once on the same host.
+once runs once, and a replica killed while probing frees its probe at once (its
+workers end with it and drop their claims), or once its claim's lease
+(30 s) runs out when its host went away.
 
 examples:
   autotune serve --store sqlite:///plans.db
@@ -74,10 +75,15 @@ def add_parser(sub) -> None:
                         "listened on is always one (and localhost on 127.0.0.1; on 0.0.0.0 or :: any name is)")
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help=f"a file holding the bearer token every request must send (at least {MIN_TOKEN} characters)")
-    p.add_argument("--workers", type=positive_int("--workers"), default=1, metavar="N",
-                   help="worker processes running probes, one probe at a time each")
+    p.add_argument("--workers", type=flag(options.workers, "--workers"), default=1, metavar="N",
+                   help="worker processes running probes, one probe at a time each (at most "
+                        f"{options.WORKERS_PER_CPU} per CPU)")
     p.add_argument("--probe-timeout", type=flag(options.seconds, "--probe-timeout"), default=options.PROBE_TIMEOUT_S,
                    metavar="SECONDS", help="a probe running longer is stopped and its request answered 504")
+    p.add_argument("--read-timeout", type=flag(options.seconds, "--read-timeout"), default=options.READ_TIMEOUT_S,
+                   metavar="SECONDS", help="a client that has not sent its request whole (headers and body) this long "
+                                           "after it connected (or began its next request) is answered 408 and "
+                                           "disconnected")
     p.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="no access-log line per request (by default one JSON object a line on stderr: time, method, "
                         "path, status, seconds, cached, fingerprint)")
@@ -149,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
           f"{'bearer token required' if token else 'no token: this machine only'})", file=sys.stderr, flush=True)
     if args.access_log:
         _log_access()
+    from ..serve.guard import protocol
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                            access_log=False)
+                            access_log=False, http=protocol(args.read_timeout))
     _server(uvicorn.Server, app.state.pool.shutdown)(config).run()
     return 0
 

@@ -158,7 +158,7 @@ class Health(Answer):
     status: str
     problem: str | None
     version: str
-    store: str
+    store: Annotated[str, Field(description="the store's kind of database: sqlite or postgresql (never where it is)")]
     store_reopened: int
     workers: int
     busy: int

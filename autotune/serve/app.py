@@ -7,7 +7,7 @@
     GET  /v1/plans/{fingerprint}/report the HTML memory report of its latest plan
     POST /v1/measurements               what a job measured, against a fingerprint
     GET  /v1/probes                     the probes this service runs
-    GET  /healthz                       liveness (without the token: the status alone)
+    GET  /healthz                       liveness (without the token: the status alone; HEAD too)
     GET  /metrics                       Prometheus metrics (:mod:`autotune.serve.metrics`)
     GET  /docs, /openapi.json           the API, described by FastAPI
 
@@ -31,7 +31,8 @@ describes; every error is ``{"detail": "one line"}``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+import logging
+from collections.abc import Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -45,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import options
-from ..errors import AutotuneError, BadInput
+from ..errors import AutotuneError, BadInput, first_line
 from ..store import open_store
 from ..store.schema import DamagedEntry, Entry
 from ..store.store import StoreUnavailable
@@ -61,6 +62,8 @@ from .worker import Pool
 #: The largest request body accepted, in bytes.
 MAX_BODY = 16 * 1024
 FINGERPRINT = r"^[0-9a-f]{6,64}$"
+_log = logging.getLogger("autotune.serve")
+NOT_JSON = "the body is not JSON: send a JSON object with content-type: application/json"
 
 
 @dataclass
@@ -119,7 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = service.metrics
     app.add_middleware(Guard, max_body=MAX_BODY, hosts=settings.allowed_hosts)
     app.add_middleware(Observe, metrics=service.metrics, routes=app.routes)
-    _handlers(app, service.metrics, bearer)
+    _handlers(app, service.metrics, bearer, _hiding(store))
     # every route but /healthz: behind the token, when the service has one
     routes = APIRouter(dependencies=[Security(bearer)] if bearer else [],
                        responses=answers.errors(401) if bearer else {})
@@ -144,7 +147,8 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         if answer is None:
             asked, spec = _asked(body), probe.spec(function)
             answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": body.probe,
-                                                      "request": asked.to_dict()}, _probes(spec, asked)))
+                                                      "builtin": probe.builtin, "request": asked.to_dict()},
+                                                     _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
             answer["body"] = stored.render({k: answer[k] for k in ("plan", "cached", "fingerprint")})
@@ -226,7 +230,8 @@ def _service_routes(app: FastAPI, routes: APIRouter, service: Service) -> None:
         return answers.Probes(probes=[answers.ServedProbe(name=p.name, builtin=p.builtin, functions=list(p.functions),
                                                           error=p.error) for p in service.settings.probes.all()])
 
-    @app.get("/healthz", summary="Liveness (in full with the token, or when the service has none)",
+    @app.api_route("/healthz", methods=["GET", "HEAD"],  # HEAD: what some load balancers check with
+                   summary="Liveness (in full with the token, or when the service has none)",
              responses={503: {"model": answers.Health | answers.Liveness,
                               "description": "the store cannot be read, or the service is stopping"}})
     async def healthz(request: Request, response: Response) -> answers.Health | answers.Liveness:
@@ -286,14 +291,18 @@ def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> di
 
 def _health(store: Any, pool: Pool, *, full: bool) -> tuple[answers.Health | answers.Liveness, int]:
     """ok (200) or unhealthy (503: the store cannot be read, or the service is stopping), and its status
-    code; ``full``: with the version, the store, and what the workers are doing."""
+    code; ``full``: with the version, the store's kind of database, and what the workers are doing."""
     import autotune
 
-    problem = store.healthy() or ("the service is stopping" if pool.stopping.is_set() else None)
+    trouble = store.healthy()
+    if trouble is not None:  # the operator's log says why; a client is not told where the store is
+        _log.warning("autotune serve: unhealthy: %s", trouble)
+    problem = ("the store cannot be read now (the server's log says why)" if trouble is not None else
+               "the service is stopping" if pool.stopping.is_set() else None)
     status, code = ("ok", 200) if problem is None else ("unhealthy", 503)
     if not full:
         return answers.Liveness(status=status), code
-    return answers.Health(status=status, problem=problem, version=autotune.__version__, store=store.shown,
+    return answers.Health(status=status, problem=problem, version=autotune.__version__, store=store.engine.dialect.name,
                           store_reopened=store.reopened, workers=len(pool.workers), busy=pool.busy,
                           waiting=pool.waiting, jobs=pool.jobs, cancelled=pool.cancelled), code
 
@@ -310,10 +319,14 @@ def _latest(store: Any, entry: Any) -> Any:
     return entry.probe()
 
 
-def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None) -> None:
+def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None, hide: Callable[[str], str]) -> None:
     """One-line answers for bad requests, failed jobs, unknown or broken probes, damaged entries and a
-    store that cannot be reached (counted); without the token, 401 alone (:func:`_refusals`)."""
-    _refusals(app, bearer)
+    store that cannot be reached (counted); without the token, 401 alone (:func:`_refusals`). ``hide``
+    takes where the store is out of every answer (:func:`_hiding`)."""
+    _refusals(app, bearer, hide)
+
+    def _error(status: int, detail: str) -> JSONResponse:
+        return JSONResponse({"detail": hide(detail)}, status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -321,7 +334,7 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None) -> None:
             return await http_exception_handler(request, bearer.make_not_authenticated_error())
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _error(400, "the body is not JSON: send a JSON object with content-type: application/json")
+            return _error(400, NOT_JSON)
         whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)
                  and e.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type")]
         if whole:
@@ -354,12 +367,12 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None) -> None:
     @app.exception_handler(SQLAlchemyError)
     async def unreachable(_request: Request, exc: SQLAlchemyError) -> JSONResponse:
         metrics.store_errors.labels("server").inc()
-        text = str(exc).strip().splitlines()
-        return _error(503, f"the store cannot be used now ({type(exc).__name__}: {text[0] if text else ''}); the "
-                           "service is fine: try again once the database answers")
+        _log.warning("autotune serve: the store cannot be used now: %s", first_line(exc))  # the operator's log
+        return _error(503, f"the store cannot be used now ({type(exc).__name__}); the service is fine: try again "
+                           "once the database answers")
 
 
-def _refusals(app: FastAPI, bearer: Bearer | None) -> None:
+def _refusals(app: FastAPI, bearer: Bearer | None, hide: Callable[[str], str]) -> None:
     """Without the token, a request is told 401 alone, also where FastAPI answers before the token's
     dependency runs: a path that is no route, a method its route does not take (404, 405), a body that
     is not JSON (400) (see :mod:`autotune.serve.auth`)."""
@@ -368,6 +381,10 @@ def _refusals(app: FastAPI, bearer: Bearer | None) -> None:
     async def refused(request: Request, exc: StarletteHTTPException) -> Response:
         if bearer is not None and exc.status_code != 401 and await bearer.refuses(request):
             exc = bearer.make_not_authenticated_error()
+        elif exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
+            return _error(400, NOT_JSON)  # FastAPI's own words for a body that is not UTF-8 or nests too deep
+        elif isinstance(exc.detail, str):
+            exc = StarletteHTTPException(exc.status_code, hide(exc.detail), exc.headers)
         return await http_exception_handler(request, exc)
 
 
@@ -407,5 +424,20 @@ def _find(store: Any, fingerprint: str) -> Entry:
 
 def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _hiding(store: Any) -> Callable[[str], str]:
+    """What takes where the store is (its URL, as given or as shown, and an SQLite file's path and folder) out
+    of a text sent to clients: they are told "the store", never a database's host, port or user, nor a path."""
+    found = [store.url, store.shown] + ([str(store.file)] if store.file is not None else [])
+    secrets = sorted({s for s in found if s}, key=len, reverse=True)
+    folder = str(store.file.parent).rstrip("/") + "/" if store.file is not None else None
+
+    def hide(text: str) -> str:
+        for secret in secrets:
+            text = text.replace(secret, "the store")
+        return text.replace(folder, "") if folder and folder != "/" else text
+
+    return hide
 
 

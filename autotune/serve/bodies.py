@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
@@ -28,6 +29,8 @@ MAX_RANKS = 1024
 _ESTIMATE = r"estimate(:[A-Za-z0-9._-]{1,48})?(\*[0-9]{1,5})?"
 #: The devices of a request: one estimate for every rank, or one per rank (``A,B``; ``A*4,B*4``).
 DEVICES = rf"^{_ESTIMATE}(, ?{_ESTIMATE})*$"
+#: The decimals a margin is taken to: margins that differ less are one plan (and one entry of the store).
+MARGIN_DIGITS = 4
 #: An example body, for errors about the body itself.
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 
@@ -52,13 +55,31 @@ class PlanRequest(BaseModel):
     fsdp_sync: Annotated[options.FsdpSync, Field(description="under fsdp, when gradients are reduce-scattered: "
                                                              "every micro-step, the last one, or auto")] = \
         options.DEFAULT_FSDP_SYNC
-    margin: Annotated[float, Field(ge=0, lt=1)] = options.MARGIN
+    margin: Annotated[float, Field(ge=0, lt=1, description="the share of the GPU's memory kept free, taken to "
+                                                           f"{MARGIN_DIGITS} decimals (0.12341 is 0.1234): requests "
+                                                           "that differ less share one plan")] = options.MARGIN
     precision: Annotated[Literal["fp32"], Field(description="fp32, what the fit rule measures (the only precision "
                                                             "planned)")] = "fp32"
     multiple_of: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET)] = 1
     uniform: Annotated[StrictBool | Literal["force"] | None, Field(
         description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
                     "\"force\": equal micro-batches however many steps they take")] = None
+
+    @field_validator("margin")
+    @classmethod
+    def _rounded(cls, value: float) -> float:
+        if round(value, MARGIN_DIGITS) >= 1:
+            raise ValueError(f"must be below 1: margins are taken to {MARGIN_DIGITS} decimals, so "
+                             f"{1 - 10 ** -MARGIN_DIGITS:.{MARGIN_DIGITS}f} at most")
+        return round(value, MARGIN_DIGITS)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _fp32(cls, value: object) -> object:
+        if value != "fp32":
+            raise ValueError("the service plans fp32 only (the precision its fit rule measures): send \"fp32\" or "
+                             "leave precision out")
+        return value
 
     @field_validator("device", mode="before")
     @classmethod
@@ -135,6 +156,19 @@ class MeasurementRequest(BaseModel):
             raise ValueError("must be a finite number")
         return value
 
+    @field_validator("peak_reserved_bytes", "peak_allocated_bytes")
+    @classmethod
+    def _measured(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("0 bytes is not a peak a job ran with: report torch.cuda.max_memory_reserved() (and "
+                             "max_memory_allocated()) after its steps, or \"oom\": true with no peak")
+        return value
+
+    @field_validator("device", "note")
+    @classmethod
+    def _plain(cls, value: str | None) -> str | None:
+        return None if value is None else plain(value)
+
     @field_validator("device")
     @classmethod
     def _real(cls, value: str) -> str:
@@ -154,11 +188,29 @@ class MeasurementRequest(BaseModel):
         return self
 
 
+#: Unicode categories a client's text may not hold: controls (ESC, DEL, C1), formats (bidi overrides, zero
+#: widths), line and paragraph separators, surrogates. Printed to a terminal or a page they act, not show.
+_NOT_TEXT = ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def plain(value: str) -> str:
+    """``value`` when it is plain text; ValueError naming the first control character and where it is."""
+    for at, ch in enumerate(value):
+        if unicodedata.category(ch) in _NOT_TEXT:
+            raise ValueError(f"must be plain text: it holds the control character U+{ord(ch):04X} at position {at}; "
+                             "send the text without control characters (terminal escapes, tabs, new lines)")
+    return value
+
+
 def implausible(body: MeasurementRequest, probed: Any) -> str | None:
     """Why a reported measurement cannot be one of the entry's device, or None."""
     from ..units import format_bytes
 
     device = probed.device
+    planned = "cpu" if device.kind == "cpu" or (device.kind == "estimate" and device.cuda_like is False) else "cuda"
+    if body.device_kind != planned:
+        return (f"device_kind {body.device_kind!r} is not the kind of device the entry planned for ({planned}: "
+                f"{device.summary}): report runs on that kind of device, or plan for this one first")
     total = device.total_bytes or (device.ram_total_bytes if device.kind == "cpu" else None) or probed.capacity_bytes
     for name in ("peak_reserved_bytes", "peak_allocated_bytes"):
         value = getattr(body, name)

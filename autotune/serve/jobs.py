@@ -6,14 +6,21 @@ Runs in the worker process (torch is imported there); the server process reads o
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import traceback
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError
+from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError, WorkloadError, first_line
+from ..store.claims import LEASE_S
+from ..store.store import Store
+
+#: Told whose store claim a job waits for (a claim's owner), and None once the job holds the claim.
+Waiting = Callable[[str | None], None]
 
 
 class JobFailed(Exception):
@@ -29,9 +36,9 @@ class JobFailed(Exception):
 
 def status_of(exc: BaseException) -> int:
     """The HTTP status for an error of a job: 422 for what the request asked (a budget, a probe
-    function, a plan that cannot exist, a workload that does not fit or cannot be estimated),
-    500 for a failure of the work."""
-    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable)):
+    function, a plan that cannot exist, a workload that does not fit or cannot be estimated, a
+    probe whose own code fails), 500 for a failure of the work."""
+    if isinstance(exc, (BadInput, DoesNotFit, EstimateUnavailable, WorkloadError)):
         return 422
     return 500
 
@@ -47,7 +54,7 @@ class Job:
     gone: threading.Event = field(default_factory=threading.Event)
 
 
-def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
+def run_job(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder: None) -> dict[str, Any]:
     """One job, in a worker: the plan its request asks for, through the API and the store."""
     from .. import api
     from ..results.request import PlanRequest
@@ -55,10 +62,38 @@ def run_job(job: dict[str, Any], store_url: str) -> dict[str, Any]:
     if job["kind"] != "plan":
         raise BadInput(f"unknown job {job['kind']!r}")
     request = PlanRequest.from_dict(job["request"], source="the job")
-    plan = api.plan_for(request, store=store_url, given=api.Given(load(job["spec"], job["probe"])))
+    store = _told(store_url, waiting)
+    plan = api.plan_for(request, store=store, given=api.Given(load(job["spec"], job["probe"])))
     probe = plan.probe
     assert probe is not None
     return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
+
+
+class Told(Store):
+    """A store that tells ``tell`` whose claim a take found held, each time that changes (None: taken)."""
+
+    holder: str | None = None
+    tell: Waiting = staticmethod(lambda holder: None)
+
+    def take(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> str | None:
+        holder = super().take(fingerprint, owner, lease_s)
+        if holder != self.holder:
+            self.holder = holder
+            self.tell(holder)
+        return holder
+
+
+_STORES: dict[str, Told] = {}
+
+
+def _told(store_url: str, waiting: Waiting) -> Told:
+    """The store at ``store_url`` (one per worker process, as :func:`autotune.store.open_store` keeps one),
+    telling ``waiting`` whose claim its takes find held."""
+    if store_url not in _STORES:
+        _STORES[store_url] = Told(store_url, name="--store")
+    store = _STORES[store_url]
+    store.holder, store.tell = None, waiting
+    return store
 
 
 def load(spec: str, name: str) -> Any:
@@ -76,18 +111,15 @@ def load(spec: str, name: str) -> Any:
 
 
 def failure(exc: BaseException, spec: str) -> str:
-    """An exception raised by a probe file, in words: ``SyntaxError at line 3``, ``ValueError at line 7:
-    the message``; paths of this machine left out."""
+    """An exception raised by a probe file as it loads, in words: ``SyntaxError at line 3``, ``KeyError at
+    line 7``; its message is left out (it may name paths, or what the file read, of this machine)."""
     path = spec.rpartition(":")[0] if spec.count(":") and not Path(spec).exists() else spec
     if isinstance(exc, SyntaxError):
         line = exc.lineno
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         line = frames[-1].lineno if frames else None
-    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    where = f" at line {line}" if line else ""
-    text = scrub(str(message).strip().splitlines()[0] if str(message).strip() else "", spec)
-    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+    return f"{type(exc).__name__}" + (f" at line {line}" if line else "")
 
 
 def scrub(text: str, spec: str) -> str:
@@ -98,22 +130,40 @@ def scrub(text: str, spec: str) -> str:
     return text.replace(str(path), path.name).replace(str(path.parent) + "/", "")
 
 
-def answer(job: dict[str, Any], store_url: str) -> dict[str, Any]:
-    """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not."""
+def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder: None) -> dict[str, Any]:
+    """``job``'s answer as the worker sends it back: the plan, or the HTTP status and one line saying why not
+    (``waiting``: told whose store claim the job waits for)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ..store.store import StoreUnavailable
 
     try:
-        return {"ok": True, **run_job(job, store_url)}
+        return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
-        return {"ok": False, "status": status_of(exc), "error": scrub(one_line(str(exc)), job["spec"]),
+        return {"ok": False, "status": status_of(exc), "error": bare(scrub(one_line(str(exc)), job["spec"])),
                 "store_error": isinstance(exc, StoreUnavailable)}
+    except SQLAlchemyError as exc:  # what the driver says names the database's host, port and user: logged
+        logging.getLogger("autotune.serve").warning("autotune serve: the store cannot be used now: %s",
+                                                    first_line(exc))
+        return {"ok": False, "status": 503, "store_error": True,
+                "error": f"the store cannot be used now ({type(exc).__name__}); the service is fine: try again once "
+                         "the database answers"}
     except Exception as exc:  # the probe's own code, or a bug: the request gets it, the worker lives
-        return {"ok": False, "status": 500, "error": scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"]),
-                "store_error": isinstance(exc, SQLAlchemyError)}
-    except SystemExit as exc:
-        return {"ok": False, "status": 500, "error": f"the probe called exit({exc.code})"}
+        return {"ok": False, "status": 500, "error": bare(scrub(one_line(f"{type(exc).__name__}: {exc}"), job["spec"]))}
+    except (SystemExit, KeyboardInterrupt) as exc:  # the probe's own code: the request gets it, the worker lives
+        did = f"called exit({exc.code})" if isinstance(exc, SystemExit) else "raised KeyboardInterrupt"
+        return {"ok": False, "status": 422, "error": f"probe {job['probe']!r} {did} while it was planned: a probe's "
+                                                     "code returns a workload or raises an error, and never exits"}
+
+
+#: The folders of an absolute path in a text (``/srv/data/`` of ``'/srv/data/train.bin'``), not a URL's.
+_FOLDERS = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"/:]+/)+(?=[^\s'\"/:])")
+
+
+def bare(text: str) -> str:
+    """``text`` (a job's error, which may quote what a probe's code said) with absolute paths given by their last
+    part only: a client is not told this machine's folders."""
+    return _FOLDERS.sub("", text)
 
 
 def one_line(text: str) -> str:

@@ -5,7 +5,8 @@ A probe is code, so a request names one of these and nothing else: ``NAME`` or
 module. ``NAME`` is a built-in probe (mlp, gpt, convnet) or a ``NAME.py`` file
 directly inside a ``--probes`` folder (built-in names first, then the folders in
 the order given); ``FUNCTION`` (default ``build``) a function defined at the top
-of that file that takes no arguments. Files are read with :mod:`ast` here, never
+of that file that takes no arguments and is not annotated to return anything but
+a ``Workload``. Files are read with :mod:`ast` here, never
 imported: the service's worker process imports them when a request needs one.
 """
 
@@ -111,17 +112,29 @@ class Catalogue:
 
 
 def functions(path: Path) -> tuple[str, ...]:
-    """Public functions defined at the top of ``path`` that can be called without arguments; OSError,
+    """Public functions defined at the top of ``path`` that can be called without arguments and may build a
+    workload (no return annotation, or ``Workload``: ``def model() -> nn.Module`` is not one); OSError,
     SyntaxError or ValueError (not UTF-8, a null byte) when it cannot be read."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     out = []
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and _builds(node.returns):
             args = node.args
             positional = args.posonlyargs + args.args
             if len(args.defaults) == len(positional) and all(d is not None for d in args.kw_defaults):
                 out.append(node.name)
     return tuple(out)
+
+
+def _builds(returns: ast.expr | None) -> bool:
+    """Whether a function's return annotation allows a workload: none, ``Workload``, ``autotune.Workload``
+    or either in quotes."""
+    if returns is None:
+        return True
+    if isinstance(returns, ast.Constant) and isinstance(returns.value, str):
+        return returns.value.rpartition(".")[2].strip() == "Workload"
+    name = returns.id if isinstance(returns, ast.Name) else returns.attr if isinstance(returns, ast.Attribute) else None
+    return name == "Workload"
 
 
 _READ: dict[Path, tuple[tuple[int, int, int], tuple[str, ...], str]] = {}

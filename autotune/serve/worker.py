@@ -9,7 +9,14 @@ past its time limit has its worker stopped (and the store claims it held
 dropped); a worker that dies takes no request with it but its own, which gets
 its one-line error. The next job starts a fresh worker. Concurrent jobs for the
 same fingerprint probe once: the store's claims make the others wait for the
-answer (see :meth:`autotune.store.Store.claim`).
+answer (see :meth:`autotune.store.Store.claim`); a worker tells its server whose
+claim it waits for, and a request that waits past its time limit is told so.
+
+A worker ends with its server, however the server ended (``kill -9`` too): it
+watches a pipe whose other end only the server holds, and once that pipe closes
+it drops the store claims it holds and exits, whatever its probe is doing. Its
+claim's heartbeat is a thread of it, so nothing renews the claim after that, and
+the forkserver, which lives while a worker lives, exits with the last one.
 
 A job ends early, its worker stopped the same way, when every client that asked
 for its probe has gone (a job whose own client went runs on while another
@@ -24,6 +31,7 @@ takes what the server leaves, and a request the store answers is not slowed by p
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import socket
 import threading
@@ -32,6 +40,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..store.claims import owner_words
 from .jobs import Job, JobFailed, answer
 
 #: Seconds a new worker may take to import torch and autotune before it counts as broken.
@@ -46,14 +55,18 @@ POLL_S = 0.1
 NICE = 10
 #: The status of a job whose every client has gone (nginx's "client closed request"): no one reads it.
 GONE = 499
+#: Seconds a worker whose server is gone may take to drop its store claims before it exits anyway.
+RELEASE_S = 5.0
 STOPPING = "the service is stopping: this request's probe was stopped; send it again once the service is back"
 
 
-def _main(conn: Connection, store_url: str) -> None:
-    """A worker's life: import, say it is ready, then answer jobs until the server goes."""
-    import os
+def _main(conn: Connection, life: Connection, store_url: str) -> None:
+    """A worker's life: import, say it is ready, then answer jobs until the server goes (``life`` closes
+    then, and :func:`_end_with_server` ends the worker even in the middle of a probe)."""
     import signal
 
+    threading.Thread(target=_end_with_server, args=(life, store_url), name="autotune-server-watch",
+                     daemon=True).start()
     os.nice(NICE)  # a probe takes what CPU the server leaves: answers from the store come first
     import autotune.api  # noqa: F401  (torch and the stages load here, before the first job's clock starts)
 
@@ -69,9 +82,25 @@ def _main(conn: Connection, store_url: str) -> None:
         except (EOFError, OSError):  # the server is gone
             return
         try:
-            conn.send(answer(job, store_url))
+            conn.send(answer(job, store_url, lambda holder: conn.send({"waiting": holder})))
         except (BrokenPipeError, OSError):
             return
+
+
+def _end_with_server(life: Connection, store_url: str) -> None:
+    """Exit this worker once its server is gone, whatever the probe is doing: the server never writes to
+    ``life`` and holds its only other end, so a read returns (EOF) only when the server closed it or
+    ended, ``kill -9`` included. The store claims this process holds are dropped first (within
+    :data:`RELEASE_S`), so that other replicas take its probes over at once."""
+    try:
+        life.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    timer = threading.Timer(RELEASE_S, os._exit, (1,))
+    timer.daemon = True
+    timer.start()
+    _release_claims(store_url, os.getpid())
+    os._exit(1)
 
 
 class Worker:
@@ -82,6 +111,7 @@ class Worker:
         self.index = index
         self.process: Any = None
         self.conn: Connection | None = None
+        self.life: Connection | None = None  # the worker ends once this closes (see _end_with_server)
         self.ready = False
         self.starts = 0
 
@@ -91,11 +121,13 @@ class Worker:
         if START_METHOD == "forkserver":
             context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (with the first worker)
         mine, theirs = context.Pipe()
-        self.process = context.Process(target=_main, args=(theirs, self.store_url), daemon=True,
+        watched, life = context.Pipe(duplex=False)
+        self.process = context.Process(target=_main, args=(theirs, watched, self.store_url), daemon=True,
                                        name=f"autotune-worker-{self.index}")
         self.process.start()
         theirs.close()
-        self.conn = mine
+        watched.close()
+        self.conn, self.life = mine, life
         self.ready = False
 
     @property
@@ -115,20 +147,22 @@ class Worker:
             raise JobFailed(500, f"the probe worker did not start ({what}); see the server's log")
         self.conn.send(job)
         deadline = time.monotonic() + timeout_s
-        while not self.conn.poll(POLL_S):
-            if (why := stop()) is not None:
-                self.stop()
-                raise why
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise JobFailed(504, f"probe {job['probe']!r} ran past the {timeout_s:g} s limit (--probe-timeout) "
-                                     "and was stopped; the service is fine, the next request starts a new worker")
-        try:
-            answer = self.conn.recv()
-        except (EOFError, OSError):
-            what = self._ended()
-            raise JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next "
-                                 "request starts a new worker") from None
+        holder = None  # whose store claim the job waits for now
+        while True:
+            while not self.conn.poll(POLL_S):
+                if (why := stop()) is not None:
+                    self.stop()
+                    raise why
+                if time.monotonic() >= deadline:
+                    self.stop()
+                    raise _late(job["probe"], timeout_s, holder)
+            try:
+                answer = self.conn.recv()
+            except (EOFError, OSError):
+                raise _died(job, self._ended()) from None
+            if "waiting" not in answer:
+                break
+            holder = answer["waiting"]
         if not answer["ok"]:
             raise JobFailed(answer["status"], answer["error"], store=answer.get("store_error", False))
         return answer
@@ -163,9 +197,10 @@ class Worker:
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL) and drop the store claims it held."""
         process, self.process = self.process, None
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        for conn in (self.conn, self.life):
+            if conn is not None:
+                conn.close()
+        self.conn = self.life = None
         if process is None:
             return
         pid = process.pid
@@ -177,6 +212,28 @@ class Worker:
                 process.join(3)
         if pid is not None:
             _release_claims(self.store_url, pid)
+
+
+def _died(job: dict[str, Any], what: str) -> JobFailed:
+    """The answer of a job whose worker ended while it ran: 422 for a probe of the operator's folders (its code
+    exits or crashes the process, as any failure of its code is answered), 500 for a built-in one."""
+    if job.get("builtin", True):
+        return JobFailed(500, f"the probe worker died ({what}) while planning {job['probe']!r}; the next request "
+                              "starts a new worker")
+    return JobFailed(422, f"probe {job['probe']!r} ended its worker process ({what}) while it was planned: a "
+                          "probe's code returns a workload or raises an error, and never exits or crashes the "
+                          "process; the next request starts a new worker")
+
+
+def _late(probe: str, timeout_s: float, holder: str | None) -> JobFailed:
+    """The 504 of a job past its time limit: its own probe stopped, or the claim of another it waited for."""
+    if holder is None:
+        return JobFailed(504, f"probe {probe!r} ran past the {timeout_s:g} s limit (--probe-timeout) and was "
+                              "stopped; the service is fine, the next request starts a new worker")
+    return JobFailed(504, f"probe {probe!r} reached the {timeout_s:g} s limit (--probe-timeout) waiting for "
+                          f"{owner_words(holder)}, which holds the store's claim on the same probe and is probing it; "
+                          "only this wait was stopped: ask again later (this service takes the probe over once that "
+                          "process ends or its claim's lease runs out)")
 
 
 def _release_claims(store_url: str, pid: int) -> None:

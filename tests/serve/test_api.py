@@ -208,3 +208,44 @@ def test_an_entry_whose_columns_hold_what_they_should_not_is_listed_as_damaged(a
     (entry,) = listed.json()["plans"]
     assert entry["max_micro_batch"] == "abc" and "max_micro_batch column holds 'abc'" in entry["damaged"]
     assert one.json()["entry"]["probe"] is None and one.json()["entry"]["max_micro_batch"] == "abc"
+
+
+def test_head_healthz_is_answered_as_get(api):
+    assert api.head("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("content", [b'{"target_batch": "\xff\xfe"}', b"[" * 8000 + b"]" * 8000, b"\xff\xfe"])
+def test_a_body_that_is_not_utf8_or_nests_too_deep_is_not_json(api, content):
+    answer = api.post("/v1/plan", content=content, headers={**GOOD, "content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json() == {
+        "detail": "the body is not JSON: send a JSON object with content-type: application/json"}, answer.text
+
+
+def test_a_precision_but_fp32_is_told_the_service_plans_fp32_only(api):
+    answer = api.post("/v1/plan", json={"target_batch": 64, "precision": "bf16"}, headers=GOOD)
+    assert answer.status_code == 422 and answer.json()["detail"] == (
+        'precision "bf16": the service plans fp32 only (the precision its fit rule measures): send "fp32" or leave '
+        "precision out")
+
+
+def test_the_probes_listed_are_the_functions_that_build_a_workload(api):
+    listed = {p["name"]: p["functions"] for p in api.get("/v1/probes", headers=GOOD).json()["probes"]}
+    assert listed == {"convnet": ["build"], "gpt": ["build", "build_100m", "build_1b"], "mlp": ["build"]}
+    answer = api.post("/v1/plan", json={"target_batch": 64, "probe": "mlp:model"}, headers=GOOD)
+    assert answer.status_code == 404 and "has no function 'model' that builds a workload" in answer.json()["detail"]
+
+
+def test_answers_never_say_where_the_store_is(api, module_store_url):
+    from sqlalchemy.engine import make_url
+
+    from autotune.dburl import store_url
+
+    url = make_url(store_url(module_store_url))
+    hidden = [module_store_url, url.database] + ([url.host, f":{url.port}", f"{url.username}@"] if url.host else [])
+    missing = api.get(f"/v1/plans/{'0' * 64}", headers=GOOD)
+    health = api.get("/healthz", headers=GOOD)
+    assert missing.status_code == 404 and missing.json()["detail"].startswith(f"no entry with fingerprint "
+                                                                              f"{'0' * 64} in the store")
+    assert health.json()["store"] == url.get_backend_name()
+    for answer in (missing, health):
+        assert not [h for h in hidden if h and str(h) in answer.text], answer.text

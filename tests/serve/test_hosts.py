@@ -29,6 +29,8 @@ def test_the_names_a_service_answers_to(host, extra, names):
 @pytest.mark.parametrize("header,name", [
     (b"127.0.0.1:8321", "127.0.0.1"), (b"LocalHost", "localhost"), (b"[::1]:8321", "::1"), (b"[::1]", "::1"),
     (b"attacker.example.com:80", "attacker.example.com"), (b"", ""),
+    (b"localhost:18321@evil.com", "localhost:18321@evil.com"), (b"localhost:", "localhost:"),
+    (b"[::1]:80@evil.com", "[::1]:80@evil.com"), (b"[::1]x", "[::1]x"), (b"localhost:\xb2", "localhost:\xb2"),
 ])
 def test_the_name_in_a_host_header(header, name):
     assert host_name(header) == name
@@ -39,3 +41,17 @@ def test_allowed_hosts_must_be_names(capsys):
 
     assert main(["serve", "--store", "sqlite:///x.db", "--allowed-hosts", "a b,c"]) == 2
     assert "--allowed-hosts 'a b,c' must be host names or addresses" in capsys.readouterr().err
+
+
+def test_workers_are_bounded_by_the_cpus(capsys):
+    import os
+
+    from autotune import options
+    from autotune.cli import main
+
+    bound = options.WORKERS_PER_CPU * (os.cpu_count() or 1)
+    # --port 0 is refused as well, after: the command never starts serving, bound or not
+    assert main(["serve", "--store", "sqlite:///x.db", "--workers", str(bound + 1), "--port", "0"]) == 2
+    assert (f"--workers {bound + 1} is more than {bound}, {options.WORKERS_PER_CPU} per CPU "
+            f"({os.cpu_count()} here)") in capsys.readouterr().err
+    assert main(["serve", "--store", "sqlite:///x.db", "--workers", "0"]) == 2

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from autotune.serve.jobs import Job
+from autotune.serve.jobs import Job, JobFailed
 from autotune.serve.worker import Pool, Worker
 
 
@@ -78,3 +78,30 @@ def test_a_job_whose_client_went_runs_on_while_a_live_job_needs_one_of_its_probe
     t4.gone.set()
     stopped = pool._why_stop(mixed)
     assert stopped is not None and "every client that asked for this probe hung up" in stopped.message
+
+
+@pytest.mark.slow
+def test_a_job_that_waits_past_its_limit_for_another_s_claim_says_whose(store_url):
+    """A job whose probe another process holds (here: a claim of process 4242 on another host) is answered 504
+    naming that process, not that this service stopped a probe."""
+    from autotune.serve.bodies import PlanRequest
+    from autotune.store import open_store
+
+    from .server import PLAN
+
+    body = PlanRequest.model_validate(PLAN).asked().to_dict()
+    job = {"kind": "plan", "spec": "mlp:build", "probe": "mlp", "request": body}
+    pool = Pool(store_url, 1, timeout_s=3)
+    pool.start()
+    try:
+        fingerprint = pool.run(Job(job, frozenset({"mlp"})))["fingerprint"]
+        store = open_store(store_url)
+        store.remove([fingerprint])
+        assert store.take(fingerprint, "elsewhere:4242:7", lease_s=600) is None
+        with pytest.raises(JobFailed) as failed:
+            pool.run(Job(job, frozenset({"mlp"})))
+    finally:
+        pool.stop()
+    assert failed.value.status == 504
+    assert failed.value.message.startswith("probe 'mlp' reached the 3 s limit (--probe-timeout) waiting for process "
+                                           "4242 on elsewhere, which holds the store's claim"), failed.value.message

@@ -105,4 +105,8 @@ def test_a_store_that_fails_is_answered_503_and_counted(replicas, request):
         health = http.get("/healthz")
     assert failed.status_code == 503 and "\n" not in failed.json()["detail"], failed.text
     assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+    where = b.store.partition("://")[2]  # the SQLite file's path; PostgreSQL's user, host, port and database
+    for said in (failed.text, health.text):
+        assert not [part for part in where.replace("@", "/").replace(":", "/").split("/") if len(part) > 4 and
+                    part in said and part not in "postgresql"], said
     assert metrics(b)[("autotune_store_errors_total", "server")] >= 1

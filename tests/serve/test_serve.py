@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,11 @@ PROBES = {
         "def loss(model, batch):\n    raise ValueError('the loss of this probe is broken')\n\n"
         "def build():\n    return Workload(name='failing', model=lambda: nn.Linear(4, 1),\n"
         "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n"),
+    "reads.py": (
+        "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
+        "def loss(model, batch):\n    return open('/srv/secret/dataset/train.bin')\n\n"
+        "def build():\n    return Workload(name='reads', model=lambda: nn.Linear(4, 1),\n"
+        "                    batch=lambda n, g: torch.randn(n, 4, generator=g), loss=loss)\n"),
     "small.py": (
         "import torch\nfrom torch import nn\nfrom autotune import Workload\n\n"
         "def build(width=8):\n    return Workload(name='small', model=lambda: nn.Linear(4, width),\n"
@@ -35,6 +41,10 @@ PROBES = {
         "def helper(x):\n    return x\n"),
     "slow.py": SLOW,
     "syntax.py": "import torch\n\ndef build(:\n    pass\n",
+    "opens.py": "def build():\n    return open('/srv/secret/dataset/train.bin')\n",
+    "segfault.py": "import ctypes\n\ndef build():\n    ctypes.string_at(0)\n",
+    "exits.py": "import sys\n\ndef build():\n    sys.exit(0)\n",
+    "interrupted.py": "def build():\n    raise KeyboardInterrupt\n",
     "raises.py": "import os\n\nCONFIG = os.environ['AUTOTUNE_TEST_NO_SUCH_VARIABLE']\n\ndef build():\n    pass\n",
 }
 
@@ -50,7 +60,8 @@ def probes_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, probes_dir, module_store_url) -> Iterator[Server]:
     running = Server(tmp_path_factory.mktemp("serve"), store=module_store_url, token=TOKEN,
-                     extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "120"))
+                     extra=("--probes", str(probes_dir), "--workers", "2", "--probe-timeout", "120",
+                            "--read-timeout", "4"))
     yield running
     running.stop()
 
@@ -58,7 +69,9 @@ def server(tmp_path_factory, probes_dir, module_store_url) -> Iterator[Server]:
 def test_healthz_and_the_api_description(server):
     with server.client() as http:
         health = http.get("/healthz").json()
-        assert health["status"] == "ok" and health["store"] == server.store and health["workers"] == 2
+        assert health["status"] == "ok" and health["store"] == _database(server) and health["workers"] == 2
+        assert server.store.partition("://")[2] not in json.dumps(health)  # never where the store is
+        assert http.head("/healthz").status_code == 200
         paths = http.get("/openapi.json").json()["paths"]
         assert {"/v1/plan", "/v1/plans", "/v1/plans/{fingerprint}", "/v1/plans/{fingerprint}/report",
                 "/v1/measurements", "/healthz"} <= set(paths)
@@ -153,7 +166,7 @@ def test_only_served_probes_run(server):
     ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
     ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
     ({**PLAN, "memory_budget": "100MiB"}, 422, "memory_budget 100.0 MiB is not more than the 640.0 MiB a CUDA context"),
-    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": Input should be 'fp32'"),
+    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": the service plans fp32 only"),
     ({**PLAN, "precision": "fp8"}, 422, "precision"),
     ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
     ({**PLAN, "target_batch": 7, "uniform": True, "multiple_of": 2}, 422, ""),
@@ -184,6 +197,46 @@ def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
         assert broken.status_code == 400 and "not JSON" in broken.json()["detail"]
 
 
+def test_a_client_that_trickles_its_request_is_answered_408_and_disconnected(server):
+    """Partial headers, and whole headers with part of the body, trickled a byte a second: each connection is
+    cut off once its request has not arrived whole within --read-timeout (4 s here)."""
+    started = (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+               b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 200\r\n\r\n{\"target_batch\": ")
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in started]
+    try:
+        for sock, first in zip(slow, started):
+            sock.sendall(first)
+        for _ in range(8):
+            time.sleep(1)
+            for sock in slow:
+                try:
+                    sock.sendall(b"1")
+                except OSError:  # cut off already
+                    pass
+        answers = [_until_closed(sock) for sock in slow]
+    finally:
+        for sock in slow:
+            sock.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive whole within 4 s" in answer, answer
+    with server.client() as http:
+        assert http.get("/healthz").status_code == 200
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """What the server sent before it closed the connection (socket.timeout when it did not)."""
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
 def test_the_server_process_never_loads_torch(server):
     # The workers import torch; the server only passes their answers on (plain data, which unpickles
     # without it), after the tests before this one have planned, listed and reported through it.
@@ -199,11 +252,21 @@ def test_a_probe_that_fails_or_kills_its_worker_is_an_error_not_a_dead_service(s
     before = metrics(server)
     with server.client() as http:
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
-        assert failing.status_code in (422, 500), failing.text
+        assert failing.status_code == 422, failing.text
         assert "the loss of this probe is broken" in failing.json()["detail"]
+        reads = http.post("/v1/plan", json={**PLAN, "probe": "reads"})  # its error names a file: not its folders
+        assert reads.status_code == 422 and "'train.bin'" in reads.json()["detail"], reads.text
+        assert "/srv" not in reads.text and "secret" not in reads.text
         for _ in range(2):  # each of the two workers, or one of them twice
             dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
-            assert dies.status_code == 500 and "worker died (exit code 3)" in dies.json()["detail"]
+            assert dies.status_code == 422 and dies.json()["detail"].startswith(
+                "probe 'dies' ended its worker process (exit code 3) while it was planned: a probe's code returns "
+                "a workload or raises an error"), dies.text
+        for probe, words in (("segfault", "ended its worker process (signal 11)"), ("exits", "called exit(0)"),
+                             ("interrupted", "raised KeyboardInterrupt")):
+            answer = http.post("/v1/plan", json={**PLAN, "probe": probe})
+            assert answer.status_code == 422 and f"probe {probe!r} {words} while it was planned" in \
+                answer.json()["detail"], answer.text
         after = http.post("/v1/plan", json={**PLAN, "probe": "small"})
         assert after.status_code == 200, after.text
         assert http.get("/healthz").json()["status"] == "ok"
@@ -326,7 +389,12 @@ def test_healthz_says_only_the_status_without_the_token(server):
     with server.client() as http:
         full = http.get("/healthz").json()
     assert bare.status_code == 200 and bare.json() == {"status": "ok"}
-    assert full["status"] == "ok" and full["store"] == server.store and "busy" in full
+    assert full["status"] == "ok" and full["store"] == _database(server) and "busy" in full
+
+
+def _database(server: Server) -> str:
+    """The kind of database of ``server``'s store: sqlite, postgresql."""
+    return server.store.partition(":")[0].partition("+")[0]
 
 
 @pytest.mark.parametrize("host", ["attacker.example.com", "attacker.example.com:8321", "127.0.0.1.nip.io", ""])
@@ -369,6 +437,19 @@ def test_a_hint_uses_the_request_s_own_fields_and_what_it_suggests_is_accepted(s
     assert forced.json()["plan"]["micro_batch"] == 3334 and forced.json()["plan"]["uniform"]
 
 
+def test_margins_that_differ_past_four_decimals_share_one_plan(server):
+    with server.client() as http:
+        answers = [http.post("/v1/plan", json={**PLAN, "margin": m}) for m in (0.2345, 0.2345 + 1e-9, 0.23449999)]
+        finer = http.post("/v1/plan", json={**PLAN, "margin": 0.99999})
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert [a.json()["cached"] for a in answers[1:]] == [True, True]
+    assert len({a.json()["fingerprint"] for a in answers}) == 1
+    assert answers[1].json()["plan"]["probe"]["margin"] == 0.2345
+    assert finer.status_code == 422
+    assert finer.json()["detail"] == ("margin 0.99999: must be below 1: margins are taken to 4 decimals, so 0.9999 "
+                                      "at most")
+
+
 def test_a_probe_that_found_the_memory_limit_serves_smaller_targets(server):
     body = {**PLAN, "margin": 0.15}
     with server.client() as http:
@@ -386,14 +467,16 @@ def test_a_broken_probe_file_is_named_without_server_paths(server, probes_dir):
     with server.client() as http:
         syntax = http.post("/v1/plan", json={**PLAN, "probe": "syntax"})
         raises = http.post("/v1/plan", json={**PLAN, "probe": "raises"})
+        opens = http.post("/v1/plan", json={**PLAN, "probe": "opens"})
         listed = {p["name"]: p for p in http.get("/v1/probes").json()["probes"]}
     assert syntax.status_code == 422
     assert syntax.json()["detail"] == "probe 'syntax' failed to load: SyntaxError at line 3"
     assert listed["syntax"]["error"] == "SyntaxError at line 3" and listed["small"]["error"] is None
     assert raises.status_code == 422, raises.text
-    assert raises.json()["detail"] == \
-        "probe 'raises' failed to load: KeyError at line 3: 'AUTOTUNE_TEST_NO_SUCH_VARIABLE'"
-    for answer in (syntax, raises):
+    assert raises.json()["detail"] == "probe 'raises' failed to load: KeyError at line 3"
+    assert opens.status_code == 422, opens.text
+    assert opens.json()["detail"] == "probe 'opens' failed to load: FileNotFoundError at line 2"  # not its path
+    for answer in (syntax, raises, opens):
         assert str(probes_dir) not in answer.text and "/" not in answer.json()["detail"]
 
 
@@ -407,6 +490,12 @@ def test_implausible_measurements_are_refused(server):
             "allocated": http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 3_000_000}),
             "estimate": http.post("/v1/measurements", json={**good, "device": "estimate", "oom": True,
                                                              "peak_reserved_bytes": None}),
+            "zero": http.post("/v1/measurements", json={**good, "peak_reserved_bytes": 0}),
+            "zero allocated": http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 0}),
+            "cpu": http.post("/v1/measurements", json={**good, "device_kind": "cpu"}),
+            "escape": http.post("/v1/measurements", json={**good, "note": "<b>\u001b[31mRED\u001b[0m"}),
+            "bidi": http.post("/v1/measurements", json={**good, "device": "NVIDIA \u202eA100"}),
+            "bell": http.post("/v1/measurements", json={**good, "device": "NVIDIA A100\u0007"}),
         }
         kept = http.post("/v1/measurements", json={**good, "peak_allocated_bytes": 1_900_000})
         rows = http.get(f"/v1/plans/{fp}").json()["measurements"]
@@ -416,6 +505,16 @@ def test_implausible_measurements_are_refused(server):
     assert "is above the 1.0 GiB" in answers["above"].json()["detail"]
     assert "peak_allocated_bytes 3000000 is above peak_reserved_bytes 2000000" in answers["allocated"].json()["detail"]
     assert "is an estimate, which measures nothing" in answers["estimate"].json()["detail"]
+    assert answers["zero"].json()["detail"].startswith("peak_reserved_bytes 0: 0 bytes is not a peak a job ran with")
+    assert answers["zero allocated"].json()["detail"].startswith("peak_allocated_bytes 0: 0 bytes is not a peak")
+    assert answers["cpu"].json()["detail"].startswith("device_kind 'cpu' is not the kind of device the entry "
+                                                      "planned for (cuda: ")
+    assert answers["escape"].json()["detail"] == (
+        'note "<b>\\u001b[31mRED\\u001b[0m": must be plain text: it holds the control character U+001B at '
+        "position 3; send the text without control characters (terminal escapes, tabs, new lines)")
+    assert "device" in answers["bidi"].json()["detail"] and "U+202E at position 7" in answers["bidi"].json()["detail"]
+    assert answers["bell"].json()["detail"].startswith('device "NVIDIA A100\\u0007": must be plain text')
+    assert "\x1b" not in answers["escape"].text
     assert kept.status_code == 201 and [r["peak_reserved_bytes"] for r in rows] == [2_000_000]
 
 

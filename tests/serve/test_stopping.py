@@ -4,7 +4,10 @@ request answered, within seconds (a server of its own, on a free localhost port)
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -63,3 +66,79 @@ def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is
     assert after.status_code == 200 and after.json()["plan"]["target_batch"] == 64, after.text
     assert counted["autotune_workers_restarted_total"] >= 1
     assert counted[("autotune_requests_total", "/v1/plan", "POST", "504")] == 1
+
+
+def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path, store_url):
+    """``kill -9`` of the server alone (not its process group): its worker, the forkserver and the resource
+    tracker end too, the claim is free well within its lease, and a second replica probes the workload itself."""
+    from autotune.store.claims import LEASE_S
+
+    from ..stores import GATED
+
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "gated.py").write_text(GATED.replace("os.environ['AUTOTUNE_TEST_GATE']",
+                                                                repr(str(tmp_path / "go"))))
+    extra = ("--probes", str(tmp_path / "probes"), "--probe-timeout", "120")
+    body = {**PLAN, "probe": "gated", "target_batch": 64}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = Server(tmp_path / "a", store=store_url, extra=extra), None
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(_post, a, body)
+            deadline = time.monotonic() + 120
+            while not (held := rows(store_url, "autotune_claims", "fingerprint", "owner")):
+                assert time.monotonic() < deadline and not asked.done(), "the probe never started"
+                time.sleep(0.1)
+            family = _descendants(a.process.pid)
+            assert len(family) >= 2, family  # the worker and the forkserver at least
+            os.kill(a.process.pid, signal.SIGKILL)
+            a.process.wait(30)
+            killed = time.monotonic()
+            while (left := [p for p in family if _running(p)]) or rows(store_url, "autotune_claims"):
+                assert time.monotonic() - killed < LEASE_S, (left, rows(store_url, "autotune_claims", "owner"))
+                time.sleep(0.2)
+            assert isinstance(asked.result(), httpx.HTTPError)
+        (tmp_path / "go").touch()
+        b = Server(tmp_path / "b", store=store_url, extra=extra)
+        answer = _post(b, body)
+        assert not isinstance(answer, Exception) and answer.status_code == 200, answer
+        assert not answer.json()["cached"] and answer.json()["fingerprint"] == held[0][0]  # probed by B
+        assert metrics(b)["autotune_probe_seconds_count"] == 1
+    finally:
+        for server in (a, b):
+            if server is not None:
+                server.stop()
+
+
+def _post(server: Server, body: dict) -> httpx.Response | httpx.HTTPError:
+    with server.client(timeout=180) as http:
+        try:
+            return http.post("/v1/plan", json=body)
+        except httpx.HTTPError as exc:
+            return exc
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [c for c, p in parents.items() if p == parent]
+        found += children
+        todo += children
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Is ``pid`` a process that has not ended (a zombie has)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
