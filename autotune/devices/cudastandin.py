@@ -10,7 +10,8 @@ with ``device="cuda"`` or moved with ``.cuda()`` and ``.to("cuda")``, the loss r
   ``mem_get_info`` answer for the GPU planned (a preset's, or the budget's); with a real GPU planned for,
   torch answers itself;
 - :class:`CudaDevices`: ``"cuda"`` devices (``device=`` of any call, ``.cuda()``, ``.to("cuda")``,
-  ``Module.to``/``cuda``) land on the estimate's device;
+  ``Module.to``/``cuda``) land on the estimate's device; pinning host memory is a no-op (it holds no device
+  memory, and pinning needs CUDA);
 - the optimizers count the estimate's device among those with fused, foreach and capturable kernels (where
   CUDA is among them), so ``fused=True`` and ``capturable=True`` run, and ``foreach=None`` takes the
   multi-tensor path as on CUDA;
@@ -84,12 +85,23 @@ class GpuAnswers:
                 "get_device_properties": properties, "get_device_capability": capability,
                 "get_device_name": lambda device=None: self.name, "is_bf16_supported": bf16,
                 "mem_get_info": lambda device=None: (self.free_bytes, self.total_bytes),
-                "set_device": lambda device: None, "synchronize": lambda device=None: None,
-                "is_initialized": lambda: True}
+                "set_device": lambda device=None: None, "synchronize": lambda device=None: None,
+                "get_rng_state": _rng_state, "set_rng_state": _no_op, "get_rng_state_all": lambda: [_rng_state()],
+                "set_rng_state_all": _no_op, "reset_peak_memory_stats": _no_op,
+                "reset_max_memory_allocated": _no_op, "reset_accumulated_memory_stats": _no_op}
 
     def describe(self) -> str:
         return (f"{self.name}, compute capability {self.capability[0]}.{self.capability[1]}, "
                 f"{format_bytes(self.total_bytes)}")
+
+
+def _rng_state(device: Any = "cuda") -> torch.Tensor:
+    """The GPU's random state as torch.cuda gives it (no values: the estimate draws no random numbers)."""
+    return torch.zeros(16, dtype=torch.uint8)
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _is_cuda(device: Any) -> bool:
@@ -126,6 +138,10 @@ class CudaDevices(TorchFunctionMode):
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": self.device}
             self.moves += 1
+        if kwargs.get("pin_memory"):  # page-locked host memory: no device memory, and no CUDA here to lock it
+            kwargs = {**kwargs, "pin_memory": False}
+        if func is torch.Tensor.pin_memory:
+            return args[0]
         if func is torch.Tensor.cuda:  # .cuda(device=None, non_blocking=False, memory_format=...)
             self.moves += 1
             rest = {k: v for k, v in kwargs.items() if k != "device"}

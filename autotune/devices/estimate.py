@@ -217,6 +217,12 @@ class EstimateDevice:
                                  total_bytes=self.device_total, free_bytes=self.capacity_bytes())
         return StandIn(torch.device(device), answers)
 
+    def standing_in(self) -> Any:
+        """A block in which the user's code sees the GPU this estimate stands in for (its model factory run
+        outside a measurement, as the probe checks it), with ``"cuda"`` tensors on ``meta``; nothing when it
+        stands in for no GPU."""
+        return _installed(self._stand_in("meta"))
+
     def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any,
                 stand_in: StandIn | None = None) -> Measurement:
         """The simulated allocator's figures for the recorded trace, and what the kernels and values bounded."""

@@ -375,7 +375,9 @@ def _remove_leftovers() -> None:
     _QUIET.clear()
     if compat.shape_propagation_patched():
         _restore_shape_propagation()
-    _unpatch()
+    for (owner, name), original in _PATCHED.items():
+        setattr(owner, name, original)
+    _PATCHED.clear()
     compat.include_autocast_cuda(False)
     _DEVICE_MODES.clear()
 

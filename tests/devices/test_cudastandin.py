@@ -223,3 +223,35 @@ def test_device_agnostic_gpt_100m_gets_its_twins_estimate_on_h100(tmp_path):
     assert [t.peak_bytes for t in results[0].trials] == [t.peak_bytes for t in results[1].trials]
     assert all(r.device.engine == "meta" and r.device.engine_fallback is None for r in results)
     untouched()
+
+
+def test_code_written_for_cuda_alone_is_probed_on_the_estimate_of_a_gpu(tmp_path):
+    path = tmp_path / "cuda_only.py"
+    path.write_text(
+        "import torch, autotune\n"
+        "def model():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()\n"
+        "def loss(m, b):\n"
+        "    b = b.pin_memory().cuda(non_blocking=True)\n"
+        "    return m(b).pow(2).mean() + torch.zeros((), device=torch.device('cuda', 0), pin_memory=False)\n"
+        "def build():\n"
+        "    return autotune.Workload(name='cuda_only', model=model, loss=loss,\n"
+        "        batch=lambda n, g: torch.randn(n, 32, generator=g),\n"
+        "        optimizer=lambda p: torch.optim.Adam(p, lr=1e-3, fused=True))\n")
+    result = api.probe(str(path), device=H100, max_batch=64)
+    assert result.max_micro_batch == 64
+    assert (result.device.engine, result.device.engine_fallback) == ("meta", None)
+    untouched()
+
+
+@pytest.mark.slow
+def test_torch_compile_runs_under_the_stand_in():
+    """Dynamo saves and restores the GPU's random state when CUDA is available: the stand-in gives it one."""
+    from autotune.devices.cudastandin import GpuAnswers, StandIn
+
+    answers = GpuAnswers(name="NVIDIA A10G", capability=(8, 6), total_bytes=24 * GiB, free_bytes=20 * GiB)
+    with StandIn(torch.device("meta"), answers).installed():
+        layer = torch.nn.Linear(8, 4).cuda()
+        out = torch.compile(layer, backend="eager")(torch.randn(2, 8, device="cuda"))
+        assert (out.shape, out.device.type) == ((2, 4), "meta")
+    untouched()
