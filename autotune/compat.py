@@ -390,8 +390,9 @@ def optimizer_device_lists() -> list[tuple[Any, str, Callable[..., list[str]]]]:
     them by name): ``(module, attribute, torch's function)``."""
     import torch.optim  # noqa: F401  (every optimizer module loaded)
 
-    originals = {name: getattr(importlib.import_module(module), name) for module, name in OPTIMIZER_DEVICE_LISTS}
-    found = []
+    originals: dict[str, Callable[..., list[str]]] = {
+        name: getattr(importlib.import_module(module), name) for module, name in OPTIMIZER_DEVICE_LISTS}
+    found: list[tuple[Any, str, Callable[..., list[str]]]] = []
     for module in list(sys.modules.values()):
         if module is None or not getattr(module, "__name__", "").startswith(("torch.optim", "torch.utils._foreach")):
             continue

@@ -145,15 +145,19 @@ class CudaDevices(TorchFunctionMode):
         if func is torch.Tensor.cuda:  # .cuda(device=None, non_blocking=False, memory_format=...)
             self.moves += 1
             rest = {k: v for k, v in kwargs.items() if k != "device"}
-            return torch.Tensor.to(args[0], self.device, **rest)
+            return torch.Tensor.to(args[0], self._target(args[0]), **rest)
         if func is torch.Tensor.to:
             args = self._to(args, kwargs)
         return func(*args, **kwargs)
 
+    def _target(self, tensor: Any) -> torch.device:
+        """Where a move to CUDA puts ``tensor``: a shape-only tensor (a model built on ``meta``) stays one."""
+        return tensor.device if isinstance(tensor, torch.Tensor) and tensor.is_meta else self.device
+
     def _to(self, args: tuple, kwargs: dict) -> tuple:
         if len(args) > 1 and _is_cuda(args[1]):
             self.moves += 1
-            return (args[0], self.device, *args[2:])
+            return (args[0], self._target(args[0]), *args[2:])
         target = args[1] if len(args) > 1 else kwargs.get("device")
         if self.device.type != "cpu" and isinstance(args[0], torch.Tensor) and args[0].device == self.device and \
                 isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu":

@@ -255,3 +255,17 @@ def test_torch_compile_runs_under_the_stand_in():
         out = torch.compile(layer, backend="eager")(torch.randn(2, 8, device="cuda"))
         assert (out.shape, out.device.type) == ((2, 4), "meta")
     untouched()
+
+
+@pytest.mark.slow
+def test_both_engines_run_code_written_for_cuda_alike(tmp_path):
+    workload = load_workload(probe_file(tmp_path, "agnostic", AGNOSTIC))
+    measured = {}
+    for engine in ("meta", "fake"):
+        device = get_device(A10G)
+        device.engine = engine
+        _, measured[engine] = device.measure(fit_rule_work(workload, 4))
+        assert (device.engine, device.fallback) == (engine, None)
+    assert measured["meta"].breakdown == measured["fake"].breakdown
+    assert measured["meta"].peak_bytes == measured["fake"].peak_bytes
+    untouched()
