@@ -119,11 +119,11 @@ class CudaDevices(TorchFunctionMode):
     is built (:meth:`on_host`); ``moves``: the calls that did, by ``file:line``; ``to_cpu``: the user's
     moves of device tensors to the CPU (code that chose the CPU where a GPU runs it on CUDA)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, to_cpu: list[str] | None = None):
         super().__init__()
         self.device = device
         self.moves = 0
-        self.to_cpu: list[str] = []
+        self.to_cpu: list[str] = [] if to_cpu is None else to_cpu
 
     @contextlib.contextmanager
     def on_host(self) -> Iterator[None]:
@@ -148,6 +148,8 @@ class CudaDevices(TorchFunctionMode):
             return torch.Tensor.to(args[0], self._target(args[0]), **rest)
         if func is torch.Tensor.to:
             args = self._to(args, kwargs)
+        elif func is torch.Tensor.cpu:
+            self._to_cpu(args[0], "cpu", depth=2)
         return func(*args, **kwargs)
 
     def _target(self, tensor: Any) -> torch.device:
@@ -158,13 +160,16 @@ class CudaDevices(TorchFunctionMode):
         if len(args) > 1 and _is_cuda(args[1]):
             self.moves += 1
             return (args[0], self._target(args[0]), *args[2:])
-        target = args[1] if len(args) > 1 else kwargs.get("device")
-        if self.device.type != "cpu" and isinstance(args[0], torch.Tensor) and args[0].device == self.device and \
+        self._to_cpu(args[0], args[1] if len(args) > 1 else kwargs.get("device"), depth=3)
+        return args
+
+    def _to_cpu(self, tensor: Any, target: Any, depth: int) -> None:
+        """Note where the user's code (``depth`` calls up) moves a tensor of the estimate's device to the CPU."""
+        if self.device.type != "cpu" and isinstance(tensor, torch.Tensor) and tensor.device == self.device and \
                 isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu":
-            where = user_frame(3)  # the caller of Tensor.to
+            where = user_frame(depth)
             if where is not None and where not in self.to_cpu:
                 self.to_cpu.append(where)
-        return args
 
 
 class DeviceLists:
@@ -202,11 +207,11 @@ class _WithCuda(list):
 class StandIn:
     """The parts of one estimate's CUDA stand-in, made for the estimate's ``device``, and what they saw."""
 
-    def __init__(self, device: torch.device, answers: GpuAnswers | None):
+    def __init__(self, device: torch.device, answers: GpuAnswers | None, to_cpu: list[str] | None = None):
         from .cudaamp import CudaAutocast
 
         self.answers = answers
-        self.devices = CudaDevices(device)
+        self.devices = CudaDevices(device, to_cpu)  # ``to_cpu``: shared by an estimate's measurements
         self.amp = CudaAutocast()
         self.lists = DeviceLists(device)
 

@@ -137,6 +137,7 @@ class EstimateDevice:
         self.not_simulated: str | None = None  # why the allocator is not simulated, when it is not
         self.simulate = simulate
         self.real_gpu = real_gpu  # stands in for this machine's GPU: torch.cuda answers for it itself
+        self.cpu_moves: list[str] = []  # where the user's code moved a device tensor to the CPU (file:line)
         if cuda_like and simulate:
             self.allocator, self.not_simulated = _allocator_config(self.alloc_conf, self.alloc_conf_variable)
         if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
@@ -215,7 +216,7 @@ class EstimateDevice:
         if not (self.real_gpu and torch.cuda.is_available()):
             answers = GpuAnswers(name=self.model or "CUDA GPU (estimate)", capability=self.target.capability,
                                  total_bytes=self.device_total, free_bytes=self.capacity_bytes())
-        return StandIn(torch.device(device), answers)
+        return StandIn(torch.device(device), answers, self.cpu_moves)
 
     def standing_in(self) -> Any:
         """A block in which the user's code sees the GPU this estimate stands in for (its model factory run

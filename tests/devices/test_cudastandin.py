@@ -105,7 +105,8 @@ def test_the_users_code_sees_the_gpu_planned_and_runs_on_the_meta_engine(tmp_pat
                         bf16=True, free=(device.capacity_bytes(), preset.total_bytes))
     notes = " ".join(m.notes)
     assert "autocast('cuda', bfloat16): CUDA's cast policy" in notes
-    assert f"is_available at {spec}:" in notes  # the user's own call, where it is
+    line = next(i for i, text in enumerate(Path(spec).read_text().splitlines(), 1) if "dev = " in text)
+    assert f"is_available at {spec}:{line}" in notes  # the user's own call, where it is
     untouched()
 
 
@@ -268,4 +269,22 @@ def test_both_engines_run_code_written_for_cuda_alike(tmp_path):
         assert (device.engine, device.fallback) == (engine, None)
     assert measured["meta"].breakdown == measured["fake"].breakdown
     assert measured["meta"].peak_bytes == measured["fake"].peak_bytes
+    untouched()
+
+
+def test_a_device_chosen_when_the_probe_file_was_imported_is_named(tmp_path):
+    """At import, before the estimate, torch.cuda.is_available() is this machine's answer (False): the code
+    then moves its batch to the CPU, which the GPU would not."""
+    path = tmp_path / "import_time.py"
+    path.write_text(PLAIN.format(build="build").replace(
+        "def loss(model, batch):\n",
+        "DEV = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n"
+        "def loss(model, batch):\n"
+        "    batch = {k: v.to(DEV) for k, v in batch.items()}\n"))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "v.to(DEV)" in text)
+    device = get_device(A10G)
+    _, m = device.measure(fit_rule_work(load_workload(str(path)), 2))
+    assert device.engine == "fake" and "meta" in device.fallback  # a meta tensor cannot be copied to the CPU
+    note = next(n for n in m.notes if "moved a device tensor to the CPU" in n)
+    assert f"{path}:{line}" in note and "torch.cuda.is_available() is False" in note
     untouched()
