@@ -229,7 +229,7 @@ class StandIn:
             notes.append(f"autocast('cuda', {dtypes}): CUDA's cast policy applied op by op ({runs}), parameters "
                          "cast once per autocast region")
         if self.answers is not None and self.answers.asked:
-            asked = "; ".join(f"{what} at {', '.join(where[:3])}" for what, where in self.answers.asked.items())
+            asked = "; ".join(f"{what} at {', '.join(where[:5])}" for what, where in self.answers.asked.items())
             notes.append(f"torch.cuda answered as the GPU planned ({self.answers.describe()}): {asked}")
         if self.devices.to_cpu:
             notes.append("your code moved a device tensor to the CPU at " + ", ".join(self.devices.to_cpu[:3]) +
