@@ -401,3 +401,9 @@ def optimizer_device_lists() -> list[tuple[Any, str, Callable[..., list[str]]]]:
             if bound is original or getattr(bound, "original", None) is original:
                 found.append((module, name, original))
     return found
+
+
+def checkpoint_device_type() -> tuple[Any, str]:
+    """Where activation checkpointing reads the device type of its inputs (whose autocast state and random
+    state it saves for the recomputation): ``(module, function name)``."""
+    return importlib.import_module("torch.utils.checkpoint"), "_infer_device_type"

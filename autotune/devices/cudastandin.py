@@ -152,6 +152,18 @@ class CudaDevices(TorchFunctionMode):
             self._to_cpu(args[0], "cpu", depth=2)
         return func(*args, **kwargs)
 
+    def device_type_of(self, original: Any) -> Any:
+        """``original`` (a function giving the device type of its tensor arguments), saying ``"cuda"`` for the
+        estimate's device: activation checkpointing then saves and restores CUDA's autocast state."""
+        device = self.device.type
+
+        def device_type(*args: Any) -> str:
+            found = original(*args)
+            return "cuda" if found == device else found
+
+        device_type.original = original  # type: ignore[attr-defined]
+        return device_type
+
     def _target(self, tensor: Any) -> torch.device:
         """Where a move to CUDA puts ``tensor``: a shape-only tensor (a model built on ``meta``) stays one."""
         return tensor.device if isinstance(tensor, torch.Tensor) and tensor.is_meta else self.device

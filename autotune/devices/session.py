@@ -14,8 +14,9 @@ A measurement changes torch's process-wide state while it runs, and only then:
 - ``EstimateSession(quiet=True)``: torch's fake-tensor logger silenced (:mod:`autotune.devices.quiet`);
 - :func:`cuda_stand_in`: the CUDA GPU an estimate stands in for, as the user's code sees it
   (:mod:`autotune.devices.cudastandin`): ``torch.cuda``'s answers, ``"cuda"`` devices, the optimizers' device
-  lists, ``torch.clear_autocast_cache``, CUDA's autocast key on every dispatch of the thread and its kernels
-  (:mod:`autotune.devices.cudaamp`), and torch's autocast state as it was, after.
+  lists, the device type activation checkpointing reads, ``torch.clear_autocast_cache``, CUDA's autocast key on
+  every dispatch of the thread and its kernels (:mod:`autotune.devices.cudaamp`), and torch's autocast state as
+  it was, after.
 
 Each of these is a context manager that takes :class:`EstimateSession`, and every measurement of every
 device runs in one (:func:`~autotune.devices.base.timed_measure`). Sessions hold one process-wide lock,
@@ -324,6 +325,8 @@ def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[
                     _patch(torch.cuda, name, fn)
                 for module, name, original in compat.optimizer_device_lists():
                     _patch(module, name, lists.wrap(original))
+                module, name = compat.checkpoint_device_type()
+                _patch(module, name, devices.device_type_of(getattr(module, name)))
                 _patch(torch, "clear_autocast_cache", _clearing(torch.clear_autocast_cache, amp))
                 compat.include_autocast_cuda(True)
                 _DEVICE_MODES.append(devices)

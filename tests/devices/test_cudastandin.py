@@ -87,6 +87,7 @@ def untouched() -> None:
     assert torch._C._len_torch_function_stack() == 0
     assert all(getattr(m, n) is fn for m, n, fn in compat.optimizer_device_lists())
     assert torch.clear_autocast_cache.__module__ != "autotune.devices.session"
+    assert not hasattr(getattr(*compat.checkpoint_device_type()), "original")
     assert torch.empty(1, device="cpu").device.type == "cpu"
     with pytest.raises((RuntimeError, AssertionError)):
         torch.empty(1, device="cuda")  # no CUDA here: torch says so again
@@ -288,4 +289,24 @@ def test_a_device_chosen_when_the_probe_file_was_imported_is_named(tmp_path):
     assert device.engine == "fake" and "meta" in device.fallback  # a meta tensor cannot be copied to the CPU
     note = next(n for n in m.notes if "moved a device tensor to the CPU" in n)
     assert f"{path}:{line}" in note and "torch.cuda.is_available() is False" in note
+    untouched()
+
+
+def test_checkpointed_blocks_recompute_under_cudas_autocast(tmp_path):
+    """Checkpointing saves the autocast state of its inputs' device type: the recomputation in the backward,
+    outside the autocast region, runs in bf16 as in the forward (else its activations' metadata differ)."""
+    path = tmp_path / "checkpointed.py"
+    path.write_text(PLAIN.format(build="build").replace(
+        "    return dataclasses.replace(gpt.build(), loss=loss,",
+        "    import functools\n"
+        "    c = gpt.build().model.args[0]\n"
+        "    return dataclasses.replace(gpt.build(), loss=loss,\n"
+        "                               model=functools.partial(gpt.GPT, c, checkpointing=True),"))
+    peaks = {}
+    for name, spec in (("checkpointed", str(path)), ("plain", probe_file(tmp_path, "plain", PLAIN))):
+        device = get_device(A10G)
+        _, m = device.measure(fit_rule_work(load_workload(spec), 16))
+        assert (device.engine, device.fallback) == ("meta", None), name
+        peaks[name] = m.breakdown["activations"]
+    assert peaks["checkpointed"] < peaks["plain"]
     untouched()
