@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autotune import api, compat
-from autotune.devices import CpuDevice, get_device
+from autotune.devices import CpuDevice, EstimateDevice, get_device
 from autotune.devices.presets import find_preset
 from autotune.devices.session import leftovers
 from autotune.probing.fitrule import fit_rule_work
@@ -309,4 +309,21 @@ def test_checkpointed_blocks_recompute_under_cudas_autocast(tmp_path):
         assert (device.engine, device.fallback) == ("meta", None), name
         peaks[name] = m.breakdown["activations"]
     assert peaks["checkpointed"] < peaks["plain"]
+    untouched()
+
+
+def test_an_estimate_of_this_machines_gpu_leaves_torch_cuda_to_answer_for_it(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with the GPU
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: asked.append(device) or "the real one")
+    device = EstimateDevice(capacity=24 * GiB, real_gpu=True)
+
+    def work(session):
+        return torch.cuda.get_device_name(0), torch.empty(2, device="cuda").device.type
+
+    assert device.measure(work)[0] == ("the real one", "meta")  # torch's answer; the tensor still shape-only
+    assert asked == [0]
+    monkeypatch.undo()
+    assert EstimateDevice(capacity=24 * GiB, real_gpu=True).measure(lambda s: torch.cuda.get_device_name())[0] == \
+        "CUDA GPU (estimate)"  # no GPU here after all: the stand-in answers
     untouched()
