@@ -109,20 +109,17 @@ def _is_cuda(device: Any) -> bool:
         return device == "cuda" or device.startswith("cuda:")
     if isinstance(device, torch.device):
         return device.type == "cuda"
-    return False
-
-
+    return isinstance(device, int) and not isinstance(device, bool)  # an index: a CUDA device
 
 
 class CudaDevices(TorchFunctionMode):
     """``"cuda"`` devices in any torch call land on ``device`` (the estimate's), or on the host while a batch
-    is built (:meth:`on_host`); ``moves``: the calls that did, by ``file:line``; ``to_cpu``: the user's
-    moves of device tensors to the CPU (code that chose the CPU where a GPU runs it on CUDA)."""
+    is built (:meth:`on_host`); ``to_cpu``: where the user's code moved a tensor of the estimate's device to
+    the CPU (code that chose the CPU where a GPU runs it on CUDA), as ``file:line``."""
 
     def __init__(self, device: torch.device, to_cpu: list[str] | None = None):
         super().__init__()
         self.device = device
-        self.moves = 0
         self.to_cpu: list[str] = [] if to_cpu is None else to_cpu
 
     @contextlib.contextmanager
@@ -136,14 +133,12 @@ class CudaDevices(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if "device" in kwargs and _is_cuda(kwargs["device"]):
-            kwargs = {**kwargs, "device": self.device}
-            self.moves += 1
+            kwargs = {**kwargs, "device": self._target(args[0]) if func is torch.Tensor.to else self.device}
         if kwargs.get("pin_memory"):  # page-locked host memory: no device memory, and no CUDA here to lock it
             kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.pin_memory:
             return args[0]
         if func is torch.Tensor.cuda:  # .cuda(device=None, non_blocking=False, memory_format=...)
-            self.moves += 1
             rest = {k: v for k, v in kwargs.items() if k != "device"}
             return torch.Tensor.to(args[0], self._target(args[0]), **rest)
         if func is torch.Tensor.to:
@@ -170,7 +165,6 @@ class CudaDevices(TorchFunctionMode):
 
     def _to(self, args: tuple, kwargs: dict) -> tuple:
         if len(args) > 1 and _is_cuda(args[1]):
-            self.moves += 1
             return (args[0], self._target(args[0]), *args[2:])
         self._to_cpu(args[0], args[1] if len(args) > 1 else kwargs.get("device"), depth=3)
         return args
