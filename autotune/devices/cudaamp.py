@@ -96,15 +96,19 @@ def _overload(name: str) -> Any:
     return getattr(getattr(torch.ops.aten, packet), overload)
 
 
-def _eligible(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
+def _eligible(x: Any, device: str) -> bool:
+    """``is_eligible``: a floating tensor, not float64, on the device stood in for (CUDA's autocast casts CUDA
+    tensors alone)."""
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64 and \
+        x.device.type == device
 
 
 class CudaAutocast:
-    """CUDA's autocast policy for the ops of an estimate's thread, with its weight cache; ``counts``: the ops
-    run under it, by policy."""
+    """CUDA's autocast policy for the ops of an estimate's thread, whose tensors on ``device`` (the estimate's)
+    stand in for CUDA's, with its weight cache; ``counts``: the ops run under it, by policy."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "meta") -> None:
+        self.device = device
         self._cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self.counts: dict[str, int] = {}
         self.dtypes: set[torch.dtype] = set()
@@ -129,7 +133,7 @@ class CudaAutocast:
         region."""
         if isinstance(x, (list, tuple)):
             return type(x)(self._cast(to, v) for v in x)
-        if not _eligible(x) or x.dtype == to:
+        if not _eligible(x, self.device) or x.dtype == to:
             return x
         cacheable = (to == torch.get_autocast_dtype("cuda") and x.dtype == torch.float32 and x.requires_grad
                      and x.is_leaf and not x._is_view() and torch.is_autocast_cache_enabled())
@@ -164,7 +168,7 @@ class CudaAutocast:
         return op(*self._cast(torch.float32, args), **{k: self._cast(torch.float32, v) for k, v in kwargs.items()})
 
     def _set_opt_dtype(self, op: Any, args: tuple, kwargs: dict) -> Any:
-        if not _eligible(args[0]):
+        if not _eligible(args[0], self.device):
             return op(*args, **kwargs)
         position = [a.name for a in op_schema(op).arguments].index("dtype")
         if position < len(args):
@@ -175,13 +179,13 @@ class CudaAutocast:
         return op(*args, **kwargs)
 
     def _append_dtype(self, op: Any, args: tuple, kwargs: dict) -> Any:
-        dtype = torch.float32 if _eligible(args[0]) else args[0].dtype
+        dtype = torch.float32 if _eligible(args[0], self.device) else args[0].dtype
         return op(*args, **kwargs, dtype=dtype)
 
     def _promote(self, op: Any, args: tuple, kwargs: dict) -> Any:
         to = torch.get_autocast_dtype("cuda")
         for x in _tensors((args, kwargs)):
-            if _eligible(x) and x.dtype == torch.float32:
+            if _eligible(x, self.device) and x.dtype == torch.float32:
                 to = torch.float32
         return op(*self._cast(to, args), **{k: self._cast(to, v) for k, v in kwargs.items()})
 

@@ -218,7 +218,7 @@ class StandIn:
 
         self.answers = answers
         self.devices = CudaDevices(device, to_cpu)  # ``to_cpu``: shared by an estimate's measurements
-        self.amp = CudaAutocast()
+        self.amp = CudaAutocast(device.type)
         self.lists = DeviceLists(device)
 
     def installed(self) -> Any:

@@ -52,6 +52,7 @@ def test_each_policy_gives_cudas_dtypes(stand_in):
         assert torch.addcmul(y.float(), y, y).dtype == torch.float32  # promote: the widest
         assert torch.addcmul(y, y, y).dtype == BF16
         assert (y + 1).dtype == BF16 and torch.relu(y).dtype == BF16  # not listed: as they come
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32  # host tensors: not CUDA's
         with torch.autocast("cuda", enabled=False):
             assert layer(x).dtype == torch.float32
         assert layer(x).dtype == BF16
