@@ -24,13 +24,14 @@ the outermost region exits, ``torch.clear_autocast_cache()``), and the cast copy
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..compat import AUTOCAST_CUDA, op_schema, register_kernel, without_autocast_cuda
+from ..compat import AUTOCAST_CUDA, autocast_cuda_ops, op_schema, register_kernel, without_autocast_cuda
 
 LOWER, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED = (
     "lower", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned")
@@ -91,6 +92,11 @@ def policies() -> dict[str, str]:
     return table
 
 
+@functools.cache
+def _autocast_ops() -> frozenset[str]:
+    return autocast_cuda_ops()
+
+
 def _overload(name: str) -> Any:
     packet, overload = name.split(".")
     return getattr(getattr(torch.ops.aten, packet), overload)
@@ -117,12 +123,14 @@ class CudaAutocast:
         self._cache.clear()
 
     def register(self, library: torch.library.Library) -> int:
-        """Register a kernel under CUDA's autocast key for every op of the lists this torch has; how many."""
+        """Register a kernel under CUDA's autocast key for every op of the lists that the installed torch
+        autocasts on CUDA (the lists grow from release to release); how many."""
         done = 0
+        autocast = _autocast_ops()
         for name, policy in policies().items():
-            packet, overload = name.split(".")
-            if not hasattr(getattr(torch.ops.aten, packet, None), overload):
+            if name not in autocast:
                 continue
+            packet, overload = name.split(".")
             register_kernel(library, name if overload != "default" else packet, self._kernel(name, policy),
                             AUTOCAST_CUDA)
             done += 1

@@ -24,7 +24,9 @@ def stand_in():
 
 
 def test_the_lists_are_the_ops_torch_registers_for_cudas_autocast():
-    assert set(policies()) == compat.autocast_cuda_ops()
+    assert compat.autocast_cuda_ops() <= set(policies())  # every op torch autocasts on CUDA has its policy here
+    if compat.TORCH >= (2, 13):  # the lists as of torch 2.13 (an older torch autocasts fewer: those alone)
+        assert set(policies()) == compat.autocast_cuda_ops()
     table = policies()
     assert {table[op] for op in ("linear.default", "matmul.default", "bmm.default", "baddbmm.default",
                                  "addmm.default", "conv2d.default", "scaled_dot_product_attention.default")} == {LOWER}
