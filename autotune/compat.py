@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -102,7 +103,9 @@ def register_kernel(library: torch.library.Library, name: str, kernel: Callable[
     """Register ``kernel`` for aten's ``name`` under dispatch key ``key`` in ``library``, over any kernel torch
     registered from Python (torch < 2.13 refuses that unless asked: its ``Meta`` kernels of oneDNN's LSTM are
     Python ones); :func:`destroy_library` brings torch's back."""
-    library.impl(name, kernel, key, allow_override=True)
+    with warnings.catch_warnings():  # torch warns once per process that a C++ kernel (autocast's) is overridden
+        warnings.filterwarnings("ignore", message="Warning only once for all operators")
+        library.impl(name, kernel, key, allow_override=True)
 
 
 def destroy_library(library: torch.library.Library) -> None:
@@ -338,3 +341,69 @@ def parameter_slots(module: torch.nn.Module) -> dict[str, torch.nn.Parameter | N
 def buffer_slots(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
     """``module``'s own buffers by name, the dict itself."""
     return module._buffers
+
+
+# -- the CUDA stand-in of an estimate: autocast's dispatch key, the optimizers' device lists ------------------
+
+#: The dispatch key of CUDA's autocast (``DispatchKey::Autocast`` in C++; torch's Python name for it).
+AUTOCAST_CUDA = "AutocastCUDA"
+
+
+def include_autocast_cuda(included: bool) -> None:
+    """Add (or take back) CUDA's autocast key to every dispatch on this thread, whatever the tensors' device:
+    while ``torch.is_autocast_enabled("cuda")`` (the key is then not excluded), the kernels registered for it
+    run on ``meta`` tensors too."""
+    torch._C._dispatch_tls_set_dispatch_key_included(torch._C.DispatchKey.AutocastCUDA, included)
+
+
+def autocast_cuda_included() -> bool:
+    """Is CUDA's autocast key added to this thread's dispatches (:func:`include_autocast_cuda`)?"""
+    return bool(torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastCUDA))
+
+
+def without_autocast_cuda() -> Any:
+    """A guard under which CUDA's autocast key is excluded (what its C++ kernels hold while they run the op)."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))
+
+
+def autocast_cuda_ops() -> frozenset[str]:
+    """The aten operators (``name.overload``, ``default`` for none) with a kernel for CUDA's autocast key in the
+    installed torch."""
+    found = set()
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, AUTOCAST_CUDA):
+            op = name[len("aten::"):]
+            found.add(op if "." in op else f"{op}.default")
+    return frozenset(found)
+
+
+#: Where torch.optim asks which devices have fused, foreach and capturable kernels: (module, function name).
+OPTIMIZER_DEVICE_LISTS = (
+    ("torch.utils._foreach_utils", "_get_fused_kernels_supported_devices"),
+    ("torch.utils._foreach_utils", "_get_foreach_kernels_supported_devices"),
+    ("torch.optim.optimizer", "_get_capturable_supported_devices"),
+)
+
+
+def optimizer_device_lists() -> list[tuple[Any, str, Callable[..., list[str]]]]:
+    """Every binding of :data:`OPTIMIZER_DEVICE_LISTS` in torch's loaded modules (each optimizer module imports
+    them by name): ``(module, attribute, torch's function)``."""
+    import torch.optim  # noqa: F401  (every optimizer module loaded)
+
+    originals: dict[str, Callable[..., list[str]]] = {
+        name: getattr(importlib.import_module(module), name) for module, name in OPTIMIZER_DEVICE_LISTS}
+    found: list[tuple[Any, str, Callable[..., list[str]]]] = []
+    for module in list(sys.modules.values()):
+        if module is None or not getattr(module, "__name__", "").startswith(("torch.optim", "torch.utils._foreach")):
+            continue
+        for name, original in originals.items():
+            bound = vars(module).get(name)
+            if bound is original or getattr(bound, "original", None) is original:
+                found.append((module, name, original))
+    return found
+
+
+def checkpoint_device_type() -> tuple[Any, str]:
+    """Where activation checkpointing reads the device type of its inputs (whose autocast state and random
+    state it saves for the recomputation): ``(module, function name)``."""
+    return importlib.import_module("torch.utils.checkpoint"), "_infer_device_type"

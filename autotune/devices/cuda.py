@@ -130,7 +130,7 @@ class CudaDevice:
         return EstimateDevice(capacity=self._capacity, cuda_like=True, name=f"estimate ({self.name})",
                               target=CudaTarget.from_environment(self.capability(), **versions),
                               alloc_conf=self.alloc_conf, alloc_conf_variable=self.alloc_conf_variable,
-                              device_total=self._total)
+                              device_total=self._total, real_gpu=True)
 
     def describe(self) -> DeviceInfo:
         props = None

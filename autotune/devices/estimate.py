@@ -57,6 +57,7 @@ from .allocator import AllocatorConfig
 from .allocconf import conf_from_environment, describe_conf
 from .cpukernels import CpuKernelChoices
 from .cudakernels import CudaKernelChoices, CudaTarget
+from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
@@ -108,7 +109,7 @@ class EstimateDevice:
                  allowance: int = 0, name: str = "estimate", engine: str | None = None, guess: int = 0,
                  target: CudaTarget | None = None, alloc_conf: str | None = None, device_total: int | None = None,
                  model: str | None = None, budget_given: bool = True, simulate: bool = True,
-                 alloc_conf_variable: str | None = None):
+                 alloc_conf_variable: str | None = None, real_gpu: bool = False):
         if capacity - allowance <= 0:
             raise ValueError(
                 f"memory budget {format_bytes(capacity)} leaves nothing after the "
@@ -135,6 +136,8 @@ class EstimateDevice:
         self.allocator: AllocatorConfig | None = None
         self.not_simulated: str | None = None  # why the allocator is not simulated, when it is not
         self.simulate = simulate
+        self.real_gpu = real_gpu  # stands in for this machine's GPU: torch.cuda answers for it itself
+        self.cpu_moves: list[str] = []  # where the user's code moved a device tensor to the CPU (file:line)
         if cuda_like and simulate:
             self.allocator, self.not_simulated = _allocator_config(self.alloc_conf, self.alloc_conf_variable)
         if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
@@ -145,7 +148,7 @@ class EstimateDevice:
         return dict(capacity=self.capacity, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
                     name=self.name, engine=self.engine, target=self.target, alloc_conf=self.alloc_conf,
                     device_total=self.device_total, model=self.model, budget_given=self.budget_given,
-                    simulate=self.simulate, alloc_conf_variable=self.alloc_conf_variable)
+                    simulate=self.simulate, alloc_conf_variable=self.alloc_conf_variable, real_gpu=self.real_gpu)
 
     def with_other_guesses(self) -> EstimateDevice:
         """This estimate, answering every value it cannot know differently: when a run's peak
@@ -215,9 +218,27 @@ class EstimateDevice:
             return CudaKernelChoices(tracker, self.target, key="AutogradCPU" if fake else "AutogradMeta")
         return contextlib.nullcontext() if fake else CpuKernelChoices(tracker.paused)
 
-    def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any) -> Measurement:
+    def _stand_in(self, device: str) -> StandIn | None:
+        """The CUDA GPU this estimate stands in for, as the user's code sees it, on ``device``; None when it
+        stands in for no GPU."""
+        if not self.cuda_like:
+            return None
+        answers = None
+        if not (self.real_gpu and torch.cuda.is_available()):
+            answers = GpuAnswers(name=self.model or "CUDA GPU (estimate)", capability=self.target.capability,
+                                 total_bytes=self.device_total, free_bytes=self.capacity_bytes())
+        return StandIn(torch.device(device), answers, self.cpu_moves)
+
+    def standing_in(self) -> Any:
+        """A block in which the user's code sees the GPU this estimate stands in for (its model factory run
+        outside a measurement, as the probe checks it), with ``"cuda"`` tensors on ``meta``; nothing when it
+        stands in for no GPU."""
+        return _installed(self._stand_in("meta"))
+
+    def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any,
+                stand_in: StandIn | None = None) -> Measurement:
         """The simulated allocator's figures for the recorded trace, and what the kernels and values bounded."""
-        notes = tuple(getattr(choices, "notes", ()))
+        notes = tuple(getattr(choices, "notes", ())) + (stand_in.notes() if stand_in is not None else ())
         values = tracker.values
         if values is not None:
             notes += values.notes()
@@ -242,8 +263,10 @@ class EstimateDevice:
             with values.suspended(), torch.device("meta"):
                 return factory()
 
+        stand_in = self._stand_in("meta")
+
         def build_batch(make: Callable[[], Any]) -> Any:
-            with tracker.paused():
+            with tracker.paused(), _on_host(stand_in):
                 return _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
 
         def move_model(model: Any) -> Any:
@@ -256,9 +279,9 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model,
                           build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=False)
-        with choices, rule_kernels(values, "AutogradMeta"):
+        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices)
+        return result, self._finish(m, tracker, choices, stand_in)
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -297,8 +320,10 @@ class EstimateDevice:
             with tracker.paused():  # counted by the session, parameters first, as on a real device
                 return _move_module(model, fake)
 
+        stand_in = self._stand_in("cpu")
+
         def build_batch(make: Callable[[], Any]) -> Any:
-            with tracker.paused():
+            with tracker.paused(), _on_host(stand_in):
                 tracker.fake_scalars = False
                 try:
                     return _build_batch(None, make, values)
@@ -308,9 +333,9 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=True)
-        with fake_mode, choices, rule_kernels(values, "AutogradCPU"):
+        with _installed(stand_in), fake_mode, choices, rule_kernels(values, "AutogradCPU"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices)
+        return result, self._finish(m, tracker, choices, stand_in)
 
     def cleanup(self) -> None:
         gc.collect()
@@ -409,6 +434,15 @@ def _build_batch(fake_mode: FakeTensorMode | None, make: Callable[[], Any], valu
         return shaped
     with unset_fake_temporarily():
         return make()
+
+
+def _installed(stand_in: StandIn | None) -> Any:
+    return stand_in.installed() if stand_in is not None else contextlib.nullcontext()
+
+
+def _on_host(stand_in: StandIn | None) -> Any:
+    """Batches are built on the host, ``"cuda"`` tensors of the batch code's too (the session moves them)."""
+    return stand_in.devices.on_host() if stand_in is not None else contextlib.nullcontext()
 
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:

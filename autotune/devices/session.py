@@ -11,7 +11,12 @@ A measurement changes torch's process-wide state while it runs, and only then:
   ``meta`` tensors, the recurrent stand-ins, oneDNN's ``meta`` kernels, the shape rules);
 - :func:`fake_mesh`: a fake process group registered with c10d for FSDP's device mesh;
 - :func:`shape_propagation_uncounted`: DTensor's shape propagation run outside the trackers' count;
-- ``EstimateSession(quiet=True)``: torch's fake-tensor logger silenced (:mod:`autotune.devices.quiet`).
+- ``EstimateSession(quiet=True)``: torch's fake-tensor logger silenced (:mod:`autotune.devices.quiet`);
+- :func:`cuda_stand_in`: the CUDA GPU an estimate stands in for, as the user's code sees it
+  (:mod:`autotune.devices.cudastandin`): ``torch.cuda``'s answers, ``"cuda"`` devices, the optimizers' device
+  lists, the device type activation checkpointing reads, ``torch.clear_autocast_cache``, CUDA's autocast key on
+  every dispatch of the thread and its kernels (:mod:`autotune.devices.cudaamp`), and torch's autocast state as
+  it was, after.
 
 Each of these is a context manager that takes :class:`EstimateSession`, and every measurement of every
 device runs in one (:func:`~autotune.devices.base.timed_measure`). Sessions hold one process-wide lock,
@@ -266,6 +271,75 @@ def _restore_shape_propagation() -> None:
         setattr(owner, method, patched.original)
 
 
+# -- the CUDA stand-in ------------------------------------------------------------------------------------------
+
+_PATCHED: dict[tuple[Any, str], Any] = {}  # (owner, attribute) -> torch's own, while a stand-in is installed
+_DEVICE_MODES: list[Any] = []
+
+
+def _patch(owner: Any, name: str, value: Any) -> None:
+    _PATCHED.setdefault((owner, name), getattr(owner, name))
+    setattr(owner, name, value)
+
+
+def _unpatch() -> None:
+    while _PATCHED:
+        (owner, name), original = _PATCHED.popitem()
+        setattr(owner, name, original)
+
+
+def _autocast_state() -> tuple[bool, torch.dtype, bool]:
+    return torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled()
+
+
+def _restore_autocast(state: tuple[bool, torch.dtype, bool]) -> None:
+    torch.set_autocast_enabled("cuda", state[0])
+    torch.set_autocast_dtype("cuda", state[1])
+    torch.set_autocast_cache_enabled(state[2])
+
+
+def _clearing(clear: Any, amp: Any) -> Any:
+    def clear_autocast_cache() -> None:
+        clear()
+        amp.clear_cache()
+
+    return clear_autocast_cache
+
+
+@contextlib.contextmanager
+def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[Any]:
+    """While inside, the user's code runs as on the CUDA GPU an estimate stands in for: ``answers``
+    (:class:`~autotune.devices.cudastandin.GpuAnswers`, None: torch's own, a real GPU's) answer ``torch.cuda``'s
+    questions, the mode ``devices`` puts ``"cuda"`` tensors on the estimate's device, ``lists`` adds it to the
+    optimizers' device lists and ``amp`` (:class:`~autotune.devices.cudaamp.CudaAutocast`) is
+    ``autocast("cuda")``'s policy. All of it, and torch's autocast state, is as before after the block, also
+    when it raised."""
+    with EstimateSession():
+        if _PATCHED or _DEVICE_MODES or compat.autocast_cuda_included():
+            raise RuntimeError("a CUDA stand-in is installed already: estimates do not nest")
+        state = _autocast_state()
+        try:
+            with aten_kernels() as library:
+                amp.register(library)
+                for name, fn in (answers.functions() if answers is not None else {}).items():
+                    _patch(torch.cuda, name, fn)
+                for module, name, original in compat.optimizer_device_lists():
+                    _patch(module, name, lists.wrap(original))
+                module, name = compat.checkpoint_device_type()
+                _patch(module, name, devices.device_type_of(getattr(module, name)))
+                _patch(torch, "clear_autocast_cache", _clearing(torch.clear_autocast_cache, amp))
+                compat.include_autocast_cuda(True)
+                _DEVICE_MODES.append(devices)
+                with devices:
+                    yield devices
+        finally:
+            _DEVICE_MODES.clear()
+            compat.include_autocast_cuda(False)
+            _unpatch()
+            amp.clear_cache()
+            _restore_autocast(state)
+
+
 # -- what is left ----------------------------------------------------------------------------------------------
 
 def leftovers() -> list[str]:
@@ -281,6 +355,11 @@ def leftovers() -> list[str]:
     found += [f"fake process group {name!r} registered" for name in _FAKE_GROUPS]
     if _QUIET or compat.shape_propagation_patched():
         found.append("DTensor's shape propagation is patched")
+    found += [f"{getattr(owner, '__name__', owner)}.{name} is the CUDA stand-in's" for owner, name in _PATCHED]
+    if compat.autocast_cuda_included():
+        found.append("CUDA's autocast key is added to every dispatch")
+    if _DEVICE_MODES:
+        found.append("'cuda' devices are put on the estimate's device")
     return found
 
 
@@ -299,6 +378,11 @@ def _remove_leftovers() -> None:
     _QUIET.clear()
     if compat.shape_propagation_patched():
         _restore_shape_propagation()
+    for (owner, name), original in _PATCHED.items():
+        setattr(owner, name, original)
+    _PATCHED.clear()
+    compat.include_autocast_cuda(False)
+    _DEVICE_MODES.clear()
 
 
 def _check_clean(*, raising: bool) -> None:

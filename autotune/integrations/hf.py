@@ -222,11 +222,14 @@ def _enable_checkpointing(model: nn.Module, args: TrainingArguments) -> None:
 
 
 def _autocast(loss: Callable[[nn.Module, Any], torch.Tensor], dtype: torch.dtype):
-    """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 (shape-only
-    estimates on ``meta`` run it in float32, which holds more memory, not less)."""
+    """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 (an estimate
+    standing in for a GPU runs CUDA's autocast on its ``meta`` tensors; one for no GPU runs float32, which holds
+    more memory, not less)."""
 
     def autocast_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         kind = next(model.parameters()).device.type
+        if kind == "meta" and torch.cuda.is_available():  # the estimate's stand-in for the GPU
+            kind = "cuda"
         if kind == "meta":
             return loss(model, batch)
         with torch.autocast(kind, dtype=dtype):

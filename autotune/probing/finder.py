@@ -78,7 +78,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     start = time.perf_counter()
     capacity = device.capacity_bytes()
     usable = options.usable_bytes(capacity, margin)
-    workload = isolate(workload)
+    with getattr(device, "standing_in", contextlib.nullcontext)():  # an estimate's GPU, as the code sees it
+        workload = isolate(workload)
     trials: list[Trial] = []
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())

@@ -208,3 +208,14 @@ def test_importing_every_autotune_module_changes_nothing_in_torch(plant):
     assert (done.returncode != 0) == plant, done.stderr[-2000:]
     if plant:
         assert "AssertionError: ((False" in done.stderr
+
+
+def test_a_cuda_stand_in_left_installed_is_caught_and_undone(monkeypatch):
+    """Plant the leak: the stand-in's torch.cuda answers and device lists left in place."""
+    before = torch_state()
+    monkeypatch.setattr(session, "_unpatch", lambda: None)
+    with pytest.raises(LeftBehind, match="torch.cuda.is_available is the CUDA stand-in's"):
+        EstimateDevice.for_gpu(GiB).measure(lambda s: None)
+    monkeypatch.undo()
+    assert torch_state() == before and leftovers() == []  # removed when caught
+    assert not torch.cuda.is_available()

@@ -162,3 +162,18 @@ def test_a_target_with_no_equal_split_names_the_nearest(tmp_path):
                                         r"does not split .* use target_batch 1020 \(.*\) or 10\d\d \("):
         plan_training_args(training_args(tmp_path), gpt2(), examples(LENGTHS), target_batch=1021,
                            data_collator=collate, device="estimate", memory_budget="680MiB")
+
+
+def test_an_estimate_for_a_gpu_runs_the_trainers_bf16_as_cudas_autocast(tmp_path):
+    workload = trainer_workload(training_args(tmp_path, bf16=True), gpt2(), collate(examples([6, 6])))
+    seen: list[torch.dtype] = []
+
+    def hooked(**kwargs):
+        made = workload.model(**kwargs)
+        made.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        return made
+
+    device = get_device("estimate:A10G-24GB")
+    device.measure(fit_rule_work(dataclasses.replace(workload, model=hooked), 2))
+    assert seen and set(seen) == {torch.bfloat16}  # on meta tensors, as on the GPU
+    assert device.fallback is None
