@@ -55,6 +55,7 @@ from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .allocator import AllocatorConfig
 from .allocconf import conf_from_environment, describe_conf
+from .compiled import eager_compiled, eager_note
 from .cpukernels import CpuKernelChoices
 from .cudakernels import CudaKernelChoices, CudaTarget
 from .measurement import Measurement, Session, T, _move_module, timed_measure
@@ -179,7 +180,7 @@ class EstimateDevice:
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare. Everything an estimate
         # changes in torch lives in one session, one measurement at a time.
-        with EstimateSession(quiet=True):
+        with EstimateSession(quiet=True), eager_compiled():
             if self.engine == "fake":
                 return self._measure_fake(work)
             try:
@@ -247,7 +248,7 @@ class EstimateDevice:
         choices = self._kernel_choices(tracker, fake=False)
         with choices, rule_kernels(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices)
+        return result, _said_eager(self._finish(m, tracker, choices), session)
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -299,7 +300,7 @@ class EstimateDevice:
         choices = self._kernel_choices(tracker, fake=True)
         with fake_mode, choices, rule_kernels(values, "AutogradCPU"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices)
+        return result, _said_eager(self._finish(m, tracker, choices), session)
 
     def cleanup(self) -> None:
         gc.collect()
@@ -349,6 +350,14 @@ def _allocator_config(conf: str, variable: str | None) -> tuple[AllocatorConfig 
             return None, (f"{variable or 'alloc_conf'}={conf}: CUDA's own pool allocator (cudaMallocAsync) is not "
                           "simulated; the estimate counts live tensor bytes rounded to 512 bytes")
         raise BadInput(f"{variable or 'alloc_conf'}={conf!r} cannot be used: {exc}") from None
+
+
+def _said_eager(m: Measurement, session: Session) -> Measurement:
+    """An estimate of compiled code measured its eager program: say so, with the figure compiling may change."""
+    if not session.compiled:
+        return m
+    return replace(m, notes=m.notes + (eager_note(session.compiled, m.breakdown.get("activations", 0),
+                                                  m.peak_bytes),))
 
 
 def default_engine() -> str:
