@@ -104,4 +104,7 @@ def test_a_compiled_model_runs_compiled_on_the_cpu_and_the_eager_estimate_states
     assert abs(real.peak_bytes - est.peak_bytes) <= est.breakdown["activations"]
     again = dataclasses.replace(compiled, name="again")
     _, second = CpuDevice(memory_budget=2**30).measure(fit_rule_work(again, 64))
-    assert second.peak_bytes == real.peak_bytes  # compiled code is reused; the count is exact and repeatable
+    # compiled code is reused; the count repeats to within a few scalars (8-byte allocations outside the step's
+    # tensors come and go between runs)
+    assert abs(second.peak_bytes - real.peak_bytes) <= 64
+    assert real.peak_bytes > real.tracked_peak_bytes  # Inductor's own buffers: the tracker does not see them
