@@ -195,6 +195,8 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
     notes = _one_of_each(est, measured.trial.batch)
+    if measured.trial.source == "real" and measured.measurement is not None:
+        notes.extend(measured.measurement.notes)  # how the real run measured (a compiled model's, say)
     peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
     if drop is not None and simulates:

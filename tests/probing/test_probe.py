@@ -190,3 +190,17 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
     assert at_answer.source == "estimate" and len({t.batch for t in result.trials}) > 3
     assert len(result.notes) == len(set(result.notes)) and len(result.notes) < 10, result.notes
     assert "(44.0 MiB)" in cudnn, cudnn
+
+
+@pytest.mark.slow  # Inductor compiles C++ for the CPU, once per new shape: a minute or more on a loaded 2-core machine
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="Inductor on the CPU needs gcc: none on PATH")
+def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_probe_says_both():
+    from ..devices.test_compiled import Net, workload
+
+    compiled = workload(lambda: torch.compile(Net()))
+    result = probe(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
+    assert any(t.source == "real" for t in result.trials)
+    assert any(n.startswith("the model is compiled (torch.compile): estimated as its eager program")
+               for n in result.notes), result.notes
+    assert any(n.startswith("the model ran compiled (torch.compile)") for n in result.notes), result.notes
+    assert result.peak_bytes <= result.usable_bytes
