@@ -7,13 +7,19 @@ the caching allocator that no tensor shows:
 
 - ``scaled_dot_product_attention`` picks its backend as PyTorch's
   ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` does
-  (:func:`select_sdp_backend`: flash, memory-efficient, cuDNN or math, by
-  compute capability, dtype, head dimension, mask, dropout, GQA, strides and
-  the ``torch.backends.cuda.*_sdp`` switches), and runs that backend's own op,
-  which keeps for backward what the kernel keeps: flash its output and
-  logsumexp, memory-efficient its output and a logsumexp padded to 32 queries,
-  cuDNN its output and logsumexp, math the attention matrix (the composite,
-  with the upcast to float32 it makes for half inputs);
+  (:func:`choose_sdp_backend`: flash, memory-efficient, cuDNN or math, by
+  compute capability, dtype, head dimension, mask, dropout, GQA, strides, the
+  cuDNN version and the ``torch.backends.cuda.*_sdp`` switches and priority
+  order; its note says the call and why each backend tried before refused),
+  and runs that backend's own op, which keeps for backward what the kernel
+  keeps: flash its output and logsumexp, memory-efficient its output and a
+  logsumexp padded to 32 queries, cuDNN its output and logsumexp, math the
+  scaled query and key, the softmax (B, H, L, S) and, with dropout, the
+  dropout's boolean mask and the dropped matrix (the composite, with the
+  upcast to float32 it makes for half inputs);
+- ``dropout`` runs CUDA's fused kernel (``native_dropout``), which keeps a
+  boolean mask for backward where the composite keeps a noise tensor of the
+  input's dtype;
 - the backward kernels' scratch buffers, allocated and freed inside the op:
   flash ``softmax_d`` and ``dq_accum`` (flash_api.cpp ``mha_bwd``),
   memory-efficient ``delta`` and a float32 dQ accumulator (a bound: the CUTLASS
