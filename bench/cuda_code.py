@@ -1,6 +1,6 @@
 """What the estimate makes of code written for CUDA, on two GPU presets.
 
-    python bench/cuda_code.py                      # A10G-24GB (sm86) and H100-80GB (sm90), ~5 min on 2 cores
+    python bench/cuda_code.py                      # A10G-24GB (sm86) and H100-80GB (sm90), ~3 min on 2 cores
     python bench/cuda_code.py --presets A100-40GB  # other presets (autotune devices --presets)
 
 One GPT shape (32k vocabulary, 512 tokens, 512 wide, 8 heads of 64, 4
