@@ -89,6 +89,17 @@ def test_an_estimate_runs_the_eager_program_and_a_real_run_after_it_still_compil
     assert not any("compiled" in n for n in eager.notes)
 
 
+def test_a_compiled_loss_is_found_too():
+    torch._dynamo.reset()
+    calls: list[int] = []
+    plain = workload(Net)
+    compiled = dataclasses.replace(plain, loss=torch.compile(plain.loss, backend=counting_backend(calls)))
+    _, est = get_device("estimate:A10G-24GB").measure(fit_rule_work(compiled, 8))
+    assert calls == [] and any(n.startswith("the loss is compiled (torch.compile)") for n in est.notes), est.notes
+    _, real = CpuDevice(memory_budget=2**30).measure(fit_rule_work(compiled, 8))
+    assert calls and any(n.startswith("the loss ran compiled (torch.compile)") for n in real.notes), real.notes
+
+
 @pytest.mark.slow  # Inductor compiles C++ for the CPU: tens of seconds to minutes on a loaded 2-core machine
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
                     reason="Inductor on the CPU needs a C++ compiler (gcc): none on PATH")
