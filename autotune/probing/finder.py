@@ -216,7 +216,8 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
 
 def _one_of_each(est: Trials, batch: int) -> list[str]:
     """The evaluations' notes, one of each kind (the text before its first colon): the one at ``batch`` (the
-    answer) where it was evaluated, else the first (each size's figures differ, the kind of note does not)."""
+    answer) where it was evaluated, else at the size nearest it (each size's figures differ, the kind of note
+    does not)."""
     def notes(b: int) -> tuple[str, ...]:
         measured = est.done[b].measurement
         return measured.notes if measured is not None else ()
@@ -226,7 +227,7 @@ def _one_of_each(est: Trials, batch: int) -> list[str]:
 
     kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
     kept: dict[str, str] = {}
-    for b in ([batch] if batch in est.done else []) + list(est.done):
+    for b in sorted(est.done, key=lambda b: (abs(b - batch), b)):
         for note in notes(b):
             kept.setdefault(kind(note), note)
     return [kept[k] for k in kinds]
