@@ -198,6 +198,36 @@ def import_compiler() -> None:
     importlib.import_module(COMPILER_MODULE)
 
 
+def compiled_module(module: torch.nn.Module) -> bool:
+    """Was ``module`` compiled: ``torch.compile(module)`` (an ``OptimizedModule``), ``module.compile()``, or its
+    ``forward`` replaced by a compiled function?"""
+    optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    if optimized is not None and isinstance(module, optimized):
+        return True
+    return getattr(module, "_compiled_call_impl", None) is not None or \
+        compiled_function(module.__dict__.get("forward"))
+
+
+def compiled_function(fn: Any) -> bool:
+    """Is ``fn`` a function ``torch.compile`` returned (dynamo's wrapper keeps the original)?"""
+    return callable(fn) and hasattr(fn, "_torchdynamo_orig_callable")
+
+
+def dynamo_counters() -> dict[str, dict[str, int]]:
+    """``torch._dynamo.utils.counters``: frames compiled, graphs captured, Inductor's cache hits."""
+    from torch._dynamo.utils import counters
+
+    return {k: dict(v) for k, v in counters.items()}
+
+
+def allocator_events(profile: Any) -> list[int]:
+    """The CPU allocator's byte counts a ``torch.profiler.profile(profile_memory=True)`` recorded, in time order
+    (positive: allocated, negative: freed)."""
+    events = [(e.start_ns(), i, e.nbytes()) for i, e in enumerate(profile.profiler.kineto_results.events())
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    return [n for _, _, n in sorted(events)]
+
+
 # -- CUDA ------------------------------------------------------------------------------------------------
 
 def nvml_device_index(index: int) -> int:

@@ -6,12 +6,14 @@ import gc
 import os
 import platform
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..results.device import DeviceInfo
 from ..units import format_bytes
+from .compiled import AllocatorCount, compiled_note
 from .host import ram_bytes
 from .measurement import Measurement, Session, T, timed_measure
 from .tracker import LiveStorageTracker
@@ -28,7 +30,9 @@ class CpuDevice:
     With the capacity enforced, an allocation past it raises an emulated
     ``torch.OutOfMemoryError``; without, the work is measured whole (the probe
     does this, to learn how far past the budget a size is), bounded only by
-    the RAM available.
+    the RAM available. Compiled code (``torch.compile``) runs compiled; from
+    its first use the CPU allocator's own count decides the peak
+    (:mod:`autotune.devices.compiled`).
     """
 
     estimated = False
@@ -46,11 +50,25 @@ class CpuDevice:
 
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = True) -> tuple[T, Measurement]:
         # Not enforcing the emulated capacity still never lets the work take more RAM than is free.
-        tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else ram_bytes()[1])
+        tracker = LiveStorageTracker(capacity=self._capacity if enforce_capacity else ram_bytes()[1],
+                                     compiled_runs=True)
+        count = AllocatorCount()  # from a compiled model's first use: see autotune.devices.compiled
         # Moving to the CPU device copies, as moving to a GPU does: a micro-batch sliced
         # from a host batch then counts as itself, not as the whole host batch.
-        session = Session(tracker, move=lambda t: t.clone(), move_model=lambda m: m)
-        return timed_measure(tracker, session, work)
+        session = Session(tracker, move=lambda t: t.clone(), move_model=lambda m: m,
+                          on_compiled=lambda: count.start(tracker.current_bytes))
+
+        def counted(session: Session) -> T:
+            try:
+                return work(session)
+            finally:
+                count.stop()
+
+        result, m = timed_measure(tracker, session, counted)
+        if count.started:
+            peak = max(m.peak_bytes, count.peak)
+            m = replace(m, peak_bytes=peak, notes=m.notes + (compiled_note(session.compiled, m.peak_bytes, peak),))
+        return result, m
 
     def cleanup(self) -> None:
         gc.collect()

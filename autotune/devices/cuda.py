@@ -86,7 +86,7 @@ class CudaDevice:
         self.cuda.synchronize(self.index)
         self.cuda.reset_peak_memory_stats(self.index)
         retries_before = self._retries()
-        tracker = LiveStorageTracker()
+        tracker = LiveStorageTracker(compiled_runs=True)  # compiled code runs compiled: the reserved peak decides
         device = torch.device("cuda", self.index)
         session = Session(tracker, move=lambda t: t.to(device, non_blocking=True), move_model=lambda m: m.to(device),
                           cuda_like=True, torch_device=device)

@@ -55,6 +55,7 @@ from ..results.device import DeviceInfo
 from ..units import format_bytes
 from .allocator import AllocatorConfig
 from .allocconf import conf_from_environment, describe_conf
+from .compiled import eager_compiled, eager_note
 from .cpukernels import CpuKernelChoices
 from .cudakernels import CudaKernelChoices, CudaTarget
 from .cudastandin import GpuAnswers, StandIn
@@ -193,7 +194,7 @@ class EstimateDevice:
     def measure(self, work: Callable[[Session], T], *, enforce_capacity: bool = False) -> tuple[T, Measurement]:
         # Estimates never emulate an OOM: they measure the whole step and compare. Everything an estimate
         # changes in torch lives in one session, one measurement at a time.
-        with EstimateSession(quiet=True):
+        with EstimateSession(quiet=True), eager_compiled():
             if self.engine == "fake":
                 return self._measure_fake(work)
             try:
@@ -281,7 +282,7 @@ class EstimateDevice:
         choices = self._kernel_choices(tracker, fake=False)
         with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices, stand_in)
+        return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 
     def _measure_fake(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -335,7 +336,7 @@ class EstimateDevice:
         choices = self._kernel_choices(tracker, fake=True)
         with _installed(stand_in), fake_mode, choices, rule_kernels(values, "AutogradCPU"):
             result, m = timed_measure(tracker, session, work)
-        return result, self._finish(m, tracker, choices, stand_in)
+        return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 
     def cleanup(self) -> None:
         gc.collect()
@@ -397,6 +398,14 @@ def _allocator_config(conf: str, variable: str | None) -> tuple[AllocatorConfig 
                        "reserve nothing, so no micro-batch fits: set it above 0 "
                        "(e.g. per_process_memory_fraction:0.5), or leave it out")
     return config, None
+
+
+def _said_eager(m: Measurement, session: Session) -> Measurement:
+    """An estimate of compiled code measured its eager program: say so, with the figure compiling may change."""
+    if not session.compiled:
+        return m
+    return replace(m, notes=m.notes + (eager_note(session.compiled, m.breakdown.get("activations", 0),
+                                                  m.peak_bytes),))
 
 
 def default_engine() -> str:

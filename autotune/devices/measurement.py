@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..compat import buffer_slots, import_compiler, parameter_slots, tree_flatten, tree_map
+from .compiled import compiled_parts
 from .session import EstimateSession
 from .tracker import LiveStorageTracker
 
@@ -76,14 +77,19 @@ class Session:
     ``.to(cuda)`` on a GPU, a fake or meta tensor for estimates);
     ``build_model`` and ``build_batch`` wrap the host-side code that makes
     models and batches (estimates build them without real memory).
+    ``compiled`` names what the work runs compiled (``torch.compile``): the
+    model's compiled modules, found as it is built, and what the work reports
+    through :meth:`found_compiled`; ``on_compiled()`` is called at the first.
     """
 
     def __init__(self, tracker: LiveStorageTracker, *, move: Callable[[torch.Tensor], torch.Tensor],
                  move_model: Callable[[nn.Module], nn.Module] | None = None,
                  build_batch: Callable[[Callable[[], Any]], Any] | None = None,
                  build_model: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
-                 torch_device: torch.device = _CPU):
+                 torch_device: torch.device = _CPU, on_compiled: Callable[[], None] | None = None):
         self.tracker = tracker
+        self.compiled: list[str] = []
+        self._on_compiled = on_compiled
         self._move = move
         self._move_model = move_model or (lambda m: _move_module(m, move))
         self._build_batch = build_batch
@@ -109,7 +115,14 @@ class Session:
         """Build a model on the host (not counted), move it, count its parameters and buffers."""
         model = self._move_model(self.host_model(factory))
         self.tracker.register(_tensors(model), "parameters")
+        self.found_compiled(*compiled_parts(model))
         return model
+
+    def found_compiled(self, *names: str) -> None:
+        """The work runs these compiled (``torch.compile``)."""
+        if names and not self.compiled and self._on_compiled is not None:
+            self._on_compiled()
+        self.compiled += [n for n in names if n not in self.compiled]
 
     def optimizer(self, factory: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
                   model: nn.Module) -> torch.optim.Optimizer:

@@ -153,13 +153,18 @@ class LiveStorageTracker(TorchDispatchMode):
     keeps known values, asked first for ``.item()`` of a shape-only tensor.
     ``record``: keep the allocation trace (see the module docstring); ``stream``
     is the CUDA stream its allocations are recorded on; ``after_op(func, args,
-    kwargs, out)``, when set, is called after each counted op.
+    kwargs, out)``, when set, is called after each counted op. ``compiled_runs``:
+    ``torch.compile``'d code inside runs compiled (a real device's run); the
+    tracker then sees the ops around it and those the compiled code dispatches,
+    not the buffers Inductor allocates itself. Without it, dynamo runs such code
+    as its eager program while the tracker is active (what shape-only tensors need).
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
                  kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False,
-                 values: KnownValues | None = None):
+                 values: KnownValues | None = None, compiled_runs: bool = False):
         super().__init__()
+        self.compiled_runs = compiled_runs
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         if round_to < 1:
@@ -187,6 +192,10 @@ class LiveStorageTracker(TorchDispatchMode):
         self.after_op: Callable[[Any, tuple, dict, Any], None] | None = None
         self.recorder: Any = None  # told about every allocation in the trace, when set (see the module docstring)
         self._session = contextlib.ExitStack()  # what entering it installed in torch
+
+    def ignore_compile_internals(self) -> bool:  # type: ignore[override]  # per tracker, not per class
+        """TorchDispatchMode's switch: off while torch.compile compiles, on while its compiled code runs."""
+        return self.compiled_runs
 
     # -- counting -------------------------------------------------------------------
 

@@ -197,6 +197,8 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
     notes = _one_of_each(est, measured.trial.batch)
+    if measured.trial.source == "real" and measured.measurement is not None:
+        notes.extend(measured.measurement.notes)  # how the real run measured (a compiled model's, say)
     peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
     if drop is not None and simulates:
@@ -216,7 +218,8 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
 
 def _one_of_each(est: Trials, batch: int) -> list[str]:
     """The evaluations' notes, one of each kind (the text before its first colon): the one at ``batch`` (the
-    answer) where it was evaluated, else the first (each size's figures differ, the kind of note does not)."""
+    answer) where it was evaluated, else at the size nearest it (each size's figures differ, the kind of note
+    does not)."""
     def notes(b: int) -> tuple[str, ...]:
         measured = est.done[b].measurement
         return measured.notes if measured is not None else ()
@@ -226,7 +229,7 @@ def _one_of_each(est: Trials, batch: int) -> list[str]:
 
     kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
     kept: dict[str, str] = {}
-    for b in ([batch] if batch in est.done else []) + list(est.done):
+    for b in sorted(est.done, key=lambda b: (abs(b - batch), b)):
         for note in notes(b):
             kept.setdefault(kind(note), note)
     return [kept[k] for k in kinds]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..compat import FakeTensorMode, unset_fake_temporarily
+from ..compat import FakeTensorMode, compiled_function, unset_fake_temporarily
 from ..devices.base import Device, Measurement, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, WorkloadError, first_line
@@ -85,6 +85,8 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     total = OPTIMIZER_STEPS * MICRO_STEPS
 
     def work(session: Session) -> None:
+        if compiled_function(workload.loss):
+            session.found_compiled("the loss")
         with own_random_state(session.torch_device, seed):  # the same model, whatever ran before
             if sharding is None:
                 steps(session, session.model(workload.make_model))

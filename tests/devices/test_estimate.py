@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -265,4 +266,15 @@ def test_fake_tensors_standing_in_for_a_gpu_run_cudas_attention_as_the_meta_engi
     _, on_meta = meta.measure(fit_rule_work(workload, 4))
     _, on_fake = fake.measure(fit_rule_work(workload, 4))
     assert on_fake.peak_bytes == on_meta.peak_bytes
-    assert any("as CUDA runs it on sm80: memory-efficient attention" in n for n in on_fake.notes), on_fake.notes
+    assert any("as CUDA runs it: memory-efficient attention on sm80: fp32, head dim 32, causal, dropout 0.1 "
+               "(flash: needs fp16 or bf16 (got fp32))" in n for n in on_fake.notes), on_fake.notes
+
+
+def test_the_built_in_gpt_in_bf16_on_an_a10g_runs_flash_attention_and_says_why():
+    from autotune.probes.gpt import GPT, Config, _workload
+
+    bf16 = dataclasses.replace(_workload("gpt-bf16", Config()), model=lambda: GPT(Config()).to(torch.bfloat16))
+    _, m = get_device("estimate:A10G-24GB").estimator().measure(fit_rule_work(bf16, 4))
+    # 2 layers x 4 micro-steps; in training the model's dropout goes to the kernel too
+    assert "scaled_dot_product_attention as CUDA runs it: flash attention on sm86: bf16, head dim 16, causal, " \
+           "dropout 0.1 (8 calls)" in m.notes, m.notes

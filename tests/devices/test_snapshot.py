@@ -166,7 +166,8 @@ def test_the_peaks_parts_name_module_families_and_the_workspaces():
     names = {(p.kind, p.name) for p in walk.parts}
     assert ("workspace", "cuBLAS workspace") in names
     assert any(kind == "activations" and name.startswith("blocks.*") for kind, name in names)
-    assert {"parameters", "gradients"} <= {kind for kind, _ in names}
+    # the peak (micro-step 3's backward, with dropout keeping a boolean mask as on CUDA) holds no .grad yet
+    assert {"parameters", "optimizer_state"} <= {kind for kind, _ in names}
     assert tl.family("blocks.11.attn.3") == "blocks.*.attn.*"
     assert tl.family("0.fc") == "layers *.fc"
 

@@ -13,6 +13,7 @@ from autotune.errors import DoesNotFit, WorkloadError
 from autotune.options import usable_bytes
 from autotune.probing.finder import probe
 from autotune.results.probe import ProbeResult
+from autotune.units import format_bytes
 from autotune.workload import Workload
 
 from ..helpers import autocast_workload, true_max
@@ -190,3 +191,21 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
     assert at_answer.source == "estimate" and len({t.batch for t in result.trials}) > 3
     assert len(result.notes) == len(set(result.notes)) and len(result.notes) < 10, result.notes
     assert "(44.0 MiB)" in cudnn, cudnn
+
+
+@pytest.mark.slow  # Inductor compiles C++ for the CPU, once per new shape: a minute or more on a loaded 2-core machine
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="Inductor on the CPU needs gcc: none on PATH")
+def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_probe_says_both():
+    from ..devices.test_compiled import Net, workload
+
+    compiled = workload(lambda: torch.compile(Net()))
+    result = probe(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
+    assert any(t.source == "real" for t in result.trials)
+    (eager,) = [n for n in result.notes if n.startswith("the model is compiled (torch.compile): estimated as its "
+                                                         "eager program")]
+    # its figures are the estimate's nearest the (real) answer, not the first evaluation's at micro-batch 2
+    nearest = min((t for t in result.trials if t.source == "estimate"),
+                  key=lambda t: abs(t.batch - result.max_micro_batch))
+    assert nearest.batch > 3 and f" of {format_bytes(nearest.peak_bytes)} (" in eager, (nearest, eager)
+    assert any(n.startswith("the model ran compiled (torch.compile)") for n in result.notes), result.notes
+    assert result.peak_bytes <= result.usable_bytes
