@@ -153,13 +153,15 @@ class LiveStorageTracker(TorchDispatchMode):
     keeps known values, asked first for ``.item()`` of a shape-only tensor.
     ``record``: keep the allocation trace (see the module docstring); ``stream``
     is the CUDA stream its allocations are recorded on; ``after_op(func, args,
-    kwargs, out)``, when set, is called after each counted op.
+    kwargs, out)``, when set, is called after each counted op. ``watched=False``: resizes outside ops are
+    not told to it and no recorder binds it (a count of host-side work inside a measurement).
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
                  kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False,
-                 values: KnownValues | None = None):
+                 values: KnownValues | None = None, watched: bool = True):
         super().__init__()
+        self.watched = watched
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         if round_to < 1:
@@ -301,7 +303,8 @@ class LiveStorageTracker(TorchDispatchMode):
     def __enter__(self) -> LiveStorageTracker:
         # In the estimate session: resizes outside any op are told to it, an active recorder binds it.
         with contextlib.ExitStack() as stack:
-            stack.enter_context(watch(self))
+            if self.watched:
+                stack.enter_context(watch(self))
             entered = super().__enter__()
             self._session = stack.pop_all()
         return entered
