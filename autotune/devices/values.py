@@ -161,8 +161,8 @@ class KnownValues(HostValues):
         """Where the values not known among ``tensors`` come from, as far as the estimate can tell, in words."""
         unknown = [t for t in tensors if self.is_device(t) and not self.known(t)]
         if self.shape_only_batch is not None:
-            batch = (f"the batch holds {format_bytes(self.shape_only_batch)}, more than the {format_bytes(BATCH_LIMIT)} "
-                     "built for real at each estimate, so it is built shape-only")
+            batch = (f"the batch holds {format_bytes(self.shape_only_batch)}, more than the "
+                     f"{format_bytes(BATCH_LIMIT)} built for real at each estimate, so it is built shape-only")
             if any(self._batch.get(id(s := t.untyped_storage()), _dead)() is s for t in unknown):
                 return f"the batch's own values, which the estimate does not know ({batch})"
             return f"values the estimate does not know, computed from the batch or from parameters ({batch})"
