@@ -50,16 +50,21 @@ def _cgroup_memory() -> tuple[int | None, int]:
 
 
 def _read_limit(folder: str, limit_file: str, usage_file: str) -> tuple[int | None, int]:
+    """(limit, usage) of one cgroup: its usage less the file cache it can drop (inactive files), as
+    ``docker stats`` counts it."""
     try:
         with open(os.path.join(folder, limit_file)) as f:
             text = f.read().strip()
         with open(os.path.join(folder, usage_file)) as f:
             used = int(f.read().strip())
+        with open(os.path.join(folder, "memory.stat")) as f:
+            stat = dict(line.split() for line in f if line.count(" ") == 1)
     except (OSError, ValueError):
         return None, 0
     if not text.isdigit() or int(text) >= 1 << 60:  # "max", or v1's "no limit" (a page-rounded 2**63 - 1)
         return None, 0
-    return int(text), used
+    cache = stat.get("total_inactive_file", stat.get("inactive_file", "0"))
+    return int(text), used - (int(cache) if cache.isdigit() else 0)
 
 
 def _address_space() -> tuple[int | None, int]:

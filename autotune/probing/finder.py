@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from .. import log, options
@@ -109,13 +109,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
             real = Trials(device, workload, usable, "real", trials, data_parallel, sharding, host)
-
-            def search_real(top: int) -> tuple[int, Attempt, list[str]]:
-                said: list[str] = []
-                return (*_search_real(real, estimate, curve, usable, capacity, margin, top, said), said)
-
-            (final, measured, said), limit = _within_host(search_real, limit, refused)
-            notes.extend(said)
+            final, measured, limit = _search_real(real, estimate, curve, usable, capacity, margin, limit, notes,
+                                                  refused)
             if estimator.simulates and isinstance(estimate, Estimate):
                 est(final)  # the simulation's figures beside the real ones at the answer
     notes.extend([refused[-1].note(limit)] if refused else [])
@@ -184,6 +179,20 @@ def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate |
 
 
 def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+                 margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
+                 ) -> tuple[int, Attempt, int]:
+    """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
+    def search(top: int) -> tuple[int, Attempt, list[str]]:
+        said: list[str] = []
+        start = replace(estimate, max=top) if isinstance(estimate, Estimate) and estimate.max > top else estimate
+        return (*_search_once(real, start, curve, usable, capacity, margin, top, said), said)
+
+    (final, measured, said), limit = _within_host(search, max_batch, refused)
+    notes.extend(said)
+    return final, measured, limit
+
+
+def _search_once(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str]) -> tuple[int, Attempt]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
