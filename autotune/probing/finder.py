@@ -84,7 +84,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     usable = options.usable_bytes(capacity, margin)
     workload = isolate(workload)
     trials: list[Trial] = []
-    host, refused = HostBatches(), []  # the batch's host memory, and the sizes it refused
+    host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
         est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
