@@ -7,9 +7,10 @@ cleanly: the kernel kills the process (or the allocator fails and looks like the
 error). So each real build is counted by the live-storage tracker (its peak of live host bytes), and before a
 size is built its peak is predicted from the sizes built before it (the quadratic through the three largest),
 climbing by doubling with throwaway builds so that no prediction reaches more than twice past a measured size.
-A size predicted, or counted, past what this process can still take
+A size predicted, or counted, past :data:`HOST_SHARE` of what this process can still take
 (:func:`autotune.devices.host.ram_bytes`: the available RAM, its memory cgroup, ``RLIMIT_AS``) raises
-:class:`HostMemory` before it is built: the probe then takes the size below it as the largest it can reach.
+:class:`HostMemory` before it is built: the probe then takes the largest size predicted within it as the
+largest it can reach.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class HostMemory(AutotuneError):
         self.batch, self.needed, self.room, self.largest = batch, needed, room, largest
         takes = f"takes about {format_bytes(needed)}" if needed is not None else "runs out of host memory"
         super().__init__(
-            f"building micro-batch {batch} on the host {takes}, more than the {format_bytes(room)} this process "
-            "can still take (available RAM, its memory cgroup and RLIMIT_AS)")
+            f"building micro-batch {batch} on the host {takes}, more than the {format_bytes(room)} one batch may "
+            f"take ({HOST_SHARE:.0%} of what this process can still take: the available RAM, bounded by its "
+            "memory cgroup and RLIMIT_AS)")
 
     def note(self, largest: int) -> str:
         """What the probe says when this sets its largest size."""
@@ -86,17 +88,19 @@ class HostBatches:
         return max(curve.peak(size), line.peak(size))
 
     def _climb(self, make: Build, size: int, room: int) -> None:
-        """Refuse ``size`` when its predicted peak is past ``room``; throwaway builds at doubling sizes first
-        until a size at least half of it was measured."""
+        """Throwaway builds at doubling sizes until a size at least half of ``size`` was measured; refuse the
+        first size (``size`` or one on the way) whose peak, predicted from no further than twice past a
+        measured size, is past ``room``."""
         while True:
-            predicted = self.predict(size)
-            if predicted is not None and predicted > room:
-                raise HostMemory(size, predicted, room, self._largest(size, room))
             largest = max((s for s in self.peaks if s < size), default=0)
-            if size in self.peaks or 2 * largest >= size:
+            step = size if size in self.peaks or 2 * largest >= size else max(1, 2 * largest)
+            predicted = self.predict(step)
+            if predicted is not None and predicted > room:
+                raise HostMemory(step, predicted, room, self._largest(step, room))
+            if step == size:
                 return
             with torch.random.fork_rng(devices=[]):  # the fit rule's samples stay those it draws
-                self._measured(make, max(1, 2 * largest), torch.Generator().manual_seed(0), room)
+                self._measured(make, step, torch.Generator().manual_seed(0), room)
 
     def _measured(self, make: Build, size: int, generator: torch.Generator, room: int) -> Any:
         """``make(size, generator)`` with its live host bytes counted: past ``room`` it stops."""
