@@ -202,3 +202,19 @@ def probe_file(folder: Path, name: str, builder: str, *args: object) -> Path:
 def oom_message_above(limit: int) -> Workload:
     """A user's own ``RuntimeError`` that merely says "CUDA out of memory", raised on any device."""
     return oom_above(limit, RuntimeError, "CUDA out of memory (my own check)")
+
+
+def large_graph_batch(*, read: bool = False) -> Workload:
+    """A GNN-style batch over the estimate's limit for a batch built for real (32 MiB of features per graph), whose
+    nodes per graph (from the batch alone) size ``repeat_interleave`` (``read``: a tensor, read with ``.item()``)."""
+    def batch(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 1 << 23, generator=g), torch.randint(1, 4, (n,), generator=g)
+
+    def loss(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, nodes = data
+        if read:
+            return net(x[:, :8]).square().mean() + x.new_zeros(int(nodes.sum().item()), 8).sum()
+        graph_of_node = torch.repeat_interleave(nodes)  # 0, 0, 1, 2, 2, 2, ...: each node's graph
+        return net(x[graph_of_node, :8]).square().mean()
+
+    return Workload(name="large-graph-batch", model=lambda: nn.Linear(8, 2), batch=batch, loss=loss)

@@ -112,11 +112,12 @@ def _check_allowance(memory_budget: int | None, allowance: int) -> None:
 
 
 def _check_ram(memory_budget: int | None) -> None:
-    """A CPU budget is memory this machine has: more than its RAM cannot be measured or enforced."""
+    """A CPU budget is memory this process can have: more than its RAM cannot be measured or enforced."""
     total = ram_bytes()[0]
     if memory_budget is not None and memory_budget > total:
         raise DeviceError(
-            f"memory_budget {format_bytes(memory_budget)} is more than this machine's {format_bytes(total)} of RAM: "
+            f"memory_budget {format_bytes(memory_budget)} is more than the {format_bytes(total)} of RAM this process "
+            "can use (the machine's, bounded by its memory cgroup and RLIMIT_AS): "
             f"give at most {format_bytes(total)} for device='cpu', or plan for a larger device with "
             f"device='estimate' and memory_budget {format_bytes(memory_budget).replace(' ', '')}")
 

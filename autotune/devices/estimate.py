@@ -243,7 +243,8 @@ class EstimateDevice:
         values = tracker.values
         if values is not None:
             notes += values.notes()
-            m = replace(m, answered_reads=values.reads, answered_shapes=values.shapes)
+            m = replace(m, answered_reads=values.reads, answered_shapes=values.shapes,
+                        unknown_origin=values.unknown_origin)
         if self.not_simulated:
             notes += (self.not_simulated,)
         if tracker.trace is None or self.allocator is None:

@@ -43,7 +43,8 @@ class Measurement:
     guess in the forward and backward (they depend on parameters, or were too
     large to keep); ``answered_reads``: those it answered exactly from values
     computed from the batch alone, and ``answered_shapes`` the data-dependent
-    output shapes it took from them. ``replay_seconds``: the part of ``seconds`` an estimate spent
+    output shapes it took from them; ``unknown_origin``: where the first value it guessed came from, in words
+    (None: nothing said). ``replay_seconds``: the part of ``seconds`` an estimate spent
     replaying its trace through the allocator simulation.
     """
 
@@ -55,6 +56,7 @@ class Measurement:
     unknown_reads: int = 0  # values an estimate had to guess in the forward and backward
     answered_reads: int = 0  # values an estimate read exactly: computed from the batch alone
     answered_shapes: int = 0  # data-dependent output shapes an estimate took from such values
+    unknown_origin: str | None = None
     allocated_peak_bytes: int | None = None
     alloc_retries: int | None = None
     notes: tuple[str, ...] = ()

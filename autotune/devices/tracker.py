@@ -158,13 +158,16 @@ class LiveStorageTracker(TorchDispatchMode):
     tracker then sees the ops around it and those the compiled code dispatches,
     not the buffers Inductor allocates itself. Without it, dynamo runs such code
     as its eager program while the tracker is active (what shape-only tensors need).
+    ``watched=False``: resizes outside ops are not told to it and no recorder binds it
+    (a count of host-side work inside a measurement).
     """
 
     def __init__(self, *, capacity: int | None = None, round_to: int = 1, fake_scalars: bool = False,
                  kernel: Callable[[Any, tuple, dict], Any] | None = None, guess: int = 0, record: bool = False,
-                 values: KnownValues | None = None, compiled_runs: bool = False):
+                 values: KnownValues | None = None, compiled_runs: bool = False, watched: bool = True):
         super().__init__()
         self.compiled_runs = compiled_runs
+        self.watched = watched
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         if round_to < 1:
@@ -310,7 +313,8 @@ class LiveStorageTracker(TorchDispatchMode):
     def __enter__(self) -> LiveStorageTracker:
         # In the estimate session: resizes outside any op are told to it, an active recorder binds it.
         with contextlib.ExitStack() as stack:
-            stack.enter_context(watch(self))
+            if self.watched:
+                stack.enter_context(watch(self))
             entered = super().__enter__()
             self._session = stack.pop_all()
         return entered

@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -140,6 +141,8 @@ class KnownValues(HostValues):
         self.shapes = 0
         self.bounded: dict[str, int] = {}
         self.shape_only_batch: int | None = None  # bytes of a batch too large to build for real
+        self.unknown_origin: str | None = None  # where the first value read and not known came from, in words
+        self._batch: dict[int, weakref.ref] = {}  # storages of a batch built shape-only, by id
         self._off = 0
 
     # -- the batch and its reads -------------------------------------------------------
@@ -149,12 +152,31 @@ class KnownValues(HostValues):
         batch was built for real)."""
         if not self.is_device(host):
             self.attach(device, host, own=True)  # the batch was built for this estimate alone
+        else:
+            storage = device.untyped_storage()
+            self._batch[id(storage)] = weakref.ref(storage)
         return device
+
+    def origin(self, tensors: Iterable[torch.Tensor]) -> str:
+        """Where the values not known among ``tensors`` come from, as far as the estimate can tell, in words."""
+        unknown = [t for t in tensors if self.is_device(t) and not self.known(t)]
+        if self.shape_only_batch is not None:
+            batch = (f"the batch holds {format_bytes(self.shape_only_batch)}, more than the "
+                     f"{format_bytes(BATCH_LIMIT)} built for real at each estimate, so it is built shape-only")
+            if any(self._batch.get(id(s := t.untyped_storage()), _dead)() is s for t in unknown):
+                return f"the batch's own values, which the estimate does not know ({batch})"
+            return f"values the estimate does not know, computed from the batch or from parameters ({batch})"
+        if self.dropped:
+            return (f"values the estimate does not know, computed from parameters, or from the batch and too large "
+                    f"to keep (over {VALUE_LIMIT:,} elements, or {format_bytes(HOST_LIMIT)} of values in all)")
+        return "values that depend on parameters"
 
     def scalar(self, t: torch.Tensor) -> Any:
         """``t.item()`` from its known value (a real host tensor's own), or None when it is unknown."""
         host = self.value(t)
         if host is None:
+            if self.unknown_origin is None:
+                self.unknown_origin = self.origin([t])
             return None
         if host is not t:
             self.reads += 1
@@ -302,8 +324,8 @@ class KnownValues(HostValues):
                 return self.inner(func, args, kwargs)  # a kernel that sizes it without the values (output_size=)
             except RuntimeError as exc:  # meta kernels raise NotImplementedError or RuntimeError, FakeTensorMode
                 # DynamicOutputShapeException (a RuntimeError): whichever it is, no engine can size this output
-                raise Unbounded(f"{func}: its output size depends on values that depend on parameters, and "
-                                f"has no bound ({type(exc).__name__})") from None
+                raise Unbounded(f"{func}: its output size depends on {self.origin(flat)}, and has no bound "
+                                f"({type(exc).__name__})") from None
         out = bound(self, func, args, kwargs)
         self.bound(func)
         return out
@@ -364,6 +386,10 @@ class KnownValues(HostValues):
 
 
 _UNKNOWN = object()
+
+
+def _dead() -> None:
+    return None
 
 
 def _call(func: Any, args: tuple, kwargs: dict) -> Any:

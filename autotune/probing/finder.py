@@ -26,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from .. import log, options
 from ..devices.base import Device, own_random_state
@@ -39,7 +40,10 @@ from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import Attempt, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
+from .hostbatch import HostBatches, HostMemory
 from .trials import Trials
+
+R = TypeVar("R")
 
 #: A real OOM where the estimate's peak is at most this share of the usable memory is flagged.
 FAR_BELOW = 0.5
@@ -81,12 +85,14 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     with getattr(device, "standing_in", contextlib.nullcontext)():  # an estimate's GPU, as the code sees it
         workload = isolate(workload)
     trials: list[Trial] = []
+    host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
-        est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding)
+        est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
         # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
         # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
-        estimate = _estimate_or_why_not(est, usable, max_batch, capacity, margin, exact=not estimator.simulates)
+        estimate, limit = _within_host(lambda top: _estimate_or_why_not(
+            est, usable, top, capacity, margin, exact=not estimator.simulates), max_batch, refused)
         notes = _estimate_notes(estimator, est, estimate, data_parallel, sharding)
         if isinstance(estimate, NoEstimate):
             if device.estimated:
@@ -103,10 +109,12 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
             measured = est(final)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = Trials(device, workload, usable, "real", trials, data_parallel, sharding)
-            final, measured = _search_real(real, estimate, curve, usable, capacity, margin, max_batch, notes)
+            real = Trials(device, workload, usable, "real", trials, data_parallel, sharding, host)
+            final, measured, limit = _search_real(real, estimate, curve, usable, capacity, margin, limit, notes,
+                                                  refused)
             if estimator.simulates and isinstance(estimate, Estimate):
                 est(final)  # the simulation's figures beside the real ones at the answer
+    notes.extend([refused[-1].note(limit)] if refused else [])
     assert measured.peak_bytes is not None and measured.measurement is not None
     predicted = curve.at(final)
     error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
@@ -124,7 +132,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         peak_bytes=measured.peak_bytes,
         predicted_peak_bytes=predicted if predicted is not None else measured.peak_bytes,
         breakdown=dict(measured.measurement.breakdown),
-        limited_by="max_batch" if final == max_batch else "memory",
+        limited_by="max_batch" if final == max_batch else "host_memory" if refused and final == limit else "memory",
         estimate_error=error,
         notes=tuple(notes),
         curve=points,
@@ -140,6 +148,21 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         world_size=sharding.world_size if sharding is not None else None,
         fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
     )
+
+
+def _within_host(search: Callable[[int], R], max_batch: int, refused: list[HostMemory]) -> tuple[R, int]:
+    """``search(limit)`` with ``limit`` from ``max_batch`` down to below the smallest size whose batch the host
+    cannot build (each such size goes into ``refused``); the limit it answered at. When the host cannot
+    build micro-batch 1, that is the probe's answer."""
+    limit = max_batch
+    while True:
+        try:
+            return search(limit), limit
+        except HostMemory as exc:
+            if exc.largest < 1 or exc.batch > limit:
+                raise
+            refused.append(exc)
+            limit = min(exc.batch - 1, exc.largest)
 
 
 def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate | NoEstimate, data_parallel: bool,
@@ -158,6 +181,20 @@ def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate |
 
 
 def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+                 margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
+                 ) -> tuple[int, Attempt, int]:
+    """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
+    def search(top: int) -> tuple[int, Attempt, list[str]]:
+        said: list[str] = []
+        start = replace(estimate, max=top) if isinstance(estimate, Estimate) and estimate.max > top else estimate
+        return (*_search_once(real, start, curve, usable, capacity, margin, top, said), said)
+
+    (final, measured, said), limit = _within_host(search, max_batch, refused)
+    notes.extend(said)
+    return final, measured, limit
+
+
+def _search_once(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str]) -> tuple[int, Attempt]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
@@ -247,12 +284,12 @@ def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int
         assert isinstance(est.device, EstimateDevice)
         other = run_trial(est.device.with_other_guesses(), est.workload, first.trial.batch, usable,
                           source="estimate", capacity_guard=False, data_parallel=est.data_parallel,
-                          sharding=est.sharding)
+                          sharding=est.sharding, host=est.host)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
             answered = first.measurement.answered_reads
+            origin = first.measurement.unknown_origin or "values that depend on parameters"
             return NoEstimate(f"the estimate read values it cannot know ({first.measurement.unknown_reads} reads "
-                              "of .item(), .tolist() or a truth value in the forward and backward, of values that "
-                              "depend on parameters"
+                              f"of .item(), .tolist() or a truth value in the forward and backward, of {origin}"
                               f"{f'; {answered} more were answered from the batch' if answered else ''}) and the "
                               "memory it holds depends on them, so it is not trusted")
     try:
@@ -272,7 +309,8 @@ def _values_notes(est: Trials, estimate: Estimate | NoEstimate) -> list[str]:
             f"truth value and {m.answered_shapes} data-dependent shapes exactly (fit rule at micro-batch "
             f"{first.trial.batch})")
     if m.unknown_reads:
-        text += (f"; {m.unknown_reads} reads of values that depend on parameters stayed unknown and did not change "
+        text += (f"; {m.unknown_reads} reads of {m.unknown_origin or 'values that depend on parameters'} stayed "
+                 "unknown and did not change "
                  "the memory it holds (checked with other answers)")
     return [text]
 

@@ -36,6 +36,7 @@ from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
 from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
+from .hostbatch import HostBatches
 
 if TYPE_CHECKING:
     from .fsdp import FsdpRule
@@ -72,7 +73,8 @@ OnStep = Callable[[int, int], None]
 
 
 def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
-                  sharding: FsdpRule | None = None, on_step: OnStep | None = None) -> Callable[[Session], None]:
+                  sharding: FsdpRule | None = None, on_step: OnStep | None = None,
+                  host: HostBatches | None = None) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
     ``data_parallel``: the plan runs under DDP, which holds one gradient-sized
@@ -80,9 +82,12 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     fit rule then holds such a buffer too. ``sharding``: the plan runs under
     FSDP; the model is sharded (see :mod:`autotune.probing.fsdp`) and gradients
     synchronise on the last micro-step only, or on every one (``sharding.sync_every``).
-    ``on_step(done, total)`` is called after every micro-step (progress of a long real run).
+    ``on_step(done, total)`` is called after every micro-step (progress of a long real run). ``host``: the host
+    memory the batch's builds took so far (one per probe); each build is bounded by the host's memory (see
+    :mod:`autotune.probing.hostbatch`).
     """
     total = OPTIMIZER_STEPS * MICRO_STEPS
+    make_batch = (host if host is not None else HostBatches()).builder(workload.make_batch)
 
     def work(session: Session) -> None:
         if compiled_function(workload.loss):
@@ -109,7 +114,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
                 mark(f"micro-step {done + 1} forward")
                 generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
-                micro = session.batch(workload.make_batch, batch, generator)
+                micro = session.batch(make_batch, batch, generator)
                 n = workload.count_items(micro)
                 # N, the items of the whole window, is taken as MICRO_STEPS x n:
                 # the weight's value does not change what memory the step holds.
@@ -147,18 +152,19 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
               capacity_guard: bool = True, data_parallel: bool = False, sharding: FsdpRule | None = None,
-              on_step: OnStep | None = None) -> Attempt:
+              on_step: OnStep | None = None, host: HostBatches | None = None) -> Attempt:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
     capacity (a GPU always does; the CPU emulates it), so a trial never takes
-    more than the budget. Any other exception from the workload's code stops
+    more than the budget. ``host``: see :func:`fit_rule_work`; a batch the host cannot build raises
+    :class:`~autotune.probing.hostbatch.HostMemory`. Any other exception from the workload's code stops
     everything as a WorkloadError naming the batch size and the workload.
     """
     start = time.perf_counter()
     try:
         _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel, sharding=sharding,
-                                            on_step=on_step), enforce_capacity=capacity_guard)
+                                            on_step=on_step, host=host), enforce_capacity=capacity_guard)
     except AutotuneError:
         raise
     except Exception as exc:  # the workload's own code runs here, and may raise anything: an OOM means "does not

@@ -11,15 +11,18 @@ from ..units import format_bytes
 from ..workload import Workload
 from .fitrule import Attempt, run_trial
 from .fsdp import FsdpRule
+from .hostbatch import HostBatches
 
 
 class Trials:
     """Runs and remembers fit-rule trials of one source (estimate or real); ``log`` is shared by both."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None):
+                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None,
+                 host: HostBatches | None = None):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
         self.data_parallel, self.sharding = data_parallel, sharding
+        self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
         self.done: dict[int, Attempt] = {}
 
@@ -38,7 +41,7 @@ class Trials:
             # trial never takes more than the budget; estimates measure the whole step.
             attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                sharding=self.sharding, on_step=on_step)
+                                sharding=self.sharding, on_step=on_step, host=self.host)
             self.done[batch] = attempt
             self.log.append(attempt.trial)
             trial = attempt.trial

@@ -85,7 +85,8 @@ def summary(s: Subject) -> Section:
             ("Usable memory", f"{format_bytes(p.usable_bytes)} = capacity x (1 - margin)"),
             ("Max micro-batch", str(p.max_micro_batch)),
             ("Max micro-batch found by", f"{status(p)}; limited by "
-             + ("memory" if p.limited_by == "memory" else f"the largest size allowed ({p.max_batch})")
+             + ("memory" if p.limited_by == "memory" else "the host's memory (the batch built on the host)"
+                if p.limited_by == "host_memory" else f"the largest size allowed ({p.max_batch})")
              + f"; {plural(p.real_runs, 'real run')}, {p.real_ooms} out of memory"),
         ]
         ranks = tuple(getattr(p, "ranks", ()) or ())

@@ -12,7 +12,7 @@ from .record import Margin, Record, Whole, derived, one_of
 from .timeline import MemoryTimeline
 
 SOURCES = ("estimate", "real")
-LIMITS = ("memory", "max_batch")
+LIMITS = ("memory", "max_batch", "host_memory")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,8 @@ class ProbeResult(Record):
     ``estimated`` is True when no real device confirmed the figure (``--device
     estimate``). ``peak_bytes`` is the measured peak at ``max_micro_batch``
     (the estimate's, when estimated); ``predicted_peak_bytes`` the estimate's.
-    ``limited_by`` is "memory", or "max_batch" when the largest size allowed fits.
+    ``limited_by`` is "memory", "max_batch" when the largest size allowed fits, or "host_memory" when
+    the next size's batch is more than the host can build (a note says how much).
     ``curve`` holds (batch, estimated peak bytes) pairs, ``curve_lines`` the
     (intercept, slope) lines whose maximum is the estimated peak at any size;
     ``trials`` one row per run.
@@ -154,7 +155,8 @@ class ProbeResult(Record):
 
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
-        limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else "memory"
+        limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else \
+            "the host's memory (the batch built on the host)" if self.limited_by == "host_memory" else "memory"
         peak = "reserved peak" if self.allocated_peak_bytes is not None else "peak"
         source = self.device.capacity_source
         fraction = f": {source.split(';')[0]}" if source.startswith("per_process_memory_fraction") else ""

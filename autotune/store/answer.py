@@ -53,12 +53,14 @@ def narrowed(result: ProbeResult, max_batch: int) -> ProbeResult:
     activations, and the caching allocator's figures (known at the stored max only) go."""
     m = result.max_micro_batch
     if m <= max_batch:
-        return replace(result, max_batch=max_batch, limited_by="max_batch" if m == max_batch else "memory")
+        return replace(result, max_batch=max_batch, limited_by="max_batch" if m == max_batch else
+                       "memory" if result.limited_by == "max_batch" else result.limited_by)
     predicted = result.predicted_peak_at(max_batch)
     peak = predicted if predicted is not None else result.peak_bytes  # memory only grows with the batch
     fixed = {k: v for k, v in result.breakdown.items() if k not in ("activations", "other")}
     breakdown = {**fixed, "activations": max(0, peak - sum(fixed.values()))} if result.breakdown else {}
-    why = "memory" if result.limited_by == "memory" else f"its own limit, {result.max_batch}"
+    why = {"memory": "memory", "host_memory": "the host's memory for its batch"}.get(
+        result.limited_by, f"its own limit, {result.max_batch}")
     said = (f"the stored probe found micro-batch {m} fits ({why} set it); this probe stops at {max_batch}, "
             + ("whose peak is the stored curve's prediction" if predicted is not None
                else f"whose peak is at most the {format_bytes(result.peak_bytes)} at {m}"))

@@ -121,6 +121,22 @@ def test_the_estimate_device_says_it_cannot_estimate_a_size_with_no_bound():
         probe(workloads.unbounded_routing(), get_device("estimate", memory_budget=2**30), max_batch=64)
 
 
+@pytest.mark.parametrize("read, what", [
+    (False, r"repeat_interleave.*depends on the batch's own values, which the estimate does not know"),
+    (True, r"read values it cannot know \(\d+ reads .* of values the estimate does not know, computed from the "
+           r"batch or from parameters"),  # their sum, read: from the batch, or from parameters for all it can tell
+])
+def test_a_size_from_the_batchs_own_values_is_not_blamed_on_parameters(read, what):
+    from autotune.errors import AutotuneError
+
+    # The batch (64 MiB at micro-batch 2) is built shape-only, so its node counts are not known: repeat_interleave
+    # of them cannot run, and a size read from them is not trusted.
+    with pytest.raises(AutotuneError, match=what + r" \(the batch holds 64\.0 MiB, more than the 32\.0 MiB built "
+                                              r"for real at each estimate, so it is built shape-only\)") as caught:
+        probe(workloads.large_graph_batch(read=read), get_device("estimate", memory_budget=2**34), max_batch=4)
+    assert "depend on parameters" not in str(caught.value)
+
+
 def test_the_estimate_device_estimates_parameter_routing_at_its_bound_and_says_so():
     result = probe(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
     assert result.max_micro_batch == 64
@@ -133,3 +149,95 @@ def real_fits(workload, device, result, batch: int) -> bool:
         if t.source == "real" and t.batch == batch:
             return t.fits
     return run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=False).fits
+
+
+# A GNN whose graphs are padded to the batch's largest: building a batch of n takes an n x n matrix on the
+# host (its device batch is small), so the estimate would climb to the largest size allowed.
+PADDED_GRAPHS = '''
+import torch
+from torch import nn
+from autotune import Workload
+
+
+def batch(n, g):
+    scores = torch.rand(n, n, generator=g)  # every graph padded to the batch's largest: n x n on the host
+    return torch.randn(n, 8, generator=g), scores.argmax(dim=1), torch.randint(0, 2, (n,), generator=g)
+
+
+def loss(net, data):
+    x, neighbour, y = data
+    return nn.functional.cross_entropy(net(x + x[neighbour]), y)
+
+
+def build():
+    return Workload(name="padded_graphs", model=lambda: nn.Linear(8, 2), batch=batch, loss=loss)
+'''
+
+# The probe under a hard limit of address space: what this process maps once torch is imported, and MiB more.
+UNDER_RLIMIT = '''
+import resource, sys
+import torch
+from autotune.cli import main
+with open("/proc/self/status") as f:
+    mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (int(sys.argv[1]) << 20),) * 2)
+sys.exit(main(sys.argv[2:]))
+'''
+
+
+@pytest.mark.slow
+def test_a_batch_the_host_cannot_build_limits_the_probe_and_it_says_so(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "padded_graphs.py").write_text(PADDED_GRAPHS)
+    (tmp_path / "limited.py").write_text(UNDER_RLIMIT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(tmp_path / "limited.py"), "240", "probe", "--probe",
+                           str(tmp_path / "padded_graphs.py"), "--device", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+    result = json.loads(done.stdout)
+    # The capacity is what the limit leaves, not the machine's RAM; the size is set by the host's memory.
+    assert result["capacity_bytes"] < 240 << 20 and result["limited_by"] == "host_memory"
+    assert 1000 < result["max_micro_batch"] < 8000  # an n x n float32 matrix in under 0.8 x 240 MiB
+    assert not any("out of memory" in n or "DefaultCPUAllocator" in n for n in result["notes"]), result["notes"]
+    note = next(n for n in result["notes"] if "on the host takes" in n)
+    assert f"up to micro-batch {result['max_micro_batch']}, the largest whose batch this host can build" in note
+
+
+def test_a_size_predicted_past_the_hosts_memory_is_refused_before_it_is_built():
+    import torch
+
+    from autotune.probing.hostbatch import HostBatches, HostMemory
+
+    built: list[int] = []
+
+    def padded(n: int, g: torch.Generator) -> torch.Tensor:
+        built.append(n)
+        return torch.zeros(n, n).sum(dim=1)  # n x n float32 on the host, n floats kept
+
+    host = HostBatches(room=lambda: 10 << 20)  # 8 MiB of it for one build: n x n x 4 bytes up to n = 1448
+    build = host.builder(padded)
+    assert build(100, torch.Generator()).shape == (100,)
+    assert host.peaks[100] == 100 * 100 * 4 + 100 * 4
+    with pytest.raises(HostMemory, match=r"building micro-batch 1600 on the host takes about 9\.8 MiB, more "
+                                         r"than the 8\.0 MiB one batch may take \(80% of what this process can "
+                                         r"still take") as caught:
+        build(65536, torch.Generator())
+    # Climbed by doubling from 100, refused at the first size predicted past the room: none built past it.
+    assert built[-4:] == [100, 200, 400, 800] and caught.value.largest == 1447
+    assert build(1000, torch.Generator()).shape == (1000,) and built[-1] == 1000
+
+
+def test_ram_is_bounded_by_the_processes_address_space_limit(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from autotune.devices.host import ram_bytes; print(*ram_bytes())")
+    total, available = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    assert total == 3 << 30 and 0 < available < 3 << 30
