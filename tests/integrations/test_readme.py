@@ -17,7 +17,7 @@ PAGE = "integrations.md"
 
 
 def blocks(heading: str) -> list[str]:
-    """The python code blocks under ``### heading`` on docs/integrations.md."""
+    """The python code blocks under the heading on docs/integrations.md."""
     return docs.blocks(PAGE, heading)
 
 

@@ -16,7 +16,7 @@ PAGE = "noise-scale-and-ramp.md"
 
 
 def blocks(heading: str) -> list[str]:
-    """The python code blocks under ``### heading`` on docs/noise-scale-and-ramp.md."""
+    """The python code blocks under the heading on docs/noise-scale-and-ramp.md."""
     return docs.blocks(PAGE, heading)
 
 
