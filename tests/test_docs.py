@@ -1,4 +1,5 @@
-"""docs/your-model.md (and README's loop, the same block): its examples run here as written, on the CPU."""
+"""docs/your-model.md (and README's loop, the same block), and README's "What you see": the examples run here as
+written, on the CPU."""
 
 from __future__ import annotations
 
@@ -77,3 +78,14 @@ def test_your_own_training_loop(tmp_path, monkeypatch):
         opt.zero_grad()
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach().double(), want.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_what_you_see_is_what_the_command_prints(capsys):
+    """README's first console example: the command as written prints the result lines shown (the progress lines,
+    with their seconds, go to stderr)."""
+    (console,) = docs.blocks("README.md", "What you see", lang="console")
+    command, *shown = console.splitlines()
+    assert command.startswith("$ autotune ")
+    assert main(command.split()[2:]) == 0
+    assert capsys.readouterr().out.splitlines() == [line for line in shown if not line.startswith("  ")]
