@@ -1,6 +1,6 @@
 """Two-rank ``autotune run`` under torchrun, N times, beside CPU hogs: how many runs fail at the end.
 
-    python bench/torchrun_teardown.py                            # 20 runs of the README's mlp command
+    python bench/torchrun_teardown.py                            # 20 runs of docs/ranks.md's mlp command
     python bench/torchrun_teardown.py --commands mlp gpt repro   # + the padded GPT probe, the reproducer
     python bench/torchrun_teardown.py --runs 50 --hogs 0         # on a quiet machine
 
@@ -12,7 +12,7 @@ non-zero or a rank prints ``terminate called without an active exception``:
 a rank that finalized its interpreter while a communication thread still
 needed the GIL, and aborted (SIGABRT) after its work was done.
 
-Under load that race is rare for the README command (about 1 run in 100).
+Under load that race is rare for docs/ranks.md's command (about 1 run in 100).
 ``repro`` (tests/training/ddp_teardown.py) makes it the rule: the GIL handed over every
 0.5 s, DDP training, then the rank finalizes right after its last collective;
 a process group that leaves gloo's threads alive aborts most of its runs.
@@ -78,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
     ap.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=["mlp"], metavar="NAME",
-                    help="mlp: the README command (default); gpt: the padded GPT probe; repro: the reproducer")
+                    help="mlp: docs/ranks.md's command (default); gpt: the padded GPT probe; repro: the reproducer")
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy-looping processes beside the runs")
     ap.add_argument("--timeout", type=float, default=300, help="seconds before a run counts as hung")
     args = ap.parse_args()

@@ -94,8 +94,8 @@ def test_what_type_checkers_see_is_what_the_lazy_exports_give(package, table):
 
 
 def test_the_verbs_take_a_request_built_by_hand_as_the_keywords_build_it():
-    """README, "Your own model": a PlanRequest (or ProbeRequest) passed to plan (or probe) plans as the keywords
-    that say the same do; an argument the request already holds, given beside it, is refused."""
+    """docs/your-model.md, "Your own model": a PlanRequest (or ProbeRequest) passed to plan (or probe) plans as the
+    keywords that say the same do; an argument the request already holds, given beside it, is refused."""
     from dataclasses import replace
 
     from autotune import PlanRequest, ProbeRequest

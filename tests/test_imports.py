@@ -1,8 +1,8 @@
 """The light parts of autotune stay light: each, in a fresh interpreter, loads none of the heavy libraries it has
 no need of (torch above all), and a failure names the part and the chain of imports that pulled the library in.
 
-The parts that must not load torch, and why a user cares: ``import autotune`` is instant (README: importing the
-package does nothing but define its names); the planner, the result types and the options are pure arithmetic and
+The parts that must not load torch, and why a user cares: ``import autotune`` is instant (docs/estimate.md: importing
+the package does nothing but define its names); the planner, the result types and the options are pure arithmetic and
 plain data (DESIGN.md: the planner never imports torch, numpy or pandas); the store opens and answers without torch
 (the service's server process never loads it); the frameworks autotune adapts to stay optional; and the commands
 that only read or print (``--help``, ``store``, ``serve --help``, ``devices --presets``) start in a blink.

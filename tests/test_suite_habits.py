@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 from pathlib import Path
+
+from . import docs
 
 pytest_plugins = ["pytester"]
 
@@ -137,3 +140,100 @@ def test_ci_tests_the_oldest_torch_pyproject_declares_and_readme_names_it():
     assert 'python -m pip install -q -e ".[test]" "torch==$OLDEST_TORCH"' in _ci_lines()
     readme = (ROOT / "README.md").read_text()
     assert f"torch {floor.group(1)} or newer" in readme and f"torch {oldest.group(1)} and the newest" in readme
+
+
+# ---- README.md and docs/: a newcomer's page, links that resolve, every example run ----------------------------------
+
+
+def test_readme_is_a_newcomers_page_and_the_rest_is_under_docs():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 300, f"README.md has {lines} lines: move the detail to a page under docs/ and link it"
+    nav = set(re.findall(r":\s+(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    assert nav == {p.name for p in docs.DOCS.glob("*.md")}, "mkdocs.yml's nav lists every page under docs/"
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub (and MkDocs' toc) makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link (or image) of a Markdown page whose file, or heading on that file, is not there."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        where = (page.parent / file).resolve() if file else page
+        if not where.exists():
+            broken.append(target)
+        elif anchor and where.suffix == ".md" and anchor not in {
+                slug(h) for h in re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", where.read_text(), flags=re.S),
+                                           re.M)}:
+            broken.append(target)
+    return broken
+
+
+def test_every_relative_link_of_readme_and_docs_resolves():
+    found = {page: broken_links(docs.path(page)) for page in docs.pages()}
+    assert {page: links for page, links in found.items() if links} == {}
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
+    assert slug('What "fits" means') == "what-fits-means" and slug("Ranks that differ") == "ranks-that-differ"
+    (tmp_path / "a.md").write_text("# A\n\n## Two words\n\n```bash\n# not a heading\n```\n")
+    page = tmp_path / "b.md"
+    page.write_text("[ok](a.md#two-words) [gone](c.md) [no](a.md#not-a-heading) [here](#b) [web](https://x.org/y)\n"
+                    "# B\n")
+    assert broken_links(page) == ["c.md", "a.md#not-a-heading"]
+
+
+def test_every_python_example_of_readme_and_docs_is_run_by_the_test_named_for_it():
+    found = {(page, heading, i) for page in docs.pages() for heading, blocks in docs.sections(page)
+             for i, _ in enumerate(b for b in blocks if b[0] == "python")}
+    assert found - set(docs.RUN_BY) == set(), "name the test that runs each new block in tests/docs.py's RUN_BY"
+    assert set(docs.RUN_BY) - found == set(), "RUN_BY names blocks that are no longer there"
+    for (page, heading, _), test in docs.RUN_BY.items():
+        file, name = test.split("::")
+        source = (ROOT / file).read_text()
+        # the test exists, and its module reads that page's heading
+        assert f"\ndef {name}(" in source and f'"{heading}"' in source and f'"{page}"' in source, test
+
+
+def shell_commands(page: str) -> list[list[str]]:
+    """Each ``autotune`` command in the page's bash and console blocks, as its arguments after ``autotune``."""
+    commands = []
+    for _, blocks in docs.sections(page):
+        for lang, code in blocks:
+            if lang not in ("bash", "console"):
+                continue
+            text = code.replace("\\\n", " ")
+            for line in text.splitlines():
+                if lang == "console" and not line.startswith("$ "):
+                    continue  # what the command printed
+                line = line.removeprefix("$ ").split(" # ", 1)[0]
+                if line.startswith("#"):
+                    continue
+                for part in line.split(" && "):
+                    words = shlex.split(part)
+                    if words[:1] == ["autotune"]:
+                        commands.append(words[1:])
+                    elif "-m" in words and words[words.index("-m") + 1] == "autotune":  # torchrun, python
+                        commands.append(words[words.index("-m") + 2:])
+    return commands
+
+
+def test_every_autotune_command_of_readme_and_docs_parses():
+    from autotune.cli import build_parser
+
+    parser = build_parser()
+    bad = []
+    for page in docs.pages():
+        commands = shell_commands(page)
+        assert page != "README.md" or len(commands) >= 3
+        for argv in commands:
+            try:
+                parser.parse_args(argv)
+            except SystemExit:
+                bad.append(f"{page}: autotune {' '.join(argv)}")
+    assert bad == []

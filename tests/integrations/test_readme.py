@@ -1,4 +1,4 @@
-"""README's "Where you already train": every code block runs here as written, on the CPU.
+"""docs/integrations.md, "Where you already train": every code block runs here as written, on the CPU.
 
 Each block gets what its text assumes the user has (a model, a dataset, a plan...); the checks after it
 say what the block must have done.
@@ -6,35 +6,30 @@ say what the block must have done.
 
 from __future__ import annotations
 
-import re
-import warnings
-from pathlib import Path
-
 import pytest
 
 import autotune
 from autotune.planning import make_plan
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from .. import docs
+
+PAGE = "integrations.md"
 
 
 def blocks(heading: str) -> list[str]:
-    """The python code blocks under ``### heading`` in README's "Where you already train" section."""
-    section = README.read_text().split("\n## Where you already train\n", 1)[1].split("\n## ", 1)[0]
-    part = section.split(f"\n### {heading}\n", 1)[1].split("\n### ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", part, flags=re.S)
+    """The python code blocks under the heading on docs/integrations.md."""
+    return docs.blocks(PAGE, heading)
 
 
 def run(code: str, namespace: dict) -> dict:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exec(compile(code, str(README), "exec"), namespace)
-    return namespace
+    return docs.run(code, namespace, PAGE)
 
 
 def test_every_subsection_has_its_blocks():
     assert [len(blocks(h)) for h in ("Hugging Face Trainer", "Lightning", "Accelerate", "A model you already have")] \
         == [1, 2, 1, 1]
+    # README's framework example is the Trainer's block here, word for word: what test_hugging_face runs is both
+    assert docs.blocks("README.md", "Where you already train") == blocks("Hugging Face Trainer")
 
 
 @pytest.mark.slow
@@ -73,7 +68,7 @@ def test_lightning():
 
     plan = make_plan(21, 4)
 
-    class LightningModule(ManualLM):  # the README's base class, with the test's network and manual optimization
+    class LightningModule(ManualLM):  # the page's base class, with the test's network and manual optimization
         def __init__(self):
             super().__init__(plan, "none")
 

@@ -1,31 +1,27 @@
-"""README's "Growing the batch with the noise scale": its code blocks run here as written, on the CPU."""
+"""docs/noise-scale-and-ramp.md, "Growing the batch with the noise scale": its code blocks run here as written,
+on the CPU."""
 
 from __future__ import annotations
 
-import re
 import types
-import warnings
 from pathlib import Path
 
 import pytest
 
 import autotune
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from .. import docs
+
+PAGE = "noise-scale-and-ramp.md"
 
 
 def blocks(heading: str) -> list[str]:
-    """The python code blocks under ``### heading`` in README's ramp section."""
-    section = README.read_text().split("\n## Growing the batch with the noise scale\n", 1)[1].split("\n## ", 1)[0]
-    part = section.split(f"\n### {heading}\n", 1)[1].split("\n### ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", part, flags=re.S)
+    """The python code blocks under the heading on docs/noise-scale-and-ramp.md."""
+    return docs.blocks(PAGE, heading)
 
 
 def run(code: str, namespace: dict) -> dict:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exec(compile(code, str(README), "exec"), namespace)
-    return namespace
+    return docs.run(code, namespace, PAGE)
 
 
 def test_the_loop_is_at_most_five_lines():

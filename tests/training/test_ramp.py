@@ -143,7 +143,7 @@ def test_a_plain_loop_in_four_lines_with_the_ramps_sampler():
     model = nn.Linear(D, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     plan = make_plan(96, 16)
-    # the README's loop:
+    # docs/noise-scale-and-ramp.md's loop:
     step = autotune.Accumulator(model, optimizer, plan, loss=squared, ramp=autotune.RampConfig(start=32))
     for batch in torch.utils.data.DataLoader(dataset, batch_sampler=step.ramp.sampler(len(dataset))):
         step(batch)
