@@ -19,24 +19,10 @@ from autotune.devices import CpuDevice, get_device
 from autotune.devices.compiled import AllocatorCount, compiled_parts
 from autotune.probing.fitrule import fit_rule_work
 from autotune.units import format_bytes
-from autotune.workload import Workload
+
+from .compiled_net import Net, workload
 
 MiB = 2**20
-
-
-class Net(nn.Module):  # a class of this module's own: no other test compiles its forward
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(32, 256), nn.Linear(256, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)).sin() * 2)
-
-
-def workload(make_model) -> Workload:
-    return Workload(name="compiled-net", model=make_model,
-                    batch=lambda n, g: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
-                    loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
 
 
 def test_compiled_modules_and_functions_are_found():

@@ -196,7 +196,7 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
 @pytest.mark.slow  # Inductor compiles C++ for the CPU, once per new shape: a minute or more on a loaded 2-core machine
 @pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="Inductor on the CPU needs gcc: none on PATH")
 def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_probe_says_both():
-    from ..devices.test_compiled import Net, workload
+    from ..devices.compiled_net import Net, workload
 
     compiled = workload(lambda: torch.compile(Net()))
     result = probe(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
