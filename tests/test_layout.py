@@ -164,8 +164,8 @@ def test_every_package_says_what_it_owns_and_what_it_may_import():
 TESTS = Path(__file__).parent
 #: The test modules that stay at the top of tests/: each tests the package as a whole, or a module at its root
 #: (autotune/<name>.py), not one stage.
-WHOLE_PACKAGE = {"test_api", "test_compat", "test_errors", "test_imports", "test_layout", "test_random_state",
-                 "test_source_habits", "test_suite_habits", "test_units", "test_walk"}
+WHOLE_PACKAGE = {"test_api", "test_compat", "test_docs", "test_errors", "test_imports", "test_layout",
+                 "test_random_state", "test_source_habits", "test_suite_habits", "test_units", "test_walk"}
 
 
 def _misplaced(tests: Path, package: Path) -> list[str]:

@@ -94,15 +94,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         estimate, limit = _within_host(lambda top: _estimate_or_why_not(
             est, usable, top, capacity, margin, exact=not estimator.simulates), max_batch, refused)
         notes = _estimate_notes(estimator, est, estimate, data_parallel, sharding)
-        if isinstance(estimate, NoEstimate):
-            if device.estimated:
-                raise EstimateUnavailable(f"cannot estimate workload {workload.name!r}: {estimate.why}; "
-                                          "probe it on a real device (cpu or cuda:N) instead")
-            curve = EstimateCurve(est, exact=not estimator.simulates)
-        else:
-            curve = estimate.curve
-            log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
-                       f"{estimator.engine}, {len(est.done)} evaluations)")
+        curve = _curve_of(estimate, est, estimator, device.estimated, usable)
         if device.estimated:
             assert isinstance(estimate, Estimate)
             final = estimate.max
@@ -148,6 +140,21 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         world_size=sharding.world_size if sharding is not None else None,
         fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
     )
+
+
+def _curve_of(estimate: Estimate | NoEstimate, est: Trials, estimator: EstimateDevice, estimated: bool,
+              usable: int) -> EstimateCurve:
+    """The estimate's curve of peaks against sizes: its answer's, or, where it had none, one the real search fills
+    (none where the device is an estimate: EstimateUnavailable)."""
+    simulates = estimator.simulates
+    if isinstance(estimate, NoEstimate):
+        if estimated:
+            raise EstimateUnavailable(f"cannot estimate workload {est.workload.name!r}: {estimate.why}; "
+                                      "probe it on a real device (cpu or cuda:N) instead")
+        return EstimateCurve(est, exact=not simulates)
+    log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
+               f"{estimator.engine}, {len(est.done)} evaluations)")
+    return estimate.curve
 
 
 def _within_host(search: Callable[[int], R], max_batch: int, refused: list[HostMemory]) -> tuple[R, int]:

@@ -86,6 +86,7 @@ def test_a_job_that_waits_past_its_limit_for_another_s_claim_says_whose(store_ur
     naming that process, not that this service stopped a probe."""
     from autotune.serve.bodies import PlanRequest
     from autotune.store import open_store
+    from autotune.store.claims import MAX_LEASE_S
 
     from .server import PLAN
 
@@ -97,7 +98,7 @@ def test_a_job_that_waits_past_its_limit_for_another_s_claim_says_whose(store_ur
         fingerprint = pool.run(Job(job, frozenset({"mlp"})))["fingerprint"]
         store = open_store(store_url)
         store.remove([fingerprint])
-        assert store.take(fingerprint, "elsewhere:4242:7", lease_s=600) is None
+        assert store.take(fingerprint, "elsewhere:4242:7", lease_s=MAX_LEASE_S) is None
         with pytest.raises(JobFailed) as failed:
             pool.run(Job(job, frozenset({"mlp"})))
     finally:
