@@ -30,6 +30,7 @@ from ..results.ramp import BatchPhase, RampConfig, batch_per_step
 from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
+from ..workload.batches import Split
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
@@ -178,7 +179,7 @@ class _Run:
         acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
                           items=self.workload.items, move=session.move, max_norm=self.max_norm,
                           precision=self.precision, ramp=self.ramp, no_sync=self.no_sync,
-                          samples=self.workload.samples, split=self.workload.split)
+                          samples=self.workload.samples, split=_on_host(session, self.workload.split))
         for step in range(self.steps):
             self.where.now = f"at step {step + 1} of {self.steps} of the run"
             self._step(session, acc, model, counter)
@@ -280,6 +281,19 @@ class _Where:
                              "smaller micro-batch") from None
         raise WorkloadError(f"workload {self.workload.name!r} failed {self.now}: {cause}",
                             workload=self.workload.name) from exc
+
+
+def _on_host(session: Session, split: Split | None) -> Split | None:
+    """The workload's ``split`` as host-side work, not counted on the device (as building the batch is not):
+    the micro-batches it makes reach the device when they are moved there, one by one."""
+    if split is None:
+        return None
+
+    def host_split(batch: Any, sizes: list[int]) -> Any:
+        with session.tracker.paused():
+            return split(batch, sizes)
+
+    return host_split
 
 
 def _ramp_checks(run: _Run, seed: int) -> list[Check]:

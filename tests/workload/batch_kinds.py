@@ -17,10 +17,14 @@ FEATURES = 8
 
 # -- graphs ----------------------------------------------------------------------------------------
 
-def graphs(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """``n`` ring graphs of 3..12 nodes each, batched as PyG does: ``x`` (nodes, F), ``edge_index`` (2, edges)
-    offset per graph, ``batch`` (nodes,) the graph of each node, ``y`` (n,), ``ptr``/``eptr`` (n+1,) offsets."""
-    sizes = torch.randint(3, 13, (n,), generator=g)
+LARGEST = 12
+
+
+def graphs(n: int, g: torch.Generator, smallest: int = 3) -> dict[str, torch.Tensor]:
+    """``n`` ring graphs of ``smallest``..12 nodes each, batched as PyG does: ``x`` (nodes, F), ``edge_index``
+    (2, edges) offset per graph, ``batch`` (nodes,) the graph of each node, ``y`` (n,), ``ptr``/``eptr`` (n+1,)
+    offsets."""
+    sizes = torch.randint(smallest, LARGEST + 1, (n,), generator=g)
     x = torch.randn(int(sizes.sum()), FEATURES, generator=g)
     edges, start = [], 0
     for s in sizes.tolist():
@@ -74,10 +78,12 @@ def graph_loss(model: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.mse_loss(model(b["x"], b["edge_index"], b["batch"], graph_count(b)), b["y"])
 
 
-def graph_workload(*, described: bool = True) -> Workload:
-    """The GNN; ``described=False`` leaves out ``samples``/``split`` (as a workload written for rows would)."""
+def graph_workload(*, described: bool = True, worst: bool = False) -> Workload:
+    """The GNN; ``described=False`` leaves out ``samples``/``split`` (as a workload written for rows would);
+    ``worst``: every graph of the most nodes (the batch at its worst-case shape)."""
     extra: dict[str, Any] = {"samples": graph_count, "split": split_graphs} if described else {}
-    return Workload(name="gnn", model=GNN, batch=graphs, loss=graph_loss, **extra)
+    smallest = LARGEST if worst else 3
+    return Workload(name="gnn", model=GNN, batch=lambda n, g: graphs(n, g, smallest), loss=graph_loss, **extra)
 
 
 # -- padding-free packing ------------------------------------------------------------------------------
@@ -91,9 +97,12 @@ def _collator() -> Any:
     return DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True)
 
 
-def packed(n: int, g: torch.Generator) -> dict[str, Any]:
-    """``n`` sequences of 8..40 tokens packed into one row by DataCollatorWithFlattening."""
-    lengths = torch.randint(8, 41, (n,), generator=g).tolist()
+LONGEST = 40
+
+
+def packed(n: int, g: torch.Generator, shortest: int = 8) -> dict[str, Any]:
+    """``n`` sequences of ``shortest``..40 tokens packed into one row by DataCollatorWithFlattening."""
+    lengths = torch.randint(shortest, LONGEST + 1, (n,), generator=g).tolist()
     features = [{"input_ids": torch.randint(1, VOCAB, (length,), generator=g).tolist()} for length in lengths]
     return _collator()(features)
 
@@ -150,6 +159,8 @@ def packed_loss(model: nn.Module, b: dict[str, Any]) -> torch.Tensor:
     return F.cross_entropy(logits[0, :-1], b["labels"][0, 1:], ignore_index=-100)
 
 
-def packed_workload() -> Workload:
-    return Workload(name="packed-lm", model=PackedLM, batch=packed, loss=packed_loss, samples=sequence_count,
-                    split=split_packed, items=target_tokens)
+def packed_workload(*, worst: bool = False) -> Workload:
+    """The packed causal LM; ``worst``: every sequence of the most tokens (the batch at its worst-case shape)."""
+    shortest = LONGEST if worst else 8
+    return Workload(name="packed-lm", model=PackedLM, batch=lambda n, g: packed(n, g, shortest), loss=packed_loss,
+                    samples=sequence_count, split=split_packed, items=target_tokens)
