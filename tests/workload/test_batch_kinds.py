@@ -3,10 +3,15 @@ probed, planned, run and verified with the exact n_i / N weighting, given sample
 
 from __future__ import annotations
 
+import json
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
 from autotune.api import plan as make_plan
+from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import ProbeFileError
 from autotune.probing.finder import probe
@@ -110,3 +115,26 @@ def test_run_verifies_the_plan(make, worst):
     assert v.check("gradient_equivalence").passed and v.check("count").passed
     if worst:
         assert result.passed, v.failed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload"])
+def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, builder):
+    """``autotune run`` on a probe file whose workload gives samples= and split=: plan, train, verify."""
+    path = tmp_path / f"{builder}.py"
+    path.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.workload import batch_kinds
+
+        def build():
+            return batch_kinds.{builder}(worst=True)
+        """))
+    budget = RUN_BUDGETS["gnn" if builder == "graph_workload" else "packed-lm"]
+    code = main(["run", "--target-batch", "31", "--probe", str(path), "--device", "cpu", "--memory-budget",
+                 str(budget), "--steps", "2", "--json", "--quiet"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["passed"], data["verification"]
+    checks = {c["name"]: c for c in data["verification"]["checks"]}
+    assert checks["gradient_equivalence"]["value"] < 1e-5 and checks["count"]["passed"]
+    assert data["plan"]["accumulation_steps"] > 1
