@@ -164,3 +164,28 @@ def packed_workload(*, worst: bool = False) -> Workload:
     shortest = LONGEST if worst else 8
     return Workload(name="packed-lm", model=PackedLM, batch=lambda n, g: packed(n, g, shortest), loss=packed_loss,
                     samples=sequence_count, split=split_packed, items=target_tokens)
+
+
+# -- nested (jagged) tensors -----------------------------------------------------------------------------
+
+def jagged(n: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` sequences of 4..16 feature vectors as one nested tensor of jagged layout, (n, j, F)."""
+    lengths = torch.randint(4, 17, (n,), generator=g).tolist()
+    return torch.nested.nested_tensor([torch.randn(length, FEATURES, generator=g) for length in lengths],
+                                      layout=torch.jagged)
+
+
+def split_jagged(batch: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    rows, out, first = batch.unbind(), [], 0
+    for n in sizes:
+        out.append(torch.nested.as_nested_tensor(list(rows[first:first + n]), layout=torch.jagged))
+        first += n
+    return out
+
+
+def jagged_workload() -> Workload:
+    """A token-wise autoencoder over a jagged batch; the loss is the mean over every vector (the items)."""
+    return Workload(name="jagged", model=lambda: nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(),
+                                                               nn.Linear(256, FEATURES)),
+                    batch=jagged, loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
+                    samples=lambda b: int(b.shape[0]), split=split_jagged, items=lambda b: int(b.values().shape[0]))
