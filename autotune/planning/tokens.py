@@ -113,7 +113,8 @@ def _check(lengths: Sequence[int], target: int, micro: int, cut: bool) -> None:
 
 def _whole_steps(lengths: list[int], target: int) -> tuple[list[list[Piece]], int]:
     """Steps of whole samples, each ending where its tokens come closest to ``target``."""
-    steps, i = [], 0
+    steps: list[list[Piece]] = []
+    i = 0
     while i < len(lengths):
         total, j = 0, i
         while j < len(lengths) and total + lengths[j] <= target:
