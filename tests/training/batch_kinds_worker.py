@@ -7,8 +7,7 @@ from autotune import api as pipeline
 from autotune.devices import get_device
 from autotune.training.runner import run_plan
 
-from ..workload.batch_kinds import graph_workload, packed_workload
-from ..workload.test_batch_kinds import RUN_BUDGETS
+from ..workload.batch_kinds import RUN_BUDGETS, graph_workload, packed_workload
 
 
 def case() -> dict:

@@ -20,10 +20,17 @@ from autotune.training.runner import run_plan
 from autotune.workload import Workload
 
 from ..helpers import exhaustive_max
-from .batch_kinds import graph_workload, graphs, jagged_workload, packed_workload, split_graphs, target_tokens
+from .batch_kinds import (
+    RUN_BUDGETS,
+    graph_workload,
+    graphs,
+    jagged_workload,
+    packed_workload,
+    split_graphs,
+    target_tokens,
+)
 
 BUDGETS = {"gnn": 1_500_000, "packed-lm": 20_000_000}
-RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000}  # a max micro-batch well below the target
 
 
 def test_a_graph_batch_without_samples_is_refused_naming_the_fix():
