@@ -71,7 +71,6 @@ def worker(workload_name: str, paths: list[str], rounds: int, steps: int) -> Non
     from autotune import Accumulator, load_plan
     from autotune.training import distributed
     from autotune.training.distributed import rank_offsets
-    from autotune.training.runner import share
     from autotune.workload import load_workload
 
     wl = load_workload(workload_name)
@@ -87,7 +86,7 @@ def worker(workload_name: str, paths: list[str], rounds: int, steps: int) -> Non
         steppers = []
         for plan in plans:
             acc = Accumulator(model, opt, plan, loss=wl.loss, items=wl.items, noise_scale=False)
-            mine = share(batch, rank_offsets(plan.per_rank_batch)[rank], plan.per_rank_batch[rank])
+            mine = wl.share(batch, rank_offsets(plan.per_rank_batch)[rank], plan.per_rank_batch[rank])
             steppers.append((acc, mine))
         for acc, mine in steppers:  # warm-up: both plans, twice
             acc.step(mine)

@@ -66,7 +66,7 @@ from .replay import replay
 from .session import EstimateSession
 from .shaperules import rule_kernels
 from .tracker import LiveStorageTracker
-from .values import BATCH_LIMIT, KnownValues, batch_bytes
+from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
 
 #: What a CUDA process holds outside PyTorch's allocator: the context, cuBLAS and
 #: cuDNN handles. Typical of torch 2.x with lazy module loading (see presets).
@@ -425,8 +425,9 @@ def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> An
             return make()
         with fake_mode:
             return make()
-    except RuntimeError:  # what FakeTensorMode refuses (a value read, a data-dependent shape, .numpy()), all
-        # RuntimeErrors; the real build reproduces the batch code's own error, if that is what it was
+    except (RuntimeError, Unbounded):  # what FakeTensorMode refuses (a value read, a data-dependent shape,
+        # .numpy()), all RuntimeErrors, or a shape sized by values the estimate does not know (a graph batch's
+        # repeat_interleave); the real build reproduces the batch code's own error, if that is what it was
         with unset_fake_temporarily():
             return make()
 

@@ -32,7 +32,7 @@ from .. import options
 from ..compat import tree_map
 from ..errors import BadInput
 from ..planning.ramp import RampConfig
-from ..workload.batches import batch_size, item_weight, split_batch
+from ..workload.batches import Samples, Split, count_samples, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss
 from .distributed import collective_device
 from .noise import GradientNoiseScale
@@ -58,6 +58,10 @@ class Accumulator:
     ``schedule``: a Plan (its schedule for ``rank``) or the micro-batch sizes of
     this rank. ``loss(model, micro_batch)`` returns the mean loss over the
     micro-batch's items; ``items(micro_batch)`` counts them (default: samples).
+    ``samples(batch)`` counts a batch's samples and ``split(batch, sizes)``
+    splits it into micro-batches of ``sizes`` samples, for batches that are not
+    one row per sample (packed sequences, graphs; see :class:`autotune.Workload`);
+    by default a batch is its tensors' shared first dimension, sliced.
     ``move`` puts a micro-batch on the device (default: ``.to(device)`` of the
     model's first parameter). ``max_norm`` clips the accumulated gradient once.
     ``precision``: fp32, bf16 (autocast) or fp16 (autocast + one GradScaler).
@@ -100,9 +104,11 @@ class Accumulator:
                  process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
                  no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
                  external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True,
-                 ramp: RampConfig | BatchRamp | None = None):
+                 ramp: RampConfig | BatchRamp | None = None, samples: Samples | None = None,
+                 split: Split | None = None):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
+        self.samples_fn, self.split_fn = samples, split
         self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
         self.process_group = process_group
         self.rank, self.world_size = _rank_and_world(rank, world_size, process_group)
@@ -165,7 +171,8 @@ class Accumulator:
     def split(self, batch: Any) -> list[Any]:
         """This rank's micro-batches of ``batch`` (empty ones first, when a rank has fewer samples
         than the ranks' agreed micro-steps)."""
-        return split_batch(batch, self.sizes_for(batch_size(batch)))
+        sizes = self.sizes_for(count_samples(batch, self.samples_fn))
+        return split_batch(batch, sizes, samples=self.samples_fn, split=self.split_fn)
 
     def sizes_for(self, samples: int) -> list[int]:
         """Micro-batch sizes for a batch of ``samples``: the schedule when it is the schedule's
@@ -187,7 +194,7 @@ class Accumulator:
     def count_items(self, micro: Any, samples: int | None = None) -> int:
         if self.items_fn is not None:
             return int(self.items_fn(micro))
-        return batch_size(micro) if samples is None else samples
+        return count_samples(micro, self.samples_fn) if samples is None else samples
 
     def weight(self, n_items: int, total_items: int) -> float:
         return item_weight(n_items, total_items, self.world_size)
@@ -230,7 +237,7 @@ class Accumulator:
     def backward(self, batch: Any) -> StepOutcome:
         """All micro-steps of one effective batch: gradients accumulated (and clipped), no optimizer step."""
         micros = self.split(batch)
-        sizes = [batch_size(m) for m in micros]  # what is fed to the loss, as split
+        sizes = [count_samples(m, self.samples_fn) for m in micros]  # what is fed to the loss, as split
         counts = [self.count_items(m, n) if n else 0 for m, n in zip(micros, sizes)]
         total = self.total_items(sum(counts))
         noise = self.noise_scale
@@ -262,7 +269,7 @@ class Accumulator:
     def step(self, batch: Any) -> StepOutcome:
         """One accumulated optimizer step over ``batch``, this rank's share of the effective batch."""
         if self.ramp is not None:
-            self._begin_phase(batch_size(batch))
+            self._begin_phase(count_samples(batch, self.samples_fn))
         out = self.backward(batch)
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -288,7 +295,8 @@ class Accumulator:
         return Accumulator(self.model, self.optimizer, sizes, loss=self.loss_fn, items=self.items_fn,
                            move=self.move, max_norm=self.max_norm, precision=self.precision, rank=self.rank,
                            world_size=self.world_size, process_group=self.process_group,
-                           backward=self._backward, no_sync=self._no_sync, external_sync=True, noise_scale=False)
+                           backward=self._backward, no_sync=self._no_sync, external_sync=True, noise_scale=False,
+                           samples=self.samples_fn, split=self.split_fn)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from .. import log, options
-from ..compat import tree_map
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line
@@ -31,6 +30,7 @@ from ..results.ramp import BatchPhase, RampConfig, batch_per_step
 from ..results.run import RunResult, Verification
 from ..units import plural
 from ..workload import Workload
+from ..workload.batches import Split
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
@@ -155,8 +155,9 @@ class _Run:
             return gradient_check(
                 Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=self.workload.loss,
                             items=self.workload.items, max_norm=self.max_norm, precision=self.precision,
-                            noise_scale=False, no_sync=self.no_sync),
-                self.host_model, share(global_batch, start, sum(sizes)), reference_batch=global_batch)
+                            noise_scale=False, no_sync=self.no_sync, samples=self.workload.samples,
+                            split=self.workload.split),
+                self.host_model, self.workload.share(global_batch, start, sum(sizes)), reference_batch=global_batch)
         finally:
             del model  # the copy's memory is free before the cleanup
             trained = None
@@ -177,7 +178,8 @@ class _Run:
             counter = sharded.ReduceScatterCounter(trained) if self.fsdp else distributed.RoundCounter(trained)
         acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
                           items=self.workload.items, move=session.move, max_norm=self.max_norm,
-                          precision=self.precision, ramp=self.ramp, no_sync=self.no_sync)
+                          precision=self.precision, ramp=self.ramp, no_sync=self.no_sync,
+                          samples=self.workload.samples, split=_on_host(session, self.workload.split))
         for step in range(self.steps):
             self.where.now = f"at step {step + 1} of {self.steps} of the run"
             self._step(session, acc, model, counter)
@@ -197,8 +199,8 @@ class _Run:
         now = self.plan if acc.ramp is None else acc.ramp.plan_for(acc.ramp.effective_batch)
         with session.tracker.paused():
             record.wanted.append(now.per_rank_batch[self.rank])
-            batch = share(self.workload.make_batch(now.target_batch, self.data),
-                          distributed.rank_offsets(now.per_rank_batch)[self.rank], record.wanted[-1])
+            batch = self.workload.share(self.workload.make_batch(now.target_batch, self.data),
+                                        distributed.rank_offsets(now.per_rank_batch)[self.rank], record.wanted[-1])
             record.expected_items.append(self.workload.count_items(batch))
         begin = time.perf_counter()
         out = acc.step(batch)
@@ -281,9 +283,17 @@ class _Where:
                             workload=self.workload.name) from exc
 
 
-def share(batch: Any, start: int, size: int) -> Any:
-    """This rank's samples of a global effective batch."""
-    return tree_map(lambda t: t[start:start + size] if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+def _on_host(session: Session, split: Split | None) -> Split | None:
+    """The workload's ``split`` as host-side work, not counted on the device (as building the batch is not):
+    the micro-batches it makes reach the device when they are moved there, one by one."""
+    if split is None:
+        return None
+
+    def host_split(batch: Any, sizes: list[int]) -> Any:
+        with session.tracker.paused():
+            return split(batch, sizes)
+
+    return host_split
 
 
 def _ramp_checks(run: _Run, seed: int) -> list[Check]:

@@ -126,7 +126,8 @@ class _Stepper:
                  opt: torch.optim.Optimizer, seed: int):
         target = device.torch_device
         self.sync = (lambda: torch.cuda.synchronize(target)) if target.type == "cuda" else (lambda: None)
-        self.acc = Accumulator(model, opt, plan.schedule[0], loss=workload.loss, items=workload.items)
+        self.acc = Accumulator(model, opt, plan.schedule[0], loss=workload.loss, items=workload.items,
+                               samples=workload.samples, split=workload.split)
         self.batch = workload.batch(sum(plan.schedule[0]), torch.Generator().manual_seed(seed))
 
     def step(self) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..compat import tree_flatten
 from ..errors import ProbeFileError, WorkloadError, user_code
-from .batches import batch_size
+from .batches import FIX, Samples, Split, count_samples, take
 from .from_model import factories_from_model
 
 
@@ -41,6 +41,14 @@ class Workload:
     to every factory that takes it. ``shard(model)`` names the submodules FSDP
     shards as units of their own, in order (the root is always the last unit);
     by default every block of the model's largest ``nn.ModuleList``.
+
+    A micro-batch is whatever ``batch(n, generator)`` makes of ``n`` samples;
+    by default its tensors share a first dimension of ``n``. A batch that is not
+    ``n`` rows (padding-free packing: one row of concatenated samples; a graph
+    batch: nodes, edges and graphs; nested tensors) says how many samples it
+    holds with ``samples(batch)`` and how it splits into consecutive
+    micro-batches with ``split(batch, sizes)`` (one micro-batch per size, in
+    order); ``items`` then defaults to ``samples``.
     """
 
     name: str
@@ -52,6 +60,8 @@ class Workload:
     options: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     chosen: Mapping[str, Any] = field(default_factory=dict)
     shard: Callable[[nn.Module], Iterable[nn.Module]] | None = None
+    samples: Samples | None = None
+    split: Split | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -59,7 +69,7 @@ class Workload:
         for attr in ("model", "batch", "loss", "optimizer"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"Workload.{attr} must be callable, got {type(getattr(self, attr)).__name__}")
-        for attr in ("items", "shard"):
+        for attr in ("items", "shard", "samples", "split"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"Workload.{attr} must be callable or None")
         for key, values in self.options.items():
@@ -93,27 +103,40 @@ class Workload:
         return model
 
     def make_batch(self, size: int, generator: torch.Generator) -> Any:
-        """``batch(size, generator)``, checked: every tensor's first dimension is ``size``."""
+        """``batch(size, generator)``, checked: it holds ``size`` samples (``samples(batch)``, else every
+        tensor's first dimension)."""
         batch = self.batch(size, generator)
         try:
-            got = batch_size(batch)
+            got = count_samples(batch, self.samples)
         except ValueError as exc:
             raise ProbeFileError(f"workload {self.name!r}: batch({size}, generator) returned no usable batch: "
                                  f"{exc}") from None
         if got != size:
+            counted = "samples(batch)" if self.samples is not None else "the first dimension of every tensor"
             raise ProbeFileError(
                 f"workload {self.name!r}: batch({size}, generator) returned {got} samples, not {size}: "
-                "batch(n, generator) must build exactly n samples (the first dimension of every tensor)")
+                f"batch(n, generator) must build exactly n samples ({counted}; {FIX})")
         return batch
 
     def count_items(self, batch: Any) -> int:
-        """Items the loss averages over in ``batch``: ``items(batch)``, else its size."""
+        """Items the loss averages over in ``batch``: ``items(batch)``, else its samples."""
         if self.items is not None:
             return int(self.items(batch))
+        if self.samples is not None:
+            return int(self.samples(batch))
         for leaf in tree_flatten(batch)[0]:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
                 return int(leaf.shape[0])
         raise ValueError(f"workload {self.name!r}: cannot tell the batch size of a batch with no tensor")
+
+    def share(self, batch: Any, start: int, size: int) -> Any:
+        """The ``size`` samples of ``batch`` from sample ``start`` on (a rank's share), split as the workload
+        says."""
+        try:
+            return take(batch, start, size, samples=self.samples, split=self.split)
+        except ValueError as exc:
+            raise ProbeFileError(f"workload {self.name!r}: cannot take samples {start}..{start + size} of a batch: "
+                                 f"{exc}") from None
 
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """The submodules of ``model`` FSDP shards as units of their own (the root comes after them):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 
-from autotune.training.accumulate import Accumulator, batch_size
+from autotune.training.accumulate import Accumulator
 from autotune.training.noise import GradientNoiseScale
+from autotune.workload.batches import batch_size
 
 
 class NoisyAccumulator(Accumulator):

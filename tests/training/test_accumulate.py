@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.training.accumulate import Accumulator, batch_size, item_weight, split_batch
+from autotune.training.accumulate import Accumulator
+from autotune.workload.batches import batch_size, item_weight, split_batch
 
 
 @pytest.mark.parametrize("n,total,world,want", [(3, 12, 1, 0.25), (255, 1021, 1, 255 / 1021), (16, 64, 4, 1.0),

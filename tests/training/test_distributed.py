@@ -51,7 +51,7 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
 def cases():
     """The library's cases under torchrun (tests/training/torchrun_cases.py), in one job."""
     done = torchrun("-m", "tests.training.torchrun_cases", "ddp_faults", "uneven_batches", "noise_scale", "fsdp",
-                    "ramp", "mixed_ranks", timeout=300)
+                    "ramp", "mixed_ranks", "batch_kinds", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -65,6 +65,15 @@ def test_the_batch_ramp_decides_the_same_next_batch_on_every_rank(cases):
     assert agree[0]["phases"] == agree[1]["phases"]
     assert differs[1]["differed"] and differs[0]["phases"] == differs[1]["phases"]  # rank 1 follows rank 0
     assert fault[1]["differed"] and fault[0]["phases"] != fault[1]["phases"]  # the planted fault: no broadcast
+
+
+@pytest.mark.slow
+def test_graph_and_packed_batches_split_over_ranks(cases):
+    """Each rank's share of a graph or packed global batch taken by the workload's split: the synchronised
+    gradient is the one-pass gradient over all 31 samples, every check holds."""
+    for name, out in cases["batch_kinds"].items():
+        assert out["per_rank_batch"] == [15, 16] and out["micro_steps"] > 1, name
+        assert out["error"] < 1e-5 and out["failed"] == [], (name, out)
 
 
 @pytest.mark.slow

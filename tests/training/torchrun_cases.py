@@ -18,6 +18,7 @@ import_torch(freeze=True)  # as ``autotune run`` loads torch in a rank
 from autotune.training import distributed  # noqa: E402
 
 from . import ddp_uneven_worker, ddp_worker, fsdp_worker, mixed_worker, noise_ddp_worker, ramp_ddp_worker  # noqa: E402
+from .batch_kinds_worker import case as batch_kinds  # noqa: E402
 from .rank_exit import run_then_exit  # noqa: E402
 
 CASES: dict[str, Callable[[], object]] = {
@@ -27,6 +28,7 @@ CASES: dict[str, Callable[[], object]] = {
     "fsdp": fsdp_worker.case,
     "ramp": ramp_ddp_worker.case,
     "mixed_ranks": mixed_worker.case,
+    "batch_kinds": batch_kinds,
 }
 
 

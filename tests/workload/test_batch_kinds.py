@@ -1,0 +1,162 @@
+"""Batches as people build them: a graph batch (three first dimensions) and a padding-free packed row are
+probed, planned, run and verified with the exact n_i / N weighting, given samples= and split=."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.api import plan as make_plan
+from autotune.cli import main
+from autotune.devices import get_device
+from autotune.errors import ProbeFileError
+from autotune.probing.finder import probe
+from autotune.training.accumulate import Accumulator
+from autotune.training.runner import run_plan
+from autotune.workload import Workload
+
+from ..helpers import exhaustive_max
+from .batch_kinds import (
+    RUN_BUDGETS,
+    graph_workload,
+    graphs,
+    jagged_workload,
+    packed_workload,
+    split_graphs,
+    target_tokens,
+)
+
+BUDGETS = {"gnn": 1_500_000, "packed-lm": 20_000_000}
+
+
+def test_a_graph_batch_without_samples_is_refused_naming_the_fix():
+    with pytest.raises(ProbeFileError, match=r"batch\(3, generator\) returned no usable batch: every tensor of a "
+                                             r"batch must share its first dimension; found sizes \[2, 3, 4, \d+\]"
+                                             r".*give the workload samples=.* and split="):
+        graph_workload(described=False).make_batch(3, torch.Generator().manual_seed(0))
+
+
+def test_samples_that_disagree_with_n_are_refused():
+    w = Workload(name="gnn", model=torch.nn.Linear, batch=graphs, loss=lambda m, b: b["x"].sum(),
+                 samples=lambda b: int(b["x"].shape[0]))
+    with pytest.raises(ProbeFileError, match=r"batch\(3, generator\) returned \d+ samples, not 3: .*samples\(batch\)"):
+        w.make_batch(3, torch.Generator().manual_seed(0))
+
+
+def test_samples_without_split_cannot_slice_a_graph_batch():
+    w = Workload(name="gnn", model=torch.nn.Linear, batch=graphs, loss=lambda m, b: b["x"].sum(),
+                 samples=lambda b: int(b["y"].shape[0]))
+    batch = w.make_batch(4, torch.Generator().manual_seed(0))
+    with pytest.raises(ProbeFileError, match=r"samples 0..2 .*slicing dim 0 cannot split it: give split="):
+        w.share(batch, 0, 2)
+
+
+def test_a_split_that_returns_wrong_sizes_is_refused():
+    w = graph_workload()
+    batch = w.make_batch(5, torch.Generator().manual_seed(0))
+    with pytest.raises(ProbeFileError, match=r"split\(batch, \[2, 3\]\) returned micro-batches of \[3, 2\] samples"):
+        Workload(name="gnn", model=w.model, batch=w.batch, loss=w.loss, samples=w.samples,
+                 split=lambda b, sizes: split_graphs(b, sizes[::-1])).share(batch, 2, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [graph_workload, packed_workload])
+def test_accumulated_gradient_is_the_full_batch_gradient(make):
+    """Micro-batches of 3, 1 and 4 samples weighted n_i / N (items: graphs, or target tokens) give the gradient
+    of the whole batch's mean, to the rounding of the float32 weighted loss."""
+    w = make()
+    torch.manual_seed(0)
+    model = w.make_model().double()
+    batch = w.make_batch(8, torch.Generator().manual_seed(1))
+    batch = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+    w.loss(model, batch).backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters()])
+    model.zero_grad()
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), [3, 1, 4], loss=w.loss, items=w.items,
+                      samples=w.samples, split=w.split, noise_scale=False)
+    out = acc.backward(batch)  # the accumulated gradient, no optimizer step
+    assert out.samples == 8 and out.micro_steps == 3 and out.items == w.count_items(batch)
+    got = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert float((got - want).norm() / want.norm()) < 1e-6
+
+
+def test_packed_items_are_target_tokens_per_micro_batch():
+    w = packed_workload()
+    batch = w.make_batch(5, torch.Generator().manual_seed(0))
+    parts = w.split(batch, [2, 3])
+    assert [int(p["position_ids"].eq(0).sum()) for p in parts] == [2, 3]  # position ids restart per sequence
+    assert sum(target_tokens(p) for p in parts) == target_tokens(batch) == batch["input_ids"].shape[1] - 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [graph_workload, packed_workload])
+def test_probe_equals_a_real_bisection(make):
+    w = make()
+    device = get_device("cpu", memory_budget=BUDGETS[w.name])
+    result = probe(w, device, max_batch=256)
+    expected = exhaustive_max(w, device, result.usable_bytes, 256)
+    assert 4 < expected < 256  # memory, not the limit, decides
+    assert abs(result.max_micro_batch - expected) <= 1
+    assert result.real_runs <= 2 and result.real_ooms == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [graph_workload, packed_workload])
+@pytest.mark.parametrize("worst", [True, False])
+def test_run_verifies_the_plan(make, worst):
+    """Planned at a target no micro-batch holds (uneven micro-batches), run: the gradient equals the one-pass
+    gradient over the same samples and every sample and item is counted once. The run's memory is held to the
+    probe's only where batch(n) is the worst case of n samples (every graph or sequence of the most nodes or
+    tokens): a micro-batch of smaller graphs probed stands for nothing about one of larger graphs."""
+    w = make(worst=worst)
+    device = get_device("cpu", memory_budget=RUN_BUDGETS[w.name])
+    plan = make_plan(31, workload=w, device=device)
+    assert plan.accumulation_steps > 1
+    result = run_plan(plan, w, device, steps=2)
+    v = result.verification
+    assert v.gradient_relative_error < 1e-5
+    assert v.check("gradient_equivalence").passed and v.check("count").passed
+    if worst:
+        assert result.passed, v.failed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload"])
+def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, builder):
+    """``autotune run`` on a probe file whose workload gives samples= and split=: plan, train, verify."""
+    path = tmp_path / f"{builder}.py"
+    path.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.workload import batch_kinds
+
+        def build():
+            return batch_kinds.{builder}(worst=True)
+        """))
+    budget = RUN_BUDGETS["gnn" if builder == "graph_workload" else "packed-lm"]
+    code = main(["run", "--target-batch", "31", "--probe", str(path), "--device", "cpu", "--memory-budget",
+                 str(budget), "--steps", "2", "--json", "--quiet"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["passed"], data["verification"]
+    checks = {c["name"]: c for c in data["verification"]["checks"]}
+    assert checks["gradient_equivalence"]["value"] < 1e-5 and checks["count"]["passed"]
+    assert data["plan"]["accumulation_steps"] > 1
+
+
+@pytest.mark.slow
+def test_a_jagged_batch_is_probed_on_the_device_and_verified():
+    """Nested tensors of jagged layout: the estimate cannot build them (FakeTensorMode needs a shape environment
+    for a nested size), so the probe searches on the device and says so; the run splits by the workload's split
+    and verifies."""
+    w = jagged_workload()
+    device = get_device("cpu", memory_budget=300_000)
+    plan = make_plan(31, workload=w, device=device)
+    assert plan.accumulation_steps > 1
+    assert any("the estimate cannot run this workload" in note for note in plan.probe.notes)
+    result = run_plan(plan, w, device, steps=2)
+    assert result.passed, result.verification.failed
+    assert result.verification.gradient_relative_error < 1e-5
