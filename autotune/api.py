@@ -24,6 +24,7 @@ from .errors import BadInput
 from .planning.requests import plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
+from .results.model import ModelSpec, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
@@ -98,7 +99,8 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
           world_size: int | None = None, store: StoreSpec = None,
-          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
+          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
+          model: str | ModelSpec | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
     ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
@@ -116,9 +118,14 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     where the peak comes from, what would lower it most, and which allocator settings fit more (see
     :func:`memory_snapshot`). On a real GPU the real snapshot of that size is written beside it.
 
+    ``model``: instead of ``workload``, a Hugging Face model by name (a hub id, a folder holding
+    config.json, that file) or a :class:`autotune.results.model.ModelSpec` saying how it trains; weights are never
+    downloaded, and the result's ``model`` says its parameter counts.
+
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    workload = workload_or_model(workload, model)
     asked = _request(probe, workload, locals(), ProbeRequest,
                      "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
     if asked is not None:
@@ -155,7 +162,8 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
     log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                  (f" (FSDP over {plural(rule.world_size, 'rank')})" if rule.sharded else ""))
     result = cached.probe(kept, request, wl, dev, ranks=ranks)
-    return replace(result, source=request.workload)
+    facts = getattr(wl, "facts", None)  # a model by name says what it is
+    return replace(result, source=request.workload, model=facts() if callable(facts) else None)
 
 
 def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,
@@ -218,7 +226,8 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
          parallel: str = options.DEFAULT_PARALLEL, store: StoreSpec = None, uniform_ranks: bool = False,
-         memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> Plan:
+         memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
+         model: str | ModelSpec | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -233,6 +242,7 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
+    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
 
     Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
     (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
@@ -245,6 +255,7 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
     if asked is not None:
@@ -420,7 +431,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, store: StoreSpec = None,
-        uniform_ranks: bool = False, ramp: RampConfig | bool | None = None) -> RunResult:
+        uniform_ranks: bool = False, ramp: RampConfig | bool | None = None,
+        model: str | ModelSpec | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
@@ -431,10 +443,12 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
+    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
     """
     from .planning.ramp import check_below, first_batch
     from .training.runner import run_plan
 
+    workload = workload_or_model(workload, model)
     steps = options.whole(steps, "steps")
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from ..options import PARALLEL, Parallel
 from ..units import format_bytes
 from .device import DeviceInfo
+from .model import ModelFacts
 from .record import Margin, Record, Whole, derived, one_of
 from .timeline import MemoryTimeline
 
@@ -101,6 +102,7 @@ class ProbeResult(Record):
     fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
     from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
     memory: MemoryTimeline | None = None  # where the peak comes from, when a memory snapshot was asked for
+    model: ModelFacts | None = None  # a Hugging Face model by name: its parameter counts, the formula's figures
 
     def validate(self) -> None:
         if self.max_batch < self.max_micro_batch:
