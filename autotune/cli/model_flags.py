@@ -29,7 +29,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="a seq2seq model's label tokens (default: --seq-len)")
     g.add_argument("--num-labels", metavar="N", default=None, help="a classifier's classes (default: the config's)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="adamw (Hugging Face Trainer's default, fused AdamW), sgd, adafactor; the 8-bit ones and "
+                   help="adamw (torch's AdamW, Hugging Face Trainer's adamw_torch), sgd, adafactor; the 8-bit ones and "
                         "lion need bitsandbytes (default: adamw)")
     g.add_argument("--lora", metavar="SETTINGS", default=None, nargs="?", const="",
                    help="train LoRA adapters through peft, e.g. r=16,alpha=32,dropout=0.05,targets=all-linear "

@@ -67,13 +67,13 @@ def config_file(name: str) -> Path:
     except RepositoryNotFoundError:
         raise BadInput(f"model {name!r} is not on the Hugging Face hub (or is private: log in with hf auth login): "
                        "check the id, or give a folder holding its config.json") from None
-    except EntryNotFoundError:
-        raise BadInput(f"model {name!r} on the Hugging Face hub has no config.json: give a folder holding one") \
-            from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError:  # an EntryNotFoundError too: first
         raise BadInput(f"the config.json of {name!r} is not in the Hugging Face cache and the hub cannot be reached "
                        "(HF_HUB_OFFLINE, or no network): fetch it once online, or give a folder holding its "
                        "config.json") from None
+    except EntryNotFoundError:
+        raise BadInput(f"model {name!r} on the Hugging Face hub has no config.json: give a folder holding one") \
+            from None
 
 
 def load_config(name: str) -> Any:
@@ -210,7 +210,9 @@ def _width(n: int, shape: Shape) -> int:
 
 
 def make_optimizer(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
-    """The optimizer ``name`` as Hugging Face's Trainer builds it (``adamw``: its default, fused AdamW)."""
+    """The optimizer ``name`` as Hugging Face's Trainer builds it (``adamw``: its ``adamw_torch``, torch's AdamW
+    with its default implementation, foreach on a GPU: its temporaries are at least the fused kernel's, and
+    the estimate's shape-only engine runs it)."""
     if name in NEEDS_BITSANDBYTES:
         import importlib.util
 
@@ -224,7 +226,7 @@ def make_optimizer(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.
         from transformers.optimization import Adafactor
 
         return functools.partial(Adafactor, lr=LEARNING_RATE, scale_parameter=False, relative_step=False)
-    return functools.partial(torch.optim.AdamW, lr=LEARNING_RATE, weight_decay=0.0, fused=True)
+    return functools.partial(torch.optim.AdamW, lr=LEARNING_RATE, weight_decay=0.0)
 
 
 #: peft's task type for each task (None: LoRA on the base model, every head's parameters frozen but the new ones).
