@@ -106,7 +106,9 @@ class ModelSpec:
     file. ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
     (None: the config's maximum positions, at most :data:`DEFAULT_SEQ_LEN`); ``target_len``: a seq2seq
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
-    ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says.
+    ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
+    ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``; with ``lengths``, ``seq_len``
+    is where samples are truncated (default: the longest sample).
     """
 
     name: str
@@ -144,8 +146,6 @@ class ModelSpec:
                 raise BadInput(f"lengths file {self.lengths!r} does not exist: give a CSV, Parquet or JSONL file "
                                "with a column of sample lengths")
             set_(self, "lengths", str(path.resolve()))
-            if self.seq_len is not None:
-                raise BadInput("seq_len and lengths both give the samples' lengths: give one of them")
 
     def spec(self) -> str:
         """The probe spec string: ``hf:NAME`` and ``?key=value&...`` for what differs from the defaults."""

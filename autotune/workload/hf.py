@@ -147,9 +147,9 @@ def shape_of(spec: ModelSpec, config: Any, task: str) -> Shape:
     seq_len = spec.seq_len or (max(lengths) if lengths else min(most or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN))
     if most is not None and seq_len > most and task != "seq2seq-lm":
         raise BadInput(f"seq_len {seq_len} is past the {most} positions the config of {spec.name!r} allows: give "
-                       f"--seq-len {most} or less")
+                       f"--seq-len {most} or less" + (" (longer samples are truncated)" if lengths else ""))
     return Shape(seq_len=seq_len, target_len=spec.target_len or seq_len, vocab=int(config.vocab_size),
-                 num_labels=num_labels, lengths=lengths, padding=spec.padding)
+                 num_labels=num_labels, lengths=tuple(min(n, seq_len) for n in lengths), padding=spec.padding)
 
 
 def read_lengths(path: str) -> tuple[int, ...]:

@@ -254,3 +254,20 @@ def test_a_model_spec_is_one_string_a_request_carries(tmp_path):
     assert probe_request(text, device="cpu").workload == text
     with pytest.raises(BadInput, match="workload and model"):
         autotune.probe("mlp", model=str(folder))
+
+
+@pytest.mark.parametrize("padding,seq_len,width,real", [("longest", 12, 12, [12, 12]), ("longest", 20, 20, [20, 12]),
+                                                        ("max", 30, 30, [30, 12])])
+def test_lengths_from_a_file_pad_as_asked(tmp_path, padding, seq_len, width, real):
+    folder = write_config(tmp_path / "llama", "llama")
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("text_id,length\n1,5\n2,12\n3,40\n4,3\n")
+    workload = load_workload(ModelSpec(name=str(folder), lengths=str(lengths), seq_len=seq_len,
+                                       padding=padding).spec())
+    batch = workload.make_batch(2, torch.Generator().manual_seed(0))  # the worst case: the longest samples
+    assert batch["input_ids"].shape == (2, width)
+    assert batch["attention_mask"].sum(1).tolist() == real  # 40 tokens truncated at seq_len
+    assert workload.count_items(batch) == sum(n - 1 for n in real)
+    jsonl = tmp_path / "lengths.jsonl"
+    jsonl.write_text('{"length": 7}\n{"length": 9}\n')
+    assert load_workload(ModelSpec(name=str(folder), lengths=str(jsonl)).spec()).facts().seq_len == 9
