@@ -57,9 +57,9 @@ def workload_of(args: argparse.Namespace) -> str | None:
         return probe
     if probe is not None:
         raise BadInput("--model and --probe each name the workload: give one of them")
-    from ..results.model import ModelSpec
+    from ..results.model import ModelSpec, model_name
 
     settings = {key: getattr(args, key) for _, key in SETTINGS if getattr(args, key, None) is not None}
     if settings.get("lora") == "":
         settings["lora"] = "r=16"  # the defaults
-    return ModelSpec(name=model, **settings).spec()
+    return ModelSpec(name=model_name(model), **settings).spec()

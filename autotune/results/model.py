@@ -15,7 +15,7 @@ No torch here: requests are built before torch loads.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -84,26 +84,37 @@ def lora_settings(value: object, name: str = "lora") -> str:
 
 
 def model_name(name: object) -> str:
-    """A model as a spec names it: a folder or ``config.json`` as an absolute path, a hub id as given."""
+    """A model as a user names it, as a spec names it: a folder or ``config.json`` that exists here as its
+    absolute path, anything else as given (a hub id)."""
     text = options.text(name, "model")
     path = Path(text).expanduser()
-    if path.exists():
+    return str(path.resolve()) if path.exists() else text
+
+
+def checked_name(name: object) -> str:
+    """A spec's model: an absolute path is a folder holding ``config.json`` or that file, any other name a
+    hub id (never a path: a spec that travels, to a service's worker say, reads nothing but the hub)."""
+    text = options.text(name, "model")
+    if Path(text).is_absolute():
+        path = Path(text)
         if path.is_dir() and not (path / "config.json").is_file():
             raise BadInput(f"model folder {text!r} holds no config.json: give the folder of a Hugging Face model "
                            "(its config.json is enough), a config.json file, or a hub id such as Qwen/Qwen2.5-7B")
-        return str(path.resolve())
-    if text.endswith(".json") or text.startswith((".", "/", "~")) or not _HUB_ID.match(text):
-        raise BadInput(f"model {text!r} is neither an existing folder or config.json nor a hub id "
-                       "(owner/name, e.g. Qwen/Qwen2.5-7B)")
-    return text
+        if path.exists():
+            return text
+    elif _HUB_ID.match(text) and not text.endswith(".json"):
+        return text
+    raise BadInput(f"model {text!r} is neither an existing folder or config.json nor a hub id "
+                   "(owner/name, e.g. Qwen/Qwen2.5-7B)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A Hugging Face model by name and how it trains; every setting checked when made.
 
-    ``name``: a hub id (only its ``config.json`` is fetched), a folder holding ``config.json``, or that
-    file. ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
+    ``name``: a hub id (only its ``config.json`` is fetched), or the absolute path of a folder holding
+    ``config.json`` or of that file (:func:`model_name` makes one of a path as a user gives it).
+    ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
     (None: the config's maximum positions, at most :data:`DEFAULT_SEQ_LEN`); ``target_len``: a seq2seq
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
@@ -125,7 +136,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "name", model_name(self.name))
+        set_(self, "name", checked_name(self.name))
         if self.task is not None:
             set_(self, "task", options.choice(self.task, TASKS, "task"))
         for key in ("seq_len", "target_len", "num_labels"):
@@ -222,7 +233,7 @@ def workload_or_model(workload: object, model: object) -> object:
     if workload is not None:
         raise BadInput("workload and model each name what to plan for: give one of them")
     if isinstance(model, ModelSpec):
-        return model.spec()
+        return replace(model, name=model_name(model.name)).spec()
     if is_model_spec(model):
         return ModelSpec.parse(str(model)).spec()
-    return ModelSpec(name=str(model)).spec()
+    return ModelSpec(name=model_name(model)).spec()

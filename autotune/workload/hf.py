@@ -47,10 +47,8 @@ LEARNING_RATE = 5e-5  # Hugging Face Trainer's default
 def config_file(name: str) -> Path:
     """The ``config.json`` a model spec names: the file, the folder's, or the hub's (cached)."""
     path = Path(name)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        return path / "config.json"
+    if path.is_absolute():  # a spec's local model (any other name is a hub id)
+        return path / "config.json" if path.is_dir() else path
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,

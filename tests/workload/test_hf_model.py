@@ -271,3 +271,21 @@ def test_lengths_from_a_file_pad_as_asked(tmp_path, padding, seq_len, width, rea
     jsonl = tmp_path / "lengths.jsonl"
     jsonl.write_text('{"length": 7}\n{"length": 9}\n')
     assert load_workload(ModelSpec(name=str(folder), lengths=str(jsonl)).spec()).facts().seq_len == 9
+
+
+def test_a_spec_reads_no_relative_path_but_a_user_s_folder_becomes_absolute(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from autotune.results.model import workload_or_model
+    from autotune.workload.hf import config_file
+
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path / "org" / "name", "llama")
+    assert workload_or_model(None, "org/name") == f"hf:{tmp_path}/org/name"  # the user's folder, here
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert ModelSpec.parse("hf:org/name").name == "org/name"
+    with pytest.raises(BadInput, match="not in the Hugging Face cache"):  # a spec's name is the hub's
+        config_file(ModelSpec.parse("hf:org/name").name)
+    with pytest.raises(BadInput, match="neither an existing folder"):
+        ModelSpec.parse("hf:../etc")
