@@ -55,6 +55,7 @@ from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in
 from .guard import Guard
 from .jobs import Job, JobFailed, one_line, status_of
 from .metrics import Metrics, Observe
+from .models import model_key, named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -138,12 +139,11 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
     @routes.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)",
                  response_model=answers.PlanAnswer, responses=answers.errors(400, 404, 413, 422, 500, 503, 504))
     async def plan(body: PlanRequest, request: Request) -> Response:
-        probe, function = service.settings.probes.resolve(body.probe)
-        key = stored.request_key(probe, function, body)
+        spec, key = _workload(service, body)
         answer = await run_in_threadpool(_from_store, service.from_store, key, body)
         if answer is None:
-            asked, spec = _asked(body), probe.spec(function)
-            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": body.probe,
+            asked = _asked(body)
+            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": named(body),
                                                       "request": asked.to_dict()}, _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
@@ -151,6 +151,23 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         service.metrics.answered(answer)
         request.state.cached, request.state.fingerprint = answer["cached"], answer["fingerprint"]
         return Response(answer["body"], media_type="application/json")  # the answer's JSON, as PlanAnswer says
+
+
+def _workload(service: Service, body: PlanRequest) -> tuple[str, str]:
+    """What a body plans, as a worker loads it (a probe's spec, or a model's), and its store key."""
+    if body.model is not None:
+        spec = _model_spec(body)
+        return spec, model_key(spec, body)
+    probe, function = service.settings.probes.resolve(body.probe)
+    return probe.spec(function), stored.request_key(probe, function, body)
+
+
+def _model_spec(body: PlanRequest) -> str:
+    """A body's model as a probe spec; what the library refuses in its settings is a 422."""
+    try:
+        return named(body)
+    except AutotuneError as exc:
+        raise JobFailed(status_of(exc), str(exc)) from None
 
 
 def _probes(spec: str, asked: Any) -> frozenset[Hashable]:

@@ -36,6 +36,7 @@ from ..results.plan import Plan
 from ..store.schema import Entry
 from ..store.store import Store
 from .bodies import PlanRequest
+from .models import named
 from .probes import Probe
 
 #: The environment variables a worker's fingerprint may depend on, by prefix.
@@ -183,7 +184,7 @@ class FromStore:
         with self._lock:
             self._plans.append((entry.fingerprint, made))
         plan = made.to_dict()
-        plan["probe"]["source"] = body.probe  # the name asked for, as a worker says it
+        plan["probe"]["source"] = named(body)  # the name asked for, as a worker says it
         return render({"plan": plan, "cached": True, "fingerprint": entry.fingerprint})
 
 

@@ -1,0 +1,64 @@
+"""A Hugging Face model by name in a plan request's body: a hub id and how it trains, never a path.
+
+``{"target_batch": 64, "model": {"name": "Qwen/Qwen2.5-7B", "seq_len": 4096}, "device": "estimate:H100-80GB"}``
+plans that model as ``autotune plan --model`` does: the worker fetches its ``config.json`` from the hub (or
+the hub cache of the service's machine; ``HF_HUB_OFFLINE=1`` reads the cache alone) and builds the model
+from it with no weights; code from the hub is never run. A request names a model on the hub only: no path
+of the service's machine, and no file of sample lengths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from ..results.model import DTYPES, TASKS, ModelSpec
+
+if TYPE_CHECKING:
+    from .bodies import PlanRequest
+
+#: A hub id as a request names one: owner/name (or a name alone), letters, digits, ``-``, ``_`` and ``.``.
+HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+Tokens = Annotated[StrictInt | None, Field(ge=1, le=1 << 20)]
+
+
+class ModelBody(BaseModel):
+    """The model of a plan request: a hub id, and the settings of ``autotune plan --model``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(max_length=193, pattern=HUB_ID,
+                               description="a Hugging Face hub id, e.g. Qwen/Qwen2.5-7B (only its config.json is "
+                                           "read; weights never)")]
+    task: Literal[TASKS] | None = None  # type: ignore[valid-type]
+    seq_len: Tokens = None
+    target_len: Tokens = None
+    num_labels: Annotated[StrictInt | None, Field(ge=1, le=1 << 20)] = None
+    optimizer: Literal["adamw", "sgd", "adafactor"] = "adamw"
+    lora: Annotated[str | None, Field(max_length=200, description="e.g. r=16,alpha=32,dropout=0.05,"
+                                                                  "targets=all-linear")] = None
+    gradient_checkpointing: StrictBool = False
+    dtype: Literal[tuple(DTYPES)] = "fp32"  # type: ignore[valid-type]
+
+    def spec(self) -> str:
+        """The model's probe spec (``hf:NAME?...``), every setting checked by the library."""
+        return ModelSpec(**self.model_dump()).spec()
+
+
+def named(body: PlanRequest) -> str:
+    """What a body plans: its model's probe spec, else its probe's name."""
+    return body.model.spec() if body.model is not None else body.probe
+
+
+def model_key(spec: str, body: PlanRequest) -> str:
+    """The digest of what a plan request's probe of a model depends on, as the server sees it: the model's
+    spec, the request's probe settings and the workers' environment (see :func:`stored.request_key`)."""
+    from . import stored
+
+    fields = body.model_dump()
+    text = json.dumps({"model": spec, "settings": {k: fields[k] for k in stored.PROBED},
+                       "environment": stored.environment()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
