@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode
 
 from .. import options
@@ -42,6 +42,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear"}
 #: Longest sequence a model by name trains on when ``--seq-len`` is not given (nor a shorter maximum).
 DEFAULT_SEQ_LEN = 2048
+W = TypeVar("W")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -171,7 +172,7 @@ class ModelSpec:
         body = spec.strip().removeprefix(PREFIX)
         name, _, query = body.partition("?")
         known = {f.name for f in fields(cls)} - {"name"}
-        pairs = dict(parse_qsl(query, keep_blank_values=True))
+        pairs: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
         unknown = sorted(set(pairs) - known)
         if unknown:
             raise BadInput(f"model spec {spec!r}: {', '.join(unknown)} is not a setting ({', '.join(sorted(known))})")
@@ -225,7 +226,7 @@ class ModelFacts(Record):
                 "no activations, batch, gradient buckets or allocator)")
 
 
-def workload_or_model(workload: object, model: object) -> object:
+def workload_or_model(workload: W, model: object) -> W | str:
     """The API's ``workload`` and ``model`` as one workload: ``model`` (a name, or a :class:`ModelSpec`) as its
     probe spec; both given is BadInput."""
     if model is None:

@@ -91,7 +91,7 @@ def load_config(name: str) -> Any:
         raise BadInput(f"model {name!r} {what}: autotune never runs code from the hub (trust_remote_code); write a "
                        "probe file that builds it (autotune plan --probe my_model.py; see Workload.from_model)")
     data = {k: v for k, v in data.items() if k != "model_type"}
-    return transformers.AutoConfig.for_model(model_type, **data)
+    return transformers.AutoConfig.for_model(str(model_type), **data)
 
 
 def task_of(config: Any, task: str | None) -> str:
@@ -276,7 +276,7 @@ def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
 class ModelWorkload(Workload):
     """A Workload built from a Hugging Face config, which also says what the model is (:meth:`facts`)."""
 
-    about: Callable[[], ModelFacts] = field(default=lambda: None, repr=False)  # type: ignore[assignment,return-value]
+    about: Callable[[], ModelFacts] = field(repr=False)
 
     def facts(self) -> ModelFacts:
         """The model's class, task and parameter counts, and the formula's figures."""
@@ -289,13 +289,14 @@ def count(model: nn.Module) -> tuple[int, int]:
     if callable(counter):
         trainable, total = counter()
         return int(total), int(trainable)
-    return int(model.num_parameters()), int(model.num_parameters(only_trainable=True))  # type: ignore[operator]
+    hf: Any = model  # a PreTrainedModel
+    return int(hf.num_parameters()), int(hf.num_parameters(only_trainable=True))
 
 
 def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: Shape) -> ModelFacts:
     """What the model ``build`` makes is (built on ``meta``: no memory)."""
     with torch.device("meta"):
-        model = build()
+        model: Any = build()
     total, trainable = count(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weights = total * DTYPE_BYTES[spec.dtype]
