@@ -148,6 +148,7 @@ def build():
 
     return Workload(name="llama", model=lambda: transformers.AutoModelForCausalLM.from_config(config), batch=batch,
                     loss=lambda model, batch: model(**batch).loss,
+                    items=lambda batch: int((batch["labels"][:, 1:] != -100).sum()),
                     optimizer=lambda params: torch.optim.AdamW(params, lr=5e-5, weight_decay=0.0))
 '''
 
@@ -165,6 +166,14 @@ def test_a_model_plan_equals_the_plan_of_its_hand_written_probe_file(tmp_path):
     for key in ("max_micro_batch", "peak_bytes", "predicted_peak_bytes", "allocated_peak_bytes", "curve"):
         assert getattr(by_name.probe, key) == getattr(by_hand.probe, key), key
     assert (by_name.micro_batch, by_name.accumulation_steps) == (by_hand.micro_batch, by_hand.accumulation_steps)
+    assert same_but_names(by_name.to_dict()) == same_but_names(by_hand.to_dict())
+
+
+def same_but_names(plan: dict) -> dict:
+    """A plan's JSON without what names its workload or says how long it took."""
+    probe = {k: v for k, v in plan["probe"].items() if k not in ("workload", "source", "model", "seconds")}
+    probe["trials"] = [{k: v for k, v in t.items() if k != "seconds"} for t in probe["trials"]]
+    return {**{k: v for k, v in plan.items() if k not in ("probe", "created_at")}, "probe": probe}
 
 
 @pytest.mark.slow
