@@ -298,3 +298,35 @@ def test_a_spec_reads_no_relative_path_but_a_user_s_folder_becomes_absolute(tmp_
         config_file(ModelSpec.parse("hf:org/name").name)
     with pytest.raises(BadInput, match="neither an existing folder"):
         ModelSpec.parse("hf:../etc")
+
+
+#: Llama-3.1-8B's public config (what its config.json says of the shapes).
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+                tie_word_embeddings=False)
+
+
+@pytest.mark.slow
+def test_an_8b_config_is_counted_and_estimated_without_its_memory(tmp_path):
+    import resource
+
+    folder = tmp_path / "llama-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(transformers.LlamaConfig(**LLAMA_8B,
+                                                                            architectures=["LlamaForCausalLM"]).to_dict()))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=256, dtype="bf16", lora="r=16"),
+                            device="estimate:H100-80GB", max_batch=2, store=False)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # KiB on Linux
+    assert result.model is not None and result.model.total_parameters == 8_030_261_248 + 41_943_040
+    assert result.model.trainable_parameters == 41_943_040 and result.max_micro_batch == 2
+    assert result.peak_bytes > 16 * 2**30 > 4 * grown  # 16 GB of bf16 weights on the device, none on the host
+
+
+def test_a_model_by_name_is_kept_in_the_plan_store(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    asked = dict(model=ModelSpec(name=str(folder), seq_len=16), device="estimate", memory_budget="720MiB",
+                 max_batch=8, store=f"sqlite:///{tmp_path / 'plans.db'}")
+    first, second = autotune.probe(**asked), autotune.probe(**asked)
+    assert not first.from_store and second.from_store and first.fingerprint == second.fingerprint
+    assert second.model == first.model and second.max_micro_batch == first.max_micro_batch
