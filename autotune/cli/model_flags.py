@@ -40,10 +40,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="the weights' dtype: fp32, bf16 or fp16 (Lightning's 32-true, bf16-true, 16-true too; "
                         "default: fp32)")
     g.add_argument("--lengths", metavar="FILE", default=None,
-                   help="sample lengths instead of --seq-len: a column of a CSV, Parquet or JSONL file")
+                   help="samples of these lengths (a column of a CSV, Parquet or JSONL file, or the one named "
+                        "length); --seq-len then truncates them (default: the longest)")
     g.add_argument("--padding", choices=PADDINGS, default=None,
-                   help="with --lengths: pad a micro-batch to its longest sample, or every sample to the longest "
-                        "length (default: longest; packed is not supported yet)")
+                   help="with --lengths: pad a micro-batch to its longest sample (longest), or every sample to "
+                        "--seq-len (max); packed is not supported yet (default: longest)")
 
 
 def workload_of(args: argparse.Namespace) -> str | None:
