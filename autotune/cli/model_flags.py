@@ -38,7 +38,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="as Hugging Face's Trainer enables it (non-reentrant)")
     g.add_argument("--dtype", metavar="DTYPE", default=None,
                    help="the weights' dtype: fp32, bf16 or fp16 (Lightning's 32-true, bf16-true, 16-true too; "
-                        "default: fp32)")
+                        "default: the config's, as transformers builds it; fp32 when it names none)")
     g.add_argument("--lengths", metavar="FILE", default=None,
                    help="samples of these lengths (a column of a CSV, Parquet or JSONL file, or the one named "
                         "length); --seq-len then truncates them (default: the longest)")

@@ -37,7 +37,6 @@ PADDINGS = ("longest", "max", "packed")
 DTYPES = {"fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
           "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16",
           "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16"}
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: LoRA's settings as ``--lora`` names them, with peft's defaults where a user names none.
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear"}
 #: Longest sequence a model by name trains on when ``--seq-len`` is not given (nor a shorter maximum).
@@ -118,6 +117,7 @@ class ModelSpec:
     ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
     (None: the config's maximum positions, at most :data:`DEFAULT_SEQ_LEN`); ``target_len``: a seq2seq
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
+    ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none).
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
     ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``; with ``lengths``, ``seq_len``
     is where samples are truncated (default: the longest sample).
@@ -131,7 +131,7 @@ class ModelSpec:
     optimizer: str = "adamw"
     lora: str | None = None
     gradient_checkpointing: bool = False
-    dtype: str = "fp32"
+    dtype: str | None = None
     lengths: str | None = None
     padding: str = "longest"
 
@@ -147,7 +147,8 @@ class ModelSpec:
         if self.lora is not None:
             set_(self, "lora", lora_settings(self.lora))
         set_(self, "gradient_checkpointing", _flag(self.gradient_checkpointing))
-        set_(self, "dtype", dtype_name(self.dtype))
+        if self.dtype is not None:
+            set_(self, "dtype", dtype_name(self.dtype))
         set_(self, "padding", options.choice(self.padding, PADDINGS, "padding"))
         if self.padding == "packed":
             raise BadInput("padding 'packed' (samples concatenated into rows) is not supported for a model by name "

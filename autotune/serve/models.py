@@ -41,7 +41,7 @@ class ModelBody(BaseModel):
     lora: Annotated[str | None, Field(max_length=200, description="e.g. r=16,alpha=32,dropout=0.05,"
                                                                   "targets=all-linear")] = None
     gradient_checkpointing: StrictBool = False
-    dtype: Literal[tuple(DTYPES)] = "fp32"  # type: ignore[valid-type]
+    dtype: Literal[tuple(DTYPES)] | None = None  # type: ignore[valid-type]
 
     def spec(self) -> str:
         """The model's probe spec (``hf:NAME?...``), every setting checked by the library."""

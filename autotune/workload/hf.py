@@ -13,6 +13,7 @@ the masked 15% of tokens, a classifier's one class a sample; the loss is the mod
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Callable, Iterable
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from ..results.model import DEFAULT_SEQ_LEN, DTYPE_BYTES, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec
+from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec
 from .core import Workload
 from .from_model import _loss_from_output
 
@@ -249,17 +250,14 @@ def with_lora(model: nn.Module, settings: str, task: str) -> nn.Module:
 
 
 def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
-    """A fresh model of ``config`` for ``task``, random weights in ``spec.dtype`` (none on ``meta``), as
+    """A fresh model of ``config`` for ``task``, random weights in ``spec.dtype`` (else the config's dtype, as
+    transformers builds it; none on ``meta``), as
     ``spec`` trains it: gradient checkpointing as Hugging Face's Trainer enables it, LoRA through peft."""
     import transformers
 
     auto = getattr(transformers, AUTO[task][0])
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[spec.dtype])
-    try:
-        model = auto.from_config(config)
-    finally:
-        torch.set_default_dtype(default)
+    dtype = {} if spec.dtype is None else {"dtype": DTYPES[spec.dtype]}
+    model = auto.from_config(copy.deepcopy(config), **dtype)
     if spec.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise BadInput(f"{type(model).__name__} does not support gradient checkpointing: drop "
@@ -299,9 +297,11 @@ def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: 
         model: Any = build()
     total, trainable = count(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    weights = total * DTYPE_BYTES[spec.dtype]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    dtypes = {p.dtype for p in base.parameters()}
+    dtype = next((k for k, v in DTYPES.items() if {v} == dtypes), "mixed")
     return ModelFacts(name=spec.name, architecture=type(base).__name__, task=task, total_parameters=total,
-                      trainable_parameters=trainable, dtype=spec.dtype, seq_len=shape.seq_len, lora=spec.lora,
+                      trainable_parameters=trainable, dtype=dtype, seq_len=shape.seq_len, lora=spec.lora,
                       formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights)
 
 

@@ -330,3 +330,14 @@ def test_a_model_by_name_is_kept_in_the_plan_store(tmp_path):
     first, second = autotune.probe(**asked), autotune.probe(**asked)
     assert not first.from_store and second.from_store and first.fingerprint == second.fingerprint
     assert second.model == first.model and second.max_micro_batch == first.max_micro_batch
+
+
+@pytest.mark.parametrize("dtype,built", [(None, torch.bfloat16), ("fp32", torch.float32), ("16-true", torch.float16)])
+def test_the_weights_are_in_the_configs_dtype_unless_told(tmp_path, dtype, built):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype=dtype).spec())
+    assert {p.dtype for p in workload.make_model().parameters()} == {built}
+    facts = workload.facts()
+    size = torch.empty((), dtype=built).element_size()
+    names = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+    assert facts.formula_weights_bytes == size * facts.total_parameters and facts.dtype == names[built]
