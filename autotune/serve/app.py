@@ -55,7 +55,7 @@ from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in
 from .guard import Guard
 from .jobs import Job, JobFailed, one_line, status_of
 from .metrics import Metrics, Observe
-from .models import model_key, named
+from .models import named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -157,7 +157,7 @@ def _workload(service: Service, body: PlanRequest) -> tuple[str, str]:
     """What a body plans, as a worker loads it (a probe's spec, or a model's), and its store key."""
     if body.model is not None:
         spec = _model_spec(body)
-        return spec, model_key(spec, body)
+        return spec, stored.model_key(spec, body)
     probe, function = service.settings.probes.resolve(body.probe)
     return probe.spec(function), stored.request_key(probe, function, body)
 

@@ -9,16 +9,11 @@ of the service's machine, and no file of sample lengths.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..results.model import DTYPES, TASKS, ModelSpec
-
-if TYPE_CHECKING:
-    from .bodies import PlanRequest
 
 #: A hub id as a request names one: owner/name (or a name alone), letters, digits, ``-``, ``_`` and ``.``.
 HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
@@ -48,17 +43,17 @@ class ModelBody(BaseModel):
         return ModelSpec(**self.model_dump()).spec()
 
 
-def named(body: PlanRequest) -> str:
+class Body(Protocol):
+    """A plan request's body, as far as what it plans goes (:class:`autotune.serve.bodies.PlanRequest`)."""
+
+    @property
+    def model(self) -> ModelBody | None: ...
+
+    @property
+    def probe(self) -> str: ...
+
+
+def named(body: Body) -> str:
     """What a body plans: its model's probe spec, else its probe's name."""
     return body.model.spec() if body.model is not None else body.probe
 
-
-def model_key(spec: str, body: PlanRequest) -> str:
-    """The digest of what a plan request's probe of a model depends on, as the server sees it: the model's
-    spec, the request's probe settings and the workers' environment (see :func:`stored.request_key`)."""
-    from . import stored
-
-    fields = body.model_dump()
-    text = json.dumps({"model": spec, "settings": {k: fields[k] for k in stored.PROBED},
-                       "environment": stored.environment()}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()

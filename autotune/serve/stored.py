@@ -69,6 +69,14 @@ def request_key(probe: Probe, function: str, body: PlanRequest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def model_key(spec: str, body: PlanRequest) -> str:
+    """:func:`request_key` of a request for a model by name: its spec (``hf:NAME?...``) for the probe's code."""
+    fields = body.model_dump()
+    text = json.dumps({"model": spec, "settings": {k: fields[k] for k in PROBED}, "environment": environment()},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class FromStore:
     """Answers plan requests from the store in this process (see the module). The entry a request's
     settings found is read again once it is :data:`READ_S` old; an answer made from it is kept here, as
