@@ -201,7 +201,7 @@ class ModelFacts(Record):
     """What a probe says about a model by name: its class and task, parameters as transformers counts them
     (``model.num_parameters()``) and as trainable (peft's count under LoRA), the sample shape, and the
     formula's figures (``accelerate estimate-memory``): the weights at their dtype, and Adam training as
-    4x the weights, with no activations, batch or allocator."""
+    4x the weights, with no activations, batch or allocator. ``dtype``: the one most parameters are in."""
 
     name: str
     architecture: str

@@ -298,8 +298,11 @@ def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: 
     total, trainable = count(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    dtypes = {p.dtype for p in base.parameters()}
-    dtype = next((k for k, v in DTYPES.items() if {v} == dtypes), "mixed")
+    held: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        held[p.dtype] = held.get(p.dtype, 0) + p.numel()
+    most = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
+    dtype = next((k for k, v in DTYPES.items() if v == most), str(most).removeprefix("torch."))
     return ModelFacts(name=spec.name, architecture=type(base).__name__, task=task, total_parameters=total,
                       trainable_parameters=trainable, dtype=dtype, seq_len=shape.seq_len, lora=spec.lora,
                       formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights)

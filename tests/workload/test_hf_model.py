@@ -320,6 +320,7 @@ def test_an_8b_config_is_counted_and_estimated_without_its_memory(tmp_path):
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # KiB on Linux
     assert result.model is not None and result.model.total_parameters == 8_030_261_248 + 41_943_040
     assert result.model.trainable_parameters == 41_943_040 and result.max_micro_batch == 2
+    assert result.model.dtype == "bf16"  # the weights'; LoRA's adapters stay fp32
     assert result.peak_bytes > 16 * 2**30 > 4 * grown  # 16 GB of bf16 weights on the device, none on the host
 
 
