@@ -33,7 +33,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "lion need bitsandbytes (default: adamw)")
     g.add_argument("--lora", metavar="SETTINGS", default=None, nargs="?", const="",
                    help="train LoRA adapters through peft, e.g. r=16,alpha=32,dropout=0.05,targets=all-linear "
-                        "(those are the defaults; targets=q_proj+v_proj names modules)")
+                        "(those are the defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA, which needs "
+                        "bitsandbytes)")
     g.add_argument("--gradient-checkpointing", action="store_true", default=None,
                    help="as Hugging Face's Trainer enables it (non-reentrant)")
     g.add_argument("--dtype", metavar="DTYPE", default=None,

@@ -38,7 +38,7 @@ DTYPES = {"fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
           "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16",
           "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16"}
 #: LoRA's settings as ``--lora`` names them, with peft's defaults where a user names none.
-LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear"}
+LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear", "bits": 16}
 #: Longest sequence a model by name trains on when ``--seq-len`` is not given (nor a shorter maximum).
 DEFAULT_SEQ_LEN = 2048
 W = TypeVar("W")
@@ -64,7 +64,8 @@ def dtype_name(value: object, name: str = "dtype") -> str:
 
 def lora_settings(value: object, name: str = "lora") -> str:
     """``--lora``'s ``r=16,alpha=32,dropout=0.05,targets=all-linear`` checked and written in full
-    (``targets`` may list modules with ``+``: ``targets=q_proj+v_proj``)."""
+    (``targets`` may list modules with ``+``: ``targets=q_proj+v_proj``; ``bits=4`` or ``8`` is QLoRA, the
+    frozen weights quantized, written only then)."""
     given: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in str(value).split(","))):
         key, eq, text = part.partition("=")
@@ -75,12 +76,14 @@ def lora_settings(value: object, name: str = "lora") -> str:
     settings: dict[str, Any] = dict(LORA_KEYS)
     try:
         for key, text in given.items():
-            settings[key] = int(text) if key in ("r", "alpha") else float(text) if key == "dropout" else text
+            settings[key] = int(text) if key in ("r", "alpha", "bits") else float(text) if key == "dropout" else text
     except ValueError:
         raise BadInput(f"{name} {value!r}: r and alpha are whole numbers, dropout a fraction") from None
     if settings["r"] < 1 or settings["alpha"] < 1 or not 0 <= settings["dropout"] < 1 or not settings["targets"]:
         raise BadInput(f"{name} {value!r}: r and alpha must be at least 1, dropout in [0, 1), targets named")
-    return ",".join(f"{k}={settings[k]}" for k in LORA_KEYS)
+    if settings["bits"] not in (4, 8, 16):
+        raise BadInput(f"{name} {value!r}: bits is 4 or 8 (QLoRA), or 16 (plain LoRA)")
+    return ",".join(f"{k}={settings[k]}" for k in LORA_KEYS if k != "bits" or settings[k] != 16)
 
 
 def model_name(name: object) -> str:

@@ -208,17 +208,21 @@ def _width(n: int, shape: Shape) -> int:
     return shape.seq_len
 
 
+def needs_bitsandbytes(what: str, instead: str) -> BadInput:
+    """Why ``what`` cannot be planned: it needs bitsandbytes (not installed, or not estimable)."""
+    import importlib.util
+
+    missing = importlib.util.find_spec("bitsandbytes") is None
+    return BadInput(f"{what} needs bitsandbytes" + (" (pip install bitsandbytes), which is not installed" if missing
+                    else ", whose kernels the estimate cannot stand in for") + f": {instead}, or write a probe file")
+
+
 def make_optimizer(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
     """The optimizer ``name`` as Hugging Face's Trainer builds it (``adamw``: its ``adamw_torch``, torch's AdamW
     with its default implementation, foreach on a GPU: its temporaries are at least the fused kernel's, and
     the estimate's shape-only engine runs it)."""
     if name in NEEDS_BITSANDBYTES:
-        import importlib.util
-
-        missing = importlib.util.find_spec("bitsandbytes") is None
-        raise BadInput(f"optimizer {name} needs bitsandbytes" + (
-            " (pip install bitsandbytes), which is not installed" if missing else ", whose kernels the estimate "
-            "cannot stand in for") + ": plan with --optimizer adamw, sgd or adafactor, or write a probe file")
+        raise needs_bitsandbytes(f"optimizer {name}", "plan with --optimizer adamw, sgd or adafactor")
     if name == "sgd":
         return functools.partial(torch.optim.SGD, lr=LEARNING_RATE)
     if name == "adafactor":
@@ -318,6 +322,9 @@ def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
 
 def build(spec: ModelSpec) -> ModelWorkload:
     """The Workload of the model ``spec`` names, trained as it says."""
+    if spec.lora is not None and ",bits=" in spec.lora:
+        raise needs_bitsandbytes(f"QLoRA (lora {spec.lora.rpartition(',')[2]})", "plan LoRA over unquantized weights "
+                                 "(drop bits=), in bf16 with --dtype bf16")
     config = load_config(spec.name)
     task = task_of(config, spec.task)
     if spec.num_labels is not None:

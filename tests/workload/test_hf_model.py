@@ -221,6 +221,8 @@ def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--probe", "mlp"], "--model and --probe each name the workload"),
     (["--optimizer", "adamw-8bit"], "needs bitsandbytes"),
+    (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
+    (["--lora", "bits=3"], "bits is 4 or 8"),
     (["--lengths", "x.csv", "--padding", "packed"], "'packed'"),
     (["--dtype", "bf16-mixed"], "mixed precision"),
     (["--lora", "r=0"], "at least 1"),
