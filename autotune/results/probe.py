@@ -150,6 +150,13 @@ class ProbeResult(Record):
                 return int(round(p0 + (p1 - p0) * (batch - b0) / (b1 - b0)))
         return next((p for b, p in points if b == batch), None)
 
+    def to_dict(self) -> dict[str, Any]:
+        """As every record writes itself, but ``model`` only for a model by name (other files read as before)."""
+        data = super().to_dict()
+        if data.get("model", ...) is None:
+            del data["model"]
+        return data
+
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"
         limit = f"the largest size allowed ({self.max_batch})" if self.limited_by == "max_batch" else "memory"
