@@ -24,7 +24,7 @@ from .errors import BadInput
 from .planning.requests import plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
-from .results.model import ModelSpec, workload_or_model
+from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
@@ -162,8 +162,9 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
     log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                  (f" (FSDP over {plural(rule.world_size, 'rank')})" if rule.sharded else ""))
     result = cached.probe(kept, request, wl, dev, ranks=ranks)
-    facts = getattr(wl, "facts", None)  # a model by name says what it is
-    return replace(result, source=request.workload, model=facts() if callable(facts) else None)
+    facts = getattr(wl, "facts", None)  # a model by name says what it is, by the name the request gives it
+    return replace(result, source=request.workload, model=named_as(facts(), request.workload) if callable(facts)
+                   else None)
 
 
 def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,

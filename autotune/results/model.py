@@ -242,3 +242,9 @@ def workload_or_model(workload: W, model: object) -> W | str:
     if is_model_spec(model):
         return ModelSpec.parse(str(model)).spec()
     return ModelSpec(name=model_name(model)).spec()
+
+
+def named_as(facts: ModelFacts, spec: str | None) -> ModelFacts:
+    """``facts`` under the model name of the request's ``spec`` (a service's request names an operator's
+    folder by its name alone)."""
+    return replace(facts, name=ModelSpec.parse(spec).name) if spec is not None and is_model_spec(spec) else facts

@@ -34,6 +34,7 @@ import asyncio
 from collections.abc import Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, Security
@@ -55,7 +56,7 @@ from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in
 from .guard import Guard
 from .jobs import Job, JobFailed, one_line, status_of
 from .metrics import Metrics, Observe
-from .models import named
+from .models import local_spec, named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -75,6 +76,7 @@ class Settings:
     workers: int = 1
     probe_timeout_s: float = options.PROBE_TIMEOUT_S
     allowed_hosts: frozenset[str] | None = None
+    models: tuple[Path, ...] = ()  # folders of model folders a request's model may name
 
 
 @dataclass
@@ -156,16 +158,17 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
 def _workload(service: Service, body: PlanRequest) -> tuple[str, str]:
     """What a body plans, as a worker loads it (a probe's spec, or a model's), and its store key."""
     if body.model is not None:
-        spec = _model_spec(body)
+        spec = _model_spec(body, service.settings.models)
         return spec, stored.model_key(spec, body)
     probe, function = service.settings.probes.resolve(body.probe)
     return probe.spec(function), stored.request_key(probe, function, body)
 
 
-def _model_spec(body: PlanRequest) -> str:
-    """A body's model as a probe spec; what the library refuses in its settings is a 422."""
+def _model_spec(body: PlanRequest, folders: tuple[Path, ...]) -> str:
+    """A body's model as a worker loads it (an operator's folder by its name, else the hub); what the library
+    refuses in its settings is a 422."""
     try:
-        return named(body)
+        return local_spec(body.model, folders) if body.model is not None else named(body)
     except AutotuneError as exc:
         raise JobFailed(status_of(exc), str(exc)) from None
 

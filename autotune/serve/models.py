@@ -4,15 +4,19 @@
 plans that model as ``autotune plan --model`` does: the worker fetches its ``config.json`` from the hub (or
 the hub cache of the service's machine; ``HF_HUB_OFFLINE=1`` reads the cache alone) and builds the model
 from it with no weights; code from the hub is never run. A request names a model on the hub only: no path
-of the service's machine, and no file of sample lengths.
+of the service's machine, and no file of sample lengths; a name without ``/`` that names a folder in one of
+the operator's ``--models`` folders (``NAME/config.json``) is that folder's model, and its answer names it so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from ..errors import BadInput
 from ..results.model import DTYPES, TASKS, ModelSpec
 
 #: A hub id as a request names one: owner/name (or a name alone), letters, digits, ``-``, ``_`` and ``.``.
@@ -51,6 +55,25 @@ class Body(Protocol):
 
     @property
     def probe(self) -> str: ...
+
+
+def model_folders(folders: Sequence[str | Path]) -> tuple[Path, ...]:
+    """``--models`` folders, checked: each must be a folder."""
+    found = tuple(Path(f).resolve() for f in folders)
+    for folder in found:
+        if not folder.is_dir():
+            raise BadInput(f"--models {folder} is not a folder: give folders holding model folders (NAME/config.json)")
+    return found
+
+
+def local_spec(model: ModelBody, folders: Sequence[Path]) -> str:
+    """The spec a worker loads for ``model``: its folder ``NAME`` in the first of ``folders`` that holds
+    ``NAME/config.json``, else the hub's (a name with ``/`` is always the hub's)."""
+    if "/" not in model.name:
+        for folder in folders:
+            if (folder / model.name / "config.json").is_file():
+                return ModelSpec(**{**model.model_dump(), "name": str(folder / model.name)}).spec()
+    return model.spec()
 
 
 def named(body: Body) -> str:

@@ -27,6 +27,7 @@ import math
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -70,10 +71,15 @@ def request_key(probe: Probe, function: str, body: PlanRequest) -> str:
 
 
 def model_key(spec: str, body: PlanRequest) -> str:
-    """:func:`request_key` of a request for a model by name: its spec (``hf:NAME?...``) for the probe's code."""
+    """:func:`request_key` of a request for a model by name: its spec (``hf:NAME?...``) for the probe's code,
+    and an operator's model folder's config.json as it is now."""
+    from ..results.model import ModelSpec
+
     fields = body.model_dump()
-    text = json.dumps({"model": spec, "settings": {k: fields[k] for k in PROBED}, "environment": environment()},
-                      sort_keys=True)
+    name = Path(ModelSpec.parse(spec).name)
+    config = (name / "config.json" if name.is_dir() else name).read_bytes() if name.is_absolute() else b""
+    text = json.dumps({"model": spec, "config": hashlib.sha256(config).hexdigest(),
+                       "settings": {k: fields[k] for k in PROBED}, "environment": environment()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -320,6 +320,14 @@ def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
     return int((labels != -100).sum())
 
 
+def display_name(name: str) -> str:
+    """A model's name in results: a hub id as it is, a local model by its folder's name (no path)."""
+    path = Path(name)
+    if not path.is_absolute():
+        return name
+    return (path.parent if path.suffix == ".json" else path).name or name
+
+
 def build(spec: ModelSpec) -> ModelWorkload:
     """The Workload of the model ``spec`` names, trained as it says."""
     if spec.lora is not None and ",bits=" in spec.lora:
@@ -333,6 +341,6 @@ def build(spec: ModelSpec) -> ModelWorkload:
     model = functools.partial(make_model, config, spec, task)
     about = functools.cache(functools.partial(facts_of, model, spec, task, shape))
     return ModelWorkload(
-        name=spec.name, model=model, batch=functools.partial(make_batch, task=task, shape=shape),
+        name=display_name(spec.name), model=model, batch=functools.partial(make_batch, task=task, shape=shape),
         loss=_loss_from_output(spec.name), optimizer=make_optimizer(spec.optimizer),
         items=functools.partial(items, task=task) if task in ("causal-lm", "masked-lm") else None, about=about)

@@ -49,3 +49,22 @@ def test_a_hub_model_is_planned_by_a_worker_then_from_the_store_and_a_path_is_re
     assert path.status_code == 422 and "model.name" in path.text
     assert both.status_code == 422 and "give one of them" in both.text
     assert missing.status_code == 422 and "not in the Hugging Face cache" in missing.text
+
+
+@pytest.mark.slow
+def test_an_operators_model_folder_is_named_by_its_name_alone(tmp_path):
+    models = tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny" / "config.json").write_text(json.dumps(transformers.LlamaConfig(**TINY).to_dict()))
+    server = Server(tmp_path, extra=("--models", str(models)))
+    body = {"target_batch": 8, "model": {"name": "tiny", "seq_len": 16}, "device": "estimate", "memory_budget": "1GiB"}
+    try:
+        with server.client() as http:
+            first = http.post("/v1/plan", json=body)
+            second = http.post("/v1/plan", json=body)
+    finally:
+        server.stop()
+    assert first.status_code == 200, first.text
+    probe = first.json()["plan"]["probe"]
+    assert probe["source"] == "hf:tiny?seq_len=16" and probe["model"]["name"] == "tiny"
+    assert str(tmp_path) not in first.text and second.json()["cached"]
