@@ -24,6 +24,7 @@ from .errors import BadInput, DoesNotFit
 from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
+from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
@@ -99,7 +100,8 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
           fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, precision: str = "fp32",
           store: StoreSpec = None,
-          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> ProbeResult:
+          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
+          model: str | ModelSpec | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
 
     ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
@@ -123,10 +125,14 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
 
     ``precision``: the request's (:class:`autotune.ProbeRequest` takes the same keywords); a probe measures the
     fit rule in fp32, as the workload builds its model, so only "fp32" is probed.
+    ``model``: instead of ``workload``, a Hugging Face model by name (a hub id, a folder holding
+    config.json, that file) or a :class:`autotune.results.model.ModelSpec` saying how it trains; weights are never
+    downloaded, and the result's ``model`` says its parameter counts.
 
     ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    workload = workload_or_model(workload, model)
     asked = _request(probe, workload, locals(), ProbeRequest,
                      "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
     if asked is not None:
@@ -177,7 +183,9 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
 
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
     result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)
-    return replace(result, source=request.workload)
+    facts = getattr(wl, "facts", None)  # a model by name says what it is, by the name the request gives it
+    return replace(result, source=request.workload, model=named_as(facts(), request.workload) if callable(facts)
+                   else None)
 
 
 def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Device,
@@ -247,7 +255,8 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
          parallel: str = options.DEFAULT_PARALLEL, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
          store: StoreSpec = None, uniform_ranks: bool = False,
-         memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None) -> Plan:
+         memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
+         model: str | ModelSpec | None = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -263,6 +272,7 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
+    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
 
     Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
     (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
@@ -275,6 +285,7 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
     if asked is not None:
@@ -455,7 +466,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
-        store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None) -> RunResult:
+        store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None,
+        model: str | ModelSpec | None = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
@@ -467,10 +479,12 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
+    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
     """
     from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
 
+    workload = workload_or_model(workload, model)
     steps, verify = options.whole(steps, "steps", text=False), options.boolean(verify, "verify")
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)

@@ -240,6 +240,9 @@ def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
         p.add_argument("--probe", metavar="PROBE", default=None,
                        help="the workload: a built-in name (mlp, gpt, convnet, e.g. gpt:build_1b), a .py file, or "
                             "package.module[:function], exposing build() -> autotune.Workload (default: gpt)")
+        from .model_flags import add_model_flags
+
+        add_model_flags(p)
     p.add_argument("--device", default="auto",
                    help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
                         "estimate (fake tensors only; needs --memory-budget: the GPU you plan for) | "

@@ -25,6 +25,7 @@ from .common import (
     write_output,
     write_report,
 )
+from .model_flags import workload_of
 
 if TYPE_CHECKING:
     from ..planning.planner import Uniform
@@ -112,6 +113,7 @@ def run(args) -> int:
     check_report(args)
     check_store(args)
     check_memory_snapshot(args)
+    args.probe = workload_of(args)  # --model NAME is the workload's model spec
     request = request_of(args)
     import_torch(freeze=args.own_process)
     from ..training import distributed
@@ -141,6 +143,8 @@ def _plan(args, request: PlanRequest, *, lead: bool) -> int:
         print(text, end="")
     elif fmt == "table":
         print(plan.summary())
+        if plan.probe is not None and plan.probe.model is not None:
+            print(plan.probe.model.line())
         if plan.probe is not None and plan.probe.memory is not None:
             print("\n".join(plan.probe.memory.lines(capacity=plan.probe.capacity_bytes)))
     else:

@@ -56,14 +56,15 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..planning.requests import probe_request
     from ..results.request import Snapshot
+    from .model_flags import workload_of
 
     check_output(args.output)
     check_store(args)
     check_memory_snapshot(args)
     # Every flag checked here, once, before torch loads.
-    request = probe_request(args.probe, device=args.device, memory_budget=args.memory_budget, margin=args.margin,
-                            max_batch=args.max_batch, parallel=args.parallel, fsdp_sync=args.fsdp_sync,
-                            world_size=args.world_size)
+    request = probe_request(workload_of(args), device=args.device, memory_budget=args.memory_budget,
+                            margin=args.margin, max_batch=args.max_batch, parallel=args.parallel,
+                            fsdp_sync=args.fsdp_sync, world_size=args.world_size)
     snapshot = Snapshot.of(args.memory_snapshot, args.at)
     import_torch(freeze=args.own_process)
     from .. import api as pipeline
@@ -83,6 +84,8 @@ def describe(result) -> str:
     from ..units import format_bytes
 
     lines = [result.summary(), f"device: {result.device.summary}"]
+    if result.model is not None:
+        lines.append(result.model.line())
     allocator = result.allocator_line()
     # with --at, the memory lines below are of another micro-batch than the probe's own figures: say whose these are
     other = result.memory is not None and result.memory.batch != result.max_micro_batch

@@ -25,6 +25,7 @@ from .common import (
     write_output,
     write_report,
 )
+from .model_flags import workload_of
 
 EXAMPLES = """\
 Trains the probe workload by the plan for N optimizer steps and verifies it:
@@ -93,6 +94,7 @@ def run(args) -> int:
     check_output(args.output)
     check_report(args)
     check_probe(args)
+    args.probe = workload_of(args)  # --model NAME is the workload's model spec
     check_store(args)
     _check_ramp(args)
     import_torch(freeze=args.own_process)

@@ -70,6 +70,9 @@ def add_parser(sub) -> None:
     p.add_argument("--probes", metavar="DIR", action="append", default=[],
                    help="a folder whose NAME.py probe files the service may run (repeat for several); the built-in "
                         "probes are always served")
+    p.add_argument("--models", metavar="DIR", action="append", default=[],
+                   help="a folder of Hugging Face model folders (NAME/config.json) a request's model may name by NAME "
+                        "(repeat for several); hub ids are always served")
     p.add_argument("--allowed-hosts", metavar="NAMES", type=flag(_hosts, "--allowed-hosts"), default=None,
                    help="more names requests may give in their Host header, comma-separated ('*': any); the address "
                         "listened on is always one (and localhost on 127.0.0.1; on 0.0.0.0 or :: any name is)")
@@ -143,12 +146,14 @@ def run(args: argparse.Namespace) -> int:
                        "token (python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE)")
     check_port(args.host, args.port)
     from ..serve.app import Settings, create_app
+    from ..serve.models import model_folders
     from ..serve.probes import Catalogue
 
     catalogue = Catalogue(args.probes)
     app = create_app(Settings(store=url, probes=catalogue, token=token, workers=args.workers,
                               probe_timeout_s=args.probe_timeout,
-                              allowed_hosts=allowed_hosts(args.host, args.allowed_hosts)))
+                              allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                              models=model_folders(args.models)))
     where = f"[{args.host}]" if ":" in args.host else args.host
     served = ", ".join(p.name for p in catalogue.all())
     print(f"autotune serve: http://{where}:{args.port} (docs at /docs; probes: {served}; "

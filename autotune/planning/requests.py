@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import options
 from ..dburl import check_storage
 from ..errors import BadInput
+from ..results.model import ModelSpec, is_model_spec
 from ..results.request import SPLIT_OF_UNIFORM, FitRule, PlanRequest, ProbeRequest, Snapshot, Tuning
 from ..units import plural
 from .planner import check_plan, world_size_from
@@ -28,6 +29,8 @@ def probe_spec(workload: object) -> str | None:
         workload = options.DEFAULT_PROBE
     if not isinstance(workload, str):
         return None
+    if is_model_spec(workload):  # a Hugging Face model by name, its settings in their one written form
+        return ModelSpec.parse(workload).spec()
     spec = options.probe_spec(workload)
     if not spec.file:
         return workload.strip()

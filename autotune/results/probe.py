@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from ..options import PARALLEL, Parallel
 from ..units import format_bytes, format_margin
 from .device import DeviceInfo
+from .model import ModelFacts
 from .record import Margin, Record, Whole, derived, one_of
 from .timeline import MemoryTimeline
 
@@ -104,6 +105,7 @@ class ProbeResult(Record):
     fingerprint: str | None = None  # the plan store's key for this probe, when a store was used
     from_store: bool = False  # answered from the plan store (confirmed by one real run on a real device)
     memory: MemoryTimeline | None = None  # where the peak comes from, when a memory snapshot was asked for
+    model: ModelFacts | None = None  # a Hugging Face model by name: its parameter counts, the formula's figures
 
     def validate(self) -> None:
         if self.max_batch < self.max_micro_batch:
@@ -152,6 +154,13 @@ class ProbeResult(Record):
             if b0 <= batch <= b1:
                 return int(round(p0 + (p1 - p0) * (batch - b0) / (b1 - b0)))
         return next((p for b, p in points if b == batch), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As every record writes itself, but ``model`` only for a model by name (other files read as before)."""
+        data = super().to_dict()
+        if data.get("model", ...) is None:
+            del data["model"]
+        return data
 
     def summary(self) -> str:
         status = "estimated, not confirmed on a real device" if self.estimated else "confirmed by a real run"

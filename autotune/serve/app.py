@@ -35,6 +35,7 @@ import logging
 from collections.abc import Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, Security
@@ -56,6 +57,7 @@ from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in
 from .guard import Guard
 from .jobs import Job, JobFailed, one_line, status_of
 from .metrics import Metrics, Observe
+from .models import local_spec, named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
 from .worker import Pool
 
@@ -77,6 +79,7 @@ class Settings:
     workers: int = 1
     probe_timeout_s: float = options.PROBE_TIMEOUT_S
     allowed_hosts: frozenset[str] | None = None
+    models: tuple[Path, ...] = ()  # folders of model folders a request's model may name
 
 
 @dataclass
@@ -141,13 +144,12 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
     @routes.post("/v1/plan", summary="Plan a target batch for an estimated GPU (from the store when it can be)",
                  response_model=answers.PlanAnswer, responses=answers.errors(400, 404, 413, 422, 500, 503, 504))
     async def plan(body: PlanRequest, request: Request) -> Response:
-        probe, function = service.settings.probes.resolve(body.probe)
-        key = stored.request_key(probe, function, body)
+        spec, key, builtin = _workload(service, body)
         answer = await run_in_threadpool(_from_store, service.from_store, key, body)
         if answer is None:
-            asked, spec = _asked(body), probe.spec(function)
-            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": body.probe,
-                                                      "builtin": probe.builtin, "request": asked.to_dict()},
+            asked = _asked(body)
+            answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": named(body),
+                                                      "builtin": builtin, "request": asked.to_dict()},
                                                      _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
@@ -157,10 +159,30 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         return Response(answer["body"], media_type="application/json")  # the answer's JSON, as PlanAnswer says
 
 
+def _workload(service: Service, body: PlanRequest) -> tuple[str, str, bool]:
+    """What a body plans, as a worker loads it (a probe's spec, or a model's), its store key, and whether it is
+    a built-in probe (a worker that dies running one is the service's fault)."""
+    if body.model is not None:
+        spec = _model_spec(body, service.settings.models)
+        return spec, stored.model_key(spec, body), False
+    probe, function = service.settings.probes.resolve(body.probe)
+    return probe.spec(function), stored.request_key(probe, function, body), probe.builtin
+
+
+def _model_spec(body: PlanRequest, folders: tuple[Path, ...]) -> str:
+    """A body's model as a worker loads it (an operator's folder by its name, else the hub); what the library
+    refuses in its settings is a 422."""
+    try:
+        return local_spec(body.model, folders) if body.model is not None else named(body)
+    except AutotuneError as exc:
+        raise JobFailed(status_of(exc), str(exc)) from None
+
+
 def _probes(spec: str, asked: Any) -> frozenset[Hashable]:
     """A job's key: one item per probe it runs (each rank's, for ranks that differ), what its store claim
     depends on (the workload, the device, its memory, the fit rule), not which rank asked or how far it searches."""
-    return frozenset((spec, p.device, p.memory_budget, p.margin, p.precision, p.rule.parallel, p.rule.world_size)
+    return frozenset((spec, p.device, p.memory_budget, p.margin, p.precision, p.rule.parallel, p.rule.world_size,
+                      p.rule.fsdp_sync)
                      for p in (asked.ranks or (asked.probe,)))
 
 

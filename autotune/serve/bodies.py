@@ -17,6 +17,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, Str
 
 from .. import options
 from ..errors import BadInput
+from .models import ModelBody
 
 if TYPE_CHECKING:
     from ..results.request import PlanRequest as Asked
@@ -43,6 +44,8 @@ class PlanRequest(BaseModel):
     target_batch: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET, description="effective batch, over all ranks")]
     probe: Annotated[str, Field(max_length=129, description="a probe this service runs (GET /v1/probes): NAME or "
                                                             "NAME:FUNCTION")] = "gpt"
+    model: Annotated[ModelBody | None, Field(description="instead of probe: a Hugging Face model on the hub, "
+                                                         "built from its config.json")] = None
     device: Annotated[str, Field(max_length=512, pattern=DEVICES,
                                  description="estimate (with memory_budget) or an estimate preset, estimate:NAME; "
                                              "or one per rank, for ranks that differ: "
@@ -103,6 +106,12 @@ class PlanRequest(BaseModel):
                     raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
         return value
 
+    @model_validator(mode="after")
+    def _one_workload(self) -> PlanRequest:
+        if self.model is not None and "probe" in self.model_fields_set:
+            raise ValueError("probe and model each name what to plan: give one of them")
+        return self
+
     def listed(self) -> bool:
         """Whether the body names a device or a budget per rank (ranks that may differ)."""
         return max(len(_ranks(self.device, "device")), len(_ranks(self.memory_budget, "memory_budget"))) > 1
@@ -113,7 +122,9 @@ class PlanRequest(BaseModel):
         from ..planning.requests import plan_request
 
         world = None if self.listed() and "world_size" not in self.model_fields_set else self.world_size
-        return plan_request(self.target_batch, workload=self.probe, device=self.device,
+        from .models import named
+
+        return plan_request(self.target_batch, workload=named(self), device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
                             multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel,
                             fsdp_sync=self.fsdp_sync, env={})

@@ -27,6 +27,7 @@ import math
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,6 +37,7 @@ from ..results.plan import Plan
 from ..store.schema import Entry
 from ..store.store import Store
 from .bodies import PlanRequest
+from .models import named
 from .probes import Probe
 
 #: The environment variables a worker's fingerprint may depend on, by prefix.
@@ -64,6 +66,19 @@ def request_key(probe: Probe, function: str, body: PlanRequest) -> str:
     """The digest of what a plan request's probe depends on, as the server sees it (see the module)."""
     fields = body.model_dump()
     text = json.dumps({"probe": probe.name, "function": function, "builtin": probe.builtin, "code": probe.source(),
+                       "settings": {k: fields[k] for k in PROBED}, "environment": environment()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_key(spec: str, body: PlanRequest) -> str:
+    """:func:`request_key` of a request for a model by name: its spec (``hf:NAME?...``) for the probe's code,
+    and an operator's model folder's config.json as it is now."""
+    from ..results.model import ModelSpec
+
+    fields = body.model_dump()
+    name = Path(ModelSpec.parse(spec).name)
+    config = (name / "config.json" if name.is_dir() else name).read_bytes() if name.is_absolute() else b""
+    text = json.dumps({"model": spec, "config": hashlib.sha256(config).hexdigest(),
                        "settings": {k: fields[k] for k in PROBED}, "environment": environment()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -183,7 +198,7 @@ class FromStore:
         with self._lock:
             self._plans.append((entry.fingerprint, made))
         plan = made.to_dict()
-        plan["probe"]["source"] = body.probe  # the name asked for, as a worker says it
+        plan["probe"]["source"] = named(body)  # the name asked for, as a worker says it
         return render({"plan": plan, "cached": True, "fingerprint": entry.fingerprint})
 
 

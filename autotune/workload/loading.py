@@ -13,6 +13,7 @@ from types import ModuleType
 
 from ..errors import ProbeFileError, user_code
 from ..options import BUILTIN_PROBES, ProbeSpec, probe_spec
+from ..results.model import ModelSpec, is_model_spec
 from .core import Workload
 
 
@@ -21,8 +22,13 @@ def load_workload(spec: str | None = None) -> Workload:
 
     ``spec``: a built-in probe name (mlp, gpt, convnet), a path to a ``.py``
     file, or an importable ``package.module``; any of them optionally followed
-    by ``:function`` to call instead of ``build``. None means the default probe.
+    by ``:function`` to call instead of ``build``; or a Hugging Face model by name (``hf:NAME?...``, see
+    :mod:`autotune.results.model`). None means the default probe.
     """
+    if is_model_spec(spec):
+        from .hf import build as build_model
+
+        return build_model(ModelSpec.parse(str(spec)))
     where = probe_spec(spec)
     target, func_name = where.name, where.function
     module = _import(where)

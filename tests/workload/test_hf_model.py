@@ -1,0 +1,346 @@
+"""A Hugging Face model by name (``--model``): configs written here, the hub's cache read offline, the
+model built by transformers, counted as transformers and peft count, planned as its hand-written probe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import autotune
+from autotune.cli import main
+from autotune.errors import BadInput
+from autotune.results.model import ModelSpec
+from autotune.workload import load_workload
+
+TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64)
+#: (config class, its keywords, architecture, the task it is built for, the auto class that builds it)
+CONFIGS = {
+    "llama": ("LlamaConfig", TINY, "LlamaForCausalLM", "causal-lm"),
+    "qwen2": ("Qwen2Config", TINY, "Qwen2ForCausalLM", "causal-lm"),
+    "mistral": ("MistralConfig", TINY, "MistralForCausalLM", "causal-lm"),
+    "gemma2": ("Gemma2Config", {**TINY, "head_dim": 8}, "Gemma2ForCausalLM", "causal-lm"),
+    "gpt2": ("GPT2Config", dict(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64), "GPT2LMHeadModel",
+             "causal-lm"),
+    "t5": ("T5Config", dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, pad_token_id=0,
+                            decoder_start_token_id=0),
+           "T5ForConditionalGeneration", "seq2seq-lm"),
+    "bert": ("BertConfig", dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64, max_position_embeddings=64), "BertForMaskedLM", "masked-lm"),
+    "bert-cls": ("BertConfig", dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64, max_position_embeddings=64, num_labels=3),
+                 "BertForSequenceClassification", "sequence-classification"),
+    "vit": ("ViTConfig", dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, num_labels=5), "ViTForImageClassification",
+            "image-classification"),
+}
+AUTO = {"causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM", "masked-lm": "AutoModelForMaskedLM",
+        "sequence-classification": "AutoModelForSequenceClassification",
+        "image-classification": "AutoModelForImageClassification"}
+
+
+def config_of(kind: str) -> transformers.PretrainedConfig:
+    cls, kwargs, arch, _ = CONFIGS[kind]
+    return getattr(transformers, cls)(**kwargs, architectures=[arch])
+
+
+def write_config(folder: Path, kind: str, **extra: object) -> Path:
+    """A model folder holding only the config.json of a tiny ``kind`` model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**config_of(kind).to_dict(), **extra}))
+    return folder
+
+
+def reference(kind: str) -> torch.nn.Module:
+    """The model transformers itself builds from the config (random weights)."""
+    return getattr(transformers, AUTO[CONFIGS[kind][3]]).from_config(config_of(kind))
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_a_config_builds_the_model_transformers_builds_and_trains_on_its_batches(tmp_path, kind):
+    spec = ModelSpec(name=str(write_config(tmp_path / kind, kind)), seq_len=16 if kind != "vit" else None).spec()
+    workload = load_workload(spec)
+    model = workload.make_model()
+    expected = reference(kind)
+    facts = workload.facts()
+    assert type(model) is type(expected) and facts.task == CONFIGS[kind][3]
+    assert facts.total_parameters == expected.num_parameters() == facts.trainable_parameters
+    batch = workload.make_batch(3, torch.Generator().manual_seed(0))
+    loss = workload.loss(model, batch)
+    loss.backward()
+    assert loss.dim() == 0 and torch.isfinite(loss) and all(p.grad is not None for p in model.parameters()
+                                                             if p.requires_grad and kind != "bert")
+
+
+def test_labels_are_what_the_collators_make(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    causal = load_workload(ModelSpec(name=str(write_config(tmp_path / "l", "llama")), seq_len=12).spec())
+    batch = causal.make_batch(2, gen)
+    assert torch.equal(batch["labels"], batch["input_ids"]) and batch["input_ids"].shape == (2, 12)
+    assert causal.count_items(batch) == 2 * 11  # the shifted tokens the loss averages over
+    t5 = load_workload(ModelSpec(name=str(write_config(tmp_path / "t", "t5")), seq_len=12, target_len=5).spec())
+    assert t5.make_batch(2, gen)["labels"].shape == (2, 5)
+    cls = load_workload(ModelSpec(name=str(write_config(tmp_path / "c", "bert-cls")), seq_len=8, num_labels=7).spec())
+    labels = cls.make_batch(4, gen)["labels"]
+    assert labels.shape == (4,) and cls.make_model().num_labels == 7
+    vit = load_workload(ModelSpec(name=str(write_config(tmp_path / "v", "vit"))).spec())
+    assert vit.make_batch(2, gen)["pixel_values"].shape == (2, 3, 32, 32)
+
+
+def test_default_sequence_length_is_the_configs_maximum_up_to_2048(tmp_path):
+    facts = load_workload(ModelSpec(name=str(write_config(tmp_path / "l", "llama"))).spec()).facts()
+    assert facts.seq_len == 64
+    with pytest.raises(BadInput, match="past the 64 positions"):
+        load_workload(ModelSpec(name=str(tmp_path / "l"), seq_len=65).spec())
+
+
+def test_lora_counts_are_peft_s(tmp_path):
+    import peft
+
+    folder = write_config(tmp_path / "l", "llama")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, lora="r=4,alpha=8,targets=q_proj+v_proj").spec())
+    expected = peft.get_peft_model(reference("llama"), peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05,
+                                                                       target_modules=["q_proj", "v_proj"],
+                                                                       task_type="CAUSAL_LM"))
+    trainable, total = expected.get_nb_trainable_parameters()
+    facts = workload.facts()
+    assert (facts.total_parameters, facts.trainable_parameters) == (total, trainable) and trainable < total
+    model = workload.make_model()
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == trainable
+
+
+@pytest.mark.slow
+def test_a_hub_id_reads_config_json_through_huggingface_hub_from_its_cache_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--tiny-org--tiny-llama"
+    write_config(repo / "snapshots" / ("0" * 40), "llama")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    result = autotune.probe(model="tiny-org/tiny-llama", device="estimate", memory_budget="1GiB", max_batch=4,
+                            store=False)
+    assert result.model is not None and result.model.name == "tiny-org/tiny-llama"
+    assert result.model.total_parameters == reference("llama").num_parameters()
+    assert result.source == "hf:tiny-org/tiny-llama" and result.max_micro_batch == 4
+    with pytest.raises(BadInput, match="not in the Hugging Face cache"):
+        autotune.probe(model="tiny-org/not-fetched", device="estimate", memory_budget="1GiB", store=False)
+
+
+PROBE_FILE = '''
+import torch, transformers
+from autotune import Workload
+
+def build():
+    config = transformers.LlamaConfig(**{tiny!r}, architectures=["LlamaForCausalLM"])
+
+    def batch(n, generator):
+        ids = torch.randint(128, (n, 32), generator=generator)
+        return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}}
+
+    return Workload(name="llama", model=lambda: transformers.AutoModelForCausalLM.from_config(config), batch=batch,
+                    loss=lambda model, batch: model(**batch).loss,
+                    items=lambda batch: int((batch["labels"][:, 1:] != -100).sum()),
+                    optimizer=lambda params: torch.optim.AdamW(params, lr=5e-5, weight_decay=0.0))
+'''
+
+
+@pytest.mark.slow
+def test_a_model_plan_equals_the_plan_of_its_hand_written_probe_file(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    probe_file = tmp_path / "llama_probe.py"
+    probe_file.write_text(PROBE_FILE.format(tiny=TINY))
+    asked = dict(device="estimate", memory_budget="720MiB", store=False)
+    by_name = autotune.plan(256, model=ModelSpec(name=str(folder), seq_len=32), **asked)
+    by_hand = autotune.plan(256, workload=str(probe_file), **asked)
+    assert by_name.probe is not None and by_hand.probe is not None
+    assert 1 < by_name.probe.max_micro_batch < 256
+    for key in ("max_micro_batch", "peak_bytes", "predicted_peak_bytes", "allocated_peak_bytes", "curve"):
+        assert getattr(by_name.probe, key) == getattr(by_hand.probe, key), key
+    assert (by_name.micro_batch, by_name.accumulation_steps) == (by_hand.micro_batch, by_hand.accumulation_steps)
+    assert same_but_names(by_name.to_dict()) == same_but_names(by_hand.to_dict())
+
+
+def same_but_names(plan: dict) -> dict:
+    """A plan's JSON without what names its workload or says how long it took."""
+    probe = {k: v for k, v in plan["probe"].items() if k not in ("workload", "source", "model", "seconds")}
+    probe["trials"] = [{k: v for k, v in t.items() if k != "seconds"} for t in probe["trials"]]
+    return {**{k: v for k, v in plan.items() if k not in ("probe", "created_at")}, "probe": probe}
+
+
+@pytest.mark.slow
+def test_a_real_cpu_run_confirms_the_estimate_of_a_tiny_config(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=32), device="cpu", memory_budget="12MiB",
+                            store=False)
+    real = [t for t in result.trials if t.source == "real"]
+    assert len(real) == 1 and real[0].fits and real[0].batch == result.max_micro_batch > 1
+    estimated = {t.batch: t.peak_bytes for t in result.trials if t.source == "estimate"}
+    assert result.model is not None and abs(real[0].peak_bytes / estimated[real[0].batch] - 1) < 0.02
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.slow
+def test_autotune_run_model_trains_and_verifies(tmp_path, capsys):
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, err = run_cli(capsys, "run", "--model", str(folder), "--seq-len", "16", "--target-batch", "8",
+                             "--device", "cpu", "--memory-budget", "6MiB", "--steps", "2", "--json", "--quiet")
+    data = json.loads(out)
+    assert code == 0 and data["passed"], err
+
+
+@pytest.mark.slow
+def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, err = run_cli(capsys, "plan", "--model", str(folder), "--seq-len", "16", "--target-batch", "8",
+                             "--device", "estimate", "--memory-budget", "1GiB", "--json", "--quiet",
+                             "--dtype", "bf16-true")
+    assert code == 0, err
+    model = json.loads(out)["probe"]["model"]
+    total = reference("llama").num_parameters()
+    assert model["total_parameters"] == total == model["trainable_parameters"] and model["dtype"] == "bf16"
+    assert model["formula_weights_bytes"] == 2 * total and model["formula_adam_training_bytes"] == 8 * total
+    code, out, _ = run_cli(capsys, "probe", "--model", str(folder), "--seq-len", "16", "--device", "estimate",
+                           "--memory-budget", "1GiB", "--max-batch", "4", "--quiet")
+    assert code == 0 and "accelerate estimate-memory's formula" in out and f"{total:,} parameters" in out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--probe", "mlp"], "--model and --probe each name the workload"),
+    (["--optimizer", "adamw-8bit"], "needs bitsandbytes"),
+    (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
+    (["--lora", "bits=3"], "bits is 4 or 8"),
+    (["--lengths", "x.csv", "--padding", "packed"], "'packed'"),
+    (["--dtype", "bf16-mixed"], "mixed precision"),
+    (["--lora", "r=0"], "at least 1"),
+    (["--task", "speech"], "invalid choice"),
+])
+def test_bad_model_settings_are_one_line_and_exit_2(tmp_path, capsys, argv, words):
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, err = run_cli(capsys, "plan", "--target-batch", "8", "--model", str(folder), "--device", "estimate",
+                             "--memory-budget", "1GiB", *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and words in lines[0], err
+
+
+def test_model_settings_without_a_model_and_bad_names_are_refused(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "probe", "--seq-len", "16", "--device", "estimate", "--memory-budget", "1GiB")
+    assert code == 2 and "add --model NAME" in err
+    code, _, err = run_cli(capsys, "probe", "--model", str(tmp_path), "--device", "estimate", "--memory-budget", "1GiB")
+    assert code == 2 and "holds no config.json" in err
+
+
+def test_a_config_that_needs_remote_code_is_refused_in_words(tmp_path):
+    folder = write_config(tmp_path / "custom", "llama", auto_map={"AutoModelForCausalLM": "modeling_x.X"})
+    with pytest.raises(BadInput, match=r"never runs code from the hub \(trust_remote_code\); write a probe file"):
+        autotune.probe(model=str(folder), device="estimate", memory_budget="1GiB", store=False)
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no-such-model", "hidden_size": 8}))
+    with pytest.raises(BadInput, match="does not know"):
+        autotune.probe(model=str(tmp_path / "odd"), device="estimate", memory_budget="1GiB", store=False)
+
+
+def test_a_model_spec_is_one_string_a_request_carries(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    spec = ModelSpec(name=str(folder / "config.json"), seq_len=16, lora="r=8", gradient_checkpointing=True,
+                     dtype="bf16-true")
+    text = spec.spec()
+    assert text.startswith("hf:/") and ModelSpec.parse(text) == spec
+    assert "lora=r%3D8%2Calpha%3D32%2Cdropout%3D0.05%2Ctargets%3Dall-linear" in text
+    from autotune.planning.requests import probe_request
+
+    assert probe_request(text, device="cpu").workload == text
+    with pytest.raises(BadInput, match="workload and model"):
+        autotune.probe("mlp", model=str(folder))
+
+
+@pytest.mark.parametrize("padding,seq_len,width,real", [("longest", 12, 12, [12, 12]), ("longest", 20, 20, [20, 12]),
+                                                        ("max", 30, 30, [30, 12])])
+def test_lengths_from_a_file_pad_as_asked(tmp_path, padding, seq_len, width, real):
+    folder = write_config(tmp_path / "llama", "llama")
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("text_id,length\n1,5\n2,12\n3,40\n4,3\n")
+    workload = load_workload(ModelSpec(name=str(folder), lengths=str(lengths), seq_len=seq_len,
+                                       padding=padding).spec())
+    batch = workload.make_batch(2, torch.Generator().manual_seed(0))  # the worst case: the longest samples
+    assert batch["input_ids"].shape == (2, width)
+    assert batch["attention_mask"].sum(1).tolist() == real  # 40 tokens truncated at seq_len
+    assert workload.count_items(batch) == sum(n - 1 for n in real)
+    jsonl = tmp_path / "lengths.jsonl"
+    jsonl.write_text('{"length": 7}\n{"length": 9}\n')
+    assert load_workload(ModelSpec(name=str(folder), lengths=str(jsonl)).spec()).facts().seq_len == 9
+
+
+def test_a_spec_reads_no_relative_path_but_a_user_s_folder_becomes_absolute(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from autotune.results.model import workload_or_model
+    from autotune.workload.hf import config_file
+
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path / "org" / "name", "llama")
+    assert workload_or_model(None, "org/name") == f"hf:{tmp_path}/org/name"  # the user's folder, here
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert ModelSpec.parse("hf:org/name").name == "org/name"
+    with pytest.raises(BadInput, match="not in the Hugging Face cache"):  # a spec's name is the hub's
+        config_file(ModelSpec.parse("hf:org/name").name)
+    with pytest.raises(BadInput, match="neither an existing folder"):
+        ModelSpec.parse("hf:../etc")
+
+
+#: Llama-3.1-8B's public config (what its config.json says of the shapes).
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+                tie_word_embeddings=False)
+
+
+@pytest.mark.slow
+def test_an_8b_config_is_counted_and_estimated_without_its_memory(tmp_path):
+    import resource
+
+    folder = tmp_path / "llama-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(transformers.LlamaConfig(**LLAMA_8B,
+                                                                            architectures=["LlamaForCausalLM"]).to_dict()))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=256, dtype="bf16", lora="r=16"),
+                            device="estimate:H100-80GB", max_batch=2, store=False)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # KiB on Linux
+    assert result.model is not None and result.model.total_parameters == 8_030_261_248 + 41_943_040
+    assert result.model.trainable_parameters == 41_943_040 and result.max_micro_batch == 2
+    assert result.model.dtype == "bf16"  # the weights'; LoRA's adapters stay fp32
+    assert result.peak_bytes > 16 * 2**30 > 4 * grown  # 16 GB of bf16 weights on the device, none on the host
+
+
+def test_a_model_by_name_is_kept_in_the_plan_store(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    asked = dict(model=ModelSpec(name=str(folder), seq_len=16), device="estimate", memory_budget="720MiB",
+                 max_batch=8, store=f"sqlite:///{tmp_path / 'plans.db'}")
+    first, second = autotune.probe(**asked), autotune.probe(**asked)
+    assert not first.from_store and second.from_store and first.fingerprint == second.fingerprint
+    assert second.model == first.model and second.max_micro_batch == first.max_micro_batch
+
+
+@pytest.mark.parametrize("dtype,built", [(None, torch.bfloat16), ("fp32", torch.float32), ("16-true", torch.float16)])
+def test_the_weights_are_in_the_configs_dtype_unless_told(tmp_path, dtype, built):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype=dtype).spec())
+    assert {p.dtype for p in workload.make_model().parameters()} == {built}
+    facts = workload.facts()
+    size = torch.empty((), dtype=built).element_size()
+    names = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+    assert facts.formula_weights_bytes == size * facts.total_parameters and facts.dtype == names[built]
