@@ -43,7 +43,8 @@ class Measurement:
     large to keep); ``answered_reads``: those it answered exactly from values
     computed from the batch alone, and ``answered_shapes`` the data-dependent
     output shapes it took from them. ``replay_seconds``: the part of ``seconds`` an estimate spent
-    replaying its trace through the allocator simulation.
+    replaying its trace through the allocator simulation, ``trace`` that trace (``(key, nbytes, stream)``
+    per allocation, ``nbytes`` -1 per free; empty where nothing was simulated).
     """
 
     peak_bytes: int
@@ -58,6 +59,7 @@ class Measurement:
     alloc_retries: int | None = None
     notes: tuple[str, ...] = ()
     replay_seconds: float = 0.0
+    trace: tuple[tuple[int, int, int], ...] = field(repr=False, default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.tracked_peak_bytes < 0 or self.seconds < 0:

@@ -180,13 +180,56 @@ def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_a
 
 
 def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
-    """The convnet's estimate notes the cuDNN workspaces it counts as 0 bytes at each size it evaluates (16 of
-    them): the probe says it once, with the figure at the max micro-batch."""
+    """The convnet's estimate notes the cuDNN workspaces it counts as 0 bytes at each size it evaluates (2, 3
+    and the answer, each its own figure): the probe says it once, with the figure at the max micro-batch."""
     from autotune.workload import load_workload
 
     result = probe(load_workload("convnet"), get_device("estimate", memory_budget=2**30))
     (cudnn,) = [n for n in result.notes if n.startswith("cuDNN convolution workspaces counted as 0 bytes")]
     at_answer = result.trials[[t.batch for t in result.trials].index(result.max_micro_batch)]
-    assert at_answer.source == "estimate" and len({t.batch for t in result.trials}) > 3
+    assert at_answer.source == "estimate" and {t.batch for t in result.trials} == {2, 3, result.max_micro_batch}
     assert len(result.notes) == len(set(result.notes)) and len(result.notes) < 10, result.notes
     assert "(44.0 MiB)" in cudnn, cudnn
+
+
+@pytest.mark.parametrize("budget", [720 * 2**20, 900 * 2**20])
+def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_trace_lines(gpt, budget, monkeypatch):
+    """Issue 40, item 4: the allocation traces at 2 and 3 are lines in the batch size; their replay through the
+    allocator simulation gives the size to evaluate, and once its evaluated trace lies on them to the byte the
+    size past it is replayed, not evaluated: three evaluations, the same answer as evaluating every size."""
+    from autotune.probing import tracelines
+    from autotune.probing.fitrule import run_trial
+
+    device = get_device("estimate", memory_budget=budget)
+    result = probe(gpt, device, max_batch=512)
+    found = result.max_micro_batch
+    assert [t.batch for t in result.trials] == [2, 3, found]
+    assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
+
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(gpt, device, max_batch=512)
+    assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
+    # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
+    traces = {b: run_trial(device, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False)
+              for b in (2, 3, found + 1)}
+    monkeypatch.undo()
+    lines = tracelines.TraceLines.through(2, traces[2].measurement.trace, 3, traces[3].measurement.trace)
+    assert lines is not None and lines.hold(found + 1, traces[found + 1].measurement.trace)
+    assert not traces[found + 1].fits
+    assert device.replay(lines.at(found + 1)).reserved_peak == traces[found + 1].peak_bytes
+
+
+def test_trace_lines_are_none_where_the_traces_are_not_lines():
+    from autotune.probing.tracelines import TraceLines
+
+    two = [(1, 200, 0), (2, 64, 0), (1, -1, 0)]
+    three = [(1, 300, 0), (2, 64, 0), (1, -1, 0)]
+    lines = TraceLines.through(2, two, 3, three)
+    assert lines is not None and lines.at(5) == [(1, 500, 0), (2, 64, 0), (1, -1, 0)]
+    assert lines.hold(5, [(1, 500, 0), (2, 64, 0), (1, -1, 0)]) and not lines.hold(5, [(1, 501, 0), (2, 64, 0),
+                                                                                        (1, -1, 0)])
+    assert TraceLines.through(2, two, 3, three[:2]) is None  # another number of events
+    assert TraceLines.through(2, two, 3, [(1, 300, 0), (3, 64, 0), (1, -1, 0)]) is None  # another key
+    assert TraceLines.through(2, two, 3, [(1, 300, 1), (2, 64, 0), (1, -1, 0)]) is None  # another stream
+    assert TraceLines.through(2, two, 4, [(1, 301, 0), (2, 64, 0), (1, -1, 0)]) is None  # half a byte a sample
+    assert TraceLines.through(2, [(1, 300, 0)], 3, [(1, 200, 0)]).at(5) is None  # shrinks to nothing
