@@ -8,7 +8,10 @@ quadratic through three once a run lies off the lines: memory that bends), an
 evaluation at the guess checks it, and the search ends when evaluated sizes
 next to each other bracket the answer. On an engine whose figures are exact (no
 caching-allocator simulation), a size the lines predicted to the byte needs no
-evaluation of the next one: the lines hold there too.
+evaluation of the next one: the lines hold there too. Standing in for a GPU, the
+same holds of the allocation traces (:mod:`autotune.probing.tracelines`): where
+the traces at 2 and 3 are lines, their replay gives the size to evaluate, and
+an evaluated trace on them to the byte settles the next size by its replay.
 """
 
 from __future__ import annotations

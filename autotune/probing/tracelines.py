@@ -52,7 +52,8 @@ class TraceLines:
         """The trace at ``batch`` (None where an allocation would shrink to nothing: not lines there)."""
         events = self.base.copy()
         events[:, 1] += self.slope * (batch - self.b0)
-        if np.any(events[:, 1][self.base[:, 1] >= 0] <= 0):
+        grows = (self.base[:, 1] >= 0) & (self.slope != 0)  # (some allocations are of 0 bytes at every size)
+        if np.any(events[grows, 1] <= 0):
             return None
         return [(int(k), int(n), int(s)) for k, n, s in events.tolist()]
 

@@ -192,31 +192,37 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
     assert "(44.0 MiB)" in cudnn, cudnn
 
 
-@pytest.mark.parametrize("budget", [720 * 2**20, 900 * 2**20])
-def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_trace_lines(gpt, budget, monkeypatch):
+@pytest.mark.slow
+@pytest.mark.parametrize("budget,world", [(720 * 2**20, None), (900 * 2**20, None), (720 * 2**20, 2)])
+def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_trace_lines(gpt, budget, world,
+                                                                                          monkeypatch):
     """Issue 40, item 4: the allocation traces at 2 and 3 are lines in the batch size; their replay through the
     allocator simulation gives the size to evaluate, and once its evaluated trace lies on them to the byte the
-    size past it is replayed, not evaluated: three evaluations, the same answer as evaluating every size."""
+    size past it is replayed, not evaluated: three evaluations, the same answer as evaluating every size (under
+    FSDP over ``world`` ranks too)."""
     from autotune.probing import tracelines
     from autotune.probing.fitrule import run_trial
+    from autotune.probing.fsdp import FsdpRule, fake_engine
 
+    sharding = FsdpRule(world) if world else None
     device = get_device("estimate", memory_budget=budget)
-    result = probe(gpt, device, max_batch=512)
+    result = probe(gpt, device, max_batch=512, sharding=sharding)
     found = result.max_micro_batch
     assert [t.batch for t in result.trials] == [2, 3, found]
     assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
 
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
-    evaluated = probe(gpt, device, max_batch=512)
+    evaluated = probe(gpt, device, max_batch=512, sharding=sharding)
     assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
     # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
-    traces = {b: run_trial(device, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False)
-              for b in (2, 3, found + 1)}
+    engine = fake_engine(device) if world else device
+    traces = {b: run_trial(engine, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False,
+                           sharding=sharding) for b in (2, 3, found + 1)}
     monkeypatch.undo()
     lines = tracelines.TraceLines.through(2, traces[2].measurement.trace, 3, traces[3].measurement.trace)
     assert lines is not None and lines.hold(found + 1, traces[found + 1].measurement.trace)
     assert not traces[found + 1].fits
-    assert device.replay(lines.at(found + 1)).reserved_peak == traces[found + 1].peak_bytes
+    assert engine.replay(lines.at(found + 1)).reserved_peak == traces[found + 1].peak_bytes
 
 
 def test_trace_lines_are_none_where_the_traces_are_not_lines():
@@ -233,3 +239,4 @@ def test_trace_lines_are_none_where_the_traces_are_not_lines():
     assert TraceLines.through(2, two, 3, [(1, 300, 1), (2, 64, 0), (1, -1, 0)]) is None  # another stream
     assert TraceLines.through(2, two, 4, [(1, 301, 0), (2, 64, 0), (1, -1, 0)]) is None  # half a byte a sample
     assert TraceLines.through(2, [(1, 300, 0)], 3, [(1, 200, 0)]).at(5) is None  # shrinks to nothing
+    assert TraceLines.through(2, [(1, 0, 0), *two], 3, [(1, 0, 0), *three]).at(5)[0] == (1, 0, 0)  # 0 bytes stay
