@@ -58,7 +58,7 @@ def run_row(probe: str, device: str, extra: list[str], src: str | None) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the 1B GPT and the 8B FSDP row only")
-    parser.add_argument("--only", default=None, help="rows whose name contains this")
+    parser.add_argument("--only", default=None, help="rows whose name contains one of these (comma-separated)")
     parser.add_argument("--src", default=None,
                         help="plan with the autotune package under this folder (e.g. an older commit's: "
                              "git archive COMMIT autotune probes | tar -x -C DIR)")
@@ -68,7 +68,7 @@ def main() -> None:
     print(f"{'workload, device':<27} {'max micro-batch':>15} {'evaluations':>11} {'CPU s':>8} {'wall s':>8} "
           f"{'peak RSS':>9}")
     for name, probe, device, extra, quick in ROWS:
-        if (args.quick and not quick) or (args.only and args.only not in name):
+        if (args.quick and not quick) or (args.only and not any(w in name for w in args.only.split(","))):
             continue
         plan, cpu, wall, rss, log = run_row(probe, device, extra, args.src)
         if plan is None:
