@@ -240,3 +240,31 @@ def test_trace_lines_are_none_where_the_traces_are_not_lines():
     assert TraceLines.through(2, two, 4, [(1, 301, 0), (2, 64, 0), (1, -1, 0)]) is None  # half a byte a sample
     assert TraceLines.through(2, [(1, 300, 0)], 3, [(1, 200, 0)]).at(5) is None  # shrinks to nothing
     assert TraceLines.through(2, [(1, 0, 0), *two], 3, [(1, 0, 0), *three]).at(5)[0] == (1, 0, 0)  # 0 bytes stay
+
+
+class InBatch(nn.Module):
+    """Every sample against every other: a (B, B) similarity, memory quadratic in the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        z = self.proj(x)
+        return (z @ z.T).logsumexp(dim=1).mean()
+
+
+@pytest.mark.slow
+def test_where_the_traces_are_not_lines_the_evaluated_search_decides(monkeypatch):
+    """Issue 40, item 4: a (B, B) similarity's allocations are not lines in the batch size; the size the lines
+    replayed to is evaluated, off them, and the search evaluates on: the same answer as without the lines."""
+    from autotune.probing import tracelines
+
+    w = Workload(name="in-batch", model=InBatch, batch=lambda n, g: torch.randn(n, 64, generator=g),
+                 loss=lambda m, b: m(b))
+    device = get_device("estimate", memory_budget=(640 + 64) * 2**20)
+    result = probe(w, device, max_batch=8192)
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(w, device, max_batch=8192)
+    assert result.max_micro_batch == evaluated.max_micro_batch and 3 < result.max_micro_batch < 8192
+    assert not any("was not evaluated" in n for n in result.notes)
