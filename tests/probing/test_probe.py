@@ -268,3 +268,33 @@ def test_where_the_traces_are_not_lines_the_evaluated_search_decides(monkeypatch
     evaluated = probe(w, device, max_batch=8192)
     assert result.max_micro_batch == evaluated.max_micro_batch and 3 < result.max_micro_batch < 8192
     assert not any("was not evaluated" in n for n in result.notes)
+
+
+def tiny_llama() -> Workload:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
+    return Workload(name="llama", model=lambda: LlamaForCausalLM(config),
+                    batch=lambda n, g: {"input_ids": (ids := torch.randint(0, 1000, (n, 64), generator=g)),
+                                        "labels": ids},
+                    loss=lambda net, data: net(**data).loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [None, 2])
+def test_a_hugging_face_llama_standing_in_for_a_gpu_takes_three_evaluations_and_the_same_answer(world,
+                                                                                                 monkeypatch):
+    """Issue 40, item 4, on a transformers Llama (with FSDP over 2 ranks too): the lines of its allocation
+    traces give the answer the search evaluating every size gives, in three evaluations."""
+    from autotune.probing import tracelines
+    from autotune.probing.fsdp import FsdpRule
+
+    w, sharding = tiny_llama(), FsdpRule(world) if world else None
+    device = get_device("estimate", memory_budget=(640 + 256) * 2**20)
+    result = probe(w, device, max_batch=4096, sharding=sharding)
+    assert 3 < result.max_micro_batch < 4096  # memory decides
+    assert [t.batch for t in result.trials] == [2, 3, result.max_micro_batch]
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(w, device, max_batch=4096, sharding=sharding)
+    assert evaluated.max_micro_batch == result.max_micro_batch and len(evaluated.trials) > 3
