@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,7 +62,7 @@ from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
-from .replay import replay
+from .replay import Event, Replay, replay
 from .session import EstimateSession
 from .shaperules import rule_kernels
 from .tracker import LiveStorageTracker
@@ -249,13 +249,18 @@ class EstimateDevice:
             notes += (self.not_simulated,)
         if tracker.trace is None or self.allocator is None:
             return replace(m, notes=notes)
-        r = replay(tracker.trace, capacity=self.capacity_bytes(), conf=self.allocator,
-                   device_total=self.device_total)
+        r = self.replay(tracker.trace)
         if r.out_of_memory:
             notes += (f"the simulated caching allocator runs out of memory at {format_bytes(self.capacity_bytes())}"
                       f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)
         return replace(m, peak_bytes=r.reserved_peak, allocated_peak_bytes=r.allocated_peak, alloc_retries=r.retries,
-                       notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds)
+                       notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds,
+                       trace=tuple(tracker.trace))
+
+    def replay(self, trace: Sequence[Event]) -> Replay:
+        """``trace`` replayed through this estimate's caching-allocator simulation (it simulates one)."""
+        assert self.allocator is not None
+        return replay(trace, capacity=self.capacity_bytes(), conf=self.allocator, device_total=self.device_total)
 
     def _measure_meta(self, work: Callable[[Session], T]) -> tuple[T, Measurement]:
         values = KnownValues(self._kernels, cpu=not self.cuda_like)

@@ -45,7 +45,8 @@ class Measurement:
     computed from the batch alone, and ``answered_shapes`` the data-dependent
     output shapes it took from them; ``unknown_origin``: where the first value it guessed came from, in words
     (None: nothing said). ``replay_seconds``: the part of ``seconds`` an estimate spent
-    replaying its trace through the allocator simulation.
+    replaying its trace through the allocator simulation, ``trace`` that trace (``(key, nbytes, stream)``
+    per allocation, ``nbytes`` -1 per free; empty where nothing was simulated).
     """
 
     peak_bytes: int
@@ -61,6 +62,7 @@ class Measurement:
     alloc_retries: int | None = None
     notes: tuple[str, ...] = ()
     replay_seconds: float = 0.0
+    trace: tuple[tuple[int, int, int], ...] = field(repr=False, default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.tracked_peak_bytes < 0 or self.seconds < 0:

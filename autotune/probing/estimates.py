@@ -8,15 +8,20 @@ quadratic through three once a run lies off the lines: memory that bends), an
 evaluation at the guess checks it, and the search ends when evaluated sizes
 next to each other bracket the answer. On an engine whose figures are exact (no
 caching-allocator simulation), a size the lines predicted to the byte needs no
-evaluation of the next one: the lines hold there too.
+evaluation of the next one: the lines hold there too. Standing in for a GPU, the
+same holds of the allocation traces (:mod:`autotune.probing.tracelines`): where
+the traces at 2 and 3 are lines, their replay gives the size to evaluate, and
+an evaluated trace on them to the byte settles the next size by its replay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from ..devices.estimate import EstimateDevice
 from ..units import format_bytes
 from .search import PeakCurve, search_max
+from .tracelines import TraceLines
 from .trials import Trials
 
 #: A run whose peak is off the lines through two others by more than this share of it: memory bends.
@@ -109,9 +114,54 @@ class EstimateCurve:
         return None if curve is None else curve.peak(batch) + self.shift(curve, batch)
 
 
+class Replayed:
+    """The simulated allocator's peak at sizes never evaluated, from the allocation traces of the evaluations
+    at 2 and 3 where they are lines (see :mod:`autotune.probing.tracelines`); nothing on other engines."""
+
+    def __init__(self, runs: Trials, usable: int):
+        self.runs, self.usable = runs, usable
+        self.lines: TraceLines | None = None
+        self.peaks: dict[int, int | None] = {}
+        device = runs.device
+        traces = {b: a.measurement.trace for b, a in runs.done.items() if a.measurement is not None}
+        if isinstance(device, EstimateDevice) and device.simulates and traces.get(2) and traces.get(3):
+            self.device: EstimateDevice = device
+            self.lines = TraceLines.through(2, traces[2], 3, traces[3])
+
+    def peak(self, batch: int) -> int | None:
+        """The reserved peak of the trace the lines give at ``batch`` (None without lines there)."""
+        if self.lines is None:
+            return None
+        if batch not in self.peaks:
+            trace = self.lines.at(batch)
+            self.peaks[batch] = None if trace is None else self.device.replay(trace).reserved_peak
+        return self.peaks[batch]
+
+    def fits(self, batch: int) -> bool:
+        peak = self.peak(batch)
+        return peak is not None and peak <= self.usable
+
+    def max(self, max_batch: int, guess: Callable[[int, int], int | None]) -> int | None:
+        """The largest size whose replayed trace fits: the size to evaluate first (None without lines)."""
+        if self.lines is None:
+            return None
+        return search_max(self.fits, low=3, high=max_batch, guess=guess, guesses=GUESSES)
+
+    def next_over(self, lo: int) -> bool:
+        """Was ``lo`` evaluated apart from the lines' own sizes, its trace on the lines to the byte, and the
+        trace they give at ``lo + 1`` over the usable memory? Then ``lo + 1`` does not fit, unevaluated."""
+        done = self.runs.done.get(lo)
+        if self.lines is None or lo <= 3 or done is None or done.measurement is None:
+            return False
+        if not self.lines.hold(lo, done.measurement.trace):
+            return False
+        after = self.peak(lo + 1)
+        return after is not None and after > self.usable
+
+
 def search_estimate(runs: Trials, curve: EstimateCurve, usable: int, max_batch: int) -> tuple[int, str | None]:
     """The largest size that fits by the estimate, micro-batches 2 and 3 having run and fitted; and a note
-    when the lines through them were wrong about it."""
+    when the lines through them were wrong about it, or when the size past it was replayed, not evaluated."""
 
     def near(lo: int, hi: int) -> int:
         ran = [b for b in (lo, hi) if runs.done.get(b) is not None and runs.done[b].peak_bytes is not None]
@@ -122,20 +172,43 @@ def search_estimate(runs: Trials, curve: EstimateCurve, usable: int, max_batch: 
         c = curve.curve(around)
         return None if c is None else c.max_fitting(usable - curve.shift(c, around), limit=max_batch)
 
-    def settled(lo: int, hi: int) -> bool:
-        if not (lo in runs.done and curve.exact()):
-            return False
-        after = curve.at(lo + 1)
-        return after is not None and after > usable
+    replayed = Replayed(runs, usable)
+    predicted = replayed.max(max_batch, guess)
 
-    first_guess = guess(3, max_batch + 1)
-    found = search_max(runs.fits, low=3, high=max_batch, guess=guess, guesses=GUESSES, settled=settled)
-    if first_guess is None or first_guess == found:
-        return found, None
+    def guess_replayed(lo: int, hi: int) -> int | None:
+        return predicted if predicted is not None and lo < predicted < hi else guess(lo, hi)
+
+    by_replay: list[int] = []
+
+    def settled(lo: int, hi: int) -> bool:
+        if lo in runs.done and curve.exact():
+            after = curve.at(lo + 1)
+            return after is not None and after > usable
+        if lo + 1 < hi and replayed.next_over(lo):
+            by_replay.append(lo)
+            return True
+        return False
+
+    first_guess = predicted if predicted is not None else guess(3, max_batch + 1)
+    found = search_max(runs.fits, low=3, high=max_batch, guess=guess_replayed, guesses=GUESSES, settled=settled)
+    notes = [_replay_note(found, replayed)] if found in by_replay else []
+    if first_guess is not None and first_guess != found:
+        notes.append(_missed_note(runs, curve, first_guess, found))
+    return found, "; ".join(notes) or None
+
+
+def _replay_note(found: int, replayed: Replayed) -> str:
+    peak = replayed.peak(found + 1)
+    return (f"micro-batch {found + 1} was not evaluated: every allocation of the estimate at {found} lay to the "
+            f"byte on the lines through micro-batches 2 and 3, and their trace at {found + 1} replayed through the "
+            f"simulated allocator reserves {format_bytes(peak or 0)}, over the usable {format_bytes(replayed.usable)}")
+
+
+def _missed_note(runs: Trials, curve: EstimateCurve, first_guess: int, found: int) -> str:
     at_guess = runs.done.get(first_guess)
     there = "" if at_guess is None or at_guess.peak_bytes is None else \
         f" where the estimate peaks at {format_bytes(at_guess.peak_bytes)}"
     how = ("memory grows faster than linearly in the batch (a curve that bends), so the estimate was fitted "
            "through three sizes" if curve.bends() else "the lines did not hold there")
-    return found, (f"the lines through micro-batches 2 and 3 predicted max micro-batch {first_guess}{there}; "
-                   f"{how}, and evaluated at {len(runs.done)} sizes the estimate fits {found}")
+    return (f"the lines through micro-batches 2 and 3 predicted max micro-batch {first_guess}{there}; "
+            f"{how}, and evaluated at {len(runs.done)} sizes the estimate fits {found}")

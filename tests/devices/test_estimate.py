@@ -278,3 +278,43 @@ def test_the_built_in_gpt_in_bf16_on_an_a10g_runs_flash_attention_and_says_why()
     # 2 layers x 4 micro-steps; in training the model's dropout goes to the kernel too
     assert "scaled_dot_product_attention as CUDA runs it: flash attention on sm86: bf16, head dim 16, causal, " \
            "dropout 0.1 (8 calls)" in m.notes, m.notes
+
+
+LLAMA_ON_THE_ESTIMATE = """
+import resource, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from autotune import Workload
+from autotune.devices import get_device
+from autotune.probing.fitrule import fit_rule_work, isolate
+from autotune.probing.fsdp import FsdpRule, fake_engine
+
+config = LlamaConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                     num_key_value_heads=8, intermediate_size=14336, tie_word_embeddings=False)
+workload = isolate(Workload(name="llama", model=lambda: LlamaForCausalLM(config),
+                            batch=lambda n, g: {"input_ids": torch.randint(0, 128256, (n, 2048), generator=g),
+                                                "labels": torch.randint(0, 128256, (n, 2048), generator=g)},
+                            loss=lambda net, data: net(**data).loss))
+device = get_device("estimate:H100-80GB").estimator()
+_, whole = device.measure(fit_rule_work(workload, 1))
+_, sharded = fake_engine(device).measure(fit_rule_work(workload, 1, sharding=FsdpRule(8)))
+with torch.device("meta"):
+    params = sum(p.numel() * 4 for p in workload.make_model().parameters())
+print(params, whole.breakdown["parameters"], sharded.breakdown["parameters"],
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_an_llm_is_estimated_without_a_parameter_on_the_host():
+    """Issue 40, item 6: an 8B-shaped Llama's embedding and head (4.2 GB in fp32), with and without FSDP over 8
+    ranks, are estimated in under 1 GiB of host memory, all of it counted on the estimated device."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LLAMA_ON_THE_ESTIMATE], capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    params, whole, sharded, rss = (int(x) for x in done.stdout.split()[-4:])
+    assert params > 4 * 10**9 and params <= whole < params + 2**20  # every parameter on the device (512-byte blocks)
+    assert params // 8 <= sharded < params // 8 + 2**20  # this rank's shards
+    assert rss < GiB, f"the host's peak RSS was {rss / MiB:.0f} MiB"

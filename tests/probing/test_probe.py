@@ -181,14 +181,14 @@ def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_a
 
 
 def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
-    """The convnet's estimate notes the cuDNN workspaces it counts as 0 bytes at each size it evaluates (16 of
-    them): the probe says it once, with the figure at the max micro-batch."""
+    """The convnet's estimate notes the cuDNN workspaces it counts as 0 bytes at each size it evaluates (2, 3
+    and the answer, each its own figure): the probe says it once, with the figure at the max micro-batch."""
     from autotune.workload import load_workload
 
     result = probe(load_workload("convnet"), get_device("estimate", memory_budget=2**30))
     (cudnn,) = [n for n in result.notes if n.startswith("cuDNN convolution workspaces counted as 0 bytes")]
     at_answer = result.trials[[t.batch for t in result.trials].index(result.max_micro_batch)]
-    assert at_answer.source == "estimate" and len({t.batch for t in result.trials}) > 3
+    assert at_answer.source == "estimate" and {t.batch for t in result.trials} == {2, 3, result.max_micro_batch}
     assert len(result.notes) == len(set(result.notes)) and len(result.notes) < 10, result.notes
     assert "(44.0 MiB)" in cudnn, cudnn
 
@@ -209,3 +209,111 @@ def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_prob
     assert nearest.batch > 3 and f" of {format_bytes(nearest.peak_bytes)} (" in eager, (nearest, eager)
     assert any(n.startswith("the model ran compiled (torch.compile)") for n in result.notes), result.notes
     assert result.peak_bytes <= result.usable_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget,world", [(720 * 2**20, None), (900 * 2**20, None), (720 * 2**20, 2)])
+def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_trace_lines(gpt, budget, world,
+                                                                                          monkeypatch):
+    """Issue 40, item 4: the allocation traces at 2 and 3 are lines in the batch size; their replay through the
+    allocator simulation gives the size to evaluate, and once its evaluated trace lies on them to the byte the
+    size past it is replayed, not evaluated: three evaluations, the same answer as evaluating every size (under
+    FSDP over ``world`` ranks too)."""
+    from autotune.probing import tracelines
+    from autotune.probing.fitrule import run_trial
+    from autotune.probing.fsdp import FsdpRule, fake_engine
+
+    sharding = FsdpRule(world) if world else None
+    device = get_device("estimate", memory_budget=budget)
+    result = probe(gpt, device, max_batch=512, sharding=sharding)
+    found = result.max_micro_batch
+    assert [t.batch for t in result.trials] == [2, 3, found]
+    assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
+
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(gpt, device, max_batch=512, sharding=sharding)
+    assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
+    # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
+    engine = fake_engine(device) if world else device
+    traces = {b: run_trial(engine, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False,
+                           sharding=sharding) for b in (2, 3, found + 1)}
+    monkeypatch.undo()
+    lines = tracelines.TraceLines.through(2, traces[2].measurement.trace, 3, traces[3].measurement.trace)
+    assert lines is not None and lines.hold(found + 1, traces[found + 1].measurement.trace)
+    assert not traces[found + 1].fits
+    assert engine.replay(lines.at(found + 1)).reserved_peak == traces[found + 1].peak_bytes
+
+
+def test_trace_lines_are_none_where_the_traces_are_not_lines():
+    from autotune.probing.tracelines import TraceLines
+
+    two = [(1, 200, 0), (2, 64, 0), (1, -1, 0)]
+    three = [(1, 300, 0), (2, 64, 0), (1, -1, 0)]
+    lines = TraceLines.through(2, two, 3, three)
+    assert lines is not None and lines.at(5) == [(1, 500, 0), (2, 64, 0), (1, -1, 0)]
+    assert lines.hold(5, [(1, 500, 0), (2, 64, 0), (1, -1, 0)]) and not lines.hold(5, [(1, 501, 0), (2, 64, 0),
+                                                                                        (1, -1, 0)])
+    assert TraceLines.through(2, two, 3, three[:2]) is None  # another number of events
+    assert TraceLines.through(2, two, 3, [(1, 300, 0), (3, 64, 0), (1, -1, 0)]) is None  # another key
+    assert TraceLines.through(2, two, 3, [(1, 300, 1), (2, 64, 0), (1, -1, 0)]) is None  # another stream
+    assert TraceLines.through(2, two, 4, [(1, 301, 0), (2, 64, 0), (1, -1, 0)]) is None  # half a byte a sample
+    assert TraceLines.through(2, [(1, 300, 0)], 3, [(1, 200, 0)]).at(5) is None  # shrinks to nothing
+    assert TraceLines.through(2, [(1, 0, 0), *two], 3, [(1, 0, 0), *three]).at(5)[0] == (1, 0, 0)  # 0 bytes stay
+
+
+class InBatch(nn.Module):
+    """Every sample against every other: a (B, B) similarity, memory quadratic in the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        z = self.proj(x)
+        return (z @ z.T).logsumexp(dim=1).mean()
+
+
+@pytest.mark.slow
+def test_where_the_traces_are_not_lines_the_evaluated_search_decides(monkeypatch):
+    """Issue 40, item 4: a (B, B) similarity's allocations are not lines in the batch size; the size the lines
+    replayed to is evaluated, off them, and the search evaluates on: the same answer as without the lines."""
+    from autotune.probing import tracelines
+
+    w = Workload(name="in-batch", model=InBatch, batch=lambda n, g: torch.randn(n, 64, generator=g),
+                 loss=lambda m, b: m(b))
+    device = get_device("estimate", memory_budget=(640 + 64) * 2**20)
+    result = probe(w, device, max_batch=8192)
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(w, device, max_batch=8192)
+    assert result.max_micro_batch == evaluated.max_micro_batch and 3 < result.max_micro_batch < 8192
+    assert not any("was not evaluated" in n for n in result.notes)
+
+
+def tiny_llama() -> Workload:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
+    return Workload(name="llama", model=lambda: LlamaForCausalLM(config),
+                    batch=lambda n, g: {"input_ids": (ids := torch.randint(0, 1000, (n, 64), generator=g)),
+                                        "labels": ids},
+                    loss=lambda net, data: net(**data).loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [None, 2])
+def test_a_hugging_face_llama_standing_in_for_a_gpu_takes_three_evaluations_and_the_same_answer(world,
+                                                                                                 monkeypatch):
+    """Issue 40, item 4, on a transformers Llama (with FSDP over 2 ranks too): the lines of its allocation
+    traces give the answer the search evaluating every size gives, in three evaluations."""
+    from autotune.probing import tracelines
+    from autotune.probing.fsdp import FsdpRule
+
+    w, sharding = tiny_llama(), FsdpRule(world) if world else None
+    device = get_device("estimate", memory_budget=(640 + 256) * 2**20)
+    result = probe(w, device, max_batch=4096, sharding=sharding)
+    assert 3 < result.max_micro_batch < 4096  # memory decides
+    assert [t.batch for t in result.trials] == [2, 3, result.max_micro_batch]
+    monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
+    evaluated = probe(w, device, max_batch=4096, sharding=sharding)
+    assert evaluated.max_micro_batch == result.max_micro_batch and len(evaluated.trials) > 3

@@ -1,0 +1,60 @@
+"""One fit-rule evaluation of an LLM-shaped estimate under cProfile: where its CPU seconds go.
+
+    python bench/llm_profile.py --probe bench/llama.py:build_8b --device estimate:H100-80GB --world-size 8 --fsdp
+    python bench/llm_profile.py --probe gpt:build_1b --device estimate:H100-80GB
+
+Builds the device and the workload as ``autotune plan`` does, runs the fit rule once at ``--batch``
+(default 2) on the estimate (FakeTensorMode under FSDP, as the probe does), and prints the CPU
+seconds of that evaluation and the top of its profile by own time and by cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from common import machine
+
+from autotune.devices import get_device
+from autotune.probing.fitrule import fit_rule_work, isolate
+from autotune.probing.fsdp import FsdpRule, fake_engine
+from autotune.workload import load_workload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe", default="bench/llama.py:build_8b")
+    parser.add_argument("--device", default="estimate:H100-80GB")
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--fsdp", action="store_true", help="the fit rule of rank 0 of --world-size under FSDP")
+    parser.add_argument("--every", action="store_true", help="FSDP's gradient sync after every micro-step")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--output", default=None, help="also write the profile here (for pstats or snakeviz)")
+    args = parser.parse_args()
+    print(machine())
+    workload = isolate(load_workload(args.probe))
+    device = get_device(args.device).estimator()
+    sharding = FsdpRule(args.world_size, sync_every=args.every) if args.fsdp else None
+    if sharding is not None:
+        device = fake_engine(device)
+    profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little
+    begin = time.process_time()
+    profile.enable()
+    _, m = device.measure(fit_rule_work(workload, args.batch, sharding=sharding), enforce_capacity=False)
+    profile.disable()
+    seconds = time.process_time() - begin
+    print(f"one evaluation at micro-batch {args.batch}: {seconds:.1f} CPU s under cProfile, engine {device.engine}, "
+          f"peak {m.peak_bytes / 2**30:.2f} GiB, {len(m.trace)} allocation events")
+    if args.output:
+        profile.dump_stats(args.output)
+    stats = pstats.Stats(profile)
+    for key in ("tottime", "cumulative"):
+        print(f"\n## by {key}")
+        stats.sort_stats(key).print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
