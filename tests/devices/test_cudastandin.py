@@ -17,6 +17,8 @@ from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import load_workload
 from autotune.workload.bookkeeping import noise_buffer
 
+from .user_probes import user_probe
+
 GiB = 1024**3
 A10G, H100 = "estimate:A10G-24GB", "estimate:H100-80GB"
 
@@ -141,21 +143,8 @@ def test_nothing_of_the_stand_in_is_left_after_an_error_in_the_users_code(tmp_pa
 
 
 def autocast_linear(tmp_path: Path, enabled: bool) -> str:
-    path = tmp_path / f"linear_{enabled}.py"
-    path.write_text(
-        "import torch, autotune\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layer = torch.nn.Linear(32, 64)\n"
-        "    def forward(self, x):\n"
-        f"        with torch.autocast('cuda', dtype=torch.bfloat16, enabled={enabled}):\n"
-        "            return self.layer(x).relu()\n"
-        "def build():\n"
-        "    return autotune.Workload(name='linear', model=Net,\n"
-        "        batch=lambda n, g: torch.randn(n, 32, generator=g), loss=lambda m, b: m(b).float().pow(2).mean(),\n"
-        "        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
-    return str(path)
+    forward = f"with torch.autocast('cuda', dtype=torch.bfloat16, enabled={enabled}):\n    return self.layer(x).relu()"
+    return str(user_probe(tmp_path / f"linear_{enabled}.py", forward))
 
 
 def test_the_memory_parts_show_bf16_activations_under_cudas_autocast(tmp_path):

@@ -26,6 +26,8 @@ from autotune.results.timeline import share
 from autotune.units import format_bytes, parse_size
 from autotune.workload import load_workload
 
+from .user_probes import user_probe
+
 HERE = Path(__file__).parent
 H100 = "estimate:H100-80GB"
 
@@ -117,24 +119,6 @@ def test_highest_reserved_point_is_the_results_peak_to_the_byte(device, budget, 
     assert reserved == result.peak_bytes == result.memory.reserved_peak_bytes
     assert sum(p.bytes for p in result.memory.parts if p.kind != "context") == result.peak_bytes
     assert result.memory.simulated == (device == H100)
-
-
-def user_probe(path: Path, forward: str) -> Path:
-    """A probe file of the user's: a Linear(32, 64) as ``self.layer``, and ``forward`` (lines 7 on) as the
-    body of the model's own forward (of ``x``)."""
-    path.write_text(
-        "import torch, autotune\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layer = torch.nn.Linear(32, 64)\n"
-        "    def forward(self, x):\n"
-        + "".join(f"        {line}\n" for line in forward.splitlines()) +
-        "def build():\n"
-        f"    return autotune.Workload(name={path.stem!r}, model=Net,\n"
-        "        batch=lambda n, g: torch.randn(n, 32, generator=g), loss=lambda m, b: m(b).pow(2).mean(),\n"
-        "        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n")
-    return path
 
 
 def test_frames_point_into_the_users_file_and_line(tmp_path):

@@ -85,6 +85,15 @@ class Server:
         self.log.close()
 
 
+def post_plan(server: Server, body: dict) -> httpx.Response | httpx.HTTPError:
+    """POST ``body`` to the server's /v1/plan: its answer, or the client's error (a server killed mid-answer)."""
+    with server.client(timeout=180) as http:
+        try:
+            return http.post("/v1/plan", json=body)
+        except httpx.HTTPError as exc:
+            return exc
+
+
 def metrics(server: Server) -> dict:
     """The service's metrics: a sample with no labels by its name, else by its name and its labels' values in
     the order of their names (``endpoint``, ``method``, ``status``)."""

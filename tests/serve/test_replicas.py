@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..stores import GATED, execute, rows
-from .server import PLAN, Server, metrics
+from .server import PLAN, Server, metrics, post_plan
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_a_replica_killed_while_probing_blocks_the_fingerprint_only_until_its_le
     a, b, folder = replicas  # A is killed: the module's last test but one
     body = {**PLAN, "probe": "gated", "target_batch": 64}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        asked_a = pool.submit(_post, a, body)
+        asked_a = pool.submit(post_plan, a, body)
         (held,) = _claims_once(a.store, lambda claims: claims, asked_a)  # A's worker probes, holding the claim
         a.kill()
         assert isinstance(asked_a.result(), httpx.HTTPError)
@@ -63,7 +63,7 @@ def test_a_replica_killed_while_probing_blocks_the_fingerprint_only_until_its_le
         lease_ends = time.time() + 2
         execute(b.store, "update autotune_claims set owner = :owner, expires_at = :ends",
                 owner="elsewhere:" + held[1].partition(":")[2], ends=lease_ends)
-        asked_b = pool.submit(_post, b, body)
+        asked_b = pool.submit(post_plan, b, body)
         (taken,) = _claims_once(b.store, lambda claims: [c for c in claims if not c[1].startswith("elsewhere:")],
                                 asked_b)
         assert taken[1].startswith(socket.gethostname() + ":") and taken[2] >= lease_ends - 0.01, (taken, lease_ends)
@@ -73,13 +73,6 @@ def test_a_replica_killed_while_probing_blocks_the_fingerprint_only_until_its_le
     assert not answer.json()["cached"] and answer.json()["fingerprint"] == held[0]  # probed once more, by B
     assert rows(b.store, "autotune_claims") == []
 
-
-def _post(server: Server, body: dict) -> httpx.Response | httpx.HTTPError:
-    with server.client(timeout=180) as http:
-        try:
-            return http.post("/v1/plan", json=body)
-        except httpx.HTTPError as exc:
-            return exc
 
 
 def _claims_once(store: str, pick, asked: concurrent.futures.Future, timeout: float = 180) -> list:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ..stores import rows
-from .server import PLAN, SLOW, Server, metrics
+from .server import PLAN, SLOW, Server, metrics, post_plan
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
     a, b = Server(tmp_path / "a", store=store_url, extra=extra), None
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            asked = pool.submit(_post, a, body)
+            asked = pool.submit(post_plan, a, body)
             deadline = time.monotonic() + 120
             while not (held := rows(store_url, "autotune_claims", "fingerprint", "owner")):
                 assert time.monotonic() < deadline and not asked.done(), "the probe never started"
@@ -101,7 +101,7 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
             assert isinstance(asked.result(), httpx.HTTPError)
         (tmp_path / "go").touch()
         b = Server(tmp_path / "b", store=store_url, extra=extra)
-        answer = _post(b, body)
+        answer = post_plan(b, body)
         assert not isinstance(answer, Exception) and answer.status_code == 200, answer
         assert not answer.json()["cached"] and answer.json()["fingerprint"] == held[0][0]  # probed by B
         assert metrics(b)["autotune_probe_seconds_count"] == 1
@@ -110,13 +110,6 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
             if server is not None:
                 server.stop()
 
-
-def _post(server: Server, body: dict) -> httpx.Response | httpx.HTTPError:
-    with server.client(timeout=180) as http:
-        try:
-            return http.post("/v1/plan", json=body)
-        except httpx.HTTPError as exc:
-            return exc
 
 
 def _descendants(pid: int) -> list[int]:
