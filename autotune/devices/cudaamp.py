@@ -31,10 +31,13 @@ from typing import Any
 
 import torch
 
-from ..compat import AUTOCAST_CUDA, autocast_cuda_ops, op_schema, register_kernel, without_autocast_cuda
+from ..compat import AUTOCAST_CUDA, TORCH, autocast_cuda_ops, op_schema, register_kernel, without_autocast_cuda
 
 LOWER, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED = (
     "lower", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned")
+#: Ops torch 2.14 added to CUDA's autocast: cuDNN's fused RNN in the lower precision, as the RNN cells are; the
+#: Hermitian matrix square root in fp32, as the other matrix functions are.
+NEWER_OPS = {"_cudnn_rnn.default": LOWER, "linalg_matrix_sqrth.default": FP32}
 
 #: ``AT_FORALL_LOWER_PRECISION_FP`` and the CUDA-only convolutions (``name.overload``; ``default`` for none).
 LOWER_OPS = (
@@ -89,6 +92,8 @@ def policies() -> dict[str, str]:
     table.update({op: FP32_APPEND_DTYPE for op in FP32_APPEND_DTYPE_OPS})
     table.update({op: PROMOTE for op in PROMOTE_OPS})
     table.update({op: BANNED for op in BANNED_OPS})
+    if TORCH >= (2, 14):  # registered for CUDA's autocast from torch 2.14 on
+        table.update(NEWER_OPS)
     return table
 
 

@@ -86,9 +86,19 @@ class GpuAnswers:
                 "get_device_name": lambda device=None: self.name, "is_bf16_supported": bf16,
                 "mem_get_info": lambda device=None: (self.free_bytes, self.total_bytes),
                 "set_device": lambda device=None: None, "synchronize": lambda device=None: None,
-                "get_rng_state": _rng_state, "set_rng_state": _no_op, "get_rng_state_all": lambda: [_rng_state()],
-                "set_rng_state_all": _no_op, "reset_peak_memory_stats": _no_op,
-                "reset_max_memory_allocated": _no_op, "reset_accumulated_memory_stats": _no_op}
+                "get_rng_state": _rng_state, "set_rng_state": _nothing(), "get_rng_state_all": lambda: [_rng_state()],
+                "set_rng_state_all": _nothing(), "reset_peak_memory_stats": _nothing(),
+                "reset_max_memory_allocated": _nothing(), "reset_accumulated_memory_stats": _nothing(),
+                "current_stream": lambda device=None: STREAM, "default_stream": lambda device=None: STREAM,
+                "is_current_stream_capturing": lambda: False}
+
+    @staticmethod
+    def accelerator_functions() -> dict[str, Any]:
+        """The ``torch.accelerator`` functions that reach the CUDA driver: on a CUDA build of torch without a GPU
+        (pip's default) they would fail where the code asks them (the optimizers' graph-capture check asks for
+        the current stream once ``torch.cuda.is_available()`` is true)."""
+        return {"current_device_index": lambda: 0, "current_stream": lambda device=None: STREAM,
+                "set_device_index": _nothing(), "synchronize": _nothing()}
 
     def describe(self) -> str:
         return (f"{self.name}, compute capability {self.capability[0]}.{self.capability[1]}, "
@@ -102,6 +112,30 @@ def _rng_state(device: Any = "cuda") -> torch.Tensor:
 
 def _no_op(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _nothing() -> Any:
+    """A function of its own that does nothing: each torch function stood in for is a distinct object
+    (torch.compile's rules refuse one object standing for several torch functions)."""
+    return lambda *args, **kwargs: None
+
+
+class _Stream:
+    """The GPU's current stream as the user's code sees it: the default stream, never capturing a graph."""
+
+    device_index, device_type, stream_id, cuda_stream = 0, "cuda", 0, 0
+    device = torch.device("cuda", 0)
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def query(self) -> bool:
+        return True
+
+    synchronize = wait_stream = wait_event = record_event = _no_op
+
+
+STREAM = _Stream()
 
 
 def _is_cuda(device: Any) -> bool:

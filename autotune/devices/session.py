@@ -323,6 +323,9 @@ def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[
                 amp.register(library)
                 for name, fn in (answers.functions() if answers is not None else {}).items():
                     _patch(torch.cuda, name, fn)
+                for name, fn in (answers.accelerator_functions() if answers is not None else {}).items():
+                    if hasattr(torch, "accelerator") and hasattr(torch.accelerator, name):
+                        _patch(torch.accelerator, name, fn)
                 for module, name, original in compat.optimizer_device_lists():
                     _patch(module, name, lists.wrap(original))
                 module, name = compat.checkpoint_device_type()
