@@ -309,9 +309,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
 
 
 def _in_tokens(target_batch: object, target_tokens: object, lengths: object, rest: dict[str, Any]) -> Plan:
-    """:func:`plan` with ``target_tokens``: the sample plan of the step with the most samples, counted in tokens."""
-    from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
-
+    """:func:`plan` with ``target_tokens``: its arguments checked, then :func:`plan_in_tokens`."""
     if target_batch is not None:
         raise BadInput(f"target_batch {target_batch!r} and target_tokens {target_tokens!r} each say what a step "
                        "holds: give one of them")
@@ -319,13 +317,21 @@ def _in_tokens(target_batch: object, target_tokens: object, lengths: object, res
         raise BadInput("lengths are the samples' tokens for target_tokens: give target_tokens too, or drop lengths")
     if rest["tune"]:
         raise BadInput("tune times plans of a target batch, not of target_tokens: drop tune, or give target_batch")
+    return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["workload"], rest["model"]),
+                          lambda n: plan(n, **rest))
+
+
+def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_batch: Callable[[int], Plan]) -> Plan:
+    """Steps of ``target_tokens`` tokens over samples of ``lengths`` (else what ``workload`` counts in one sample):
+    ``plan_batch`` plans the step with the most samples, and its max micro-batch bounds each micro-batch's tokens."""
+    from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
+
     target = options.whole(target_tokens, "target_tokens", example="65536", text=False)
     sizes = lengths_of(lengths)
     if sizes is None:
-        spec = workload_or_model(rest["workload"], rest["model"])
-        wl = spec if isinstance(spec, Workload) else load_workload(spec)
+        wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
-    made = plan(most_samples(sizes, target), **rest)
+    made = plan_batch(most_samples(sizes, target))
     tokens = token_steps(sizes, target, made.max_micro_batch)
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 
@@ -569,6 +575,9 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     plan's own probe and, unless given, the budget it was made for."""
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
+    if plan.tokens is not None:
+        raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and run trains plans of a "
+                       f"target batch only: plan with --target-batch (e.g. {plan.target_batch}) to run it")
     if parallel is not None and options.parallel(parallel) != plan.parallel:
         raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
                        f"again with parallel {parallel}")
