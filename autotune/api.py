@@ -257,7 +257,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
          store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
-         lengths: Sequence[int] | str | None = None) -> Plan:
+         lengths: Sequence[int] | str | None = None, cut_samples: bool = False) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -277,7 +277,8 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     ``target_tokens`` instead of ``target_batch``: every optimizer step holds that many tokens (exactly, or the
     closest whole samples, stated), samples of ``lengths`` tokens (a list, or a file as ``--lengths`` reads it;
     default: what the workload's loss counts in a 1-sample batch, the same for every sample); see
-    :mod:`autotune.planning.bytokens`. The plan's ``tokens`` holds every step's tokens.
+    :mod:`autotune.planning.bytokens`; ``cut_samples``: every step exactly ``target_tokens``, the sample that
+    crosses it cut there. The plan's ``tokens`` holds every step's tokens.
 
     Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
     (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
@@ -290,9 +291,9 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
-    if target_tokens is not None or lengths is not None:
-        return _in_tokens(target_batch, target_tokens, lengths, {
-            k: v for k, v in locals().items() if k not in ("target_batch", "target_tokens", "lengths")})
+    if target_tokens is not None or lengths is not None or cut_samples:
+        return _in_tokens(target_batch, target_tokens, lengths, cut_samples, {
+            k: v for k, v in locals().items() if k not in ("target_batch", "target_tokens", "lengths", "cut_samples")})
     workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
@@ -308,31 +309,37 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     return plan_for(request, store=store, given=Given.of(workload, device))
 
 
-def _in_tokens(target_batch: object, target_tokens: object, lengths: object, rest: dict[str, Any]) -> Plan:
+def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut: object,
+               rest: dict[str, Any]) -> Plan:
     """:func:`plan` with ``target_tokens``: its arguments checked, then :func:`plan_in_tokens`."""
     if target_batch is not None:
         raise BadInput(f"target_batch {target_batch!r} and target_tokens {target_tokens!r} each say what a step "
                        "holds: give one of them")
     if target_tokens is None:
-        raise BadInput("lengths are the samples' tokens for target_tokens: give target_tokens too, or drop lengths")
+        raise BadInput("lengths and cut_samples are for target_tokens: give target_tokens too, or drop them")
     if rest["tune"]:
         raise BadInput("tune times plans of a target batch, not of target_tokens: drop tune, or give target_batch")
     return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["workload"], rest["model"]),
-                          lambda n: plan(n, **rest))
+                          lambda n: plan(n, **rest), cut=options.boolean(cut, "cut_samples"))
 
 
-def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_batch: Callable[[int], Plan]) -> Plan:
+def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_batch: Callable[[int], Plan], *,
+                   cut: bool = False) -> Plan:
     """Steps of ``target_tokens`` tokens over samples of ``lengths`` (else what ``workload`` counts in one sample):
     ``plan_batch`` plans the step with the most samples, and its max micro-batch bounds each micro-batch's tokens."""
     from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
 
     target = options.whole(target_tokens, "target_tokens", example="65536", text=False)
+    if isinstance(lengths, (str, os.PathLike)):
+        from .workload.hf import read_lengths
+
+        lengths = read_lengths(os.fspath(lengths))
     sizes = lengths_of(lengths)
     if sizes is None:
         wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
-    made = plan_batch(most_samples(sizes, target))
-    tokens = token_steps(sizes, target, made.max_micro_batch)
+    made = plan_batch(most_samples(sizes, target, cut=cut))
+    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 
 

@@ -90,6 +90,8 @@ def add_plan_flags(p) -> None:
                         help="tokens per optimizer step instead (exactly, or the closest whole samples, stated), "
                              "samples of --lengths FILE tokens, else what the loss counts in one sample; the plan's "
                              "tokens hold every step's tokens (autotune run takes plans of --target-batch only)")
+    p.add_argument("--cut-samples", action="store_true",
+                   help="with --target-tokens: every step exactly N tokens, the sample that crosses N cut there")
     add_device(p)
     add_schedule_flags(p)
     add_parallel(p)
@@ -108,8 +110,9 @@ def request_of(args, target: int | None = None) -> PlanRequest:
     other)."""
     from ..planning.requests import plan_request
 
-    return plan_request(target or args.target_batch, workload=args.probe, device=args.device, memory_budget=args.memory_budget,
-                        margin=args.margin, world_size=args.world_size, multiple_of=args.multiple_of,
+    return plan_request(target or args.target_batch, workload=args.probe, device=args.device,
+                        memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
+                        multiple_of=args.multiple_of,
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
                         fsdp_sync=args.fsdp_sync,
                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
@@ -122,6 +125,8 @@ def run(args) -> int:
     check_store(args)
     check_memory_snapshot(args)
     lengths = None
+    if args.cut_samples and args.target_tokens is None:
+        raise BadInput("--cut-samples cuts samples where a step of --target-tokens ends: add --target-tokens N")
     if args.target_tokens is not None:
         if args.tune:
             raise BadInput("--tune times plans of a target batch, not of --target-tokens: drop --tune, or give "
@@ -150,7 +155,8 @@ def _plan(args, request: PlanRequest | None, lengths: str | None, *, lead: bool)
     try:
         if request is None:
             plan = pipeline.plan_in_tokens(args.target_tokens, lengths, args.probe,
-                                           lambda n: pipeline.plan_for(request_of(args, n), store=args.store))
+                                           lambda n: pipeline.plan_for(request_of(args, n), store=args.store),
+                                           cut=args.cut_samples)
         else:
             plan = pipeline.plan_for(request, store=args.store)
     except NoUniformPlan as exc:

@@ -21,13 +21,9 @@ DRAWS = 4
 
 
 def lengths_of(lengths: object) -> tuple[int, ...] | None:
-    """``lengths`` checked: None, a file of lengths (as ``--lengths`` reads it), or whole numbers of at least 1."""
+    """``lengths`` checked: None, or whole numbers of at least 1."""
     if lengths is None:
         return None
-    if isinstance(lengths, str):
-        from ..workload.hf import read_lengths
-
-        return read_lengths(lengths)
     if not isinstance(lengths, Sequence) or not lengths or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
         raise BadInput(f"lengths must be a file or a list of whole numbers of tokens, at least 1 each, got "
@@ -46,7 +42,8 @@ def tokens_per_sample(workload: Any) -> int:
                        "in 1-sample batches): give the samples' lengths, lengths=[...] (--lengths FILE)")
     (count,) = counts
     if count < 1:
-        raise BadInput(f"workload {workload.name!r}: a sample holds {count} tokens: give lengths=[...] (--lengths FILE)")
+        raise BadInput(f"workload {workload.name!r}: a sample holds {count} tokens: give lengths=[...] "
+                       "(--lengths FILE)")
     return count
 
 
@@ -58,21 +55,23 @@ def one_step(per_sample: int, target_tokens: int) -> tuple[int, ...]:
     return (per_sample,) * k
 
 
-def most_samples(lengths: Sequence[int], target_tokens: int) -> int:
-    """The most samples any step of ``target_tokens`` holds: the sample plan's target batch."""
-    made = plan_tokens(lengths, target_tokens, max(target_tokens, max(lengths)))
+def most_samples(lengths: Sequence[int], target_tokens: int, *, cut: bool = False) -> int:
+    """The most samples any step of ``target_tokens`` holds (a cut sample in each step it is in): the sample
+    plan's target batch."""
+    made = plan_tokens(lengths, target_tokens, max(target_tokens, max(lengths)), cut=cut)
     if not made.steps:
         raise BadInput(f"the samples hold {sum(lengths)} tokens, less than one step of {target_tokens}: give a "
                        "smaller target_tokens or more samples")
     return max(s.samples for s in made.steps)
 
 
-def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int) -> TokenSteps:
-    """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens."""
+def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int, *, cut: bool = False) -> TokenSteps:
+    """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens
+    (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends)."""
     longest = max(lengths)
-    made = plan_tokens(lengths, target_tokens, max_micro_batch * longest)
+    made = plan_tokens(lengths, target_tokens, max_micro_batch * longest, cut=cut)
     steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens))
                   for s in made.steps)
     return TokenSteps(target_tokens=target_tokens, micro_tokens=made.micro_tokens, tokens_per_sample=longest,
                       cut=made.cut, exact=made.exact, left_over=made.left_over, steps=steps,
-                      note=f"target {target_tokens} tokens: {made.note()}")
+                      note=f"target {target_tokens} tokens: {made.note().replace('cut=True', 'cutting samples')}")
