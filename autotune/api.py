@@ -339,6 +339,9 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
         wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
     made = plan_batch(most_samples(sizes, target, cut=cut))
+    if made.world_size > 1:
+        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
+                       "give world_size 1, or target_batch")
     tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 

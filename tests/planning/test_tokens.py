@@ -149,6 +149,7 @@ def test_given_lengths_make_steps_of_the_closest_whole_samples_or_exact_ones_cut
     ({"target_tokens": 60, "tune": True}, "drop tune"),
     ({"target_tokens": 60, "workload": "gpt"}, "its samples hold different tokens"),
     ({"target_tokens": 100, "lengths": [3, 4]}, "less than one step of 100"),
+    ({"target_tokens": 8, "lengths": [2] * 8, "world_size": 2}, "the plan is for 2 ranks"),
 ])
 def test_a_plan_in_tokens_refuses_what_it_cannot_hold(kwargs, words):
     import autotune
