@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -249,14 +249,15 @@ def agree_across_ranks(result: ProbeResult) -> ProbeResult:
 # ---- plan --------------------------------------------------------------------------------------------------
 
 
-def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Device | str = options.DEVICE,
+def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
          parallel: str = options.DEFAULT_PARALLEL, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
          store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
-         model: str | ModelSpec | None = None) -> Plan:
+         model: str | ModelSpec | None = None, target_tokens: int | None = None,
+         lengths: Sequence[int] | str | None = None, cut_samples: bool = False) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -273,6 +274,11 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
     ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
+    ``target_tokens`` instead of ``target_batch``: every optimizer step holds that many tokens (exactly, or the
+    closest whole samples, stated), samples of ``lengths`` tokens (a list, or a file as ``--lengths`` reads it;
+    default: what the workload's loss counts in a 1-sample batch, the same for every sample); see
+    :mod:`autotune.planning.bytokens`; ``cut_samples``: every step exactly ``target_tokens``, the sample that
+    crosses it cut there. The plan's ``tokens`` holds every step's tokens.
 
     Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
     (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
@@ -285,6 +291,9 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    if target_tokens is not None or lengths is not None or cut_samples:
+        return _in_tokens(target_batch, target_tokens, lengths, cut_samples, {
+            k: v for k, v in locals().items() if k not in ("target_batch", "target_tokens", "lengths", "cut_samples")})
     workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
@@ -298,6 +307,43 @@ def plan(target_batch: int | PlanRequest, *, workload: Spec = None, device: Devi
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
     return plan_for(request, store=store, given=Given.of(workload, device))
+
+
+def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut: object,
+               rest: dict[str, Any]) -> Plan:
+    """:func:`plan` with ``target_tokens``: its arguments checked, then :func:`plan_in_tokens`."""
+    if target_batch is not None:
+        raise BadInput(f"target_batch {target_batch!r} and target_tokens {target_tokens!r} each say what a step "
+                       "holds: give one of them")
+    if target_tokens is None:
+        raise BadInput("lengths and cut_samples are for target_tokens: give target_tokens too, or drop them")
+    if rest["tune"]:
+        raise BadInput("tune times plans of a target batch, not of target_tokens: drop tune, or give target_batch")
+    return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["workload"], rest["model"]),
+                          lambda n: plan(n, **rest), cut=options.boolean(cut, "cut_samples"))
+
+
+def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_batch: Callable[[int], Plan], *,
+                   cut: bool = False) -> Plan:
+    """Steps of ``target_tokens`` tokens over samples of ``lengths`` (else what ``workload`` counts in one sample):
+    ``plan_batch`` plans the step with the most samples, and its max micro-batch bounds each micro-batch's tokens."""
+    from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
+
+    target = options.whole(target_tokens, "target_tokens", example="65536", text=False)
+    if isinstance(lengths, (str, os.PathLike)):
+        from .workload.hf import read_lengths
+
+        lengths = read_lengths(os.fspath(lengths))
+    sizes = lengths_of(lengths)
+    if sizes is None:
+        wl = workload if isinstance(workload, Workload) else load_workload(workload)
+        sizes = one_step(tokens_per_sample(wl), target)
+    made = plan_batch(most_samples(sizes, target, cut=cut))
+    if made.world_size > 1:
+        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
+                       "give world_size 1, or target_batch")
+    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
+    return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 
 
 def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Given()) -> Plan:
@@ -539,6 +585,9 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     plan's own probe and, unless given, the budget it was made for."""
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
+    if plan.tokens is not None:
+        raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and run trains plans of a "
+                       f"target batch only: plan with --target-batch (e.g. {plan.target_batch}) to run it")
     if parallel is not None and options.parallel(parallel) != plan.parallel:
         raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
                        f"again with parallel {parallel}")

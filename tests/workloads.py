@@ -185,6 +185,17 @@ def fixed_batch(rows: int = 8) -> Workload:
                     loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
 
 
+def tokens(seq_len: int = 6, vocab: int = 50) -> Workload:
+    """Samples of ``seq_len`` tokens each, the loss averaged over every token (``items``)."""
+
+    def loss(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(b).flatten(0, 1), b.flatten())
+
+    return Workload(name="tokens", model=lambda: nn.Sequential(nn.Embedding(vocab, 8), nn.Linear(8, vocab)),
+                    batch=lambda n, g: torch.randint(0, vocab, (n, seq_len), generator=g), loss=loss,
+                    items=lambda b: b.numel())
+
+
 def probe_file(folder: Path, name: str, builder: str, *args: object) -> Path:
     """A probe file whose ``build()`` returns ``tests.workloads.<builder>(*args)``."""
     path = folder / f"{name}.py"

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from .. import options
+from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
@@ -49,6 +50,7 @@ examples:
   autotune plan --target-batch 1024 --memory-budget 256MiB --report          # reports/gpt-<time>/report.html
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
   autotune plan --target-batch 512 --device estimate:H100-80GB --probe gpt:build_100m --memory-snapshot m.pickle
+  autotune plan --target-tokens 65536 --model gpt2 --lengths lengths.csv --device estimate:H100-80GB
 """
 
 
@@ -81,8 +83,15 @@ def add_parser(sub) -> None:
 
 def add_plan_flags(p) -> None:
     """Flags shared by ``plan`` and ``run``."""
-    p.add_argument("--target-batch", type=positive_int("--target-batch"), required=True, metavar="N",
-                   help="effective batch per optimizer step, over all ranks")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
+                        help="effective batch per optimizer step, over all ranks")
+    target.add_argument("--target-tokens", type=positive_int("--target-tokens"), metavar="N",
+                        help="tokens per optimizer step instead (exactly, or the closest whole samples, stated), "
+                             "samples of --lengths FILE tokens, else what the loss counts in one sample; the plan's "
+                             "tokens hold every step's tokens (autotune run takes plans of --target-batch only)")
+    p.add_argument("--cut-samples", action="store_true",
+                   help="with --target-tokens: every step exactly N tokens, the sample that crosses N cut there")
     add_device(p)
     add_schedule_flags(p)
     add_parallel(p)
@@ -95,13 +104,15 @@ def uniform_choice(args) -> Uniform:
     return True if getattr(args, "format", "table") in options.FRAMEWORKS else None
 
 
-def request_of(args) -> PlanRequest:
-    """The plan the flags ask for, every flag checked here, once, before torch loads (a target no plan can
-    hold, an optuna storage that cannot open, flags that exclude each other)."""
+def request_of(args, target: int | None = None) -> PlanRequest:
+    """The plan the flags ask for (of ``target`` samples, else --target-batch), every flag checked here, once,
+    before torch loads (a target no plan can hold, an optuna storage that cannot open, flags that exclude each
+    other)."""
     from ..planning.requests import plan_request
 
-    return plan_request(args.target_batch, workload=args.probe, device=args.device, memory_budget=args.memory_budget,
-                        margin=args.margin, world_size=args.world_size, multiple_of=args.multiple_of,
+    return plan_request(target or args.target_batch, workload=args.probe, device=args.device,
+                        memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
+                        multiple_of=args.multiple_of,
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
                         fsdp_sync=args.fsdp_sync,
                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
@@ -113,16 +124,27 @@ def run(args) -> int:
     check_report(args)
     check_store(args)
     check_memory_snapshot(args)
+    lengths = None
+    if args.cut_samples and args.target_tokens is None:
+        raise BadInput("--cut-samples cuts samples where a step of --target-tokens ends: add --target-tokens N")
+    if args.target_tokens is not None:
+        if args.tune:
+            raise BadInput("--tune times plans of a target batch, not of --target-tokens: drop --tune, or give "
+                           "--target-batch")
+        if args.model is None:  # without --model, --lengths are the samples' tokens alone
+            lengths, args.lengths = args.lengths, None
+        else:
+            lengths = args.lengths
     args.probe = workload_of(args)  # --model NAME is the workload's model spec
-    request = request_of(args)
+    request = request_of(args) if args.target_tokens is None else None
     import_torch(freeze=args.own_process)
     from ..training import distributed
 
     with distributed.process_group(args.dist_timeout):
-        return _plan(args, request, lead=distributed.rank() == 0)
+        return _plan(args, request, lengths, lead=distributed.rank() == 0)
 
 
-def _plan(args, request: PlanRequest, *, lead: bool) -> int:
+def _plan(args, request: PlanRequest | None, lengths: str | None, *, lead: bool) -> int:
     from .. import api as pipeline
     from ..errors import NoUniformPlan, RanksDiffer
     from ..planning.exports import FRAMEWORKS, export, no_equal_split, ranks_differ
@@ -131,7 +153,12 @@ def _plan(args, request: PlanRequest, *, lead: bool) -> int:
     framework = args.format in FRAMEWORKS  # equal micro-batches, printed as that framework's settings
     fmt = args.format if framework or not args.json else "json"
     try:
-        plan = pipeline.plan_for(request, store=args.store)
+        if request is None:
+            plan = pipeline.plan_in_tokens(args.target_tokens, lengths, args.probe,
+                                           lambda n: pipeline.plan_for(request_of(args, n), store=args.store),
+                                           cut=args.cut_samples)
+        else:
+            plan = pipeline.plan_for(request, store=args.store)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, args.format, force="--uniform") from None
     except RanksDiffer as exc:

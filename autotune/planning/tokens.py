@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlanError
+from ..units import plural
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class TokenPlan:
             tokens = [s.tokens for s in self.steps]
             said = (f"whole samples: steps hold {min(tokens)}..{max(tokens)} tokens, the closest to the target "
                     f"{self.target_tokens} (off by at most {self.largest_miss}); cut=True makes every step exact")
-        return f"{said}; {len(self.steps)} steps, micro-batches of at most {self.micro_tokens} tokens" + (
+        return f"{said}; {plural(len(self.steps), 'step')}, micro-batches of at most {self.micro_tokens} tokens" + (
             f"; {self.left_over} tokens at the end make no whole step" if self.left_over else "")
 
     def to_dict(self) -> dict[str, Any]:

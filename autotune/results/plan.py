@@ -18,6 +18,7 @@ from ..units import plural as _plural
 from .probe import ProbeResult
 from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
+from .tokens import TokenSteps
 from .tuning import Tuning
 
 
@@ -60,6 +61,7 @@ class Plan(Record):
     tuning: Tuning | None = None
     mixed: MixedRanks | None = None
     probe: ProbeResult | None = None
+    tokens: TokenSteps | None = None
 
     def validate(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.
@@ -142,6 +144,12 @@ class Plan(Record):
         if self.parallel != "fsdp":
             return None
         return (self.probe.fsdp_sync if self.probe is not None else None) or "last"
+
+    @property
+    @derived(after="target_batch")
+    def target_tokens(self) -> int | None:
+        """Tokens per optimizer step, when the plan was asked for in tokens (``tokens``); else None."""
+        return None if self.tokens is None else self.tokens.target_tokens
 
     @property
     @derived(after="schedule")

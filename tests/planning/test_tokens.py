@@ -3,6 +3,8 @@ filled in order to at most the micro-batch's tokens, every token of the data cou
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,3 +107,76 @@ def test_a_sample_longer_than_a_micro_batch_needs_cut():
 def test_budgets_must_be_whole_tokens(target, micro):
     with pytest.raises(PlanError, match="must be a whole number of tokens, at least 1"):
         plan_tokens([5], target, micro)
+
+
+# --- target_tokens in autotune.plan and autotune plan: the wiring of the planner above ---------------------------
+
+BUDGET = {"device": "cpu", "memory_budget": "64MiB"}
+
+
+@pytest.mark.parametrize(("target", "steps_tokens", "exact"), [(60, [60], True), (64, [66], False)])
+def test_the_api_plans_steps_of_the_target_tokens_from_the_workloads_tokens_per_sample(target, steps_tokens, exact):
+    import autotune
+    from autotune.results.plan import Plan
+    from tests.workloads import tokens
+
+    plan = autotune.plan(target_tokens=target, workload=tokens(6), **BUDGET)
+    assert plan.tokens is not None and plan.target_tokens == target and plan.tokens.tokens_per_sample == 6
+    assert [s.tokens for s in plan.tokens.steps] == steps_tokens and plan.tokens.exact is exact
+    assert plan.target_batch == steps_tokens[0] // 6 and sum(plan.schedule[0]) == plan.target_batch
+    assert plan.tokens.micro_tokens == plan.max_micro_batch * 6 and plan.tokens.note in plan.notes
+    data = plan.to_dict()
+    assert data["target_tokens"] == target and [s["tokens"] for s in data["tokens"]["steps"]] == steps_tokens
+    assert Plan.from_dict(data) == plan
+
+
+def test_given_lengths_make_steps_of_the_closest_whole_samples_or_exact_ones_cut():
+    import autotune
+    from tests.workloads import tokens
+
+    lengths = [5, 7, 6, 4, 9, 3, 6]
+    plan = autotune.plan(target_tokens=12, lengths=lengths, workload=tokens(9), **BUDGET)
+    assert plan.tokens is not None and [s.tokens for s in plan.tokens.steps] == [12, 10, 12]
+    assert "off by at most 2" in plan.tokens.note and plan.target_batch == 2
+    cut = autotune.plan(target_tokens=12, lengths=lengths, cut_samples=True, workload=tokens(9), **BUDGET)
+    assert cut.tokens is not None and cut.tokens.exact and [s.tokens for s in cut.tokens.steps] == [12] * 3
+    assert cut.tokens.left_over == sum(lengths) - 36
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"target_batch": 8, "target_tokens": 60}, "give one of them"),
+    ({"lengths": [3, 4]}, "give target_tokens too"),
+    ({"target_tokens": 60, "tune": True}, "drop tune"),
+    ({"target_tokens": 60, "workload": "gpt"}, "its samples hold different tokens"),
+    ({"target_tokens": 100, "lengths": [3, 4]}, "less than one step of 100"),
+    ({"target_tokens": 8, "lengths": [2] * 8, "world_size": 2}, "the plan is for 2 ranks"),
+])
+def test_a_plan_in_tokens_refuses_what_it_cannot_hold(kwargs, words):
+    import autotune
+    from autotune.errors import BadInput
+
+    with pytest.raises(BadInput, match=words):
+        autotune.plan(**{"device": "cpu", "memory_budget": "64MiB", **kwargs})
+
+
+def test_the_cli_plans_in_tokens_and_refuses_both_targets_and_running_it(capsys, tmp_path):
+    from autotune.cli import main
+    from tests.workloads import probe_file
+
+    probe = str(probe_file(tmp_path, "toks", "tokens", 6))
+    flags = ["--probe", probe, "--device", "cpu", "--memory-budget", "64MiB", "--quiet"]
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--target-tokens", "60", *flags, "--json", "--output", str(path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target_tokens"] == 60 and [s["tokens"] for s in data["tokens"]["steps"]] == [60]
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("length\n5\n7\n6\n4\n9\n3\n6\n")
+    assert main(["plan", "--target-tokens", "12", "--lengths", str(lengths), "--cut-samples", *flags, "--json"]) == 0
+    assert [s["tokens"] for s in json.loads(capsys.readouterr().out)["tokens"]["steps"]] == [12, 12, 12]
+    for argv, words in [(["plan", "--target-tokens", "60", "--target-batch", "10", *flags],
+                         "argument --target-batch: not allowed with argument --target-tokens"),
+                        (["plan", "--cut-samples", "--target-batch", "10", *flags], "add --target-tokens N"),
+                        (["run", "--plan", str(path), "--quiet"], "run trains plans of a target batch only")]:
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and words in err and err.count("\n") == 1, err

@@ -145,8 +145,9 @@ def test_result_files_are_written_byte_for_byte_as_they_were(name):
 
 
 #: Fields that records gained after these files were written, and that they write as null where the old ones held
-#: nothing: FSDP's gradient sync (a probe that is not FSDP's has none).
-ADDED = frozenset({"fsdp_sync"})
+#: nothing: FSDP's gradient sync (a probe that is not FSDP's has none), a plan's tokens (a plan of a target batch
+#: has none).
+ADDED = frozenset({"fsdp_sync", "target_tokens", "tokens"})
 
 
 def _without_added(value):
