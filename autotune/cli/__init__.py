@@ -102,6 +102,11 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         _say(f"{where}autotune {args.command}: interrupted")
         return 130
+    except MemoryError:  # the host's memory, outside what the probe bounds (an import, the user's own code)
+        if debug:
+            traceback.print_exc()
+        _say(f"{where}autotune {args.command}: error: {_out_of_host_memory()}")
+        return 1
     except Exception as exc:  # a bug of ours: say so plainly
         if debug:
             traceback.print_exc()
@@ -109,6 +114,16 @@ def _main(argv: list[str] | None) -> int:
             _say(f"{where}autotune {args.command}: internal error: {type(exc).__name__}: {exc} "
                  "(rerun with --debug for the traceback)")
         return 1
+
+
+def _out_of_host_memory() -> str:
+    """What a MemoryError means to the user: the host's memory, with what this process may still have."""
+    from ..devices.host import ram_bytes
+    from ..units import format_bytes
+
+    total, available = ram_bytes()
+    return (f"the host ran out of memory for this process ({format_bytes(available)} of {format_bytes(total)} "
+            "available to it): raise its limit (ulimit -v, the memory cgroup's memory.max) or lower --max-batch")
 
 
 def _say(line: str) -> None:

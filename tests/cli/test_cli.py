@@ -279,3 +279,19 @@ def test_an_error_is_one_write_of_one_line_so_ranks_sharing_a_terminal_never_run
     assert main(["plan", "--target-batch", "1024", "--probe", "mlp", "--device", "cpu*"]) == 2
     assert err.writes == [err.getvalue()] and err.getvalue().count("\n") == 1, err.writes
     assert err.getvalue().startswith("autotune plan: error: device count after '*' in 'cpu*' is not a whole number")
+
+
+def test_the_hosts_memory_running_out_outside_the_probes_bound_is_said_in_words(monkeypatch, capsys):
+    """A MemoryError where the probe does not bound the host's memory (an import, the user's own code) is one
+    line with what this process may still have and the fix, exit 1, not an internal error."""
+    from autotune.cli import devices_cmd
+
+    def out_of_memory(args):
+        raise MemoryError
+
+    monkeypatch.setattr(devices_cmd, "run", out_of_memory)
+    assert main(["devices"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("autotune devices: error: the host ran out of memory for this process (") and \
+        "available to it): raise its limit (ulimit -v, the memory cgroup's memory.max)" in err, err
+    assert "internal error" not in err and err.count("\n") == 1

@@ -295,12 +295,13 @@ workload = isolate(Workload(name="llama", model=lambda: LlamaForCausalLM(config)
                                                 "labels": torch.randint(0, 128256, (n, 2048), generator=g)},
                             loss=lambda net, data: net(**data).loss))
 device = get_device("estimate:H100-80GB").estimator()
+loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # torch and transformers loaded, nothing built
 _, whole = device.measure(fit_rule_work(workload, 1))
 _, sharded = fake_engine(device).measure(fit_rule_work(workload, 1, sharding=FsdpRule(8)))
 with torch.device("meta"):
     params = sum(p.numel() * 4 for p in workload.make_model().parameters())
 print(params, whole.breakdown["parameters"], sharded.breakdown["parameters"],
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - loaded)
 """
 
 
@@ -317,4 +318,5 @@ def test_an_llm_is_estimated_without_a_parameter_on_the_host():
     params, whole, sharded, rss = (int(x) for x in done.stdout.split()[-4:])
     assert params > 4 * 10**9 and params <= whole < params + 2**20  # every parameter on the device (512-byte blocks)
     assert params // 8 <= sharded < params // 8 + 2**20  # this rank's shards
-    assert rss < GiB, f"the host's peak RSS was {rss / MiB:.0f} MiB"
+    # what the estimates added to the host's peak RSS over the libraries' (a CUDA build of torch alone loads more)
+    assert rss < GiB, f"the estimates raised the host's peak RSS by {rss / MiB:.0f} MiB"

@@ -175,9 +175,11 @@ def build():
 
 # The probe under a hard limit of address space: what this process maps once torch is imported, and MiB more.
 UNDER_RLIMIT = '''
-import resource, sys
+import contextlib, io, resource, sys
 import torch
 from autotune.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # the code loaded
+    main(["probe", "--probe", "mlp", "--device", "cpu", "--max-batch", "2"])  # before the limit, as a job's is
 with open("/proc/self/status") as f:
     mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (mapped + (int(sys.argv[1]) << 20),) * 2)
