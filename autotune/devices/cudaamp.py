@@ -31,13 +31,18 @@ from typing import Any
 
 import torch
 
-from ..compat import AUTOCAST_CUDA, TORCH, autocast_cuda_ops, op_schema, register_kernel, without_autocast_cuda
+from ..compat import AUTOCAST_CUDA, autocast_cuda_ops, op_schema, register_kernel, without_autocast_cuda
 
 LOWER, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED = (
     "lower", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned")
-#: Ops torch 2.14 added to CUDA's autocast: cuDNN's fused RNN in the lower precision, as the RNN cells are; the
-#: Hermitian matrix square root in fp32, as the other matrix functions are.
-NEWER_OPS = {"_cudnn_rnn.default": LOWER, "linalg_matrix_sqrth.default": FP32}
+#: Ops that some torch builds autocast on CUDA and others do not: cuDNN's fused RNN (CUDA builds; in the lower
+#: precision, as the RNN cells are), the named-dimension overloads (torch 2.11's CUDA builds; as their positional
+#: overloads), the Hermitian matrix square root (torch 2.14; fp32, as the other matrix functions are).
+OPTIONAL_OPS = {"_cudnn_rnn.default": LOWER, "linalg_matrix_sqrth.default": FP32,
+                "cumprod.dimname": FP32_SET_OPT_DTYPE, "cumsum.dimname": FP32_SET_OPT_DTYPE,
+                "log_softmax.Dimname": FP32_SET_OPT_DTYPE, "softmax.Dimname": FP32_SET_OPT_DTYPE,
+                "prod.dim_Dimname": FP32_SET_OPT_DTYPE, "sum.dim_DimnameList": FP32_SET_OPT_DTYPE,
+                "norm.names_ScalarOpt_dim": FP32_APPEND_DTYPE}
 
 #: ``AT_FORALL_LOWER_PRECISION_FP`` and the CUDA-only convolutions (``name.overload``; ``default`` for none).
 LOWER_OPS = (
@@ -75,7 +80,8 @@ FP32_SET_OPT_DTYPE_OPS = (
     "sum.dim_IntList",
 )
 #: ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``: the overload without a dtype -> the one it runs as.
-FP32_APPEND_DTYPE_OPS = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+FP32_APPEND_DTYPE_OPS = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+                         "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype"}
 #: ``AT_FORALL_PROMOTE``.
 PROMOTE_OPS = (
     "addcdiv.default", "addcmul.default", "atan2.default", "bilinear.default", "cross.default", "dot.default",
@@ -92,8 +98,7 @@ def policies() -> dict[str, str]:
     table.update({op: FP32_APPEND_DTYPE for op in FP32_APPEND_DTYPE_OPS})
     table.update({op: PROMOTE for op in PROMOTE_OPS})
     table.update({op: BANNED for op in BANNED_OPS})
-    if TORCH >= (2, 14):  # registered for CUDA's autocast from torch 2.14 on
-        table.update(NEWER_OPS)
+    table.update(OPTIONAL_OPS)  # a kernel is registered only for the ops the installed torch autocasts
     return table
 
 

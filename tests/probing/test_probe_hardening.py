@@ -203,7 +203,7 @@ def test_a_batch_the_host_cannot_build_limits_the_probe_and_it_says_so(tmp_path)
     assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
     result = json.loads(done.stdout)
     # The capacity is what the limit leaves, not the machine's RAM; the size is set by the host's memory.
-    assert result["capacity_bytes"] < 240 << 20 and result["limited_by"] == "host_memory"
+    assert result["capacity_bytes"] <= 240 << 20 and result["limited_by"] == "host_memory"
     assert 1000 < result["max_micro_batch"] < 8000  # an n x n float32 matrix in under 0.8 x 240 MiB
     assert not any("out of memory" in n or "DefaultCPUAllocator" in n for n in result["notes"]), result["notes"]
     note = next(n for n in result["notes"] if "on the host takes" in n)
