@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -81,12 +82,25 @@ def probe(model_dir: str, seq: int, extra: list[str]) -> tuple[dict | None, str,
     return result, error, wall
 
 
-def cells(result: dict | None, error: str) -> tuple[str, str, str, str]:
+def meta_count(model_dir: str) -> tuple[str, str]:
+    """Parameters and accelerate's formula (bf16 weights, Adam training 4x) counted on the meta device here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        total = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).num_parameters()
+    return f"{total / 1e9:.2f}B / {total / 1e9:.2f}B *", format_bytes(total * 2 * 4) + " *"
+
+
+def cells(result: dict | None, error: str, model_dir: str) -> tuple[str, str, str, str]:
     """Max micro-batch (or why none), reserved peak, total/trainable parameters, accelerate's formula."""
     if result is None:
         if "bitsandbytes" in error:
             return "refused: needs bitsandbytes", "", "", ""
-        return error.removeprefix("error: ")[:220], "", "", ""
+        found = re.search(r"micro-batch 1 needs ([\d.]+ \w+).*?usable memory is ([\d.]+ \w+)", error)
+        if not found:
+            return error.removeprefix("autotune probe: error: ")[:220], "", "", ""
+        return (f"does not fit: needs {found[1]} at micro-batch 1 (usable {found[2]})", "", *meta_count(model_dir))
     facts = result.get("model") or {}
     params = f"{facts.get('total_parameters', 0) / 1e9:.2f}B / {facts.get('trainable_parameters', 0) / 1e9:.3g}B"
     formula = format_bytes(facts.get("formula_adam_training_bytes", 0))
@@ -125,9 +139,10 @@ def main() -> None:
         paths = write_configs(folder)
         for model, device, dev_args, mode, mode_args, seq in rows(args):
             result, error, wall = probe(paths[model], seq, dev_args + mode_args)
-            batch, peak, params, formula = cells(result, error)
+            batch, peak, params, formula = cells(result, error, paths[model])
             print(f"| {model} | {device} | {mode} | {seq} | {batch} | {peak} | {params} | {formula} | {wall:.1f} |",
                   flush=True)
+    print("\n* where marked: counted here on the meta device (the probe stopped before its model part)")
 
 
 if __name__ == "__main__":
