@@ -50,7 +50,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 DEVICES = [("A100-80GB", ["--device", "estimate:A100-80GB"]),
            ("A10G-24GB", ["--device", "estimate:A10G-24GB"]),
-           ("H100-80GB x8 FSDP", ["--device", "estimate:H100-80GB*8", "--parallel", "fsdp"])]
+           # one rank of 8 (a probe measures one rank; estimate:H100-80GB*8 is a plan's device list)
+           ("H100-80GB x8 FSDP", ["--device", "estimate:H100-80GB", "--parallel", "fsdp", "--world-size", "8"])]
 LORA = "r=16,alpha=32,dropout=0.05,targets=all-linear"
 MODES = [("full", []), ("LoRA", ["--lora", LORA]), ("QLoRA", ["--lora", LORA + ",bits=4"])]
 QUICK = {("Llama-3.1-8B", "A100-80GB", "full", 2048), ("Llama-3.1-8B", "A100-80GB", "LoRA", 2048)}
