@@ -1,6 +1,6 @@
 """Public LLM configs on GPU presets: `autotune probe --model DIR` beside `accelerate estimate-memory`'s figure.
 
-    python bench/hf_models.py                        # every row (the 70B FSDP rows take minutes each here)
+    python bench/hf_models.py                        # every row (an FSDP row 1.5-4 min here, a 70B one longer)
     python bench/hf_models.py --quick                # the 8B on one A100, full and LoRA, seq 2048
     python bench/hf_models.py --only 8B,Qwen --seq 2048
 
