@@ -89,7 +89,17 @@ def take(conn: Connection, fingerprint: str, owner: str, lease_s: float) -> str 
                      .values(owner=owner, claimed_at=now, expires_at=now + lease_s))
         return None
     values = {"fingerprint": fingerprint, "owner": owner, "claimed_at": now, "expires_at": now + lease_s}
-    return None if conn.execute(_insert_new(conn, values)).first() is not None else "another process"
+    if conn.execute(_insert_new(conn, values)).first() is not None:
+        return None
+    return holder(conn, fingerprint)
+
+
+def holder(conn: Connection, fingerprint: str) -> str:
+    """Who holds the claim on ``fingerprint`` that another transaction inserted just now (its insert won
+    over ours): read back, so that a waiting process names it; "another process" if it let go already."""
+    t = schema.claims
+    owner = conn.execute(select(t.c.owner).where(t.c.fingerprint == fingerprint)).scalar()
+    return "another process" if owner is None else str(owner)
 
 
 def _insert_new(conn: Connection, values: dict[str, Any]) -> Any:

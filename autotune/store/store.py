@@ -283,7 +283,7 @@ class Store:
         try:
             return self._run(lambda conn: claims.take(conn, fingerprint, owner, lease_s), attempts=1)
         except IntegrityError:  # another process inserted its claim between our look and our insert
-            return "another process"
+            return self._run(lambda conn: claims.holder(conn, fingerprint))
 
     def renew(self, fingerprint: str, owner: str, lease_s: float = LEASE_S) -> bool:
         """Extend ``owner``'s claim by ``lease_s`` from now; False when it holds it no more."""
