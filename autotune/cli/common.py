@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import options
 from ..errors import BadInput
+from ..results.settings import Setting, flag_of, setting, settings_of
 
 
 class Parser(argparse.ArgumentParser):
@@ -98,46 +99,45 @@ def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
 
 def size_arg(text: str) -> int | tuple[int | None, ...] | None:
     """One size, or one per rank (``8MiB,3MiB``)."""
-    sizes = flag(options.memory_budgets, "--memory-budget")(text)
-    return sizes[0] if len(sizes) == 1 else sizes
+    return flag(setting("memory_budget").check, "--memory-budget")(text)  # type: ignore[arg-type]
 
 
 def positive_int(name: str) -> Callable[[str], int]:
     return flag(options.whole, name)
 
 
+def flag_keywords(declared: Setting) -> dict[str, Any]:
+    """argparse's keywords for a setting's flag, from its declaration (its ``flag`` overrides last)."""
+    kw: dict[str, Any] = {"default": declared.default, "help": declared.help}
+    if "action" in declared.flag or declared.type is bool:
+        kw["action"] = "store_true"
+    elif declared.choices:
+        kw["choices"] = declared.choices
+    elif declared.check is not None:
+        kw["type"] = flag(declared.check, flag_of(declared.name))
+    if declared.metavar is not None and "action" not in kw:
+        kw["metavar"] = declared.metavar
+    kw.update(declared.flag)
+    return {k: v for k, v in kw.items() if v is not None or k == "default"}
+
+
+def add_settings(p: argparse.ArgumentParser, verb: str, *, only: tuple[str, ...] | None = None,
+                 into: dict[str, Any] | None = None, declared: tuple[Setting, ...] | None = None) -> None:
+    """The flags of ``verb``'s settings (:mod:`autotune.results.settings`; ``only`` those named), each added
+    to ``p`` or to the group ``into`` names for it. A setting whose flags a module adds by hand is left out."""
+    for s in settings_of(verb, "cli", declared):
+        if "cli" in s.by_hand or (only is not None and s.name not in only):
+            continue
+        (into or {}).get(s.name, p).add_argument(flag_of(s.name), **flag_keywords(s))
+
+
 def add_schedule_flags(p: argparse.ArgumentParser) -> None:
     """How the target batch may be split: ranks, a multiple every micro-batch keeps, equal sizes."""
-    p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                   help="data-parallel ranks (default: the process group's, else $WORLD_SIZE, else 1)")
-    p.add_argument("--multiple-of", type=positive_int("--multiple-of"), default=1, metavar="Q",
-                   help="every micro-batch a multiple of Q (e.g. 8 for tensor cores)")
-    p.add_argument("--uniform", action="store_true",
-                   help="equal micro-batches, however many accumulation steps they take (fails only when the "
-                        "target is not a multiple of the ranks x --multiple-of)")
-    p.add_argument("--uniform-ranks", action="store_true",
-                   help="ranks that differ (devices, memory held by others) all run the smallest rank's max "
-                        "micro-batch and the same micro-steps, instead of each its own")
+    add_settings(p, "plan", only=("world_size", "multiple_of", "uniform", "uniform_ranks"))
 
 
 def add_fsdp_sync(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fsdp-sync", choices=options.FSDP_SYNCS, default=options.DEFAULT_FSDP_SYNC,
-                   help="under fsdp, when gradients are reduce-scattered: every micro-step (accumulated in their "
-                        "shards: least memory), at the last micro-step only (unsharded gradients held between "
-                        "micro-steps: one reduce-scatter a step), or auto: the one with the larger max micro-batch, "
-                        "last on a tie (default: %(default)s)")
-
-
-def add_parallel(p: argparse.ArgumentParser, *, world_size: bool = False) -> None:
-    """--parallel (and, where the schedule flags do not give it, --world-size)."""
-    p.add_argument("--parallel", choices=options.PARALLEL, default=options.DEFAULT_PARALLEL,
-                   help="how the ranks share the model: ddp (each holds all of it) or fsdp (fully_shard: each holds "
-                        "its shard; the probe measures one rank of the world size)")
-    add_fsdp_sync(p)
-    if world_size:
-        p.add_argument("--world-size", type=positive_int("--world-size"), default=None, metavar="W",
-                       help="data-parallel ranks: fsdp shards over them, ddp holds its gradient buckets when "
-                            "more than 1 (default: the process group's, else $WORLD_SIZE, else 1)")
+    add_settings(p, "plan", only=("fsdp_sync",))
 
 
 def add_distributed(p: argparse.ArgumentParser) -> None:
@@ -154,14 +154,7 @@ def add_report(p: argparse.ArgumentParser) -> None:
 
 
 def add_memory_snapshot(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-snapshot", metavar="FILE", default=None,
-                   help="also write the fit rule's allocations at the chosen micro-batch as torch.cuda.memory."
-                        "_snapshot() does (open it with python -m torch.cuda._memory_viz trace_plot FILE -o "
-                        "out.html, or pytorch.org/memory_viz), and say where the peak comes from, what would lower "
-                        "it most and which allocator settings fit more; on a GPU the real snapshot goes beside it "
-                        "(FILE.real.pickle)")
-    p.add_argument("--at", type=positive_int("--at"), default=None, metavar="N",
-                   help="the micro-batch of --memory-snapshot (default: the chosen one)")
+    add_settings(p, "probe", only=("memory_snapshot", "at"))
 
 
 def check_memory_snapshot(args) -> None:
@@ -235,24 +228,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
 
 
-def add_device(p: argparse.ArgumentParser, *, probe_flags: bool = True) -> None:
-    if probe_flags:
-        p.add_argument("--probe", metavar="PROBE", default=None,
-                       help="the workload: a built-in name (mlp, gpt, convnet, e.g. gpt:build_1b), a .py file, or "
-                            "package.module[:function], exposing build() -> autotune.Workload (default: gpt)")
-        from .model_flags import add_model_flags
+def add_device(p: argparse.ArgumentParser) -> None:
+    """The workload (--probe, or --model and its settings) and the device: its memory and margin."""
+    add_settings(p, "probe", only=("probe",))
+    from .model_flags import add_model_flags
 
-        add_model_flags(p)
-    p.add_argument("--device", default="auto",
-                   help="auto (cuda:0 if there is a GPU, else cpu) | cpu | cuda | cuda:N | "
-                        "estimate (fake tensors only; needs --memory-budget: the GPU you plan for) | "
-                        "estimate:GPU (a GPU by name, e.g. estimate:H100-80GB; autotune devices --presets); "
-                        "or one per rank: estimate:A100-80GB,estimate:T4-16GB (the world size is how many; "
-                        "estimate:H100-80GB*4,estimate:A10G-24GB*4 for counts; under torchrun indexed by rank)")
-    p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
-                   help="device memory to plan for, e.g. 512MiB or 80GiB (cpu: default the available RAM; "
-                        "cuda: caps the free memory; estimate: required; estimate:GPU: replaces its memory); "
-                        "or one per rank, e.g. 8MiB,3MiB (under torchrun indexed by rank)")
-    p.add_argument("--margin", type=flag(options.margin, "--margin"), default=options.MARGIN,
-                   help="fraction of capacity kept free: usable = capacity x (1 - margin)")
-
+    add_model_flags(p)
+    add_settings(p, "probe", only=("device", "memory_budget", "margin"))

@@ -10,23 +10,19 @@ from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
-    add_device,
     add_distributed,
-    add_memory_snapshot,
-    add_parallel,
     add_report,
-    add_schedule_flags,
+    add_settings,
     add_store,
     check_memory_snapshot,
     check_output,
     check_report,
     check_store,
     import_torch,
-    positive_int,
     write_output,
     write_report,
 )
-from .model_flags import workload_of
+from .model_flags import add_model_flags, workload_of
 
 if TYPE_CHECKING:
     from ..planning.planner import Uniform
@@ -57,44 +53,20 @@ examples:
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan micro-batch x accumulation steps x ranks = exactly the target batch",
                        description=EXAMPLES, formatter_class=Formatter)
-    add_plan_flags(p)
+    target = p.add_mutually_exclusive_group(required=True)
+    add_settings(p, "plan", into={"target_batch": target, "target_tokens": target})  # every setting of a plan
+    add_model_flags(p)
     p.add_argument("--format", choices=options.FORMATS, default="table",
                    help="table: a summary for people; json: the Plan; hf|lightning|deepspeed|accelerate: "
                         "that framework's batch settings as a JSON object, from a plan of equal micro-batches "
                         "(exit 2 naming the nearest targets when there is none within twice the fewest steps; "
                         "--uniform forces one)")
     p.add_argument("--output", metavar="FILE", help="also write the Plan JSON to FILE (atomically)")
-    p.add_argument("--tune", action="store_true",
-                   help="time real steps of candidate plans (and the probe's options) with optuna, the untuned plan "
-                        "first; keep the fastest unless it is within noise of the untuned one")
-    p.add_argument("--trials", type=positive_int("--trials"), default=options.TRIALS, metavar="N",
-                   help="candidates --tune measures, each once (all of them when there are fewer)")
-    p.add_argument("--storage", metavar="URL", default=None,
-                   help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
-    p.add_argument("--study-name", metavar="NAME", default=None,
-                   help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
-    add_memory_snapshot(p)
     add_store(p)
     add_report(p)
     add_distributed(p)
     add_common(p)
     p.set_defaults(handler=run)
-
-
-def add_plan_flags(p) -> None:
-    """Flags shared by ``plan`` and ``run``."""
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
-                        help="effective batch per optimizer step, over all ranks")
-    target.add_argument("--target-tokens", type=positive_int("--target-tokens"), metavar="N",
-                        help="tokens per optimizer step instead (exactly, or the closest whole samples, stated), "
-                             "samples of --lengths FILE tokens, else what the loss counts in one sample; the plan's "
-                             "tokens hold every step's tokens (autotune run takes plans of --target-batch only)")
-    p.add_argument("--cut-samples", action="store_true",
-                   help="with --target-tokens: every step exactly N tokens, the sample that crosses N cut there")
-    add_device(p)
-    add_schedule_flags(p)
-    add_parallel(p)
 
 
 def uniform_choice(args) -> Uniform:

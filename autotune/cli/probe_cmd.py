@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import options
 from .common import (
     Formatter,
     add_common,
-    add_device,
-    add_memory_snapshot,
-    add_parallel,
+    add_settings,
     add_store,
     check_memory_snapshot,
     check_output,
     check_store,
     import_torch,
-    positive_int,
     write_output,
 )
+from .model_flags import add_model_flags
 
 EXAMPLES = """\
 Estimates with fake tensors first (no device memory used), then confirms with
@@ -42,12 +39,9 @@ examples:
 def add_parser(sub) -> None:
     p = sub.add_parser("probe", help="find the largest micro-batch that fits the device", description=EXAMPLES,
                        formatter_class=Formatter)
-    add_device(p)
-    add_parallel(p, world_size=True)
-    p.add_argument("--max-batch", type=positive_int("--max-batch"), default=options.MAX_BATCH,
-                   help="never search past this micro-batch size")
+    add_settings(p, "probe")  # every setting of a probe
+    add_model_flags(p)
     p.add_argument("--output", metavar="FILE", help="also write the ProbeResult JSON to FILE (atomically)")
-    add_memory_snapshot(p)
     add_store(p)
     add_common(p)
     p.set_defaults(handler=run)
