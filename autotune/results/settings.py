@@ -61,7 +61,7 @@ _TUNING = "the service plans for a GPU it estimates, and tuning times real steps
 class Setting:
     """One setting of a probe or a plan (see the module's docstring).
 
-    ``type``: what a value is (``int``, ``float``, ``str``, ``bool``; ``object`` for a value of several
+    ``required``: a request must give it (``default`` is then none). ``type``: what a value is (``int``, ``float``, ``str``, ``bool``; ``object`` for a value of several
     kinds). ``least``/``most``: bounds, inclusive; ``below``: an exclusive upper bound. ``check``: the
     :mod:`autotune.options` check (``check(value, name)``) a flag's text goes through. ``verbs``: ``probe``,
     ``plan`` or both. ``not_on``: a front end that does not show it, and why; ``by_hand``: a front end that
@@ -74,6 +74,7 @@ class Setting:
     help: str
     type: type = str
     default: Any = None
+    required: bool = False
     choices: tuple[Any, ...] = ()
     least: float | None = None
     most: float | None = None
@@ -109,7 +110,7 @@ def _one_or_per_rank(value: Any, name: str) -> int | tuple[int | None, ...] | No
 
 #: The settings, in the order the command line's help and the service's schema show them.
 SETTINGS: tuple[Setting, ...] = (
-    Setting(name="target_batch", type=int, least=1, most=options.MAX_TARGET_BATCH, check=options.whole,
+    Setting(name="target_batch", type=int, required=True, least=1, most=options.MAX_TARGET_BATCH, check=options.whole,
             metavar="N", verbs=PLAN, help="effective batch per optimizer step, over all ranks"),
     Setting(name="target_tokens", type=int, least=1, check=options.whole, metavar="N", verbs=PLAN,
             not_on={"service": "the service plans a target batch"},

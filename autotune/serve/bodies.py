@@ -13,10 +13,21 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from .. import options
 from ..errors import BadInput
+from ..results.settings import Setting, settings_of
 from .models import ModelBody
 
 if TYPE_CHECKING:
@@ -36,39 +47,30 @@ MARGIN_DIGITS = 4
 EXAMPLE = '{"target_batch": 1024, "probe": "gpt", "device": "estimate", "memory_budget": "80GiB"}'
 
 
-class PlanRequest(BaseModel):
-    """A plan for an estimated GPU, or for a job whose ranks differ (a device or budget per rank)."""
+class PlanBody(BaseModel):
+    """A plan for an estimated GPU, or for a job whose ranks differ (a device or budget per rank).
+
+    Its fields are the plan settings the service shows (:mod:`autotune.results.settings`), made into
+    :class:`PlanRequest` by :func:`plan_body`; the checks here are what the service asks beyond the library's."""
 
     model_config = ConfigDict(extra="forbid")
 
-    target_batch: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET, description="effective batch, over all ranks")]
-    probe: Annotated[str, Field(max_length=129, description="a probe this service runs (GET /v1/probes): NAME or "
-                                                            "NAME:FUNCTION")] = "gpt"
-    model: Annotated[ModelBody | None, Field(description="instead of probe: a Hugging Face model on the hub, "
-                                                         "built from its config.json")] = None
-    device: Annotated[str, Field(max_length=512, pattern=DEVICES,
-                                 description="estimate (with memory_budget) or an estimate preset, estimate:NAME; "
-                                             "or one per rank, for ranks that differ: "
-                                             "estimate:A100-80GB,estimate:T4-16GB (counts: "
-                                             "estimate:H100-80GB*4,estimate:A10G-24GB*4)")] = "estimate"
-    memory_budget: Annotated[str | StrictInt | None, Field(description="the GPU's memory, e.g. 80GiB; or one per "
-                                                                       "rank, e.g. 80GiB,24GiB")] = None
-    world_size: Annotated[StrictInt, Field(ge=1, le=65536)] = 1
-    parallel: options.Parallel = options.DEFAULT_PARALLEL
-    fsdp_sync: Annotated[options.FsdpSync, Field(description="under fsdp, when gradients are reduce-scattered: "
-                                                             "every micro-step, the last one, or auto")] = \
-        options.DEFAULT_FSDP_SYNC
-    margin: Annotated[float, Field(ge=0, lt=1, description="the share of the GPU's memory kept free, taken to "
-                                                           f"{MARGIN_DIGITS} decimals (0.12341 is 0.1234): requests "
-                                                           "that differ less share one plan")] = options.MARGIN
-    precision: Annotated[Literal["fp32"], Field(description="fp32, what the fit rule measures (the only precision "
-                                                            "planned)")] = "fp32"
-    multiple_of: Annotated[StrictInt, Field(ge=1, le=MAX_TARGET)] = 1
-    uniform: Annotated[StrictBool | Literal["force"] | None, Field(
-        description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
-                    "\"force\": equal micro-batches however many steps they take")] = None
+    if TYPE_CHECKING:  # the fields plan_body declares
+        target_batch: int
+        probe: str
+        model: ModelBody | None
+        device: str
+        memory_budget: str | int | None
+        margin: float
+        world_size: int
+        parallel: options.Parallel
+        fsdp_sync: options.FsdpSync
+        precision: Literal["fp32"]
+        multiple_of: int
+        uniform: bool | Literal["force"] | None
+        uniform_ranks: bool
 
-    @field_validator("margin")
+    @field_validator("margin", check_fields=False)
     @classmethod
     def _rounded(cls, value: float) -> float:
         if round(value, MARGIN_DIGITS) >= 1:
@@ -76,7 +78,7 @@ class PlanRequest(BaseModel):
                              f"{1 - 10 ** -MARGIN_DIGITS:.{MARGIN_DIGITS}f} at most")
         return round(value, MARGIN_DIGITS)
 
-    @field_validator("precision", mode="before")
+    @field_validator("precision", mode="before", check_fields=False)
     @classmethod
     def _fp32(cls, value: object) -> object:
         if value != "fp32":
@@ -84,7 +86,7 @@ class PlanRequest(BaseModel):
                              "leave precision out")
         return value
 
-    @field_validator("device", mode="before")
+    @field_validator("device", mode="before", check_fields=False)
     @classmethod
     def _devices(cls, value: object) -> object:
         if isinstance(value, str) and (len(value) > 512 or not re.fullmatch(DEVICES, value)):
@@ -94,7 +96,7 @@ class PlanRequest(BaseModel):
             _ranks(value, "device")
         return value
 
-    @field_validator("memory_budget")
+    @field_validator("memory_budget", check_fields=False)
     @classmethod
     def _size(cls, value: str | int | None) -> str | int | None:
         if isinstance(value, str) and len(value) > 512:
@@ -107,7 +109,7 @@ class PlanRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _one_workload(self) -> PlanRequest:
+    def _one_workload(self) -> PlanBody:
         if self.model is not None and "probe" in self.model_fields_set:
             raise ValueError("probe and model each name what to plan: give one of them")
         return self
@@ -126,8 +128,57 @@ class PlanRequest(BaseModel):
 
         return plan_request(self.target_batch, workload=named(self), device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
-                            multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel,
-                            fsdp_sync=self.fsdp_sync, env={})
+                            multiple_of=self.multiple_of, uniform=self.uniform, uniform_ranks=self.uniform_ranks,
+                            parallel=self.parallel, fsdp_sync=self.fsdp_sync, env={})
+
+
+#: What the service's body says beyond a declaration: strict JSON types where the type alone is not one, the
+#: devices it estimates, how it rounds a margin, and the model (a nested body).
+SERVICE: dict[str, dict[str, Any]] = {
+    "memory_budget": {"annotation": str | StrictInt | None},
+    "uniform": {"annotation": StrictBool | Literal["force"] | None},
+    "model": {"annotation": ModelBody | None,
+              "description": "instead of probe: a Hugging Face model on the hub, built from its config.json"},
+    "device": {"pattern": DEVICES},
+    "margin": {"description": f"the share of the GPU's memory kept free, taken to {MARGIN_DIGITS} decimals (0.12341 "
+                              "is 0.1234): requests that differ less share one plan"},
+}
+_FIELD_KEYWORDS = ("max_length", "pattern")
+
+
+def _annotation(declared: Setting, over: dict[str, Any], default: Any) -> Any:
+    """The JSON type of a setting's values in a body."""
+    if "annotation" in over:
+        return over["annotation"]
+    choices = over.get("choices", declared.choices)
+    kind: Any = Literal[choices] if choices else \
+        {bool: StrictBool, int: StrictInt, float: float, str: str}.get(declared.type, Any)
+    return kind | None if default is None and not declared.required else kind
+
+
+def body_field(declared: Setting) -> tuple[Any, Any]:
+    """A setting as ``create_model`` takes a field: (its annotated type, its default)."""
+    over = {**declared.body, **SERVICE.get(declared.name, {})}
+    default = over.get("default", declared.default)
+    bounds = {"ge": over.get("least", declared.least), "le": over.get("most", declared.most),
+              "lt": over.get("below", declared.below)}
+    keywords = {k: v for k, v in bounds.items() if v is not None}
+    keywords.update({k: over[k] for k in _FIELD_KEYWORDS if k in over})
+    described = Field(description=over.get("description", declared.help), **keywords)
+    annotation = Annotated[_annotation(declared, over, default), described]  # type: ignore[valid-type]
+    return (annotation, ...) if declared.required else (annotation, default)
+
+
+def plan_body(declared: tuple[Setting, ...] | None = None) -> type[PlanBody]:
+    """The body of a plan request: a field for each plan setting the service shows, as declared."""
+    fields = {s.name: body_field(s) for s in settings_of("plan", "service", declared)}
+    return create_model("PlanRequest", __base__=PlanBody, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    PlanRequest = PlanBody
+else:
+    PlanRequest = plan_body()
 
 
 def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:
