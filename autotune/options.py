@@ -247,6 +247,14 @@ def fsdp_sync(value: Any, name: str = "fsdp_sync") -> FsdpSync:
     return cast(FsdpSync, choice(value, FSDP_SYNCS, name))
 
 
+def uniform(value: Any, name: str = "uniform") -> Literal[True, "force"] | None:
+    """How a plan splits its target: None (or False) the fewest steps, True equal micro-batches within twice the
+    fewest steps, "force" equal micro-batches however many steps they take."""
+    if not (value is None or isinstance(value, bool) or value == "force"):
+        raise BadInput(f"{name} {value!r} must be True, False, None or 'force'")
+    return None if value is None or value is False else cast(Literal[True, "force"], value)
+
+
 def lr_scaling(value: Any, name: str = "lr_scaling") -> str:
     return choice(value, LR_SCALINGS, name)
 

@@ -17,7 +17,7 @@ from .. import options
 from ..dburl import check_storage
 from ..errors import BadInput
 from ..results.model import ModelSpec, is_model_spec
-from ..results.request import SPLIT_OF_UNIFORM, FitRule, PlanRequest, ProbeRequest, Snapshot, Tuning
+from ..results.request import FitRule, PlanRequest, ProbeRequest, Snapshot, Tuning
 from ..units import plural
 from .planner import check_plan, world_size_from
 
@@ -155,8 +155,7 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
     a target no plan can hold, a storage that cannot open, settings that exclude each other, all before
     any probe."""
     target = options.whole(target_batch, "target_batch", example="1024", text=False)
-    if not (uniform is None or isinstance(uniform, bool) or uniform == "force"):
-        raise BadInput(f"uniform {uniform!r} must be True, False, None or 'force'")
+    uniform = options.uniform(uniform)
     uniform_ranks, tune = options.boolean(uniform_ranks, "uniform_ranks"), options.boolean(tune, "tune")
     devices, budgets = _per_rank(device), options.memory_budgets(memory_budget)
     listed = _listed(devices, budgets)
@@ -182,7 +181,7 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
                               memory_budget=budgets[r % len(budgets)], max_batch=limit,
                               rule=replace(probe.rule, rank=r, buckets=not probe.rule.sharded)) for r in range(world))
     return PlanRequest(target_batch=target, probe=probe, ranks=ranks, multiple_of=multiple,
-                       split=SPLIT_OF_UNIFORM[uniform], uniform_ranks=bool(uniform_ranks), world_size_source=source,
+                       uniform=uniform, uniform_ranks=bool(uniform_ranks), world_size_source=source,
                        tuning=tuning, snapshot=snapshot)
 
 

@@ -16,18 +16,15 @@ No torch here: the service's server process builds requests without importing it
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from .. import options
 from ..errors import BadInput
 from .record import Count, Margin, Record, Rule, Whole, one_of
 
-#: How a plan may split the target: the fewest steps (uneven micro-batches where they must be), equal
-#: micro-batches within twice the fewest steps, or equal micro-batches however many steps they take.
-Split = Literal["fewest", "equal", "force"]
-SPLITS: tuple[str, ...] = get_args(Split)
-#: The API's ``uniform`` argument, as each of its values says it.
-SPLIT_OF_UNIFORM: dict[object, Split] = {None: "fewest", False: "fewest", True: "equal", "force": "force"}
+#: How a plan may split the target: None the fewest steps (uneven micro-batches where they must be), True equal
+#: micro-batches within twice the fewest steps, "force" equal micro-batches however many steps they take.
+Uniform = Literal[True, "force"] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +127,8 @@ class PlanRequest(Record):
     """A plan: ``target_batch`` samples per optimizer step over ``probe.rule.world_size`` ranks, exactly.
 
     ``probe``: the probe of one rank (its ``max_batch`` is the per-rank target). ``ranks``: one probe per
-    rank when the ranks' devices or budgets differ (a device list), else empty. ``split``: see
-    :data:`Split`. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead of each
+    rank when the ranks' devices or budgets differ (a device list), else empty. ``uniform``: see
+    :data:`Uniform`. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead of each
     its own. ``world_size_source``: where the world size came from (the process group, the flag,
     ``$WORLD_SIZE``, the device list), for the plan's notes.
     """
@@ -140,7 +137,7 @@ class PlanRequest(Record):
     probe: ProbeRequest
     ranks: tuple[ProbeRequest, ...] = ()
     multiple_of: Whole = 1
-    split: Annotated[Split, one_of(SPLITS)] = "fewest"
+    uniform: Annotated[bool | Literal["force"] | None, Rule(options.uniform)] = None
     uniform_ranks: Annotated[bool, Rule(options.boolean)] = False
     world_size_source: str = "default"
     tuning: Tuning | None = None
@@ -154,7 +151,3 @@ class PlanRequest(Record):
     def world_size(self) -> int:
         return self.probe.rule.world_size
 
-    @property
-    def uniform(self) -> Literal[True, "force"] | None:
-        """The planner's spelling of :attr:`split`."""
-        return None if self.split == "fewest" else True if self.split == "equal" else "force"

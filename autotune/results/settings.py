@@ -61,8 +61,9 @@ _TUNING = "the service plans for a GPU it estimates, and tuning times real steps
 class Setting:
     """One setting of a probe or a plan (see the module's docstring).
 
-    ``required``: a request must give it (``default`` is then none). ``type``: what a value is (``int``, ``float``, ``str``, ``bool``; ``object`` for a value of several
-    kinds). ``least``/``most``: bounds, inclusive; ``below``: an exclusive upper bound. ``check``: the
+    ``required``: a request must give it (``default`` is then none). ``type``: what a value is (``int``,
+    ``float``, ``str``, ``bool``; ``object`` for a value of several kinds). ``least``/``most``: bounds,
+    inclusive; ``below``: an exclusive upper bound. ``check``: the
     :mod:`autotune.options` check (``check(value, name)``) a flag's text goes through. ``verbs``: ``probe``,
     ``plan`` or both. ``not_on``: a front end that does not show it, and why; ``by_hand``: a front end that
     builds its form itself, and where. ``flag``/``body``: what differs on the command line (argparse's
