@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -94,15 +95,18 @@ def open_store(store: StoreSpec) -> Store | None:
 # ---- probe -------------------------------------------------------------------------------------------------
 
 
-def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = options.DEVICE,
+def probe(probe: Spec | ProbeRequest = None, *, device: Device | str = options.DEVICE,
           memory_budget: int | str | None = None,
           margin: float = options.MARGIN, max_batch: int = options.MAX_BATCH,
           data_parallel: bool | None = None, parallel: str = options.DEFAULT_PARALLEL,
           fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, precision: str = "fp32",
           store: StoreSpec = None,
           memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
-          model: str | ModelSpec | None = None) -> ProbeResult:
-    """The largest micro-batch of ``workload`` that fits ``device``: the API behind ``autotune probe``.
+          model: str | ModelSpec | None = None, workload: Spec | ProbeRequest = None) -> ProbeResult:
+    """The largest micro-batch of ``probe`` that fits ``device``: the API behind ``autotune probe``.
+
+    ``probe``: a probe spec (a built-in name such as "mlp", a .py file, ``package.module[:function]``) or a
+    Workload; ``workload`` is its former name, accepted with a DeprecationWarning until the next release.
 
     ``parallel``: "ddp" (every rank holds the whole model) or "fsdp" (the model
     sharded with ``fully_shard`` over ``world_size`` ranks: the process group's
@@ -125,15 +129,15 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
 
     ``precision``: the request's (:class:`autotune.ProbeRequest` takes the same keywords); a probe measures the
     fit rule in fp32, as the workload builds its model, so only "fp32" is probed.
-    ``model``: instead of ``workload``, a Hugging Face model by name (a hub id, a folder holding
+    ``model``: instead of ``probe``, a Hugging Face model by name (a hub id, a folder holding
     config.json, that file) or a :class:`autotune.results.model.ModelSpec` saying how it trains; weights are never
     downloaded, and the result's ``model`` says its parameter counts.
 
-    ``workload`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
+    ``probe`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
-    workload = workload_or_model(workload, model)
-    asked = _request(probe, workload, locals(), ProbeRequest,
+    workload = workload_or_model(renamed(probe, workload, "probe"), model)
+    asked = _request(probe_verb, workload, locals(), ProbeRequest,
                      "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
     if asked is not None:
         return probe_for(asked, store=store, snapshot=Snapshot.of(memory_snapshot, at))
@@ -144,6 +148,9 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
                             fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
     return probe_for(request, store=store, given=Given.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
+
+
+probe_verb = probe  # the verb, where a keyword named probe hides it
 
 
 def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = Given(),
@@ -202,14 +209,15 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
     return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=RunRule.of(rule)))
 
 
-def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,
+def memory_snapshot(path: str | os.PathLike[str] | None, probe: Spec = None, *,
                     device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
                     margin: float = options.MARGIN, at: int | None = None, max_batch: int = options.MAX_BATCH,
                     parallel: str = options.DEFAULT_PARALLEL, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
-                    world_size: int | None = None) -> ProbeResult:
-    """Probe ``workload``, then write the fit rule at the max micro-batch (or ``at``) to ``path`` as
-    ``torch.cuda.memory._snapshot()`` does: what ``python -m torch.cuda._memory_viz trace_plot|segment_plot``
-    and pytorch.org/memory_viz open, before having the GPU, at sizes that would not fit. The result's
+                    world_size: int | None = None, workload: Spec = None) -> ProbeResult:
+    """Probe ``probe`` (``workload``: its former name, deprecated), then write the fit rule at the max
+    micro-batch (or ``at``) to ``path`` as ``torch.cuda.memory._snapshot()`` does: what
+    ``python -m torch.cuda._memory_viz trace_plot|segment_plot`` and pytorch.org/memory_viz open, before having
+    the GPU, at sizes that would not fit. The result's
     ``memory`` holds the peak's parts, what would lower it most and the allocator settings compared.
 
     Standing in for a GPU the trace is the caching-allocator simulation's (its highest reserved point is the
@@ -218,7 +226,8 @@ def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, 
     if isinstance(path, bool):  # True would mean "no file" to probe's memory_snapshot
         raise BadInput(f"path {path!r} is not a file path: give one such as 'memory.pickle', or None for the "
                        "explanation without a file")
-    return probe(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
+    workload = renamed(probe, workload, "memory_snapshot")
+    return probe_verb(workload, device=device, memory_budget=memory_budget, margin=margin, max_batch=max_batch,
                  parallel=parallel, fsdp_sync=fsdp_sync, world_size=world_size,
                  memory_snapshot=path if path is not None else True, at=at)
 
@@ -249,7 +258,7 @@ def agree_across_ranks(result: ProbeResult) -> ProbeResult:
 # ---- plan --------------------------------------------------------------------------------------------------
 
 
-def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None, device: Device | str = options.DEVICE,
+def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, device: Device | str = options.DEVICE,
          memory_budget: int | str | None = None, margin: float = options.MARGIN, world_size: int | None = None,
          multiple_of: int = 1, uniform: Uniform = None, tune: bool = False, trials: int = options.TRIALS,
          storage: str | None = None, study_name: str | None = None, env: dict[str, str] | None = None,
@@ -257,8 +266,12 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
          store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
-         lengths: Sequence[int] | str | None = None, cut_samples: bool = False) -> Plan:
+         lengths: Sequence[int] | str | None = None, cut_samples: bool = False, precision: str = "fp32",
+         workload: Spec = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
+
+    ``probe``: what to plan, as for :func:`probe` (``workload``: its former name, deprecated); ``precision``
+    as for :func:`probe`.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
     ``fully_shard`` (the probe then measures one rank of exactly that many), its gradient sync as
@@ -273,7 +286,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     can be resumed and inspected, under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
-    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
+    ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
     ``target_tokens`` instead of ``target_batch``: every optimizer step holds that many tokens (exactly, or the
     closest whole samples, stated), samples of ``lengths`` tokens (a list, or a file as ``--lengths`` reads it;
     default: what the workload's loss counts in a 1-sample batch, the same for every sample); see
@@ -291,9 +304,11 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    probe = workload = renamed(probe, workload, "plan")
     if target_tokens is not None or lengths is not None or cut_samples:
         return _in_tokens(target_batch, target_tokens, lengths, cut_samples, {
-            k: v for k, v in locals().items() if k not in ("target_batch", "target_tokens", "lengths", "cut_samples")})
+            k: v for k, v in locals().items()
+            if k not in ("target_batch", "target_tokens", "lengths", "cut_samples", "workload")})
     workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
@@ -303,7 +318,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, fsdp_sync=fsdp_sync, tune=tune,
-                           trials=trials,
+                           trials=trials, precision=precision,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
     return plan_for(request, store=store, given=Given.of(workload, device))
@@ -319,7 +334,7 @@ def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut
         raise BadInput("lengths and cut_samples are for target_tokens: give target_tokens too, or drop them")
     if rest["tune"]:
         raise BadInput("tune times plans of a target batch, not of target_tokens: drop tune, or give target_batch")
-    return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["workload"], rest["model"]),
+    return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["probe"], rest["model"]),
                           lambda n: plan(n, **rest), cut=options.boolean(cut, "cut_samples"))
 
 
@@ -475,6 +490,19 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
 
 #: What a verb given a request takes beside it.
 BESIDE_A_REQUEST = ("store", "memory_snapshot", "at")
+#: Former names of keywords, each accepted for one more release: the former name, the name.
+OLD_NAMES = {"workload": "probe"}
+
+
+def renamed(value: Any, old: Any, verb: str) -> Any:
+    """A keyword's value, given under its name (``value``) or its former one (``old``, with a DeprecationWarning)."""
+    if old is None:
+        return value
+    warnings.warn(f"{verb}(workload=...) is now {verb}(probe=...): workload= is accepted until the next release",
+                  DeprecationWarning, stacklevel=3)
+    if value is not None:
+        raise BadInput(f"{verb}() was given probe and workload, its former name: give probe alone")
+    return old
 
 
 def _request(verb: Callable[..., Any], value: object, given: dict[str, Any], kind: type, fix: str) -> Any:
@@ -487,7 +515,8 @@ def _request(verb: Callable[..., Any], value: object, given: dict[str, Any], kin
     if not isinstance(value, kind):
         return None
     defaults = {k: p.default for k, p in inspect.signature(verb).parameters.items() if p.kind is p.KEYWORD_ONLY}
-    extra = [k for k, default in defaults.items() if k not in BESIDE_A_REQUEST and given[k] is not default]
+    extra = [k for k, default in defaults.items()
+             if k not in BESIDE_A_REQUEST and k not in OLD_NAMES and given[k] is not default]
     if extra:
         name = kind.__name__
         raise BadInput(f"{verb.__name__}() was given a {name} and also {', '.join(extra)}: a {name} holds them; "
@@ -507,14 +536,16 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 # ---- run ---------------------------------------------------------------------------------------------------
 
 
-def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int | None = None, workload: Spec = None,
+def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int | None = None, probe: Spec = None,
         device: Device | str = options.DEVICE, memory_budget: int | str | None = None,
         margin: float = options.MARGIN, world_size: int | None = None, multiple_of: int = 1,
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
         store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None,
-        model: str | ModelSpec | None = None) -> RunResult:
+        model: str | ModelSpec | None = None, workload: Spec = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
+
+    ``probe``: what to train, as for :func:`probe` (``workload``: its former name, deprecated).
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
     given says how it runs itself, and ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan`
@@ -525,12 +556,12 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
-    ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
+    ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
     """
     from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
 
-    workload = workload_or_model(workload, model)
+    workload = workload_or_model(renamed(probe, workload, "run"), model)
     steps, verify = options.whole(steps, "steps", text=False), options.boolean(verify, "verify")
     precision = options.precision(precision)
     max_norm = options.max_norm(max_norm)

@@ -87,7 +87,7 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
     workload = trainer_workload(args, model, batch)
     world = max(1, args.world_size) * max(1, args.n_gpu)
     try:
-        plan = api.plan(target_batch, workload=workload, device=device, memory_budget=memory_budget, margin=margin,
+        plan = api.plan(target_batch, probe=workload, device=device, memory_budget=memory_budget, margin=margin,
                         world_size=world, uniform=True, uniform_ranks=True)
     except NoUniformPlan as exc:
         raise no_equal_split(exc, "hf", target_name="target_batch") from None

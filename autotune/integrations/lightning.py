@@ -107,7 +107,7 @@ class AutotuneBatchSize(Callback):
         workload = module_workload(trainer, pl_module, batch)
         device = self.device if self.device is not None else str(trainer.strategy.root_device)
         try:
-            plan = api.plan(self.target_batch, workload=workload, device=device, memory_budget=self.memory_budget,
+            plan = api.plan(self.target_batch, probe=workload, device=device, memory_budget=self.memory_budget,
                             margin=self.margin, world_size=trainer.world_size, uniform=True, uniform_ranks=True)
         except NoUniformPlan as exc:
             raise no_equal_split(exc, "lightning", target_name="target_batch") from None

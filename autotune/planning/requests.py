@@ -149,7 +149,7 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
                  parallel: object = options.DEFAULT_PARALLEL, fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
                  tune: bool = False, trials: object = options.TRIALS,
                  storage: str | None = None, study_name: str | None = None, memory_snapshot: object = None,
-                 at: object = None, env: Mapping[str, str] | None = None,
+                 at: object = None, precision: object = "fp32", env: Mapping[str, str] | None = None,
                  group: tuple[int, int] | None = None) -> PlanRequest:
     """The request :func:`autotune.plan` makes of its arguments (see there), every one checked here, once:
     a target no plan can hold, a storage that cannot open, settings that exclude each other, all before
@@ -173,7 +173,8 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
     mine, budget = this_rank(device, memory_budget, group) if listed is None or group is not None else \
         (devices[0], budgets[0])
     probe = probe_request(workload, device=mine, memory_budget=budget, margin=margin, max_batch=per_rank,
-                          parallel=parallel, fsdp_sync=fsdp_sync, world_size=world, env={}, group=group)
+                          parallel=parallel, fsdp_sync=fsdp_sync, world_size=world, precision=precision, env={},
+                          group=group)
     ranks: tuple[ProbeRequest, ...] = ()
     if listed is not None and group is None:  # a job of ranks that differ, planned from this one process
         limit = per_rank if uniform_ranks else max(1, target - (world - 1) * multiple)

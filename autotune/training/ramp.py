@@ -1,6 +1,6 @@
 """The batch ramp at run time: the effective batch grows with the measured noise scale, step by exact step.
 
-    plan = autotune.plan(1024, workload="my_model.py")
+    plan = autotune.plan(1024, probe="my_model.py")
     step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, ramp=autotune.RampConfig())
     for batch in DataLoader(dataset, batch_sampler=step.ramp.sampler(len(dataset)), collate_fn=collate):
         step(batch)                      # the batch the ramp wants now, split by that phase's exact plan

@@ -1,7 +1,7 @@
 """A Workload from objects a user already has: a model instance, one real batch, an optimizer.
 
     workload = autotune.Workload.from_model(model, batch)              # HF: loss = model(**batch).loss
-    plan = autotune.plan(1024, workload=workload, device="cuda")
+    plan = autotune.plan(1024, probe=workload, device="cuda")
 
 The factories never hand out the user's objects: every model is a copy (on
 ``meta``, with no memory, when an estimate builds it), every optimizer a new
