@@ -1,7 +1,7 @@
 """autotune: the largest micro-batch that fits, an exact accumulation plan, and proof.
 
     import autotune
-    plan = autotune.plan(1024, probe="gpt", device="auto")         # probe, then plan exactly
+    plan = autotune.plan(1024, probe="gpt", device="auto")        # probe, then plan exactly
     result = autotune.run(plan=plan, steps=20)                     # train by it and verify it
     autotune.write_report(result)                                 # reports/gpt-<time>/report.html
 

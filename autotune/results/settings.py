@@ -51,7 +51,7 @@ FRONT_END_ONLY: Mapping[str, frozenset[str]] = {
 #: The settings of a model by name (``--model NAME --seq-len 512``): declared by
 #: :class:`~autotune.results.model.ModelSpec`, nested under ``model`` on the API and the service.
 MODEL_SETTINGS = ("task", "seq_len", "target_len", "num_labels", "optimizer", "lora", "gradient_checkpointing",
-                  "dtype", "padding")
+                  "dtype", "lengths", "padding")
 
 _NO_FILES = "a file on the service's machine: the service answers in JSON and writes no files"
 _TUNING = "the service plans for a GPU it estimates, and tuning times real steps on the device"
