@@ -122,7 +122,7 @@ def _run(args, *, lead: bool) -> int:
     from ..results.ramp import RampConfig
     from ..serial import dumps
 
-    result = pipeline.run(plan=args.plan, target_batch=args.target_batch, workload=args.probe, device=args.device,
+    result = pipeline.run(plan=args.plan, target_batch=args.target_batch, probe=args.probe, device=args.device,
                           memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
