@@ -315,7 +315,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     if asked is not None:
         snapshot = Snapshot.of(memory_snapshot, at)
         return plan_for(asked if snapshot is None else replace(asked, snapshot=snapshot), store=store)
-    request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
+    request = plan_request(target_batch, probe=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, fsdp_sync=fsdp_sync, tune=tune,
                            trials=trials, precision=precision,
@@ -574,7 +574,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         planned, wl, dev = _given_plan(plan, workload, device, memory_budget, parallel, fsdp_sync)
     else:
         this_rank(device, memory_budget, group())  # a device per rank is for a torchrun job
-        request = plan_request(target_batch, workload=workload, device=device, memory_budget=memory_budget,
+        request = plan_request(target_batch, probe=workload, device=device, memory_budget=memory_budget,
                                margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                                uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
                                fsdp_sync=fsdp_sync, group=group())

@@ -82,7 +82,7 @@ def request_of(args, target: int | None = None) -> PlanRequest:
     other)."""
     from ..planning.requests import plan_request
 
-    return plan_request(target or args.target_batch, workload=args.probe, device=args.device,
+    return plan_request(target or args.target_batch, probe=args.probe, device=args.device,
                         memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                         multiple_of=args.multiple_of,
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,

@@ -112,7 +112,7 @@ def one_device(device: object, memory_budget: object, group: tuple[int, int] | N
                        "names several: take each device's snapshot with its own call (one device, one budget)")
 
 
-def probe_request(workload: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
+def probe_request(probe: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
                   margin: object = options.MARGIN, max_batch: object = options.MAX_BATCH,
                   data_parallel: bool | None = None, parallel: object = options.DEFAULT_PARALLEL,
                   fsdp_sync: object = options.DEFAULT_FSDP_SYNC, world_size: int | None = None,
@@ -126,7 +126,7 @@ def probe_request(workload: object = None, *, device: object = options.DEVICE, m
     parallel, sync = options.parallel(parallel), _fsdp_sync(fsdp_sync, parallel)
     data_parallel = options.boolean(data_parallel, "data_parallel", none=True)
     buckets = data_parallel if data_parallel is not None else (group is not None or world > 1)
-    return ProbeRequest(workload=probe_spec(workload), device=device_name(mine), memory_budget=budget,
+    return ProbeRequest(workload=probe_spec(probe), device=device_name(mine), memory_budget=budget,
                         margin=options.margin(margin, text=False),
                         max_batch=options.whole(max_batch, "max_batch", text=False),
                         rule=FitRule.of(parallel, world, rank=group[1] if group else 0, buckets=buckets,
@@ -143,7 +143,7 @@ def _fsdp_sync(value: object, parallel: object) -> str:
     return sync
 
 
-def plan_request(target_batch: object, *, workload: object = None, device: object = options.DEVICE,
+def plan_request(target_batch: object, *, probe: object = None, device: object = options.DEVICE,
                  memory_budget: object = None, margin: object = options.MARGIN, world_size: int | None = None,
                  multiple_of: object = 1, uniform: object = None, uniform_ranks: bool = False,
                  parallel: object = options.DEFAULT_PARALLEL, fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
@@ -172,16 +172,16 @@ def plan_request(target_batch: object, *, workload: object = None, device: objec
     per_rank = math.ceil(target / world)
     mine, budget = this_rank(device, memory_budget, group) if listed is None or group is not None else \
         (devices[0], budgets[0])
-    probe = probe_request(workload, device=mine, memory_budget=budget, margin=margin, max_batch=per_rank,
-                          parallel=parallel, fsdp_sync=fsdp_sync, world_size=world, precision=precision, env={},
-                          group=group)
+    one = probe_request(probe, device=mine, memory_budget=budget, margin=margin, max_batch=per_rank,
+                        parallel=parallel, fsdp_sync=fsdp_sync, world_size=world, precision=precision, env={},
+                        group=group)
     ranks: tuple[ProbeRequest, ...] = ()
     if listed is not None and group is None:  # a job of ranks that differ, planned from this one process
         limit = per_rank if uniform_ranks else max(1, target - (world - 1) * multiple)
-        ranks = tuple(replace(probe, device=device_name(devices[r % len(devices)]),
+        ranks = tuple(replace(one, device=device_name(devices[r % len(devices)]),
                               memory_budget=budgets[r % len(budgets)], max_batch=limit,
-                              rule=replace(probe.rule, rank=r, buckets=not probe.rule.sharded)) for r in range(world))
-    return PlanRequest(target_batch=target, probe=probe, ranks=ranks, multiple_of=multiple,
+                              rule=replace(one.rule, rank=r, buckets=not one.rule.sharded)) for r in range(world))
+    return PlanRequest(target_batch=target, probe=one, ranks=ranks, multiple_of=multiple,
                        uniform=uniform, uniform_ranks=bool(uniform_ranks), world_size_source=source,
                        tuning=tuning, snapshot=snapshot)
 

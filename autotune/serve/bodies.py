@@ -126,7 +126,7 @@ class PlanBody(BaseModel):
         world = None if self.listed() and "world_size" not in self.model_fields_set else self.world_size
         from .models import named
 
-        return plan_request(self.target_batch, workload=named(self), device=self.device,
+        return plan_request(self.target_batch, probe=named(self), device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
                             multiple_of=self.multiple_of, uniform=self.uniform, uniform_ranks=self.uniform_ranks,
                             parallel=self.parallel, fsdp_sync=self.fsdp_sync, env={})

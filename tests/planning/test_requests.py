@@ -40,7 +40,7 @@ def test_a_probe_request_checks_each_field_when_made(fields, words):
 
 
 def test_a_request_reads_back_from_its_own_json_and_refuses_a_damaged_one():
-    request = plan_request(1021, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", multiple_of=1,
+    request = plan_request(1021, probe="mlp", device="estimate:A100-80GB,estimate:T4-16GB", multiple_of=1,
                            uniform="force", env={})
     again = PlanRequest.from_dict(request.to_dict())
     assert again == request and again.ranks[1].device == "estimate:T4-16GB" and again.uniform == "force"
@@ -71,7 +71,7 @@ def test_settings_that_exclude_each_other_are_refused_before_any_probe():
     ]
     for kwargs, words in cases:
         with pytest.raises(BadInput, match=words):
-            plan_request(64, workload="mlp", env={}, **kwargs)
+            plan_request(64, probe="mlp", env={}, **kwargs)
 
 
 def test_under_a_process_group_each_rank_asks_for_its_own_device_and_shard():
@@ -103,7 +103,7 @@ def test_a_snapshot_request_checks_its_file_and_size_when_made(tmp_path):
         Snapshot.of(str(tmp_path / "no" / "such" / "m.pickle"))
 
 
-E = dict(workload="mlp", device="estimate:T4-16GB")
+E = dict(probe="mlp", device="estimate:T4-16GB")
 
 
 @pytest.mark.parametrize("kwargs,words", [

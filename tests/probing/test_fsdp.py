@@ -421,7 +421,7 @@ def test_fsdp_sync_is_refused_without_fsdp_on_every_surface(capsys):
                                        "fsdp"):
         api.probe("mlp", device="cpu", fsdp_sync="every")
     with pytest.raises(BadInput, match="fsdp_sync 'sometimes' must be one of auto, every, last"):
-        plan_request(64, workload="mlp", parallel="fsdp", fsdp_sync="sometimes")
+        plan_request(64, probe="mlp", parallel="fsdp", fsdp_sync="sometimes")
     assert main(["plan", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", "--fsdp-sync", "last"]) == 2
     err = capsys.readouterr().err
     assert "--fsdp-sync last is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp" in err, err
