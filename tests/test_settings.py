@@ -63,6 +63,13 @@ def test_the_probe_surfaces_hold_the_declared_settings() -> None:
     assert api_names(autotune.probe) == declared("probe", "api")
 
 
+def test_memory_snapshot_and_run_say_each_setting_as_plan_and_probe_do() -> None:
+    assert api_names(autotune.memory_snapshot) - {"path"} <= declared("probe", "api")
+    trains = {"plan", "steps", "verify", "max_norm", "ramp"}  # run's own: how it trains
+    assert api_names(autotune.run) - trains <= declared("plan", "api")
+    assert {"probe", "device", "uniform", "uniform_ranks", "precision"} <= api_names(autotune.run)
+
+
 def test_the_model_settings_are_the_model_flags() -> None:
     from autotune.cli.model_flags import SETTINGS
 
