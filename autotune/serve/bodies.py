@@ -171,7 +171,7 @@ def body_field(declared: Setting) -> tuple[Any, Any]:
 
 def plan_body(declared: tuple[Setting, ...] | None = None) -> type[PlanBody]:
     """The body of a plan request: a field for each plan setting the service shows, as declared."""
-    fields = {s.name: body_field(s) for s in settings_of("plan", "service", declared)}
+    fields: dict[str, Any] = {s.name: body_field(s) for s in settings_of("plan", "service", declared)}
     return create_model("PlanRequest", __base__=PlanBody, __module__=__name__, **fields)
 
 
