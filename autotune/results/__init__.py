@@ -4,7 +4,9 @@
 Owns: ProbeResult and its Trials, Plan, RunResult, the batch ramp's RampConfig and BatchPhase, and
 :class:`~autotune.results.record.Record`, the base every request and result type derives from: a frozen,
 keyword-only dataclass whose fields are declared once, with their JSON type and their rule (a check of
-:mod:`autotune.options`), from which the checks, ``to_dict`` and ``from_dict`` follow. May import: errors,
+:mod:`autotune.options`), from which the checks, ``to_dict`` and ``from_dict`` follow; beside the requests,
+:mod:`~autotune.results.settings` declares each setting of a probe and a plan once, for the command line's
+flags, the API's keywords and the service's body. May import: errors,
 units, serial, options (no torch, no numpy, no pandas: the planner and the reports read results without them).
 
 Why a validator of our own and not pydantic (``python bench/result_io.py``; CPU time, 2-core Xeon, median
