@@ -5,7 +5,7 @@ A :class:`Setting` is data, beside the request types it fills (:mod:`autotune.re
 line's flags (``autotune probe``, ``plan``, ``run``: :func:`autotune.cli.common.add_settings`), the service's
 plan body (:mod:`autotune.serve.bodies`, built with pydantic's ``create_model``) and the API's keywords
 (:func:`autotune.plan`, :func:`autotune.probe`, typed by hand and held to these declarations by
-``tests/test_settings.py``) are made from it, under one name: the API's keyword and the body's field are the
+``tests/results/test_settings.py``) are made from it, under one name: the API's keyword and the body's field are the
 name, the flag is ``--`` and the name with dashes (:func:`flag_of`). A surface that does not show a setting
 says why in the declaration (``not_on``), and one that builds a setting's form by hand (``model``: a flag
 group, a :class:`~autotune.results.model.ModelSpec`, a nested body) says where (``by_hand``). What only a
