@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import options
+from .model import DEFAULT_SEQ_LEN, DTYPES, OPTIMIZERS, PADDINGS, TASKS
 
 #: The front ends, each showing a setting under the same name.
 SURFACES = ("cli", "api", "service")
@@ -48,10 +49,6 @@ FRONT_END_ONLY: Mapping[str, frozenset[str]] = {
     "api": frozenset({"store", "env"}),
     "service": frozenset(),
 }
-#: The settings of a model by name (``--model NAME --seq-len 512``): declared by
-#: :class:`~autotune.results.model.ModelSpec`, nested under ``model`` on the API and the service.
-MODEL_SETTINGS = ("task", "seq_len", "target_len", "num_labels", "optimizer", "lora", "gradient_checkpointing",
-                  "dtype", "lengths", "padding")
 
 _NO_FILES = "a file on the service's machine: the service answers in JSON and writes no files"
 _TUNING = "the service plans for a GPU it estimates, and tuning times real steps on the device"
@@ -207,6 +204,42 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="at", type=int, least=1, check=options.whole, metavar="N", not_on={"service": _NO_FILES},
             help="the micro-batch of --memory-snapshot (default: the chosen one)"),
 )
+
+#: How a model by name trains (``--model NAME --seq-len 512``; the service's ``"model": {"name": ..., "seq_len":
+#: 512}``; the API's ``ModelSpec(name, seq_len=512)``): the fields of :class:`~autotune.results.model.ModelSpec`,
+#: which checks them. A flag left out is None, for ModelSpec's default.
+MODEL_VERB = frozenset({"model"})
+_TOKENS: dict[str, Any] = {"type": int, "least": 1, "most": 1 << 20, "metavar": "N", "verbs": MODEL_VERB}
+MODEL: tuple[Setting, ...] = (
+    Setting(name="task", choices=TASKS, verbs=MODEL_VERB,
+            help="what the model is trained for (default: the one the config's architectures name)"),
+    Setting(name="seq_len", **_TOKENS,
+            help=f"tokens in every sample (default: the config's maximum positions, at most {DEFAULT_SEQ_LEN})"),
+    Setting(name="target_len", **_TOKENS, help="a seq2seq model's label tokens (default: --seq-len)"),
+    Setting(name="num_labels", **_TOKENS, help="a classifier's classes (default: the config's)"),
+    Setting(name="optimizer", choices=OPTIMIZERS, verbs=MODEL_VERB,
+            help="adamw (torch's AdamW, Hugging Face Trainer's adamw_torch), sgd, adafactor; the 8-bit ones and lion "
+                 "need bitsandbytes (default: adamw)",
+            body={"choices": ("adamw", "sgd", "adafactor"), "default": "adamw"}),  # no bitsandbytes there
+    Setting(name="lora", metavar="SETTINGS", verbs=MODEL_VERB, flag={"nargs": "?", "const": ""},
+            help="train LoRA adapters through peft, e.g. r=16,alpha=32,dropout=0.05,targets=all-linear (those are the "
+                 "defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA, which needs bitsandbytes)",
+            body={"max_length": 200, "description": "e.g. r=16,alpha=32,dropout=0.05,targets=all-linear"}),
+    Setting(name="gradient_checkpointing", type=bool, verbs=MODEL_VERB, body={"default": False},
+            help="as Hugging Face's Trainer enables it (non-reentrant)"),
+    Setting(name="dtype", metavar="DTYPE", verbs=MODEL_VERB, body={"choices": tuple(DTYPES)},
+            help="the weights' dtype: fp32, bf16 or fp16 (Lightning's 32-true, bf16-true, 16-true too; default: the "
+                 "config's, as transformers builds it; fp32 when it names none)"),
+    Setting(name="lengths", metavar="FILE", verbs=MODEL_VERB, not_on={"service": _NO_FILES},
+            help="samples of these lengths (a column of a CSV, Parquet or JSONL file, or the one named length); "
+                 "--seq-len then truncates them (default: the longest)"),
+    Setting(name="padding", choices=PADDINGS, verbs=MODEL_VERB,
+            not_on={"service": "the service's model has no file of sample lengths to pad"},
+            help="with --lengths: pad a micro-batch to its longest sample (longest), or every sample to --seq-len "
+                 "(max); packed is not supported yet (default: longest)"),
+)
+#: The names of a model's settings.
+MODEL_SETTINGS = tuple(s.name for s in MODEL)
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 

@@ -28,6 +28,7 @@ from pydantic import (
 from .. import options
 from ..errors import BadInput
 from ..results.settings import Setting, settings_of
+from .fields import body_field
 from .models import ModelBody
 
 if TYPE_CHECKING:
@@ -143,35 +144,12 @@ SERVICE: dict[str, dict[str, Any]] = {
     "margin": {"description": f"the share of the GPU's memory kept free, taken to {MARGIN_DIGITS} decimals (0.12341 "
                               "is 0.1234): requests that differ less share one plan"},
 }
-_FIELD_KEYWORDS = ("max_length", "pattern")
-
-
-def _annotation(declared: Setting, over: dict[str, Any], default: Any) -> Any:
-    """The JSON type of a setting's values in a body."""
-    if "annotation" in over:
-        return over["annotation"]
-    choices = over.get("choices", declared.choices)
-    kind: Any = Literal[choices] if choices else \
-        {bool: StrictBool, int: StrictInt, float: float, str: str}.get(declared.type, Any)
-    return kind | None if default is None and not declared.required else kind
-
-
-def body_field(declared: Setting) -> tuple[Any, Any]:
-    """A setting as ``create_model`` takes a field: (its annotated type, its default)."""
-    over = {**declared.body, **SERVICE.get(declared.name, {})}
-    default = over.get("default", declared.default)
-    bounds = {"ge": over.get("least", declared.least), "le": over.get("most", declared.most),
-              "lt": over.get("below", declared.below)}
-    keywords = {k: v for k, v in bounds.items() if v is not None}
-    keywords.update({k: over[k] for k in _FIELD_KEYWORDS if k in over})
-    described = Field(description=over.get("description", declared.help), **keywords)
-    annotation = Annotated[_annotation(declared, over, default), described]  # type: ignore[valid-type]
-    return (annotation, ...) if declared.required else (annotation, default)
 
 
 def plan_body(declared: tuple[Setting, ...] | None = None) -> type[PlanBody]:
     """The body of a plan request: a field for each plan setting the service shows, as declared."""
-    fields: dict[str, Any] = {s.name: body_field(s) for s in settings_of("plan", "service", declared)}
+    shown = settings_of("plan", "service", declared)
+    fields: dict[str, Any] = {s.name: body_field(s, SERVICE.get(s.name)) for s in shown}
     return create_model("PlanRequest", __base__=PlanBody, __module__=__name__, **fields)
 
 

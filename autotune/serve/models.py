@@ -12,39 +12,55 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..errors import BadInput
-from ..results.model import DTYPES, TASKS, ModelSpec
+from ..results.model import ModelSpec
+from ..results.settings import MODEL, Setting, settings_of
+from .fields import body_field
 
 #: A hub id as a request names one: owner/name (or a name alone), letters, digits, ``-``, ``_`` and ``.``.
 HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
-Tokens = Annotated[StrictInt | None, Field(ge=1, le=1 << 20)]
 
 
-class ModelBody(BaseModel):
-    """The model of a plan request: a hub id, and the settings of ``autotune plan --model``."""
+class ModelSettings(BaseModel):
+    """The model of a plan request: a hub id, and the settings of ``autotune plan --model``.
+
+    Its settings are declared in :data:`autotune.results.settings.MODEL`, made into :class:`ModelBody` by
+    :func:`model_body`."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(max_length=193, pattern=HUB_ID,
                                description="a Hugging Face hub id, e.g. Qwen/Qwen2.5-7B (only its config.json is "
                                            "read; weights never)")]
-    task: Literal[TASKS] | None = None  # type: ignore[valid-type]
-    seq_len: Tokens = None
-    target_len: Tokens = None
-    num_labels: Annotated[StrictInt | None, Field(ge=1, le=1 << 20)] = None
-    optimizer: Literal["adamw", "sgd", "adafactor"] = "adamw"
-    lora: Annotated[str | None, Field(max_length=200, description="e.g. r=16,alpha=32,dropout=0.05,"
-                                                                  "targets=all-linear")] = None
-    gradient_checkpointing: StrictBool = False
-    dtype: Literal[tuple(DTYPES)] | None = None  # type: ignore[valid-type]
+    if TYPE_CHECKING:  # the fields model_body declares
+        task: str | None
+        seq_len: int | None
+        target_len: int | None
+        num_labels: int | None
+        optimizer: str
+        lora: str | None
+        gradient_checkpointing: bool
+        dtype: str | None
 
     def spec(self) -> str:
         """The model's probe spec (``hf:NAME?...``), every setting checked by the library."""
         return ModelSpec(**self.model_dump()).spec()
+
+
+def model_body(declared: tuple[Setting, ...] = MODEL) -> type[ModelSettings]:
+    """The model of a plan request's body: a hub id and each model setting the service shows, as declared."""
+    fields: dict[str, Any] = {s.name: body_field(s) for s in settings_of("model", "service", declared)}
+    return create_model("ModelBody", __base__=ModelSettings, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    ModelBody = ModelSettings
+else:
+    ModelBody = model_body()
 
 
 class Body(Protocol):

@@ -70,10 +70,20 @@ def test_memory_snapshot_and_run_say_each_setting_as_plan_and_probe_do() -> None
     assert {"probe", "device", "uniform", "uniform_ranks", "precision"} <= api_names(autotune.run)
 
 
-def test_the_model_settings_are_the_model_flags() -> None:
-    from autotune.cli.model_flags import SETTINGS
+def test_a_model_s_settings_are_declared_once_for_its_flags_body_and_spec() -> None:
+    import dataclasses
 
-    assert {key for _, key in SETTINGS} == set(MODEL_SETTINGS)
+    from autotune.results.model import ModelSpec
+    from autotune.serve.models import ModelBody
+
+    flags = {a.dest: a for a in subparser("plan")._actions}
+    for s in settings.MODEL:
+        assert flags[s.name].option_strings == [flag_of(s.name)] and flags[s.name].help == s.help
+    assert set(ModelBody.model_fields) == {"name"} | {s.name for s in settings_of("model", "service", settings.MODEL)}
+    assert {"lengths", "padding"}.isdisjoint(ModelBody.model_fields)  # declared off the service, with the reason
+    assert set(MODEL_SETTINGS) <= {f.name for f in dataclasses.fields(ModelSpec)}
+    seq_len = ModelBody.model_json_schema()["properties"]["seq_len"]
+    assert seq_len["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 1 << 20}
 
 
 def test_a_surface_that_does_not_show_a_setting_says_why() -> None:
