@@ -121,8 +121,9 @@ def flag_keywords(declared: Setting) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None or k == "default"}
 
 
-def add_settings(p: argparse.ArgumentParser | argparse._ArgumentGroup, verb: str, *, only: tuple[str, ...] | None = None,
-                 into: dict[str, Any] | None = None, declared: tuple[Setting, ...] | None = None) -> None:
+def add_settings(p: argparse.ArgumentParser | argparse._ArgumentGroup, verb: str, *,
+                 only: tuple[str, ...] | None = None, into: dict[str, Any] | None = None,
+                 declared: tuple[Setting, ...] | None = None) -> None:
     """The flags of ``verb``'s settings (:mod:`autotune.results.settings`; ``only`` those named), each added
     to ``p`` or to the group ``into`` names for it. A setting whose flags a module adds by hand is left out."""
     for s in settings_of(verb, "cli", declared):
