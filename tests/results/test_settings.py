@@ -63,6 +63,16 @@ def test_the_probe_surfaces_hold_the_declared_settings() -> None:
     assert api_names(autotune.probe) == declared("probe", "api")
 
 
+def test_the_request_checks_take_the_keywords_the_api_takes() -> None:
+    from autotune.planning.requests import plan_request, probe_request
+
+    environment = {"env", "group"}  # where the world size is read: not settings
+    before = {"target_tokens", "lengths", "cut_samples", "model"}  # autotune.plan turns them into a target and a probe
+    assert set(inspect.signature(plan_request).parameters) - environment == declared("plan", "api") - before
+    assert set(inspect.signature(probe_request).parameters) - environment == \
+        declared("probe", "api") - {"memory_snapshot", "at", "model"}
+
+
 def test_memory_snapshot_and_run_say_each_setting_as_plan_and_probe_do() -> None:
     assert api_names(autotune.memory_snapshot) - {"path"} <= declared("probe", "api")
     trains = {"plan", "steps", "verify", "max_norm", "ramp"}  # run's own: how it trains
