@@ -5,8 +5,8 @@ A :class:`Setting` is data, beside the request types it fills (:mod:`autotune.re
 line's flags (``autotune probe``, ``plan``, ``run``: :func:`autotune.cli.common.add_settings`), the service's
 plan body (:mod:`autotune.serve.bodies`, built with pydantic's ``create_model``) and the API's keywords
 (:func:`autotune.plan`, :func:`autotune.probe`, typed by hand and held to these declarations by
-``tests/results/test_settings.py``) are made from it, under one name: the API's keyword and the body's field are the
-name, the flag is ``--`` and the name with dashes (:func:`flag_of`). A surface that does not show a setting
+``tests/results/test_settings.py``) are made from it, under one name: the API's keyword and the body's field
+are the name, the flag is ``--`` and the name with dashes (:func:`flag_of`). A surface that does not show a setting
 says why in the declaration (``not_on``), and one that builds a setting's form by hand (``model``: a flag
 group, a :class:`~autotune.results.model.ModelSpec`, a nested body) says where (``by_hand``). What only a
 front end has (``--json``, ``--output``, ``store``...) is listed once, in :data:`FRONT_END_ONLY`.
@@ -17,8 +17,10 @@ service's body of it, where it already is.
 
 How to add a setting:
 
-1. Declare it here: ``Setting(name="my_knob", help=..., type=int, default=1, least=1, check=options.whole,
-   verbs=PLAN)``; add ``not_on={"service": "why"}`` where a front end cannot take it.
+1. Declare it here, in :data:`SETTINGS` (:data:`MODEL` for how a model by name trains):
+   ``Setting(name="my_knob", help=..., type=int, default=1, least=1, check=options.whole, verbs=PLAN)``; add
+   ``not_on={"service": "why"}`` where a front end cannot take it, ``flag={...}`` or ``body={...}`` where one
+   says it otherwise (a flag's ``action``, the service's own default or bound).
 2. Give it its logic: a field of the request (:class:`~autotune.results.request.ProbeRequest` or
    :class:`~autotune.results.request.PlanRequest`), the keyword of :func:`autotune.plan` (or
    :func:`autotune.probe`) and of :func:`autotune.planning.requests.plan_request` that fills it, and the stage
