@@ -7,9 +7,13 @@ tune. May import: everything below it (foundation, results, planning, workload, 
 from __future__ import annotations
 
 from .accumulate import Accumulator, StepOutcome
-from .noise import GradientNoiseScale
+from .noise import GradientNoiseScale, NoiseScale
+from .parts import Batches
+from .precision import MixedPrecision
 from .ramp import BatchRamp, RampSampler
 from .runner import run_plan
 from .sampler import PlanSampler
+from .sync import Sync
 
-__all__ = ["Accumulator", "BatchRamp", "GradientNoiseScale", "PlanSampler", "RampSampler", "StepOutcome", "run_plan"]
+__all__ = ["Accumulator", "Batches", "BatchRamp", "GradientNoiseScale", "MixedPrecision", "NoiseScale", "PlanSampler",
+           "RampSampler", "StepOutcome", "Sync", "run_plan"]
