@@ -139,7 +139,7 @@ def run(task: Task, seed: int, ramp: bool, batch: int | None, rule: str, lr: flo
     model, optimizer, loss, evaluate, dataset, make_batch = task.make(seed) if lr is None else task.make(seed, lr)
     plan = make_plan(TARGET, M)
     if ramp:
-        step = autotune.Accumulator(model, optimizer, plan, loss=loss, ramp=autotune.RampConfig(lr_scaling=rule))
+        step = autotune.Accumulator(model, optimizer, plan, loss=loss, parts=[autotune.RampConfig(lr_scaling=rule)])
         size = lambda: step.ramp.effective_batch  # noqa: E731
     else:
         assert batch is not None
