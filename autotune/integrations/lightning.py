@@ -45,6 +45,7 @@ from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
 from ..results.ramp import RampConfig
 from ..training import Accumulator, Batches, MixedPrecision, Sync
+from ..training.parts import Part
 from ..workload import Workload
 from .common import largest_batch, short_dataset
 
@@ -223,7 +224,8 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
         module.clip_gradients(optimizer, gradient_clip_val=value, gradient_clip_algorithm="norm")
 
     # DDP's reducer synchronises through manual_backward: the module itself is not the DDP wrapper.
-    parts = [Batches(move=move), MixedPrecision(backward=module.manual_backward, clip=clip_with),
-             Sync(no_sync=getattr(strategy, "block_backward_sync", contextlib.nullcontext), external=True)]
+    parts: list[Part] = [
+        Batches(move=move), MixedPrecision(backward=module.manual_backward, clip=clip_with),
+        Sync(no_sync=getattr(strategy, "block_backward_sync", contextlib.nullcontext), external=True)]
     return Accumulator(module, optimizer, plan, loss=loss, items=items, max_norm=max_norm,
                        parts=parts if ramp is None else [*parts, ramp])

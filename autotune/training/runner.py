@@ -35,7 +35,7 @@ from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
 from .noise import NoiseScale
-from .parts import Batches
+from .parts import Batches, Part
 from .precision import MixedPrecision
 from .ramp import BatchRamp
 from .ramp_checks import gradients_check, schedule_check
@@ -183,7 +183,7 @@ class _Run:
             counter = sharded.ReduceScatterCounter(trained) if self.fsdp else distributed.RoundCounter(trained)
         batches = Batches(samples=self.workload.samples, split=_on_host(session, self.workload.split),
                           move=session.move)
-        parts = [batches, MixedPrecision(self.precision), Sync(no_sync=self.no_sync)]
+        parts: list[Part] = [batches, MixedPrecision(self.precision), Sync(no_sync=self.no_sync)]
         acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
                           items=self.workload.items, max_norm=self.max_norm,
                           parts=parts if self.ramp is None else [*parts, self.ramp])
