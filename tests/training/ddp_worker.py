@@ -8,8 +8,8 @@ from autotune import api as pipeline
 from autotune.devices import get_device
 from autotune.training import runner
 from autotune.training.accumulate import Accumulator
-from autotune.training.sync import Sync
 from autotune.training.runner import run_plan
+from autotune.training.sync import Sync
 from autotune.workload import load_workload
 
 
