@@ -220,11 +220,12 @@ def test_an_oom_mid_step_gives_back_everything_beyond_the_shards(gpt, monkeypatc
 def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_round(gpt):
     from autotune.training.accumulate import Accumulator
     from autotune.training.fsdp import ReduceScatterCounter
+    from autotune.training.sync import Sync
     from autotune.training.verify import rounds_check
 
     class SyncsEveryMicroStep(Accumulator):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "no_sync": contextlib.nullcontext})
+            super().__init__(*args, parts=[Sync(no_sync=contextlib.nullcontext)], **kwargs)
 
     batch = gpt.make_batch(6, torch.Generator().manual_seed(0))
     rounds = {}
