@@ -1,7 +1,8 @@
 """Training by a plan: exact accumulation, the runner and its verification, DDP, throughput tuning.
 
 Owns: Accumulator and the parts it is composed of (Batches, Sync, MixedPrecision, NoiseScale, the batch ramp at
-run time), PlanSampler, run_plan, the checks, torch.distributed glue, tune. May import: everything below it (foundation, results, planning, workload, devices, probing).
+run time), PlanSampler, run_plan, the checks, torch.distributed glue, tune. May import: everything below it
+(foundation, results, planning, workload, devices, probing).
 """
 
 from __future__ import annotations
