@@ -102,11 +102,11 @@ class Accumulator:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, *,
                  loss: Callable[[nn.Module, Any], torch.Tensor], items: Callable[[Any], int] | None = None,
-                 max_norm: float | None = None, parts: Iterable[Part] = (), **old: Any):
+                 max_norm: float | None = None, parts: Iterable[Part] = (), **deprecated: Any):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
         self.max_norm = options.max_norm(max_norm)
-        given = by_kind([*parts, *old_keywords(old)])
+        given = by_kind([*parts, *old_keywords(deprecated)])
         batches: Batches = given.get("batches", Batches())
         self.samples_fn, self.split_fn = batches.samples, batches.split
         self.move = batches.move if batches.move is not None else _default_move(model)

@@ -235,3 +235,16 @@ def test_a_part_keeps_its_kind_when_given_by_an_old_keyword_too():
     with pytest.warns(DeprecationWarning), pytest.raises(BadInput, match="two precision parts"):
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, precision="bf16",
                     parts=[MixedPrecision("fp16")])
+
+
+def test_no_part_takes_another_parts_settings():
+    import inspect
+    from itertools import combinations
+
+    from autotune import RampConfig
+
+    settings = {part: set(inspect.signature(part).parameters) for part in
+                (Batches, Sync, MixedPrecision, NoiseScale, RampConfig)}
+    assert all(settings.values())
+    assert {(a.__name__, b.__name__): settings[a] & settings[b] for a, b in combinations(settings, 2)
+            if settings[a] & settings[b]} == {}
