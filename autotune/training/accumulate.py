@@ -268,10 +268,14 @@ class Accumulator:
 
     def repartitioned(self, sizes: list[int]) -> Accumulator:
         """This accumulation (model, optimizer, loss, items, clipping, precision, synchronisation) over
-        other micro-batch sizes of this rank, as autotune's own ``Accumulator``, measuring no noise."""
+        other micro-batch sizes of this rank, as autotune's own ``Accumulator`` with autotune's own parts,
+        measuring no noise."""
         batches = Batches(samples=self.samples_fn, split=self.split_fn, move=self.move)
+        sync = Sync(rank=self.rank, world_size=self.world_size, process_group=self.sync.process_group,
+                    no_sync=self.sync.no_sync, external=True)
+        amp = MixedPrecision(self.amp.name, backward=self.amp.backward_fn, clip=self.amp.clip_fn)
         return Accumulator(self.model, self.optimizer, sizes, loss=self.loss_fn, items=self.items_fn,
-                           max_norm=self.max_norm, parts=[batches, self.sync, self.amp, NoiseScale(measure=False)])
+                           max_norm=self.max_norm, parts=[batches, sync, amp, NoiseScale(measure=False)])
 
 
 def _sizes_for(schedule: Any, rank: int) -> list[int]:
