@@ -39,6 +39,7 @@ from torch import nn
 import autotune
 from autotune.planning.planner import make_plan
 from autotune.planning.ramp import lr_scale
+from autotune.training.noise import NoiseScale
 from autotune.training.sampler import PlanSampler
 
 M = 32          # the memory limit: micro-batches of at most 32 samples
@@ -139,12 +140,12 @@ def run(task: Task, seed: int, ramp: bool, batch: int | None, rule: str, lr: flo
     model, optimizer, loss, evaluate, dataset, make_batch = task.make(seed) if lr is None else task.make(seed, lr)
     plan = make_plan(TARGET, M)
     if ramp:
-        step = autotune.Accumulator(model, optimizer, plan, loss=loss, ramp=autotune.RampConfig(lr_scaling=rule))
+        step = autotune.Accumulator(model, optimizer, plan, loss=loss, parts=[autotune.RampConfig(lr_scaling=rule)])
         size = lambda: step.ramp.effective_batch  # noqa: E731
     else:
         assert batch is not None
         fixed = make_plan(batch, M) if batch != TARGET else plan
-        step = autotune.Accumulator(model, optimizer, fixed, loss=loss, noise_scale=False)
+        step = autotune.Accumulator(model, optimizer, fixed, loss=loss, parts=[NoiseScale(measure=False)])
         scale = lr_scale(rule, batch=batch, target=TARGET, noise_scale=None)
         for group in optimizer.param_groups:
             group["lr"] *= scale

@@ -69,7 +69,7 @@ def worker(workload_name: str, paths: list[str], rounds: int, steps: int) -> Non
     from torch.nn.parallel import DistributedDataParallel
 
     from autotune import Accumulator, load_plan
-    from autotune.training import distributed
+    from autotune.training import NoiseScale, distributed
     from autotune.training.distributed import rank_offsets
     from autotune.workload import load_workload
 
@@ -85,7 +85,7 @@ def worker(workload_name: str, paths: list[str], rounds: int, steps: int) -> Non
         batch = wl.make_batch(plans[0].target_batch, torch.Generator().manual_seed(0))
         steppers = []
         for plan in plans:
-            acc = Accumulator(model, opt, plan, loss=wl.loss, items=wl.items, noise_scale=False)
+            acc = Accumulator(model, opt, plan, loss=wl.loss, items=wl.items, parts=[NoiseScale(measure=False)])
             mine = wl.share(batch, rank_offsets(plan.per_rank_batch)[rank], plan.per_rank_batch[rank])
             steppers.append((acc, mine))
         for acc, mine in steppers:  # warm-up: both plans, twice

@@ -24,7 +24,7 @@ from common import machine
 from torch.utils._pytree import tree_map
 
 from autotune.training.accumulate import Accumulator, split_batch
-from autotune.training.noise import GradientNoiseScale
+from autotune.training.noise import NoiseScale
 from autotune.workload import load_workload
 
 TARGET = 0.97
@@ -84,9 +84,9 @@ def measure(name: str, sizes: list[int], reps: int, warmup: int = 3) -> dict:
     opts = {k: workload.optimizer(m.parameters()) for k, m in models.items()}
     acc = Accumulator(models["autotune"], opts["autotune"], sizes, loss=workload.loss, items=workload.items)
     quiet = Accumulator(models["quiet"], opts["quiet"], sizes, loss=workload.loss, items=workload.items,
-                        noise_scale=False)
+                        parts=[NoiseScale(measure=False)])
     every4 = Accumulator(models["every4"], opts["every4"], sizes, loss=workload.loss, items=workload.items,
-                         noise_scale=GradientNoiseScale(models["every4"].parameters(), every=4))
+                         parts=[NoiseScale(every=4)])
     count = workload.count_items
     n = sum(sizes)
     generator = torch.Generator().manual_seed(1)
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     print(f"# runner overhead: torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads "
           f"{torch.get_num_threads()}; medians of interleaved repetitions, no tracker")
     print("# autotune = autotune.Accumulator with the noise scale measured (the default); quiet = the same with")
-    print("#   noise_scale=False; hand = a hand-written loop with the same schedule and n_i/N weights;")
+    print("#   NoiseScale(measure=False); hand = a hand-written loop with the same schedule and n_i/N weights;")
     print("#   full = one forward/backward of all N samples (it fits here)")
     print("# 'paired' = median of per-repetition time(hand) / time(quiet) (run back to back): target >= 0.97;")
     print("# 'noise' = median of per-repetition time(quiet) / time(autotune): the noise scale's cost, goal >= 0.97;")

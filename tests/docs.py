@@ -21,6 +21,7 @@ RUN_BY = {
     ("your-model.md", "Your own model", 0): "tests/test_docs.py::test_a_probe_file_and_a_request",
     ("your-model.md", "Your own model", 1): "tests/test_docs.py::test_a_probe_file_and_a_request",
     ("your-model.md", "Your own training loop", 0): "tests/test_docs.py::test_your_own_training_loop",
+    ("your-model.md", "The Accumulator's parts", 0): "tests/test_docs.py::test_the_accumulators_parts",
     ("noise-scale-and-ramp.md", "In your own loop", 0): "tests/integrations/test_readme_ramp.py::test_your_own_loop",
     ("noise-scale-and-ramp.md", "Lightning", 0): "tests/integrations/test_readme_ramp.py::test_lightning",
     ("integrations.md", "Hugging Face Trainer", 0): "tests/integrations/test_readme.py::test_hugging_face",
@@ -67,8 +68,10 @@ def blocks(page: str, heading: str, lang: str = "python") -> list[str]:
 
 
 def run(code: str, namespace: dict, page: str) -> dict:
-    """Runs one block as written in ``namespace``; its tracebacks name the page."""
+    """Runs one block as written in ``namespace``; its tracebacks name the page. A keyword of autotune's that is
+    deprecated fails the block: the pages show what the release takes."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        warnings.filterwarnings("error", r"Accumulator\(.*\) is deprecated", DeprecationWarning)
         exec(compile(code, str(path(page)), "exec"), namespace)
     return namespace

@@ -81,6 +81,26 @@ def test_your_own_training_loop(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_accumulators_parts():
+    from autotune.planning.planner import make_plan
+
+    (block,) = docs.blocks(PAGE, "The Accumulator's parts")
+    torch.manual_seed(0)
+    model = TokenNet()
+    done = docs.run(block, {"autotune": autotune, "model": model, "plan": make_plan(48, 16),
+                            "optimizer": torch.optim.SGD(model.parameters(), lr=0.5), "my_loss": token_loss,
+                            "count_tokens": tokens}, PAGE)
+    step = done["step"]
+    data = sequences([2 + (7 * i) % 13 for i in range(48 * 4)])
+    for i in range(4):
+        assert step.step(pad(data[i * 48:(i + 1) * 48])).micro_steps == 3
+    assert (step.precision, step.max_norm, step.noise_scale.every) == ("bf16", 1.0, 4)
+    assert [h.step for h in step.noise_scale.history] == [0]  # every 4th step measured
+    with pytest.raises(DeprecationWarning, match=r"Accumulator\(precision=\) is deprecated"):
+        docs.run("autotune.Accumulator(model, optimizer, plan, loss=my_loss, precision='bf16')", done, PAGE)
+
+
+@pytest.mark.slow
 def test_what_you_see_is_what_the_command_prints(capsys):
     """README's first console example: the command as written prints the result lines shown (the progress lines,
     with their seconds, go to stderr)."""

@@ -1,4 +1,5 @@
-"""The library's own habits, held over every module: short functions, and broad excepts that are few and say why."""
+"""The library's own habits, held over every module: short functions, broad excepts that are few and say why, and
+an Accumulator composed of parts rather than configured by a long list of keywords."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 MAX_FUNCTION_LINES = 80
 MAX_BROAD_EXCEPTS = 10
+MAX_ACCUMULATOR_PARAMETERS = 8
 BROAD = {"Exception", "BaseException"}
 
 
@@ -32,6 +34,19 @@ def broad_excepts(source: str, where: str) -> list[tuple[str, bool]]:
         if node.type is None or any(isinstance(c, ast.Name) and c.id in BROAD for c in caught):
             found.append((f"{where}:{node.lineno}", "#" in lines[node.lineno - 1]))
     return found
+
+
+def constructor_parameters(source: str, class_name: str) -> list[str]:
+    """The parameters of ``class_name.__init__`` in ``source``, ``self`` left out (``*args`` and ``**kwargs``
+    count as one each)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    a = item.args
+                    named = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
+                    return [arg.arg for arg in named][1:]
+    raise LookupError(f"no {class_name}.__init__ in the source")
 
 
 def _modules() -> list[tuple[str, str]]:
@@ -73,3 +88,23 @@ def test_the_checks_see_a_long_function_and_a_broad_except_without_a_reason():
             pass
         """)
     assert broad_excepts(source, "m.py") == [("m.py:3", False), ("m.py:7", True), ("m.py:11", False)]
+
+
+def test_the_accumulator_constructor_takes_at_most_8_parameters():
+    source = (PACKAGE / "training" / "accumulate.py").read_text()
+    parameters = constructor_parameters(source, "Accumulator")
+    assert len(parameters) <= MAX_ACCUMULATOR_PARAMETERS, parameters
+
+
+def test_the_parameter_count_sees_a_constructor_of_nine():
+    source = textwrap.dedent("""\
+        class Accumulator:
+            def helper(self, a, b, c, d, e, f, g, h, i, j):
+                pass
+
+            def __init__(self, model, optimizer, schedule, *args, loss, items=None, max_norm=None, parts=(), **old):
+                pass
+        """)
+    assert constructor_parameters(source, "Accumulator") == [
+        "model", "optimizer", "schedule", "loss", "items", "max_norm", "parts", "args", "old"]
+    assert len(constructor_parameters(source, "Accumulator")) > MAX_ACCUMULATOR_PARAMETERS

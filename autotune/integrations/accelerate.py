@@ -23,7 +23,7 @@ ZeRO-3 gathers them too and needs a plan with ``uniform_ranks``). Needs
 ``accelerate`` (``pip install autotune[accelerate]``).
 
 Without this module, ``Accumulator(model, optimizer, plan, loss=...,
-backward=accelerator.backward)`` composes the same way; clip with
+parts=[MixedPrecision(backward=accelerator.backward)])`` composes the same way; clip with
 ``step.backward(batch)``, ``accelerator.clip_grad_norm_(...)``,
 ``optimizer.step()``, ``optimizer.zero_grad()`` instead of ``max_norm``.
 """
@@ -37,12 +37,12 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from .common import FrameworkAccumulator
+from ..training import Accumulator, Batches, MixedPrecision, Sync
 
 
 def accumulator(accelerator: Any, model: nn.Module, optimizer: Any, plan: Any, *,
                 loss: Callable[[nn.Module, Any], torch.Tensor], items: Callable[[Any], int] | None = None,
-                max_norm: float | None = None, move: Callable[[Any], Any] | None = None) -> FrameworkAccumulator:
+                max_norm: float | None = None, move: Callable[[Any], Any] | None = None) -> Accumulator:
     """An :class:`autotune.Accumulator` for ``accelerator.prepare``'d ``model`` and ``optimizer`` (see the module
     docstring). ``loss(model, micro_batch)`` is the mean over the micro-batch's items, ``items`` counts them."""
     steps = getattr(accelerator, "gradient_accumulation_steps", 1)
@@ -55,6 +55,6 @@ def accumulator(accelerator: Any, model: nn.Module, optimizer: Any, plan: Any, *
     def clip_with(value: float) -> Any:
         return accelerator.clip_grad_norm_(model.parameters(), value)
 
-    return FrameworkAccumulator(model, optimizer, plan, loss=loss, items=items, max_norm=max_norm, move=move,
-                                backward=accelerator.backward, no_sync=lambda: accelerator.no_sync(model),
-                                clip_with=clip_with)
+    return Accumulator(model, optimizer, plan, loss=loss, items=items, max_norm=max_norm,
+                       parts=[Batches(move=move), MixedPrecision(backward=accelerator.backward, clip=clip_with),
+                              Sync(no_sync=lambda: accelerator.no_sync(model))])

@@ -1,42 +1,21 @@
-"""What the adapters share: an Accumulator that clips the framework's way, the largest of a few batches, the
-warning for a dataset smaller than one effective batch."""
+"""What the adapters share: the largest of a few batches, the warning for a dataset smaller than one effective
+batch."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compat import tree_flatten
-from ..training import Accumulator
 from ..units import plural
 from ..workload.batches import batch_size
 
 if TYPE_CHECKING:
     from ..results.plan import Plan
-
-
-class FrameworkAccumulator(Accumulator):
-    """An Accumulator whose ``max_norm`` clipping is the framework's own ``clip_with(max_norm)``.
-
-    A framework that owns mixed precision owns the GradScaler too: its clipping
-    unscales the gradients first (``accelerator.clip_grad_norm_``, a
-    LightningModule's ``clip_gradients``), where ``torch.nn.utils.clip_grad_norm_``
-    would clip the scaled ones.
-    """
-
-    def __init__(self, *args: Any, clip_with: Callable[[float], Any], **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.clip_with = clip_with
-
-    def clip(self) -> torch.Tensor | None:
-        if self.max_norm is None:
-            return None
-        norm = self.clip_with(self.max_norm)
-        return None if norm is None else torch.as_tensor(norm)
 
 
 def largest_batch(batches: Iterable[Any], limit: int) -> tuple[Any, int]:

@@ -36,5 +36,5 @@ class AutotuneBatchRamp(TrainerCallback):
             "counts micro-batches modulo gradient_accumulation_steps to decide when to step, so a change during "
             "training would step in the middle of an accumulation. Train with a fixed target "
             "(autotune.integrations.hf.plan_training_args), or ramp in your own loop or in Lightning: "
-            "autotune.Accumulator(model, optimizer, plan, loss=..., ramp=autotune.RampConfig()), "
+            "autotune.Accumulator(model, optimizer, plan, loss=..., parts=[autotune.RampConfig()]), "
             "AutotuneBatchSize(target, ramp=autotune.RampConfig())")

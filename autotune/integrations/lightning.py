@@ -44,8 +44,10 @@ from ..devices import Device
 from ..errors import BadInput, NoUniformPlan
 from ..planning.exports import no_equal_split
 from ..results.ramp import RampConfig
+from ..training import Accumulator, Batches, MixedPrecision, Sync
+from ..training.parts import Part
 from ..workload import Workload
-from .common import FrameworkAccumulator, largest_batch, short_dataset
+from .common import largest_batch, short_dataset
 
 if TYPE_CHECKING:
     from ..results.plan import Plan
@@ -190,7 +192,7 @@ def _batches(loaders: Any):
 def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Callable[[nn.Module, Any], torch.Tensor],
                 items: Callable[[Any], int] | None = None, max_norm: float | None = None,
                 move: Callable[[Any], Any] | None = None,
-                ramp: RampConfig | BatchRamp | None = None) -> FrameworkAccumulator:
+                ramp: RampConfig | BatchRamp | None = None) -> Accumulator:
     """An :class:`autotune.Accumulator` for ``training_step`` in manual optimization.
 
         def on_train_start(self):
@@ -222,7 +224,8 @@ def accumulator(module: LightningModule, optimizer: Any, plan: Any, *, loss: Cal
         module.clip_gradients(optimizer, gradient_clip_val=value, gradient_clip_algorithm="norm")
 
     # DDP's reducer synchronises through manual_backward: the module itself is not the DDP wrapper.
-    return FrameworkAccumulator(module, optimizer, plan, loss=loss, items=items, max_norm=max_norm, move=move,
-                                backward=module.manual_backward,
-                                no_sync=getattr(strategy, "block_backward_sync", contextlib.nullcontext),
-                                external_sync=True, clip_with=clip_with, ramp=ramp)
+    parts: list[Part] = [
+        Batches(move=move), MixedPrecision(backward=module.manual_backward, clip=clip_with),
+        Sync(no_sync=getattr(strategy, "block_backward_sync", contextlib.nullcontext), external=True)]
+    return Accumulator(module, optimizer, plan, loss=loss, items=items, max_norm=max_norm,
+                       parts=parts if ramp is None else [*parts, ramp])

@@ -6,6 +6,12 @@
         loss = step(batch)               # k micro-steps, one optimizer step
     step.noise_scale.b_simple            # the gradient noise scale, measured on the way
 
+At its core the Accumulator splits a batch into micro-batches and weights each
+one exactly; the rest are parts it is composed of (:mod:`autotune.training.parts`):
+how the ranks meet (:mod:`~autotune.training.sync`), the precision
+(:mod:`~autotune.training.precision`), the noise-scale measurement
+(:mod:`~autotune.training.noise`) and the batch ramp (:mod:`~autotune.training.ramp`).
+
 Each micro-step's mean loss is weighted ``n_i / N`` (``n_i`` items in the
 micro-batch, ``N`` in the whole effective batch over all ranks), so the
 accumulated gradient is the gradient of the mean over all ``N`` items, exactly,
@@ -21,7 +27,7 @@ once, after the last micro-step.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,11 +38,13 @@ from .. import options
 from ..compat import tree_map
 from ..errors import BadInput
 from ..planning.ramp import RampConfig
-from ..workload.batches import Samples, Split, count_samples, item_weight, split_batch
+from ..workload.batches import count_samples, item_weight, split_batch
 from ..workload.bookkeeping import loss_total, weighted_loss
-from .distributed import collective_device
-from .noise import GradientNoiseScale
+from .noise import GradientNoiseScale, NoiseScale
+from .parts import Batches, Part, by_kind, old_keywords
+from .precision import MixedPrecision
 from .ramp import BatchRamp
+from .sync import Sync
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,29 +63,29 @@ class StepOutcome:
 class Accumulator:
     """Performs one accumulated optimizer step per effective batch, by a plan's schedule.
 
-    ``schedule``: a Plan (its schedule for ``rank``) or the micro-batch sizes of
+    ``schedule``: a Plan (its schedule for this rank) or the micro-batch sizes of
     this rank. ``loss(model, micro_batch)`` returns the mean loss over the
     micro-batch's items; ``items(micro_batch)`` counts them (default: samples).
-    ``samples(batch)`` counts a batch's samples and ``split(batch, sizes)``
-    splits it into micro-batches of ``sizes`` samples, for batches that are not
-    one row per sample (packed sequences, graphs; see :class:`autotune.Workload`);
-    by default a batch is its tensors' shared first dimension, sliced.
-    ``move`` puts a micro-batch on the device (default: ``.to(device)`` of the
-    model's first parameter). ``max_norm`` clips the accumulated gradient once.
-    ``precision``: fp32, bf16 (autocast) or fp16 (autocast + one GradScaler).
-    ``backward(loss)`` is the framework's backward where it has one
-    (``accelerator.backward``, a LightningModule's ``manual_backward``);
-    ``no_sync()`` the context in which gradients are not synchronised across
-    ranks (default: the model's own: DDP's ``no_sync()``, or for a model sharded
-    by ``fully_shard`` gradient sync off via ``set_requires_gradient_sync``). With several ranks
-    the model must synchronise gradients (DDP, FSDP) unless ``external_sync``
-    says the caller does.
+    ``max_norm`` clips the accumulated gradient once, after the last micro-step.
 
-    ``noise_scale`` (on by default) measures the gradient noise scale from the
-    micro-steps' own gradients as they arrive (one norm per parameter and
-    micro-step, no copy): ``accumulator.noise_scale.b_simple`` and friends, see
-    :mod:`autotune.training.noise`. Pass False to measure nothing (no hooks), or
-    a ``GradientNoiseScale`` of your own (e.g. measuring every n-th step).
+    ``parts`` (see :mod:`autotune.training.parts`), each readable alone, each
+    at most once, each with its default where it is left out:
+    :class:`~autotune.training.parts.Batches` (counting, splitting and moving a
+    batch), :class:`~autotune.training.sync.Sync` (the ranks: DDP's or FSDP's
+    own, found from the model), :class:`~autotune.training.precision.MixedPrecision`
+    (fp32 by default; bf16, fp16 with one GradScaler, or a framework's backward
+    and clipping), :class:`~autotune.training.noise.NoiseScale` (on by default:
+    ``accumulator.noise_scale.b_simple`` and friends, measured from the
+    micro-steps' own gradients as they arrive; ``NoiseScale(measure=False)``
+    measures nothing, a ``GradientNoiseScale`` of your own is used as it is) and
+    a ramp (an :class:`autotune.RampConfig` or a
+    :class:`autotune.training.ramp.BatchRamp`; ``schedule`` must then be the Plan
+    of the target batch), which grows the effective batch with the measured
+    noise scale, each phase an exact plan, changing only between steps:
+    ``accumulator.ramp`` says what it wants and did; feed its batches with
+    ``accumulator.ramp.sampler(len(dataset))`` (see :mod:`autotune.training.ramp`).
+    The previous release's keywords (``precision=``, ``noise_scale=``,
+    ``ramp=``, ``no_sync=``...) still work, with a DeprecationWarning.
 
     A plan for ranks that differ gives this rank its own micro-batches and
     number of micro-steps (``plan.schedule[rank]``); under DDP it runs them as
@@ -90,46 +98,34 @@ class Accumulator:
     of at most the schedule's largest, as even as possible, and weighted over
     its own items; under DDP every rank then runs the same number of
     micro-steps (the most any rank needs).
-
-    ``ramp`` (an :class:`autotune.RampConfig`, or a :class:`autotune.training.ramp.BatchRamp`; ``schedule``
-    must then be the Plan of the target batch) grows the effective batch with the measured noise scale, each
-    phase an exact plan, changing only between steps: ``accumulator.ramp`` says what it wants and did; feed
-    its batches with ``accumulator.ramp.sampler(len(dataset))``. See :mod:`autotune.training.ramp`.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, *,
                  loss: Callable[[nn.Module, Any], torch.Tensor], items: Callable[[Any], int] | None = None,
-                 move: Callable[[Any], Any] | None = None, max_norm: float | None = None,
-                 precision: str = "fp32", rank: int | None = None, world_size: int | None = None,
-                 process_group: Any = None, backward: Callable[[torch.Tensor], Any] | None = None,
-                 no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-                 external_sync: bool = False, noise_scale: bool | GradientNoiseScale = True,
-                 ramp: RampConfig | BatchRamp | None = None, samples: Samples | None = None,
-                 split: Split | None = None):
+                 max_norm: float | None = None, parts: Iterable[Part] = (), **deprecated: Any):
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.items_fn = loss, items
-        self.samples_fn, self.split_fn = samples, split
-        self.max_norm, self.precision = options.max_norm(max_norm), options.precision(precision)
-        self.process_group = process_group
-        self.rank, self.world_size = _rank_and_world(rank, world_size, process_group)
-        self._backward = backward if backward is not None else torch.Tensor.backward
-        if self.world_size > 1 and not external_sync and not _synchronises(model):
-            raise BadInput(
-                f"{self.world_size} ranks are training but the model ({type(model).__name__}) is not wrapped in "
-                "DistributedDataParallel or FSDP, so every rank would keep its own gradients and the parameters "
-                "would drift apart: wrap it (DistributedDataParallel(model), accelerator.prepare(model)), use "
-                "autotune.integrations.lightning.accumulator in a LightningModule, or pass external_sync=True if "
-                "you all-reduce the gradients yourself")
+        self.max_norm = options.max_norm(max_norm)
+        given = by_kind([*parts, *old_keywords(deprecated)])
+        batches: Batches = given.get("batches", Batches())
+        self.samples_fn, self.split_fn = batches.samples, batches.split
+        self.move = batches.move if batches.move is not None else _default_move(model)
+        self.sync: Sync = given.get("sync", Sync()).bind(model)
+        self.rank, self.world_size = self.sync.rank, self.sync.world_size
+        self.amp: MixedPrecision = given.get("precision", MixedPrecision()).bind(model)
+        self.device_type = self.amp.device_type
         self.sizes = _sizes_for(schedule, self.rank)
         self.largest = max(self.sizes)
-        self.device_type = _device_type(model)
-        self.move = move if move is not None else _default_move(model)
-        self.scaler = torch.amp.GradScaler(self.device_type) if precision == "fp16" else None
-        self._no_sync = no_sync if no_sync is not None else _own_no_sync(model)
-        self.in_step = _sharded(model)  # FSDP gathers parameters in every micro-step, on all ranks together
         self.skipped_steps = 0
-        self.noise_scale = _noise_scale(noise_scale, model, self.world_size, process_group)
-        self.ramp = self._follow(ramp, schedule)
+        noise = given.get("noise", NoiseScale())
+        self.noise_scale = noise if isinstance(noise, GradientNoiseScale) else noise.build(
+            model, world_size=self.world_size, process_group=self.sync.process_group)
+        self.ramp = self._follow(given.get("ramp"), schedule)
+
+    @property
+    def precision(self) -> str:
+        """fp32, bf16 or fp16: the precision part's."""
+        return self.amp.name
 
     def reschedule(self, schedule: Any) -> None:
         """Split the next batches by ``schedule`` (a Plan, or this rank's micro-batch sizes): between steps only."""
@@ -140,13 +136,11 @@ class Accumulator:
         """The BatchRamp this Accumulator follows (None without one), its learning-rate hooks on the optimizer."""
         if ramp is None:
             return None
-        if not isinstance(ramp, (RampConfig, BatchRamp)):
-            raise BadInput(f"ramp must be an autotune.RampConfig or a BatchRamp, got {type(ramp).__name__}")
         if self.noise_scale is None:
             raise BadInput("ramp grows the batch with the measured gradient noise scale: leave noise_scale on "
-                           "(noise_scale=True, or a GradientNoiseScale of your own)")
+                           "(no NoiseScale(measure=False) in parts)")
         if isinstance(ramp, RampConfig):
-            ramp = BatchRamp(schedule, ramp, rank=self.rank, process_group=self.process_group)
+            ramp = BatchRamp(schedule, ramp, rank=self.rank, process_group=self.sync.process_group)
         if ramp.world_size != self.world_size:
             raise BadInput(f"the ramp's plan is for {ramp.world_size} rank(s) but {self.world_size} are training")
         ramp.attach(self.optimizer)
@@ -182,8 +176,8 @@ class Accumulator:
         planned = samples == sum(self.sizes)
         steps = len(self.sizes) if planned else -(-samples // self.largest)
         if self.world_size > 1:
-            most = self._most_steps(steps)  # every rank asks, planned or not: the ranks' collectives stay paired
-            steps = steps if planned and not self.in_step else most
+            most = self.sync.most_steps(steps)  # every rank asks, planned or not: the ranks' collectives stay paired
+            steps = steps if planned and not self.sync.every_micro_step else most
         if planned and steps == len(self.sizes):
             return list(self.sizes)
         if samples < 1:
@@ -192,44 +186,33 @@ class Accumulator:
         return [base + (i >= steps - extra) for i in range(steps)]
 
     def count_items(self, micro: Any, samples: int | None = None) -> int:
+        """``n_i``: the items of a micro-batch (its samples without ``items``)."""
         if self.items_fn is not None:
             return int(self.items_fn(micro))
         return count_samples(micro, self.samples_fn) if samples is None else samples
 
     def weight(self, n_items: int, total_items: int) -> float:
+        """A micro-step's loss weight: ``n_i / N``, times the world size under DDP (which averages)."""
         return item_weight(n_items, total_items, self.world_size)
 
     def total_items(self, local: int) -> int:
         """N: items of the whole effective batch, summed over ranks before the first backward."""
-        if self.world_size == 1:
-            return local
-        import torch.distributed as dist
-
-        t = torch.tensor([local], dtype=torch.int64, device=collective_device(self.process_group))
-        dist.all_reduce(t, group=self.process_group)
-        return int(t.item())
+        return self.sync.total_items(local)
 
     def clip(self) -> torch.Tensor | None:
         """Clip the accumulated gradient to ``max_norm``; its norm before clipping (a tensor: no host sync),
         None without ``max_norm``."""
         if self.max_norm is None:
             return None
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
-
-    def autocast(self):
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(self.device_type, dtype=dtype)
+        return self.amp.clip(self.model.parameters(), self.max_norm)
 
     def finish(self, noise: GradientNoiseScale | None) -> torch.Tensor | None:
         """After the last micro-step: unscale (fp16), clip once, and close the noise scale's step with the
         unscaled, unclipped gradient; returns its norm before clipping (None without clipping)."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
+        self.amp.unscale(self.optimizer)
         norm = self.clip()
         if noise is not None:
-            noise.end_step(scale=self.scaler.get_scale() if self.scaler is not None else 1.0, grad_norm=norm)
+            noise.end_step(scale=self.amp.loss_scale(), grad_norm=norm)
         return norm
 
     # -- a whole step ------------------------------------------------------------------
@@ -248,21 +231,21 @@ class Accumulator:
         for i, (micro, n) in enumerate(zip(micros, counts)):
             if not sizes[i]:
                 continue  # this rank has fewer samples than the ranks' micro-steps
-            with self._sync(i == last):
+            with self.sync.micro_step(last=i == last):
                 micro = self.move(micro)
-                with self.autocast():
+                with self.amp.autocast():
                     loss = self.loss_fn(self.model, micro)
                 weight = self.weight(n, total)
                 weighted = weighted_loss(loss, weight)
                 if loss_sum is None:
                     loss_sum = loss_total(weighted)
                 with noise.micro_step(n, weight) if noise is not None else contextlib.nullcontext():
-                    self._backward(self.scaler.scale(weighted) if self.scaler else weighted)
+                    self.amp.backward(weighted)
             loss_sum.add_(weighted.detach())
             del micro, loss, weighted
         norm = self.finish(noise)
         assert loss_sum is not None  # the last micro-batch always holds samples
-        return StepOutcome(loss=self._global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
+        return StepOutcome(loss=self.sync.global_loss(loss_sum), samples=sum(sizes), items=sum(counts),
                            total_items=total, micro_steps=len(micros),
                            grad_norm=None if norm is None else float(norm))
 
@@ -271,15 +254,9 @@ class Accumulator:
         if self.ramp is not None:
             self._begin_phase(count_samples(batch, self.samples_fn))
         out = self.backward(batch)
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.scaler.get_scale() < scale:  # inf/nan found: the step was skipped
-                self.skipped_steps += 1
-                out = replace(out, skipped=True)
-        else:
-            self.optimizer.step()
+        if self.amp.step(self.optimizer):  # fp16: inf/nan found, the step was skipped
+            self.skipped_steps += 1
+            out = replace(out, skipped=True)
         self.optimizer.zero_grad(set_to_none=True)
         if self.ramp is not None:
             self.ramp.end_step(self.noise_scale)
@@ -291,37 +268,14 @@ class Accumulator:
 
     def repartitioned(self, sizes: list[int]) -> Accumulator:
         """This accumulation (model, optimizer, loss, items, clipping, precision, synchronisation) over
-        other micro-batch sizes of this rank, as autotune's own ``Accumulator``, measuring no noise."""
+        other micro-batch sizes of this rank, as autotune's own ``Accumulator`` with autotune's own parts,
+        measuring no noise."""
+        batches = Batches(samples=self.samples_fn, split=self.split_fn, move=self.move)
+        sync = Sync(rank=self.rank, world_size=self.world_size, process_group=self.sync.process_group,
+                    no_sync=self.sync.no_sync, external=True)
+        amp = MixedPrecision(self.amp.name, backward=self.amp.backward_fn, clip=self.amp.clip_fn)
         return Accumulator(self.model, self.optimizer, sizes, loss=self.loss_fn, items=self.items_fn,
-                           move=self.move, max_norm=self.max_norm, precision=self.precision, rank=self.rank,
-                           world_size=self.world_size, process_group=self.process_group,
-                           backward=self._backward, no_sync=self._no_sync, external_sync=True, noise_scale=False,
-                           samples=self.samples_fn, split=self.split_fn)
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _most_steps(self, steps: int) -> int:
-        """The most micro-steps any rank needs this step (every rank must run as many)."""
-        import torch.distributed as dist
-
-        t = torch.tensor([steps], dtype=torch.int64, device=collective_device(self.process_group))
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
-        return int(t.item())
-
-    def _sync(self, last: bool):
-        if not last and self._no_sync is not None:
-            return self._no_sync()
-        return contextlib.nullcontext()
-
-    def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        # Weights carry W under DDP: each rank's sum / W is its share of the global mean.
-        if self.world_size == 1:
-            return float(loss_sum)
-        import torch.distributed as dist
-
-        t = loss_sum.double().to(collective_device(self.process_group)) / self.world_size
-        dist.all_reduce(t, group=self.process_group)
-        return float(t)
+                           max_norm=self.max_norm, parts=[batches, sync, amp, NoiseScale(measure=False)])
 
 
 def _sizes_for(schedule: Any, rank: int) -> list[int]:
@@ -334,65 +288,6 @@ def _sizes_for(schedule: Any, rank: int) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise ValueError(f"a schedule needs at least one micro-batch of at least 1 sample, got {sizes}")
     return sizes
-
-
-def _noise_scale(setting: bool | GradientNoiseScale, model: nn.Module, world_size: int,
-                 group: Any) -> GradientNoiseScale | None:
-    """The noise-scale measurement an Accumulator makes: a given one, a new one, or none (off, or FSDP1,
-    whose flat parameters hide each parameter's gradient); under FSDP2 on the unsharded parameters."""
-    if isinstance(setting, GradientNoiseScale):
-        return setting
-    if not setting or not any(p.requires_grad for p in model.parameters()):
-        return None
-    if not _sharded(model):
-        return GradientNoiseScale(model.parameters(), world_size=world_size, process_group=group)
-    if not hasattr(model, "unshard"):  # FSDP1: its flat parameters hide each parameter's gradient
-        return None
-    from .fsdp import unsharded_parameters
-
-    return GradientNoiseScale(unsharded_parameters(model), world_size=world_size, process_group=group,
-                              totals=model.parameters())
-
-
-def _sharded(model: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:
-        return False
-    return isinstance(model, (FSDPModule, FullyShardedDataParallel))
-
-
-def _synchronises(model: nn.Module) -> bool:
-    """Does ``model`` synchronise gradients across ranks itself (DDP, FSDP1, FSDP2)?"""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return isinstance(model, DistributedDataParallel) or _sharded(model)
-
-
-def _own_no_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
-    """The model's own context without gradient synchronisation, if it has one."""
-    own: Any = getattr(model, "no_sync", None)  # DDP, FSDP1
-    if own is not None:
-        return own
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        from .fsdp import gradient_sync_off
-
-        return lambda: gradient_sync_off(model)
-    return None
-
-
-def _rank_and_world(rank: int | None, world: int | None, group: Any) -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return (dist.get_rank(group) if rank is None else rank,
-                dist.get_world_size(group) if world is None else world)
-    return (0 if rank is None else rank, 1 if world is None else world)
-
-
-def _device_type(model: nn.Module) -> str:
-    p = next(iter(model.parameters()), None)
-    return p.device.type if p is not None else "cpu"
 
 
 def _default_move(model: nn.Module) -> Callable[[Any], Any]:

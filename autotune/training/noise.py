@@ -477,3 +477,35 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     if grad.is_sparse:
         return grad.coalesce()._values()
     return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseScale:
+    """The noise-scale measurement of an Accumulator, as one of its parts (on by default).
+
+    ``measure``: False measures nothing (no hooks). ``every``, ``beta``: see :class:`GradientNoiseScale`.
+    ``model``'s parameters are measured where their gradients arrive (under FSDP2 the unsharded ones; FSDP1's
+    flat parameters hide each parameter's gradient, so nothing is measured there), pooled over the ranks of
+    ``process_group``.
+    """
+
+    measure: bool = True
+    every: int = 1
+    beta: float = BETA
+
+    def build(self, model: torch.nn.Module, *, world_size: int = 1,
+              process_group: Any = None) -> GradientNoiseScale | None:
+        """The measurement for ``model``, or None (off, no trainable parameters, FSDP1)."""
+        if not self.measure or not any(p.requires_grad for p in model.parameters()):
+            return None
+        from .sync import sharded
+
+        if not sharded(model):
+            return GradientNoiseScale(model.parameters(), beta=self.beta, every=self.every, world_size=world_size,
+                                      process_group=process_group)
+        if not hasattr(model, "unshard"):  # FSDP1
+            return None
+        from .fsdp import unsharded_parameters
+
+        return GradientNoiseScale(unsharded_parameters(model), beta=self.beta, every=self.every,
+                                  world_size=world_size, process_group=process_group, totals=model.parameters())

@@ -1,7 +1,7 @@
 """The batch ramp at run time: the effective batch grows with the measured noise scale, step by exact step.
 
     plan = autotune.plan(1024, probe="my_model.py")
-    step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, ramp=autotune.RampConfig())
+    step = autotune.Accumulator(model, optimizer, plan, loss=my_loss, parts=[autotune.RampConfig()])
     for batch in DataLoader(dataset, batch_sampler=step.ramp.sampler(len(dataset)), collate_fn=collate):
         step(batch)                      # the batch the ramp wants now, split by that phase's exact plan
     step.ramp.phases                     # what was done: BatchPhase records

@@ -34,8 +34,12 @@ from ..workload.batches import Split
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
+from .noise import NoiseScale
+from .parts import Batches, Part
+from .precision import MixedPrecision
 from .ramp import BatchRamp
 from .ramp_checks import gradients_check, schedule_check
+from .sync import Sync
 from .verify import Check, count_check, gradient_check, memory_check, rounds_check, sync_check
 
 
@@ -154,9 +158,10 @@ class _Run:
             trained = self.wrap(model)
             return gradient_check(
                 Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=self.workload.loss,
-                            items=self.workload.items, max_norm=self.max_norm, precision=self.precision,
-                            noise_scale=False, no_sync=self.no_sync, samples=self.workload.samples,
-                            split=self.workload.split),
+                            items=self.workload.items, max_norm=self.max_norm,
+                            parts=[Batches(samples=self.workload.samples, split=self.workload.split),
+                                   MixedPrecision(self.precision), Sync(no_sync=self.no_sync),
+                                   NoiseScale(measure=False)]),
                 self.host_model, self.workload.share(global_batch, start, sum(sizes)), reference_batch=global_batch)
         finally:
             del model  # the copy's memory is free before the cleanup
@@ -176,10 +181,12 @@ class _Run:
         counter: Any = None
         if self.ddp:
             counter = sharded.ReduceScatterCounter(trained) if self.fsdp else distributed.RoundCounter(trained)
+        batches = Batches(samples=self.workload.samples, split=_on_host(session, self.workload.split),
+                          move=session.move)
+        parts: list[Part] = [batches, MixedPrecision(self.precision), Sync(no_sync=self.no_sync)]
         acc = Accumulator(trained, opt, self.plan if self.ramp is not None else self.sizes, loss=self.workload.loss,
-                          items=self.workload.items, move=session.move, max_norm=self.max_norm,
-                          precision=self.precision, ramp=self.ramp, no_sync=self.no_sync,
-                          samples=self.workload.samples, split=_on_host(session, self.workload.split))
+                          items=self.workload.items, max_norm=self.max_norm,
+                          parts=parts if self.ramp is None else [*parts, self.ramp])
         for step in range(self.steps):
             self.where.now = f"at step {step + 1} of {self.steps} of the run"
             self._step(session, acc, model, counter)

@@ -37,6 +37,7 @@ from ..results.plan import Plan
 from ..results.record import Count, Record, Rule, Whole
 from ..workload import Workload
 from .accumulate import Accumulator
+from .parts import Batches
 
 Timer = Callable[[], float]
 
@@ -127,7 +128,7 @@ class _Stepper:
         target = device.torch_device
         self.sync = (lambda: torch.cuda.synchronize(target)) if target.type == "cuda" else (lambda: None)
         self.acc = Accumulator(model, opt, plan.schedule[0], loss=workload.loss, items=workload.items,
-                               samples=workload.samples, split=workload.split)
+                               parts=[Batches(samples=workload.samples, split=workload.split)])
         self.batch = workload.batch(sum(plan.schedule[0]), torch.Generator().manual_seed(seed))
 
     def step(self) -> None:

@@ -2,7 +2,7 @@
 
 Lightning's DDP strategy, one Trainer each: AutotuneBatchSize with automatic optimization; manual
 optimization with autotune's accumulator, with a plain Accumulator that claims to synchronise
-(external_sync=True) but does not, and with a plain Accumulator left to its own check. Then Accelerate:
+(Sync(external=True)) but does not, and with a plain Accumulator left to its own check. Then Accelerate:
 a prepared model and optimizer, the Accumulator with accelerator.backward.
 """
 
@@ -24,6 +24,7 @@ from autotune import Accumulator  # noqa: E402
 from autotune.errors import BadInput  # noqa: E402
 from autotune.integrations.lightning import AutotuneBatchSize  # noqa: E402
 from autotune.planning import make_plan  # noqa: E402
+from autotune.training import MixedPrecision  # noqa: E402
 from autotune.training.distributed import RoundCounter, parameter_digest  # noqa: E402
 from tests.integrations.lightning_models import ManualLM, Sequences, TinyLM, trainer  # noqa: E402
 from tests.integrations.tokens import (  # noqa: E402
@@ -94,7 +95,8 @@ def with_accelerate() -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     model, optimizer = accelerator.prepare(model, optimizer)
     counter = RoundCounter(model)
-    step = Accumulator(model, optimizer, PLAN, loss=token_loss, items=tokens, backward=accelerator.backward)
+    step = Accumulator(model, optimizer, PLAN, loss=token_loss, items=tokens,
+                       parts=[MixedPrecision(backward=accelerator.backward)])
     rounds = []
     for batch in plan_loader(DATA, PLAN):
         step(batch)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from autotune import Accumulator
 from autotune.integrations.lightning import accumulator
+from autotune.training import MixedPrecision, Sync
 
 from .tokens import TokenNet, pad, sequences, token_loss, tokens
 
@@ -79,12 +80,13 @@ class ManualLM(TinyLM):
         if self.how == "autotune":
             self.accumulate = accumulator(self, opt, self.plan, loss=token_loss, items=tokens, max_norm=self.max_norm)
         elif self.how == "every":  # manual_backward without block_backward_sync: DDP syncs every micro-step
-            self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens, external_sync=True,
-                                          backward=self.manual_backward, no_sync=contextlib.nullcontext)
+            self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens,
+                                          parts=[MixedPrecision(backward=self.manual_backward),
+                                                 Sync(no_sync=contextlib.nullcontext, external=True)])
         else:
             self.accumulate = Accumulator(self, opt, self.plan, loss=token_loss, items=tokens,
-                                          external_sync=self.how == "naive",
-                                          backward=lambda loss: self.counted(torch.Tensor.backward, loss))
+                                          parts=[Sync(external=self.how == "naive"), MixedPrecision(
+                                              backward=lambda loss: self.counted(torch.Tensor.backward, loss))])
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("loss", self.accumulate(batch))

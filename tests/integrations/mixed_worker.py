@@ -21,9 +21,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
-from autotune.integrations.common import FrameworkAccumulator  # noqa: E402
 from autotune.planning.mixed import make_mixed_plan  # noqa: E402
 from autotune.results.ranks import RankShare  # noqa: E402
+from autotune.training import Accumulator  # noqa: E402
 from autotune.training.distributed import RoundCounter, parameter_digest  # noqa: E402
 from tests.integrations.lightning_models import ManualLM, trainer  # noqa: E402
 from tests.integrations.tokens import (  # noqa: E402
@@ -59,7 +59,7 @@ class Fetched(torch.utils.data.Dataset):
         return self.data[index]
 
 
-class LocalItems(FrameworkAccumulator):
+class LocalItems(Accumulator):
     """Fault: every rank weights its micro-batches by its own items, not the effective batch's."""
 
     def total_items(self, local: int) -> int:

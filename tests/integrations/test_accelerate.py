@@ -16,6 +16,7 @@ from autotune import Accumulator  # noqa: E402
 from autotune.errors import BadInput  # noqa: E402
 from autotune.integrations.accelerate import accumulator  # noqa: E402
 from autotune.planning import make_plan  # noqa: E402
+from autotune.training import MixedPrecision  # noqa: E402
 
 from .tokens import MIXED, TokenNet, max_error, plan_loader, reference_parameters, sequences, token_loss, tokens  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_the_accumulator_with_accelerators_backward_matches_full_batch_sgd():
         calls.append(float(loss.detach()))
         accelerator.backward(loss)
 
-    step = Accumulator(model, optimizer, PLAN, loss=token_loss, items=tokens, backward=backward)
+    step = Accumulator(model, optimizer, PLAN, loss=token_loss, items=tokens, parts=[MixedPrecision(backward=backward)])
     data = sequences(MIXED)
     for batch in plan_loader(data, PLAN):
         step(batch)

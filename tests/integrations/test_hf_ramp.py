@@ -31,7 +31,7 @@ def test_the_trainer_refuses_a_ramp_before_any_step(tmp_path):
     with warnings.catch_warnings(), pytest.raises(BadInput, match=(
             r"^the Hugging Face Trainer cannot follow a batch ramp: it fixed per_device_train_batch_size=4, "
             r"gradient_accumulation_steps=2 and 3 optimizer steps .* ramp in your own loop or in Lightning: "
-            r"autotune\.Accumulator\(model, optimizer, plan, loss=\.\.\., ramp=autotune\.RampConfig\(\)\)")):
+            r"autotune\.Accumulator\(model, optimizer, plan, loss=\.\.\., parts=\[autotune\.RampConfig\(\)\]\)")):
         warnings.simplefilter("ignore")
         trainer.train()
     assert trainer.state.global_step == 0

@@ -220,11 +220,12 @@ def test_an_oom_mid_step_gives_back_everything_beyond_the_shards(gpt, monkeypatc
 def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_round(gpt):
     from autotune.training.accumulate import Accumulator
     from autotune.training.fsdp import ReduceScatterCounter
+    from autotune.training.sync import Sync
     from autotune.training.verify import rounds_check
 
     class SyncsEveryMicroStep(Accumulator):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "no_sync": contextlib.nullcontext})
+            super().__init__(*args, parts=[Sync(no_sync=contextlib.nullcontext)], **kwargs)
 
     batch = gpt.make_batch(6, torch.Generator().manual_seed(0))
     rounds = {}
@@ -245,6 +246,7 @@ def test_gradients_synchronise_once_per_step_and_the_counter_sees_every_extra_ro
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precision):
+    from autotune.training import MixedPrecision, NoiseScale
     from autotune.training.accumulate import Accumulator
     from autotune.training.fsdp import wrap
     from autotune.training.verify import gradient_check
@@ -254,7 +256,7 @@ def test_the_gradient_gathered_from_the_shards_equals_the_reference(gpt, precisi
         model = gpt.make_model()
         sharded = wrap(copy.deepcopy(model), gpt, mesh, precision)
         acc = Accumulator(sharded, torch.optim.SGD(sharded.parameters(), lr=0.0), [3, 5], loss=gpt.loss,
-                          items=gpt.items, precision=precision, noise_scale=False)
+                          items=gpt.items, parts=[MixedPrecision(precision), NoiseScale(measure=False)])
         check = gradient_check(acc, model, batch)
     assert check.passed, check.message  # fp16: the scaler unscales the gradients FSDP made
 
@@ -312,10 +314,11 @@ def test_probe_command_shards_over_the_world_size_given(capsys):
 
 
 def noise_history(model, workload, batches, precision="fp32"):
+    from autotune.training import MixedPrecision
     from autotune.training.accumulate import Accumulator
 
     acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [5, 4, 3], loss=workload.loss,
-                      items=workload.items, precision=precision)
+                      items=workload.items, parts=[MixedPrecision(precision)])
     torch.manual_seed(5)  # the same dropout masks for both models
     for batch in batches:
         acc.step(batch)

@@ -7,7 +7,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from autotune.training.accumulate import Accumulator
-from autotune.training.noise import GradientNoiseScale
+from autotune.training.noise import GradientNoiseScale, NoiseScale
+from autotune.training.precision import MixedPrecision
+from autotune.training.sync import Sync
 from autotune.workload.batches import batch_size
 
 
@@ -16,13 +18,12 @@ class NoisyAccumulator(Accumulator):
 
     noise_cls = GradientNoiseScale
 
-    def __init__(self, model, optimizer, schedule, *, noise_scale=True, **kwargs):
-        import torch.distributed as dist
-
-        world = kwargs.get("world_size") or (dist.get_world_size() if dist.is_initialized() else 1)
-        measurer = self.noise_cls(model.parameters(), world_size=world, process_group=kwargs.get("process_group")) \
-            if noise_scale else False
-        super().__init__(model, optimizer, schedule, noise_scale=measurer, **kwargs)
+    def __init__(self, model, optimizer, schedule, *, noise_scale=True, precision="fp32", rank=None, world_size=None,
+                 **kwargs):
+        sync = Sync(rank=rank, world_size=world_size)
+        measurer = self.noise_cls(model.parameters(), world_size=sync.world_size) if noise_scale \
+            else NoiseScale(measure=False)
+        super().__init__(model, optimizer, schedule, parts=[measurer, MixedPrecision(precision), sync], **kwargs)
 
 
 # -- planted faults --------------------------------------------------------------------------------

@@ -9,14 +9,21 @@ from autotune.devices import get_device
 from autotune.training import runner
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
+from autotune.training.sync import Sync
 from autotune.workload import load_workload
+
+
+def with_no_sync(kwargs: dict, no_sync) -> dict:
+    """The runner's keywords for an Accumulator, its Sync part replaced by one with ``no_sync``."""
+    parts = [p for p in kwargs.get("parts", ()) if not isinstance(p, Sync)]
+    return {**kwargs, "parts": [*parts, Sync(no_sync=no_sync)]}
 
 
 class SyncsEveryMicroStep(Accumulator):
     """Fault: no no_sync(): DDP all-reduces after every micro-step (right result, k rounds)."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{**kwargs, "no_sync": contextlib.nullcontext})
+        super().__init__(*args, **with_no_sync(kwargs, contextlib.nullcontext))
 
 
 class NoWorldFactor(Accumulator):

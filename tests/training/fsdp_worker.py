@@ -33,7 +33,7 @@ from autotune.training.accumulate import Accumulator
 from autotune.workload import load_workload
 
 from ..helpers import fake_groups, transport_keeps_buffers
-from .ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks
+from .ddp_worker import NoWorldFactor, SyncsEveryMicroStep, checks, with_no_sync
 
 
 class DefersSync(Accumulator):
@@ -41,7 +41,7 @@ class DefersSync(Accumulator):
     (the right gradient, one reduce-scatter round a step instead of one a micro-step)."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{**kwargs, "no_sync": None})
+        super().__init__(*args, **with_no_sync(kwargs, None))
 
 
 def out_of_memory_on_rank_1(limit: int):

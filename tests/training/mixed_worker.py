@@ -35,10 +35,11 @@ class SkipsItsSync(Accumulator):
     in for its synchronising backward with zero gradients, as DDP's join() does for a rank out of data (so the
     other rank's all-reduce completes instead of hanging)."""
 
-    def _sync(self, last: bool):
-        if self.rank == 0 and self._no_sync is not None:
-            return self._no_sync()
-        return super()._sync(last)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.rank == 0:  # every micro-step in the model's no_sync(), the last one too
+            without_sync = self.sync.micro_step
+            self.sync.micro_step = lambda last: without_sync(last=False)  # type: ignore[method-assign]
 
     def finish(self, noise):
         if self.rank == 0:

@@ -31,7 +31,7 @@ def train(rank: int) -> list[tuple[int, int]]:
     data = torch.utils.data.TensorDataset(x, 30.0 * torch.randn(4000, generator=g))
     step = autotune.Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.001), make_plan(64, 8, world_size=2),
                                 loss=lambda m, b: 0.5 * (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
-                                ramp=autotune.RampConfig(min_steps=3, window=8))
+                                parts=[autotune.RampConfig(min_steps=3, window=8)])
     for i, batch in enumerate(torch.utils.data.DataLoader(data, batch_sampler=step.ramp.sampler(len(data)))):
         step(batch)
         if i + 1 == STEPS:

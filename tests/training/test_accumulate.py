@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.errors import BadInput
+from autotune.training import Batches, GradientNoiseScale, MixedPrecision, NoiseScale, Sync
 from autotune.training.accumulate import Accumulator
 from autotune.workload.batches import batch_size, item_weight, split_batch
 
@@ -89,20 +91,20 @@ def test_step_outcome_counts_samples_and_items():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_keeps_fp32_gradients(precision):
     model = _mlp()
-    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss, precision=precision,
-                      max_norm=1.0)
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss, max_norm=1.0,
+                      parts=[MixedPrecision(precision)])
     out = acc.backward(_data(0))
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
     assert out.loss == pytest.approx(_loss(_mlp(), _data(0)).item(), rel=3e-2)
     trained = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [32, 32], loss=_loss,
-                          precision=precision)
+                          parts=[MixedPrecision(precision)])
     assert not trained.step(_data(1)).skipped and trained.skipped_steps == 0
 
 
 def test_accumulator_rejects_bad_input():
     model = _mlp()
     with pytest.raises(ValueError, match="precision"):
-        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, precision="fp8")
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, parts=[MixedPrecision("fp8")])
     with pytest.raises(ValueError, match="at least one micro-batch"):
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [], loss=_loss)
 
@@ -151,16 +153,98 @@ def test_backward_is_the_frameworks_when_given():
 
     model = _mlp()
     acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [16, 16, 32], loss=_loss,
-                      backward=backward)
+                      parts=[MixedPrecision(backward=backward)])
     acc.step(_data(0))
     assert len(calls) == 3  # one backward per micro-step, through the framework's function
 
 
 def test_several_ranks_without_gradient_sync_are_refused():
-    from autotune.errors import BadInput
-
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(BadInput, match="2 ranks are training but the model .* not wrapped in DistributedDataParallel"):
-        Accumulator(model, opt, [4], loss=_loss, rank=0, world_size=2)
-    Accumulator(model, opt, [4], loss=_loss, rank=0, world_size=2, external_sync=True)  # the caller syncs
+        Accumulator(model, opt, [4], loss=_loss, parts=[Sync(rank=0, world_size=2)])
+    Accumulator(model, opt, [4], loss=_loss, parts=[Sync(rank=0, world_size=2, external=True)])  # the caller syncs
+
+
+# -- the parts an Accumulator is composed of ---------------------------------------------------------
+
+
+def test_left_out_parts_take_their_defaults():
+    model = _mlp()
+    acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [16, 16], loss=_loss)
+    assert (acc.precision, acc.sync.world_size, acc.sync.no_sync, acc.ramp) == ("fp32", 1, None, None)
+    assert isinstance(acc.noise_scale, GradientNoiseScale) and acc.move((1, 2)) == (1, 2)
+    acc.noise_scale.close()
+
+
+def test_each_part_works_alone():
+    model = _mlp()
+    sync = Sync().bind(model)  # one process: N is this rank's, the loss is its own, no context to skip sync
+    assert (sync.total_items(37), sync.global_loss(torch.tensor(0.5)), sync.every_micro_step) == (37, 0.5, False)
+    amp = MixedPrecision("fp16").bind(model)
+    assert amp.scaler is not None and amp.loss_scale() == 65536.0
+    assert MixedPrecision("bf16").bind(model).scaler is None
+    assert NoiseScale(measure=False).build(model) is None
+    noise = NoiseScale(every=3).build(model)
+    assert noise is not None and noise.every == 3 and len(noise.params) == 4
+    noise.close()
+
+
+def test_the_parts_compose_the_accumulation_the_keywords_of_the_last_release_did():
+    from autotune.training.verify import flat_grad
+
+    calls = []
+
+    def backward(loss):
+        calls.append(1)
+        loss.backward()
+
+    new, old = _mlp(), _mlp()
+    Accumulator(new, torch.optim.SGD(new.parameters(), lr=0.0), [20, 20, 24], loss=_loss, max_norm=0.05,
+                parts=[MixedPrecision("bf16", backward=backward), Batches(move=lambda b: b),
+                       NoiseScale(measure=False)]).backward(_data(0))
+    with pytest.warns(DeprecationWarning, match=r"Accumulator\(precision=, backward=, move=, noise_scale=\) is "
+                      r"deprecated .* parts=\[MixedPrecision\(\.\.\.\), MixedPrecision\(backward=\.\.\.\), "
+                      r"Batches\(move=\.\.\.\), NoiseScale"):
+        acc = Accumulator(old, torch.optim.SGD(old.parameters(), lr=0.0), [20, 20, 24], loss=_loss, max_norm=0.05,
+                          precision="bf16", backward=backward, move=lambda b: b, noise_scale=False)
+    acc.backward(_data(0))
+    assert acc.noise_scale is None and len(calls) == 6
+    assert torch.equal(flat_grad(new), flat_grad(old))
+
+
+def test_a_keyword_that_never_existed_is_a_type_error():
+    model = _mlp()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_nrom'"):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, max_nrom=1.0)
+
+
+@pytest.mark.parametrize("parts,words", [
+    ([MixedPrecision("bf16"), MixedPrecision("fp16")], "two precision parts .* give each kind once"),
+    ([NoiseScale(), NoiseScale(every=2)], "two noise parts"),
+    (["bf16"], "parts takes Batches, Sync, MixedPrecision, .* got str"),
+])
+def test_parts_that_cannot_compose_are_refused(parts, words):
+    model = _mlp()
+    with pytest.raises(BadInput, match=words):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, parts=parts)
+
+
+def test_a_part_keeps_its_kind_when_given_by_an_old_keyword_too():
+    model = _mlp()
+    with pytest.warns(DeprecationWarning), pytest.raises(BadInput, match="two precision parts"):
+        Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), [4], loss=_loss, precision="bf16",
+                    parts=[MixedPrecision("fp16")])
+
+
+def test_no_part_takes_another_parts_settings():
+    import inspect
+    from itertools import combinations
+
+    from autotune import RampConfig
+
+    settings = {part: set(inspect.signature(part).parameters) for part in
+                (Batches, Sync, MixedPrecision, NoiseScale, RampConfig)}
+    assert all(settings.values())
+    assert {(a.__name__, b.__name__): settings[a] & settings[b] for a, b in combinations(settings, 2)
+            if settings[a] & settings[b]} == {}

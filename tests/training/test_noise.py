@@ -43,7 +43,7 @@ class ScaleNotUndone(NoisyAccumulator):
     """Fault: micro-step norms of the GradScaler-scaled gradients (scale not undone)."""
 
     def finish(self, noise):
-        self.scaler.unscale_(self.optimizer)
+        self.amp.scaler.unscale_(self.optimizer)
         noise.end_step(scale=1.0)
         return self.clip()
 
@@ -52,8 +52,8 @@ class TotalBeforeUnscale(NoisyAccumulator):
     """Fault: the accumulated gradient's norm taken before GradScaler's unscale."""
 
     def finish(self, noise):
-        noise.end_step(scale=self.scaler.get_scale())
-        self.scaler.unscale_(self.optimizer)
+        noise.end_step(scale=self.amp.scaler.get_scale())
+        self.amp.scaler.unscale_(self.optimizer)
         return self.clip()
 
 
@@ -61,9 +61,9 @@ class TotalAfterClip(NoisyAccumulator):
     """Fault: the accumulated gradient's norm taken after clipping."""
 
     def finish(self, noise):
-        self.scaler.unscale_(self.optimizer)
+        self.amp.scaler.unscale_(self.optimizer)
         norm = self.clip()
-        noise.end_step(scale=self.scaler.get_scale())
+        noise.end_step(scale=self.amp.scaler.get_scale())
         return norm
 
 

@@ -3,6 +3,8 @@ learning-rate rule, feeds exact phases, and its sampler gives the loader the bat
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ import autotune
 from autotune.errors import BadInput
 from autotune.planning.planner import make_plan
 from autotune.results.noise import NoiseStep
+from autotune.training import NoiseScale
 from autotune.training.accumulate import Accumulator
 from autotune.training.ramp import BatchRamp, RampSampler
 
@@ -43,7 +46,7 @@ def train(noise_at, steps: int, *, target: int = 512, m: int = 32, seed: int = 0
     """The regression with learning rate 0 (the noise scale is ``truth(noise_at(step))`` at every step)."""
     model = fixed_model()
     step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), make_plan(target, m), loss=squared,
-                       ramp=autotune.RampConfig(**config))
+                       parts=[autotune.RampConfig(**config)])
     g = torch.Generator().manual_seed(seed)
     for t in range(steps):
         step(regression(step.ramp.effective_batch, noise_at(t), g))
@@ -125,7 +128,7 @@ def test_the_learning_rate_rule_is_applied_during_each_step_and_the_schedulers_r
     opt = optimizer(model.parameters(), lr=0.4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** t)  # sets the rate from its own base
     step = Accumulator(model, opt, make_plan(512, 32), loss=squared,
-                       ramp=autotune.RampConfig(start=64, lr_scaling=rule))
+                       parts=[autotune.RampConfig(start=64, lr_scaling=rule)])
     seen = recorded_lr(opt)  # registered after the ramp's hook: sees the rate the step uses
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
@@ -144,7 +147,7 @@ def test_a_plain_loop_in_four_lines_with_the_ramps_sampler():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     plan = make_plan(96, 16)
     # docs/noise-scale-and-ramp.md's loop:
-    step = autotune.Accumulator(model, optimizer, plan, loss=squared, ramp=autotune.RampConfig(start=32))
+    step = autotune.Accumulator(model, optimizer, plan, loss=squared, parts=[autotune.RampConfig(start=32)])
     for batch in torch.utils.data.DataLoader(dataset, batch_sampler=step.ramp.sampler(len(dataset))):
         step(batch)
     assert step.ramp.phases[0].effective_batch == 32
@@ -171,7 +174,7 @@ def test_the_sampler_yields_what_the_ramp_wants_each_step_and_every_sample_once_
 def test_a_phase_begins_at_the_first_batch_of_its_size_when_the_loader_lags():
     model = fixed_model()
     step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), make_plan(512, 32), loss=squared,
-                       ramp=autotune.RampConfig(start=40))
+                       parts=[autotune.RampConfig(start=40)])
     g = torch.Generator().manual_seed(0)
     step(regression(40, 1.0, g))
     step.ramp.wanted = 80  # decided after step 1; the loader had built two more batches of 40 already
@@ -184,20 +187,22 @@ def test_a_phase_begins_at_the_first_batch_of_its_size_when_the_loader_lags():
 
 @pytest.mark.parametrize("kwargs,words", [
     ({"schedule": [16, 16]}, "a batch ramp needs the Plan of the target batch"),
-    ({"noise_scale": False}, "ramp grows the batch with the measured gradient noise scale: leave noise_scale on"),
-    ({"ramp": 0.5}, "ramp must be an autotune.RampConfig or a BatchRamp"),
+    ({"parts": [autotune.RampConfig(), NoiseScale(measure=False)]},
+     "ramp grows the batch with the measured gradient noise scale: leave noise_scale on"),
+    ({"parts": [], "ramp": 0.5}, "ramp must be an autotune.RampConfig or a BatchRamp"),  # the old keyword
 ])
 def test_an_accumulator_refuses_a_ramp_it_cannot_follow(kwargs, words):
     model = fixed_model()
-    args = {"schedule": make_plan(512, 32), "ramp": autotune.RampConfig(), **kwargs}
-    with pytest.raises(BadInput, match=words):
+    args = {"schedule": make_plan(512, 32), "parts": [autotune.RampConfig()], **kwargs}
+    with pytest.raises(BadInput, match=words), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), args.pop("schedule"), loss=squared, **args)
 
 
 def test_the_first_batch_must_be_the_ramps():
     model = fixed_model()
     step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), make_plan(512, 32), loss=squared,
-                       ramp=autotune.RampConfig())
+                       parts=[autotune.RampConfig()])
     with pytest.raises(BadInput, match=r"the batch ramp starts at 33 samples per step \(33 on rank 0\) but the "
                                        r"first batch holds 512: feed the batches the ramp wants"):
         step(regression(512, 1.0, torch.Generator().manual_seed(0)))
@@ -217,7 +222,7 @@ def test_a_ramp_that_starts_at_the_target_says_so(caplog):
     # R7: "growing toward 512 with the measured noise scale" at a start of 512.
     model = fixed_model()
     step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), make_plan(64, 32), loss=squared,
-                       ramp=autotune.RampConfig(start=64))
+                       parts=[autotune.RampConfig(start=64)])
     with caplog.at_level("INFO", logger="autotune"):
         step(regression(64, 1.0, torch.Generator().manual_seed(0)))
     said = " ".join(r.getMessage() for r in caplog.records)
@@ -229,7 +234,7 @@ def test_a_new_phase_on_cuda_hands_the_allocators_unused_blocks_back_first(monke
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(step.ramp._steps))
     model = fixed_model()
     step = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), make_plan(512, 32), loss=squared,
-                       ramp=autotune.RampConfig(start=40))
+                       parts=[autotune.RampConfig(start=40)])
     step.device_type = "cuda"  # what a model on a GPU reports; the allocator itself is faked above
     g = torch.Generator().manual_seed(0)
     for wanted in (40, 40, 80, 80, 160):

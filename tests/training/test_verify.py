@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from autotune.planning.planner import make_plan
+from autotune.training import MixedPrecision, NoiseScale
 from autotune.training.accumulate import Accumulator
 from autotune.training.verify import count_check, gradient_check, memory_check
 from autotune.workload import load_workload
@@ -22,7 +23,8 @@ def check(workload, sizes, accumulation=Accumulator, max_norm=None, seed=0, prec
     batch = workload.batch(sum(sizes), torch.Generator().manual_seed(seed))
     trained = copy.deepcopy(model)
     acc = accumulation(trained, torch.optim.SGD(trained.parameters(), lr=0.0), sizes, loss=workload.loss,
-                       items=workload.items, max_norm=max_norm, noise_scale=False, precision=precision)
+                       items=workload.items, max_norm=max_norm,
+                       parts=[NoiseScale(measure=False), MixedPrecision(precision)])
     return gradient_check(acc, model, batch)
 
 
@@ -94,7 +96,7 @@ def test_the_check_leaves_the_accumulator_training_and_the_model_as_they_were(gp
     before = [p.detach().clone() for p in model.parameters()]
     trained = copy.deepcopy(model).train()
     acc = Accumulator(trained, torch.optim.SGD(trained.parameters(), lr=0.1), [3, 5], loss=gpt.loss,
-                      items=gpt.items, noise_scale=False)
+                      items=gpt.items, parts=[NoiseScale(measure=False)])
     assert gradient_check(acc, model, gpt.make_batch(8, torch.Generator().manual_seed(0))).passed
     assert all(m.training for m in trained.modules())  # dropout back on for training
     assert all(p.grad is None for p in trained.parameters())

@@ -15,6 +15,7 @@ from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import ProbeFileError
 from autotune.probing.finder import probe
+from autotune.training import Batches, NoiseScale
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
 from autotune.workload import Workload
@@ -77,7 +78,7 @@ def test_accumulated_gradient_is_the_full_batch_gradient(make):
     want = torch.cat([p.grad.flatten() for p in model.parameters()])
     model.zero_grad()
     acc = Accumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), [3, 1, 4], loss=w.loss, items=w.items,
-                      samples=w.samples, split=w.split, noise_scale=False)
+                      parts=[Batches(samples=w.samples, split=w.split), NoiseScale(measure=False)])
     out = acc.backward(batch)  # the accumulated gradient, no optimizer step
     assert out.samples == 8 and out.micro_steps == 3 and out.items == w.count_items(batch)
     got = torch.cat([p.grad.flatten() for p in model.parameters()])
