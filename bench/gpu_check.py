@@ -274,7 +274,7 @@ def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dic
 
 def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str],
                  found: dict[tuple[str, int], int]) -> list[list[str]]:
-    from autotune.probing.finder import probe
+    from autotune.probing.finder import find_max_micro_batch
     from autotune.probing.fitrule import run_trial
 
     rows = []
@@ -286,7 +286,7 @@ def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str
         workload = load(spec)
         device = make_device(memory)
         start = time.perf_counter()
-        result = probe(workload, device, max_batch=limit)
+        result = find_max_micro_batch(workload, device, max_batch=limit)
         seconds = time.perf_counter() - start
         trials = "\n".join(map(str, result.trials))
         log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{trials}\nnotes: {result.notes}")

@@ -66,9 +66,9 @@ class Estimate:
     note: str | None = None
 
 
-def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
-          max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
-          sharding: FsdpRule | None = None) -> ProbeResult:
+def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = options.MARGIN,
+                         max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
+                         sharding: FsdpRule | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule

@@ -1,4 +1,4 @@
-"""The plan store as a cache around the probe: ``probe`` is :func:`autotune.probing.finder.probe`,
+"""The plan store as a cache around the probe: ``probe`` is :func:`autotune.probing.finder.find_max_micro_batch`,
 answered from the store when it holds the answer and kept there when it does not.
 
 A probe with a store takes the fingerprint (:mod:`autotune.store.fingerprint`), then uses the store by
@@ -52,14 +52,14 @@ CONFIRM_TOLERANCE = 0.05
 
 def probe(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
           ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
-    """:func:`autotune.probing.finder.probe` of ``request``, answered from ``store`` when it can be (see the
-    module); without a store, the probe itself. The request is part of the fingerprint, and so are ``ranks``,
-    every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
+    """:func:`autotune.probing.finder.find_max_micro_batch` of ``request``, answered from ``store`` when it can
+    be (see the module); without a store, the probe itself. The request is part of the fingerprint, and so are
+    ``ranks``, every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
     rule = RunRule.of(request.rule)
 
     def probed() -> ProbeResult:
-        return finder.probe(workload, device, margin=request.margin, max_batch=request.max_batch,
-                            data_parallel=rule.data_parallel, sharding=rule.sharding)
+        return finder.find_max_micro_batch(workload, device, margin=request.margin, max_batch=request.max_batch,
+                                           data_parallel=rule.data_parallel, sharding=rule.sharding)
 
     if store is None:
         return probed()

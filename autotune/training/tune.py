@@ -42,7 +42,7 @@ from ..devices.base import Device
 from ..devices.oom import is_oom
 from ..errors import BadInput, PlanError
 from ..planning.planner import Uniform, check_plan, make_plan
-from ..probing.finder import probe
+from ..probing.finder import find_max_micro_batch
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.tuning import Candidate, HeadToHead, Tuning
@@ -115,8 +115,8 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     for label, choice in choices.items():
         if label not in probes:
             log.progress(f"probing {workload.name} with {label}")
-            probes[label] = probe(workload.configure(**choice), device, margin=margin, max_batch=per_rank,
-                                  data_parallel=world_size > 1)
+            probes[label] = find_max_micro_batch(workload.configure(**choice), device, margin=margin,
+                                                 max_batch=per_rank, data_parallel=world_size > 1)
         sizes[label] = candidate_sizes(target_batch, probes[label].max_micro_batch, world_size=world_size,
                                        multiple_of=multiple_of, uniform=uniform)
     settings = study_settings(workload, device, target_batch, world_size=world_size, multiple_of=multiple_of,
