@@ -179,7 +179,7 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
                 "last": ", gradients synchronised at the last micro-step"}.get(rule.fsdp_sync, "")
         log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
-        return cached.probe(kept, asked, wl, dev, ranks=ranks)
+        return cached.probe_through_store(kept, asked, wl, dev, ranks=ranks)
 
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
     result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)

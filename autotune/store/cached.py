@@ -1,5 +1,6 @@
-"""The plan store as a cache around the probe: ``probe`` is :func:`autotune.probing.finder.find_max_micro_batch`,
-answered from the store when it holds the answer and kept there when it does not.
+"""The plan store as a cache around the probe: :func:`probe_through_store` is
+:func:`autotune.probing.finder.find_max_micro_batch`, answered from the store when it holds the answer and kept there
+when it does not.
 
 A probe with a store takes the fingerprint (:mod:`autotune.store.fingerprint`), then uses the store by
 its three calls only: ``get`` the entry under it, ``claim`` it to probe once while others asking wait,
@@ -50,8 +51,8 @@ from .store import Store
 CONFIRM_TOLERANCE = 0.05
 
 
-def probe(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
-          ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
+def probe_through_store(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
+                        ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
     """:func:`autotune.probing.finder.find_max_micro_batch` of ``request``, answered from ``store`` when it can
     be (see the module); without a store, the probe itself. The request is part of the fingerprint, and so are
     ``ranks``, every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
