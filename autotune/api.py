@@ -44,14 +44,14 @@ StoreSpec: TypeAlias = "Store | str | Literal[False] | None"
 
 
 @dataclass(frozen=True)
-class Given:
+class GivenObjects:
     """Objects given to the API beside a request (which names them): a Workload, a Device."""
 
     workload: Workload | None = None
     device: Device | None = None
 
     @classmethod
-    def of(cls, workload: Any = None, device: Any = None) -> Given:
+    def of(cls, workload: Any = None, device: Any = None) -> GivenObjects:
         if workload is not None and not isinstance(workload, (Workload, str)):
             raise BadInput(f"workload {workload!r} is neither a Workload nor a probe spec (a built-in name such as "
                            "'mlp', a .py file, or package.module[:function])")
@@ -64,7 +64,7 @@ def group() -> tuple[int, int] | None:
     return (distributed.world_size(), distributed.rank()) if distributed.active() else None
 
 
-def resolve(request: ProbeRequest, given: Given = Given()) -> tuple[Workload, Device]:
+def resolve(request: ProbeRequest, given: GivenObjects = GivenObjects()) -> tuple[Workload, Device]:
     """The Workload and the Device a request names (the objects given when there are); device errors come
     before the workload is built. Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU."""
     dev = given.device
@@ -142,11 +142,11 @@ def probe(workload: Spec | ProbeRequest = None, *, device: Device | str = option
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
                             fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
-    return probe_for(request, store=store, given=Given.of(workload, device),
+    return probe_for(request, store=store, given=GivenObjects.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
 
-def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = Given(),
+def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects(),
               snapshot: Snapshot | None = None) -> ProbeResult:
     """The probe a request asks for, through the plan store when there is one (a cache around the probe);
     under torchrun the ranks agree on the smallest maximum. ``snapshot``: also the memory timeline at its
@@ -306,7 +306,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
                            trials=trials,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
-    return plan_for(request, store=store, given=Given.of(workload, device))
+    return plan_for(request, store=store, given=GivenObjects.of(workload, device))
 
 
 def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut: object,
@@ -346,7 +346,7 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 
 
-def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Given()) -> Plan:
+def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects()) -> Plan:
     """The plan a request asks for: one probe (through the store when there is one), then the planner."""
     kept = open_store(store)
     if request.tuning is not None:
@@ -356,29 +356,29 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Gi
         made: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
         for r in request.ranks:
             if (r.device, r.memory_budget) not in made:
-                dev = resolve(r, Given(wl))[1]
+                dev = resolve(r, GivenObjects(wl))[1]
                 made[r.device, r.memory_budget] = dev, dev.describe()
         devices = {r.rule.rank: made[r.device, r.memory_budget][0] for r in request.ranks}
         ranks = _devices_if_they_differ([made[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:
             return _plan_mixed(request, wl, devices, ranks, kept)
         request = replace(request, ranks=())  # devices listed, all alike: one probe serves
-        given = Given(wl, devices[0])
+        given = GivenObjects(wl, devices[0])
     if distributed.active():
         wl, dev = resolve(request.probe, given)
         ranks = _devices_if_they_differ([dev.describe()])
         if ranks is not None and not request.uniform_ranks:
             return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, kept)
-        given = Given(wl, dev)
+        given = GivenObjects(wl, dev)
     return _plan_alike(request, given, kept)
 
 
-def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
+def _plan_alike(request: PlanRequest, given: GivenObjects, kept: Store | None) -> Plan:
     """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
     from .planning.probed import plan_probed
 
     wl, dev = resolve(request.probe, given)
-    result = probe_for(request.probe, store=kept if kept is not None else False, given=Given(wl, dev))
+    result = probe_for(request.probe, store=kept if kept is not None else False, given=GivenObjects(wl, dev))
     made = plan_probed(request.target_batch, result, world_size=request.world_size,
                        world_size_source=request.world_size_source, multiple_of=request.multiple_of,
                        uniform=request.uniform)
@@ -389,7 +389,7 @@ def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
     return made
 
 
-def _tuned(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
+def _tuned(request: PlanRequest, given: GivenObjects, kept: Store | None) -> Plan:
     from .planning.probed import measured_or_assumed
     from .training.tune import tune as run_tune
 
@@ -552,8 +552,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
                                 f"or plan for {plural(request.world_size, 'rank')} without training them: "
                                 "plan, not run")
-        wl, dev = _real(request.probe, Given.of(workload, device))
-        planned = plan_for(request, store=store, given=Given(wl, dev))
+        wl, dev = _real(request.probe, GivenObjects.of(workload, device))
+        planned = plan_for(request, store=store, given=GivenObjects(wl, dev))
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)
@@ -603,11 +603,11 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     if memory_budget is None and plan.budget_bytes_of(distributed.rank()) is not None:
         memory_budget = plan.budget_bytes_of(distributed.rank())  # run under the budget the plan was made for
     request = probe_request(workload, device=device, memory_budget=memory_budget, group=group())
-    wl, dev = _real(request, Given.of(workload, device))
+    wl, dev = _real(request, GivenObjects.of(workload, device))
     return plan, wl, dev
 
 
-def _real(request: ProbeRequest, given: Given) -> tuple[Workload, Device]:
+def _real(request: ProbeRequest, given: GivenObjects) -> tuple[Workload, Device]:
     """What a run trains on: the request's workload and device, which must be real."""
     wl, dev = resolve(request, given)
     if dev.estimated:

@@ -76,7 +76,7 @@ def test_a_needless_round_trip_is_caught(rank, tmp_path, monkeypatch):
 
     def detour(store, digest, workload, device, **kwargs):
         for _ in range(3):
-            api.resolve(ProbeRequest(), api.Given(workload, device))  # store -> api: a climb back up
+            api.resolve(ProbeRequest(), api.GivenObjects(workload, device))  # store -> api: a climb back up
             store.get(digest)
         return real(store, digest, workload, device, **kwargs)
 
