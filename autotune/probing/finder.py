@@ -38,7 +38,7 @@ from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
-from .fitrule import Attempt, isolate, run_trial
+from .fitrule import MeasuredTrial, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import Trials
@@ -189,9 +189,9 @@ def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate |
 
 def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
-                 ) -> tuple[int, Attempt, int]:
+                 ) -> tuple[int, MeasuredTrial, int]:
     """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
-    def search(top: int) -> tuple[int, Attempt, list[str]]:
+    def search(top: int) -> tuple[int, MeasuredTrial, list[str]]:
         said: list[str] = []
         start = replace(estimate, max=top) if isinstance(estimate, Estimate) and estimate.max > top else estimate
         return (*_search_once(real, start, curve, usable, capacity, margin, top, said), said)
@@ -202,7 +202,7 @@ def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateC
 
 
 def _search_once(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
-                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, Attempt]:
+                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, MeasuredTrial]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
     note: str | None
@@ -237,7 +237,7 @@ def _simulated_allocated(est: Trials, batch: int) -> int | None:
     return attempt.trial.allocated_bytes if attempt is not None else None
 
 
-def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list[str]:
+def _allocator_notes(est: Trials, measured: MeasuredTrial, *, simulates: bool) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
     notes = _one_of_each(est, measured.trial.batch)

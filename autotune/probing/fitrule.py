@@ -46,7 +46,7 @@ MICRO_STEPS = 2
 
 
 @dataclass(frozen=True)
-class Attempt:
+class MeasuredTrial:
     """A trial of the fit rule and, when it ran to the end, what the device measured."""
 
     trial: Trial
@@ -152,7 +152,7 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
               capacity_guard: bool = True, data_parallel: bool = False, sharding: FsdpRule | None = None,
-              on_step: OnStep | None = None, host: HostBatches | None = None) -> Attempt:
+              on_step: OnStep | None = None, host: HostBatches | None = None) -> MeasuredTrial:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
@@ -173,16 +173,16 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
             stopped = first_line(exc)
             del exc
             device.cleanup()
-            return Attempt(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
-                                 seconds=time.perf_counter() - start, oom=True, why=stopped))
+            return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
+                                       seconds=time.perf_counter() - start, oom=True, why=stopped))
         raise WorkloadError(
             f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
     fits = m.peak_bytes <= usable
     why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
-    return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
-                         why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
+    return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                               why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
 
 
 def isolate(workload: Workload) -> Workload:

@@ -23,7 +23,7 @@ from ..devices.recorder import Made, Recorder, Recording, record_with
 from ..devices.snapshot import OutOfMemoryAt, Simulation, build
 from ..results.timeline import OutOfMemory, PeakPart
 from ..workload import Workload
-from .fitrule import Attempt, run_trial
+from .fitrule import MeasuredTrial, run_trial
 from .fsdp import RunRule
 
 SAMPLES = 600  # points of the stacked timeline
@@ -35,7 +35,7 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 class Recorded:
     """A recorded run of the fit rule and how to replay it as the device's allocator would."""
 
-    attempt: Attempt
+    attempt: MeasuredTrial
     recording: Recording
     simulation: Simulation | None
     device: Any  # the device it ran on (an estimate, or the CPU)

@@ -9,7 +9,7 @@ from ..devices.base import Device
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
-from .fitrule import Attempt, run_trial
+from .fitrule import MeasuredTrial, run_trial
 from .fsdp import FsdpRule
 from .hostbatch import HostBatches
 
@@ -24,9 +24,9 @@ class Trials:
         self.data_parallel, self.sharding = data_parallel, sharding
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
-        self.done: dict[int, Attempt] = {}
+        self.done: dict[int, MeasuredTrial] = {}
 
-    def __call__(self, batch: int) -> Attempt:
+    def __call__(self, batch: int) -> MeasuredTrial:
         if batch not in self.done:
             on_step = None
             if self.source == "real":
@@ -53,7 +53,7 @@ class Trials:
     def fits(self, batch: int) -> bool:
         return self(batch).fits
 
-    def last(self) -> Attempt:
+    def last(self) -> MeasuredTrial:
         return self.done[self.log[-1].batch]
 
     def peaks(self) -> dict[int, int]:

@@ -30,7 +30,7 @@ from .. import log, options
 from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
-from ..probing.fitrule import Attempt, isolate, run_trial
+from ..probing.fitrule import MeasuredTrial, isolate, run_trial
 from ..probing.fsdp import RunRule
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
@@ -148,14 +148,14 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
 
 
-def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: RunRule) -> Attempt:
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: RunRule) -> MeasuredTrial:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
     with own_random_state(device.torch_device):
         return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True,
                          data_parallel=rule.data_parallel, sharding=rule.sharding)
 
 
-def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: int) -> str | None:
+def disagreement(stored: ProbeResult, attempt: MeasuredTrial, usable: int, max_batch: int) -> str | None:
     """Why a confirm run at the stored max does not bear the stored result out, or None when it does."""
     m, peak = stored.max_micro_batch, attempt.peak_bytes
     if attempt.oom or peak is None:
@@ -177,7 +177,7 @@ def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: 
     return None
 
 
-def observation(attempt: Attempt, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
+def observation(attempt: MeasuredTrial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
                 runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
     m = attempt.measurement
