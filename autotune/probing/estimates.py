@@ -22,7 +22,7 @@ from ..devices.estimate import EstimateDevice
 from ..units import format_bytes
 from .search import PeakCurve, search_max
 from .tracelines import TraceLines
-from .trials import Trials
+from .trials import TrialRunner
 
 #: A run whose peak is off the lines through two others by more than this share of it: memory bends.
 BEND = 1e-3
@@ -37,7 +37,7 @@ class EstimateCurve:
     that predict a run to the byte can be trusted next to it.
     """
 
-    def __init__(self, runs: Trials, *, exact: bool):
+    def __init__(self, runs: TrialRunner, *, exact: bool):
         self.runs, self.engine_exact = runs, exact
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}  # by the sizes fitted through
         self._misses_at: tuple[int, list[tuple[int, int]]] = (-1, [])  # (runs seen, misses): runs only add up
@@ -118,7 +118,7 @@ class Replayed:
     """The simulated allocator's peak at sizes never evaluated, from the allocation traces of the evaluations
     at 2 and 3 where they are lines (see :mod:`autotune.probing.tracelines`); nothing on other engines."""
 
-    def __init__(self, runs: Trials, usable: int):
+    def __init__(self, runs: TrialRunner, usable: int):
         self.runs, self.usable = runs, usable
         self.lines: TraceLines | None = None
         self.peaks: dict[int, int | None] = {}
@@ -159,7 +159,7 @@ class Replayed:
         return after is not None and after > self.usable
 
 
-def search_estimate(runs: Trials, curve: EstimateCurve, usable: int, max_batch: int) -> tuple[int, str | None]:
+def search_estimate(runs: TrialRunner, curve: EstimateCurve, usable: int, max_batch: int) -> tuple[int, str | None]:
     """The largest size that fits by the estimate, micro-batches 2 and 3 having run and fitted; and a note
     when the lines through them were wrong about it, or when the size past it was replayed, not evaluated."""
 
@@ -204,7 +204,7 @@ def _replay_note(found: int, replayed: Replayed) -> str:
             f"simulated allocator reserves {format_bytes(peak or 0)}, over the usable {format_bytes(replayed.usable)}")
 
 
-def _missed_note(runs: Trials, curve: EstimateCurve, first_guess: int, found: int) -> str:
+def _missed_note(runs: TrialRunner, curve: EstimateCurve, first_guess: int, found: int) -> str:
     at_guess = runs.done.get(first_guess)
     there = "" if at_guess is None or at_guess.peak_bytes is None else \
         f" where the estimate peaks at {format_bytes(at_guess.peak_bytes)}"

@@ -41,7 +41,7 @@ from .estimates import EstimateCurve, search_estimate
 from .fitrule import MeasuredTrial, isolate, run_trial
 from .fsdp import FsdpRule, fake_engine, sharding_note
 from .hostbatch import HostBatches, HostMemory
-from .trials import Trials
+from .trials import TrialRunner
 
 R = TypeVar("R")
 
@@ -88,7 +88,7 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
     host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
-        est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
+        est = TrialRunner(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
         # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
         # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
         estimate, limit = _within_host(lambda top: _estimate_or_why_not(
@@ -101,7 +101,7 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
             measured = est(final)
             notes.append("estimated with fake tensors, not confirmed on a real device")
         else:
-            real = Trials(device, workload, usable, "real", trials, data_parallel, sharding, host)
+            real = TrialRunner(device, workload, usable, "real", trials, data_parallel, sharding, host)
             final, measured, limit = _search_real(real, estimate, curve, usable, capacity, margin, limit, notes,
                                                   refused)
             if estimator.simulates and isinstance(estimate, Estimate):
@@ -142,7 +142,7 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
     )
 
 
-def _curve_of(estimate: Estimate | NoEstimate, est: Trials, estimator: EstimateDevice, estimated: bool,
+def _curve_of(estimate: Estimate | NoEstimate, est: TrialRunner, estimator: EstimateDevice, estimated: bool,
               usable: int) -> EstimateCurve:
     """The estimate's curve of peaks against sizes: its answer's, or, where it had none, one the real search fills
     (none where the device is an estimate: EstimateUnavailable)."""
@@ -172,7 +172,7 @@ def _within_host(search: Callable[[int], R], max_batch: int, refused: list[HostM
             limit = min(exc.batch - 1, exc.largest)
 
 
-def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate | NoEstimate, data_parallel: bool,
+def _estimate_notes(estimator: EstimateDevice, est: TrialRunner, estimate: Estimate | NoEstimate, data_parallel: bool,
                     sharding: FsdpRule | None) -> list[str]:
     """What the estimate read and ran on, and the fit rule it held, as the probe's first notes."""
     notes = _values_notes(est, estimate)
@@ -187,7 +187,7 @@ def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate |
     return notes
 
 
-def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+def _search_real(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
                  ) -> tuple[int, MeasuredTrial, int]:
     """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
@@ -201,7 +201,7 @@ def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateC
     return final, measured, limit
 
 
-def _search_once(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+def _search_once(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str]) -> tuple[int, MeasuredTrial]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
@@ -232,12 +232,12 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
     return points, tuple((a + shift, c) for a, c in fitted.lines())
 
 
-def _simulated_allocated(est: Trials, batch: int) -> int | None:
+def _simulated_allocated(est: TrialRunner, batch: int) -> int | None:
     attempt = est.done.get(batch)
     return attempt.trial.allocated_bytes if attempt is not None else None
 
 
-def _allocator_notes(est: Trials, measured: MeasuredTrial, *, simulates: bool) -> list[str]:
+def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bool) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
     notes = _one_of_each(est, measured.trial.batch)
@@ -260,7 +260,7 @@ def _allocator_notes(est: Trials, measured: MeasuredTrial, *, simulates: bool) -
     return list(dict.fromkeys(notes))
 
 
-def _one_of_each(est: Trials, batch: int) -> list[str]:
+def _one_of_each(est: TrialRunner, batch: int) -> list[str]:
     """The evaluations' notes, one of each kind (the text before its first colon): the one at ``batch`` (the
     answer) where it was evaluated, else at the size nearest it (each size's figures differ, the kind of note
     does not)."""
@@ -279,7 +279,7 @@ def _one_of_each(est: Trials, batch: int) -> list[str]:
     return [kept[k] for k in kinds]
 
 
-def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
+def _estimate_or_why_not(est: TrialRunner, usable: int, max_batch: int, capacity: int, margin: float, *,
                          exact: bool) -> Estimate | NoEstimate:
     """The estimate's max and curve, or why the estimate cannot be used for this workload."""
     try:
@@ -305,7 +305,7 @@ def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int
         return NoEstimate(f"the estimate cannot run this workload ({_cause(exc)})")
 
 
-def _values_notes(est: Trials, estimate: Estimate | NoEstimate) -> list[str]:
+def _values_notes(est: TrialRunner, estimate: Estimate | NoEstimate) -> list[str]:
     """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
     first = next(iter(est.done.values()), None)
     m = first.measurement if first is not None else None
@@ -339,7 +339,7 @@ def _surprising_ooms(trials: list[Trial], estimate_at: Callable[[int], int | Non
     return []
 
 
-def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *, exact: bool) -> Estimate:
+def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, margin: float, *, exact: bool) -> Estimate:
     """Largest size the estimate says fits, found by evaluating it (see :mod:`autotune.probing.estimates`).
 
     ``exact``: the engine's figures are exact live bytes (no allocator simulation).

@@ -38,7 +38,7 @@ from ..results.probe import ProbeResult
 from ..units import format_bytes
 from .estimates import EstimateCurve
 from .search import Correction, PeakCurve, search_max
-from .trials import Trials
+from .trials import TrialRunner
 
 #: Guessed real runs before the search falls back to doubling and (geometric) bisection.
 GUESSES = 8
@@ -97,7 +97,7 @@ class Learner:
     workload cannot be estimated, and real runs' own timelines give the base).
     """
 
-    def __init__(self, real: Trials, usable: int, capacity: int, max_batch: int,
+    def __init__(self, real: TrialRunner, usable: int, capacity: int, max_batch: int,
                  estimate: EstimateCurve | None = None):
         self.real, self.usable, self.capacity, self.max_batch = real, usable, capacity, max_batch
         self.estimate = estimate
@@ -262,7 +262,7 @@ class Learner:
         return expected[0] - spread > self.usable
 
 
-def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity: int,
+def confirm(real: TrialRunner, estimate: EstimateCurve, m: int, usable: int, capacity: int,
             max_batch: int) -> tuple[int, str | None]:
     """The real maximum, starting with one real run at the estimate's ``m``; and a note when the
     estimate was off (and what the search did about it)."""
@@ -294,7 +294,7 @@ def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity
                    f"{len(real.done)} real runs ({real.misses()} did not fit), the estimate said {m}")
 
 
-def search_device(real: Trials, usable: int, capacity: int, max_batch: int, why: str) -> tuple[int, str]:
+def search_device(real: TrialRunner, usable: int, capacity: int, max_batch: int, why: str) -> tuple[int, str]:
     """The real maximum of a workload the estimate cannot size (``why``), from real runs alone; and the
     note that says how it was found."""
     learner = Learner(real, usable, capacity, max_batch)
@@ -317,7 +317,7 @@ def _geometric(lo: int, hi: int) -> int:
     return math.isqrt(lo * hi - 1) + 1
 
 
-def _runs(real: Trials) -> str:
+def _runs(real: TrialRunner) -> str:
     """The real runs in order, in words."""
     said = []
     for t in real.log:
@@ -328,7 +328,7 @@ def _runs(real: Trials) -> str:
     return ", ".join(said)
 
 
-def _mismatch(real: Trials, estimate: EstimateCurve, m: int) -> str | None:
+def _mismatch(real: TrialRunner, estimate: EstimateCurve, m: int) -> str | None:
     """A note when the one real run's peak differs from the estimate's by more than :data:`MISMATCH_NOTE`."""
     peak, predicted = real.done[m].peak_bytes, estimate.at(m)
     if peak is None or not predicted or abs(peak - predicted) < MISMATCH_NOTE * predicted:

@@ -14,7 +14,7 @@ from .fsdp import FsdpRule
 from .hostbatch import HostBatches
 
 
-class Trials:
+class TrialRunner:
     """Runs and remembers fit-rule trials of one source (estimate or real); ``log`` is shared by both."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,

@@ -1,8 +1,8 @@
 """Memory as plain functions of the batch size, searched the way the probe searches real workloads.
 
 A timeline function ``f(b) -> [live bytes at each point of the step]`` stands in
-for the fit rule's tracker at micro-batch ``b``; :class:`SyntheticTrials` serves
-it through the :class:`~autotune.probing.trials.Trials` interface (real ones run
+for the fit rule's tracker at micro-batch ``b``; :class:`SyntheticTrialRunner` serves
+it through the :class:`~autotune.probing.trials.TrialRunner` interface (real ones run
 out of memory past a capacity, as a device does), so the estimate search and the
 real search run unchanged on curves whose answer is known exactly.
 """
@@ -15,13 +15,13 @@ from autotune.devices.base import Measurement
 from autotune.probing import learn
 from autotune.probing.estimates import EstimateCurve, search_estimate
 from autotune.probing.fitrule import MeasuredTrial
-from autotune.probing.trials import Trials
+from autotune.probing.trials import TrialRunner
 from autotune.results.probe import Trial
 
 Timeline = Callable[[int], list[int]]
 
 
-class SyntheticTrials(Trials):
+class SyntheticTrialRunner(TrialRunner):
     """Trials of ``timeline(b)``; with a ``capacity``, a peak past it is an out-of-memory error."""
 
     def __init__(self, timeline: Timeline, usable: int, source: str, log: list[Trial] | None = None,
@@ -58,7 +58,7 @@ def true_max(timeline: Timeline, usable: int, limit: int, reserve: Callable[[int
 def estimate_max(timeline: Timeline, usable: int, limit: int = 4096, *, exact: bool = True
                  ) -> tuple[int, int, str | None]:
     """The estimate search's answer, its evaluations and its note (2 and 3 fitting, as the probe requires)."""
-    runs = SyntheticTrials(timeline, usable, "estimate")
+    runs = SyntheticTrialRunner(timeline, usable, "estimate")
     assert runs.fits(2) and runs.fits(3)
     found, note = search_estimate(runs, EstimateCurve(runs, exact=exact), usable, limit)
     return found, len(runs.done), note
@@ -72,11 +72,11 @@ def probe_max(estimate: Timeline | None, real: Timeline, capacity: int, limit: i
     estimate's figures are then not exact)."""
     usable = int(capacity * (1 - margin))
     log: list[Trial] = []
-    real_runs = SyntheticTrials(real, usable, "real", log, capacity=capacity, reserve=reserve)
+    real_runs = SyntheticTrialRunner(real, usable, "real", log, capacity=capacity, reserve=reserve)
     if estimate is None:
         found, note = learn.search_device(real_runs, usable, capacity, limit, why="not estimable")
     else:
-        est = SyntheticTrials(estimate, usable, "estimate", log, reserve=reserve)
+        est = SyntheticTrialRunner(estimate, usable, "estimate", log, reserve=reserve)
         curve = EstimateCurve(est, exact=reserve is None)
         assert est.fits(2) and est.fits(3)
         m, _ = search_estimate(est, curve, usable, limit)
