@@ -39,7 +39,7 @@ from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import MeasuredTrial, isolate, run_trial
-from .fsdp import FsdpRule, fake_engine, sharding_note
+from .fsdp import Sharding, fake_engine, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import TrialRunner
 
@@ -68,7 +68,7 @@ class Estimate:
 
 def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = options.MARGIN,
                          max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
-                         sharding: FsdpRule | None = None) -> ProbeResult:
+                         sharding: Sharding | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
@@ -173,7 +173,7 @@ def _within_host(search: Callable[[int], R], max_batch: int, refused: list[HostM
 
 
 def _estimate_notes(estimator: EstimateDevice, est: TrialRunner, estimate: Estimate | NoEstimate, data_parallel: bool,
-                    sharding: FsdpRule | None) -> list[str]:
+                    sharding: Sharding | None) -> list[str]:
     """What the estimate read and ran on, and the fit rule it held, as the probe's first notes."""
     notes = _values_notes(est, estimate)
     if estimator.fallback:

@@ -39,7 +39,7 @@ from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
 from .hostbatch import HostBatches
 
 if TYPE_CHECKING:
-    from .fsdp import FsdpRule
+    from .fsdp import Sharding
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2
@@ -73,7 +73,7 @@ OnStep = Callable[[int, int], None]
 
 
 def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
-                  sharding: FsdpRule | None = None, on_step: OnStep | None = None,
+                  sharding: Sharding | None = None, on_step: OnStep | None = None,
                   host: HostBatches | None = None) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
@@ -151,7 +151,7 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
-              capacity_guard: bool = True, data_parallel: bool = False, sharding: FsdpRule | None = None,
+              capacity_guard: bool = True, data_parallel: bool = False, sharding: Sharding | None = None,
               on_step: OnStep | None = None, host: HostBatches | None = None) -> MeasuredTrial:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 

@@ -46,7 +46,7 @@ from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
 
-__all__ = ["FsdpRule", "fake_engine", "fake_mesh", "real_mesh", "release",
+__all__ = ["Sharding", "fake_engine", "fake_mesh", "real_mesh", "release",
            "shape_propagation_uncounted", "shard", "sharded_model", "sharding_note", "skeleton"]
 
 def real_mesh(device_type: str) -> Any:
@@ -157,7 +157,7 @@ def _copy_values(host: nn.Module, model: nn.Module, rank: int, world_size: int) 
 
 
 @dataclass(frozen=True)
-class FsdpRule:
+class Sharding:
     """The fit rule's FSDP part: how the model is placed and when gradients synchronise.
 
     ``world_size`` ranks, measured as ``rank``; ``precision`` picks the
@@ -277,7 +277,7 @@ def fake_engine(device: EstimateDevice) -> EstimateDevice:
     return other
 
 
-def sharding_note(rule: FsdpRule) -> str:
+def sharding_note(rule: Sharding) -> str:
     """What the probe's figures are, under FSDP."""
     group = "the process group" if rule.real_group else "a fake process group"
     held = ("gradients reduce-scattered after every micro-step" if rule.sync_every else
@@ -293,14 +293,14 @@ class RunRule:
     ``sharding`` (this rank of a model sharded over the world size)."""
 
     data_parallel: bool = False
-    sharding: FsdpRule | None = None
+    sharding: Sharding | None = None
 
     @classmethod
     def of(cls, rule: FitRule, precision: str = "fp32") -> RunRule:
         """``rule``'s runs, all-gathered in ``precision`` when sharded (``fsdp_sync`` "auto" is measured as
         "last": :func:`autotune.probing.fsdpsync.probe_both` measures both and picks)."""
         if rule.sharded:
-            return cls(sharding=FsdpRule(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every"))
+            return cls(sharding=Sharding(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every"))
         return cls(data_parallel=rule.buckets)
 
     def fields(self) -> dict[str, Any]:

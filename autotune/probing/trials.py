@@ -10,7 +10,7 @@ from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
 from .fitrule import MeasuredTrial, run_trial
-from .fsdp import FsdpRule
+from .fsdp import Sharding
 from .hostbatch import HostBatches
 
 
@@ -18,7 +18,7 @@ class TrialRunner:
     """Runs and remembers fit-rule trials of one source (estimate or real); ``log`` is shared by both."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None,
+                 log: list[Trial], data_parallel: bool, sharding: Sharding | None = None,
                  host: HostBatches | None = None):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
         self.data_parallel, self.sharding = data_parallel, sharding

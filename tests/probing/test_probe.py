@@ -221,9 +221,9 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     FSDP over ``world`` ranks too)."""
     from autotune.probing import tracelines
     from autotune.probing.fitrule import run_trial
-    from autotune.probing.fsdp import FsdpRule, fake_engine
+    from autotune.probing.fsdp import Sharding, fake_engine
 
-    sharding = FsdpRule(world) if world else None
+    sharding = Sharding(world) if world else None
     device = get_device("estimate", memory_budget=budget)
     result = find_max_micro_batch(gpt, device, max_batch=512, sharding=sharding)
     found = result.max_micro_batch
@@ -307,9 +307,9 @@ def test_a_hugging_face_llama_standing_in_for_a_gpu_takes_three_evaluations_and_
     """Issue 40, item 4, on a transformers Llama (with FSDP over 2 ranks too): the lines of its allocation
     traces give the answer the search evaluating every size gives, in three evaluations."""
     from autotune.probing import tracelines
-    from autotune.probing.fsdp import FsdpRule
+    from autotune.probing.fsdp import Sharding
 
-    w, sharding = tiny_llama(), FsdpRule(world) if world else None
+    w, sharding = tiny_llama(), Sharding(world) if world else None
     device = get_device("estimate", memory_budget=(640 + 256) * 2**20)
     result = find_max_micro_batch(w, device, max_batch=4096, sharding=sharding)
     assert 3 < result.max_micro_batch < 4096  # memory decides
