@@ -22,7 +22,6 @@ from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput, DoesNotFit
 from .planning.requests import one_device, plan_request, probe_request, this_rank
-from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
@@ -199,7 +198,7 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
     batch = snapshot.at if snapshot.at is not None else at
     rule = request.rule if result.fsdp_sync is None else \
         replace(request.rule, fsdp_sync=options.fsdp_sync(result.fsdp_sync))
-    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=RunRule.of(rule)))
+    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=rule))
 
 
 def memory_snapshot(path: str | os.PathLike[str] | None, workload: Spec = None, *,

@@ -31,7 +31,7 @@ from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
 from ..probing.fitrule import MeasuredTrial, isolate, run_trial
-from ..probing.fsdp import RunRule
+from ..probing.fsdp import Sharding
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -56,11 +56,11 @@ def probe_through_store(store: Store | None, request: ProbeRequest, workload: Wo
     """:func:`autotune.probing.finder.find_max_micro_batch` of ``request``, answered from ``store`` when it can
     be (see the module); without a store, the probe itself. The request is part of the fingerprint, and so are
     ``ranks``, every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
-    rule = RunRule.of(request.rule)
+    rule = request.rule
 
     def probed() -> ProbeResult:
         return finder.find_max_micro_batch(workload, device, margin=request.margin, max_batch=request.max_batch,
-                                           data_parallel=rule.data_parallel, sharding=rule.sharding)
+                                           data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
     if store is None:
         return probed()
@@ -96,7 +96,7 @@ def probe_through_store(store: Store | None, request: ProbeRequest, workload: Wo
 
 
 def _answer(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
-            rule: RunRule) -> ProbeResult | None:
+            rule: FitRule) -> ProbeResult | None:
     """The stored answer (served, its hit counted), or None: none stored, damaged (then invalidated),
     not answering this limit, or not borne out by a confirm run."""
     entry = store.get(digest)
@@ -121,7 +121,7 @@ def _answer(store: Store, digest: str, workload: Workload, device: Device, *, ma
 
 
 def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
-              rule: RunRule) -> tuple[ProbeResult | None, Observation, str | None]:
+              rule: FitRule) -> tuple[ProbeResult | None, Observation, str | None]:
     """The stored answer to a probe limited to ``max_batch`` on a real device, confirmed by one real run
     of the fit rule at the stored max (:func:`narrowed`): the answer (None when the run disagrees), the
     run's measurement, and why it disagrees (None when it agrees)."""
@@ -148,11 +148,11 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
 
 
-def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: RunRule) -> MeasuredTrial:
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: FitRule) -> MeasuredTrial:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
     with own_random_state(device.torch_device):
         return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True,
-                         data_parallel=rule.data_parallel, sharding=rule.sharding)
+                         data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
 
 def disagreement(stored: ProbeResult, attempt: MeasuredTrial, usable: int, max_batch: int) -> str | None:

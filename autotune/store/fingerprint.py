@@ -44,7 +44,7 @@ from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..errors import first_line
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
-from ..probing.fsdp import RunRule
+from ..probing.fsdp import Sharding
 from ..results.device import DeviceInfo
 from ..results.request import ProbeRequest
 from ..workload import Workload
@@ -118,7 +118,7 @@ SHARDING_KEY = "autotune.probing.fsdp.FsdpRule"
 def rule_part(request: ProbeRequest) -> dict[str, Any]:
     """What the fingerprint holds of the request's fit rule: DDP's buckets (``data_parallel``), or FSDP's
     sharding with every field of its runtime part (world size, rank, precision, process group, gradient sync)."""
-    sharding = RunRule.of(request.rule, request.precision).sharding
+    sharding = Sharding.of(request.rule, request.precision)
     if sharding is None:
         return {"data_parallel": request.rule.buckets}
     return {"sharding": {SHARDING_KEY: {f.name: plain(getattr(sharding, f.name)) for f in fields(sharding)}}}
