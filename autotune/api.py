@@ -166,7 +166,7 @@ def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: GivenObj
     return explained(result, request, wl, dev, snapshot)
 
 
-def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | None,
+def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Store | None,
                ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
     """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
     device when they differ (the store's fingerprint covers them)."""
@@ -178,7 +178,7 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
                 "last": ", gradients synchronised at the last micro-step"}.get(rule.fsdp_sync, "")
         log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
-        return cached.probe_through_store(kept, asked, wl, dev, ranks=ranks)
+        return cached.probe_through_store(plan_store, asked, wl, dev, ranks=ranks)
 
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
     result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)
@@ -347,9 +347,9 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
 
 def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects()) -> Plan:
     """The plan a request asks for: one probe (through the store when there is one), then the planner."""
-    kept = open_store(store)
+    plan_store = open_store(store)
     if request.tuning is not None:
-        return _tuned(request, given, kept)
+        return _tuned(request, given, plan_store)
     if request.ranks:
         wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
         made: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
@@ -360,41 +360,42 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjec
         devices = {r.rule.rank: made[r.device, r.memory_budget][0] for r in request.ranks}
         ranks = _devices_if_they_differ([made[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:
-            return _plan_mixed(request, wl, devices, ranks, kept)
+            return _plan_mixed(request, wl, devices, ranks, plan_store)
         request = replace(request, ranks=())  # devices listed, all alike: one probe serves
         given = GivenObjects(wl, devices[0])
     if distributed.active():
         wl, dev = resolve(request.probe, given)
         ranks = _devices_if_they_differ([dev.describe()])
         if ranks is not None and not request.uniform_ranks:
-            return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, kept)
+            return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, plan_store)
         given = GivenObjects(wl, dev)
-    return _plan_alike(request, given, kept)
+    return _plan_alike(request, given, plan_store)
 
 
-def _plan_alike(request: PlanRequest, given: GivenObjects, kept: Store | None) -> Plan:
+def _plan_alike(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
     """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
     from .planning.probed import plan_probed
 
     wl, dev = resolve(request.probe, given)
-    result = probe_for(request.probe, store=kept if kept is not None else False, given=GivenObjects(wl, dev))
+    result = probe_for(request.probe, store=plan_store if plan_store is not None else False,
+                       given=GivenObjects(wl, dev))
     made = plan_probed(request.target_batch, result, world_size=request.world_size,
                        world_size_source=request.world_size_source, multiple_of=request.multiple_of,
                        uniform=request.uniform)
-    if kept is not None and result.fingerprint is not None:
-        kept.put(result.fingerprint, plan=made)  # kept beside its probe
+    if plan_store is not None and result.fingerprint is not None:
+        plan_store.put(result.fingerprint, plan=made)  # kept beside its probe
     if request.snapshot is not None:
         made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
     return made
 
 
-def _tuned(request: PlanRequest, given: GivenObjects, kept: Store | None) -> Plan:
+def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
     from .planning.probed import measured_or_assumed
     from .training.tune import tune as run_tune
 
     assert request.tuning is not None
     wl, dev = resolve(request.probe, given)
-    if kept is not None:
+    if plan_store is not None:
         log.progress("the plan store is not used with tune=True: tuning measures throughput here")
     t = request.tuning
     tuned = run_tune(wl, dev, request.target_batch, world_size=request.world_size, multiple_of=request.multiple_of,
@@ -406,7 +407,7 @@ def _tuned(request: PlanRequest, given: GivenObjects, kept: Store | None) -> Pla
 
 
 def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], ranks: tuple[DeviceInfo, ...],
-                kept: Store | None) -> Plan:
+                plan_store: Store | None) -> Plan:
     """Ranks that differ: each rank's device probed (here: every one of ``devices``, each distinct device once;
     under torchrun: this rank's, the others gathered), its speed known where it can be, then one plan that
     gives each rank its own micro-batch and micro-steps (or, with ``uniform_ranks``, the smallest-for-all)."""
@@ -425,7 +426,7 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
             done[r] = done[twin]
             continue
         try:
-            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, plan_store, ranks)
         except DoesNotFit as exc:
             from .planning.mixed import rank_cannot_hold_one
 
@@ -434,10 +435,10 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
         done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
     gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
     made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
-    if kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
+    if plan_store is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
         for fp in dict.fromkeys(gathered[r][0].fingerprint for r in range(request.world_size)):
             if fp is not None:
-                kept.put(fp, plan=made)
+                plan_store.put(fp, plan=made)
     return made
 
 
@@ -562,8 +563,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
                         ramp=ramp, uniform=uniform_ramp)
 
-    kept = open_store(store)
-    return train() if kept is None else cached.record_run(kept, planned, wl, dev, precision, train)
+    plan_store = open_store(store)
+    return train() if plan_store is None else cached.record_run(plan_store, planned, wl, dev, precision, train)
 
 
 def _ramp(ramp: Any) -> RampConfig | None:

@@ -272,11 +272,11 @@ def _one_of_each(est: TrialRunner, batch: int) -> list[str]:
         return note.split(":", 1)[0]
 
     kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
-    kept: dict[str, str] = {}
+    nearest_of_kind: dict[str, str] = {}
     for b in sorted(est.done, key=lambda b: (abs(b - batch), b)):
         for note in notes(b):
-            kept.setdefault(kind(note), note)
-    return [kept[k] for k in kinds]
+            nearest_of_kind.setdefault(kind(note), note)
+    return [nearest_of_kind[k] for k in kinds]
 
 
 def _estimate_or_why_not(est: TrialRunner, usable: int, max_batch: int, capacity: int, margin: float, *,

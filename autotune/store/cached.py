@@ -89,8 +89,8 @@ def probe_through_store(store: Store | None, request: ProbeRequest, workload: Wo
         if (served := answer()) is not None:
             return served
         result = replace(probed(), fingerprint=fp.digest)
-        kept = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
-    if kept:
+        was_stored = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
+    if was_stored:
         log.detail(f"stored as fingerprint {fp.short} in {store.shown}")
     return result
 
