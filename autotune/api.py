@@ -337,12 +337,12 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
     if sizes is None:
         wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
-    made = plan_batch(most_samples(sizes, target, cut=cut))
-    if made.world_size > 1:
-        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
+    batch_plan = plan_batch(most_samples(sizes, target, cut=cut))
+    if batch_plan.world_size > 1:
+        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {batch_plan.world_size} ranks: "
                        "give world_size 1, or target_batch")
-    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
-    return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
+    tokens = token_steps(sizes, target, batch_plan.max_micro_batch, cut=cut)
+    return replace(batch_plan, tokens=tokens, notes=batch_plan.notes + (tokens.note,))
 
 
 def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects()) -> Plan:
@@ -352,13 +352,13 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjec
         return _tuned(request, given, plan_store)
     if request.ranks:
         wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
-        made: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
+        resolved: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
         for r in request.ranks:
-            if (r.device, r.memory_budget) not in made:
+            if (r.device, r.memory_budget) not in resolved:
                 dev = resolve(r, GivenObjects(wl))[1]
-                made[r.device, r.memory_budget] = dev, dev.describe()
-        devices = {r.rule.rank: made[r.device, r.memory_budget][0] for r in request.ranks}
-        ranks = _devices_if_they_differ([made[r.device, r.memory_budget][1] for r in request.ranks])
+                resolved[r.device, r.memory_budget] = dev, dev.describe()
+        devices = {r.rule.rank: resolved[r.device, r.memory_budget][0] for r in request.ranks}
+        ranks = _devices_if_they_differ([resolved[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:
             return _plan_mixed(request, wl, devices, ranks, plan_store)
         request = replace(request, ranks=())  # devices listed, all alike: one probe serves
@@ -379,14 +379,15 @@ def _plan_alike(request: PlanRequest, given: GivenObjects, plan_store: Store | N
     wl, dev = resolve(request.probe, given)
     result = probe_for(request.probe, store=plan_store if plan_store is not None else False,
                        given=GivenObjects(wl, dev))
-    made = plan_probed(request.target_batch, result, world_size=request.world_size,
-                       world_size_source=request.world_size_source, multiple_of=request.multiple_of,
-                       uniform=request.uniform)
+    planned = plan_probed(request.target_batch, result, world_size=request.world_size,
+                          world_size_source=request.world_size_source, multiple_of=request.multiple_of,
+                          uniform=request.uniform)
     if plan_store is not None and result.fingerprint is not None:
-        plan_store.put(result.fingerprint, plan=made)  # kept beside its probe
+        plan_store.put(result.fingerprint, plan=planned)  # kept beside its probe
     if request.snapshot is not None:
-        made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
-    return made
+        planned = replace(planned, probe=explained(result, request.probe, wl, dev, request.snapshot,
+                                                   at=planned.micro_batch))
+    return planned
 
 
 def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
@@ -415,7 +416,7 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
 
     asked = {r.rule.rank: r for r in request.ranks} or \
         {distributed.rank(): replace(request.probe, max_batch=_mixed_limit(request))}
-    done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
+    rank_probes: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
     alike: dict[tuple[str, int], int] = {}  # the first rank of each device (name and capacity): ranks alike probe once
     named: dict[int, tuple[str, int]] = {}
     for r, dev in devices.items():
@@ -423,7 +424,7 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
             named[id(dev)] = (dev.describe().name, dev.capacity_bytes())
         twin = alike.setdefault(named[id(dev)], r)
         if twin != r:
-            done[r] = done[twin]
+            rank_probes[r] = rank_probes[twin]
             continue
         try:
             result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, plan_store, ranks)
@@ -432,14 +433,15 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
 
             raise rank_cannot_hold_one(exc.facts, r, request.world_size, asked[r].device, asked[r].memory_budget,
                                        request.probe.rule.parallel) from None
-        done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
-    gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
-    made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
+        rank_probes[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
+    gathered = {r: v for got in gather_objects(rank_probes) for r, v in got.items()} if distributed.active() \
+        else rank_probes
+    planned = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
     if plan_store is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
         for fp in dict.fromkeys(gathered[r][0].fingerprint for r in range(request.world_size)):
             if fp is not None:
-                plan_store.put(fp, plan=made)
-    return made
+                plan_store.put(fp, plan=planned)
+    return planned
 
 
 def _mixed_limit(request: PlanRequest) -> int:
@@ -450,7 +452,7 @@ def _mixed_limit(request: PlanRequest) -> int:
     return max(1, request.target_batch - (request.world_size - 1) * request.multiple_of)
 
 
-def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None, str | None]],
+def _mixed_plan(request: PlanRequest, rank_probes: list[tuple[ProbeResult, float | None, str | None]],
                 ranks: tuple[DeviceInfo, ...]) -> Plan:
     """The plan of ranks that differ, from each rank's probe and speed."""
     from .planning.mixed import make_mixed_plan, uniform_ranks_note
@@ -458,17 +460,17 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
     from .results.plan import peak_at
     from .training.ranks import ranks_note, share_of
 
-    probes = [d[0] for d in done]
+    probes = [d[0] for d in rank_probes]
     source, world = request.world_size_source, request.world_size
     note = ranks_note([i.name for i in ranks], source)
     if request.uniform_ranks:
         low = min(range(world), key=lambda r: probes[r].max_micro_batch)
-        made = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
-                         multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
-                         world_size_source=source)
-        return replace(made, notes=made.notes + (uniform_ranks_note(probes, low), note))
-    return make_mixed_plan(request.target_batch, [share_of(*d) for d in done], multiple_of=request.multiple_of,
-                           uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
+        planned = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
+                            multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
+                            world_size_source=source)
+        return replace(planned, notes=planned.notes + (uniform_ranks_note(probes, low), note))
+    return make_mixed_plan(request.target_batch, [share_of(*d) for d in rank_probes],
+                           multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
                            notes=(note,))
 
