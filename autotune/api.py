@@ -470,7 +470,8 @@ def _mixed_plan(request: PlanRequest, rank_probes: list[tuple[ProbeResult, float
                             world_size_source=source)
         return replace(planned, notes=planned.notes + (uniform_ranks_note(probes, low), note))
     return make_mixed_plan(request.target_batch, [share_of(*d) for d in rank_probes],
-                           multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
+                           multiple_of=request.multiple_of, uniform=request.uniform,
+                           probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
                            notes=(note,))
 
