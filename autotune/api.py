@@ -346,10 +346,56 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
 
 
 def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects()) -> Plan:
-    """The plan a request asks for: one probe (through the store when there is one), then the planner."""
+    """The plan a request asks for, stage by stage: resolve the workload and the device, probe through the plan
+    store (a cache around the probe: the same answer with or without one), plan (pure arithmetic), explain (the
+    memory timeline, when the request asks for a snapshot). Ranks whose devices differ are each probed, then
+    planned together (:func:`_plan_mixed`); a request to tune times candidate plans instead (:func:`_tuned`)."""
+    from .planning.probed import plan_probed
+
     plan_store = open_store(store)
     if request.tuning is not None:
         return _tuned(request, given, plan_store)
+    # 1. resolve: the workload and the device (each rank's, when the ranks differ)
+    resolved = resolve_plan_request(request, given)
+    if resolved.ranks is not None:
+        return _plan_mixed(resolved.request, resolved.workload, resolved.devices, resolved.ranks, plan_store)
+    wl, dev = resolved.workload, resolved.device
+    # 2. probe, through the plan store when there is one
+    result = probe_for(resolved.request.probe, store=plan_store if plan_store is not None else False,
+                       given=GivenObjects(wl, dev))
+    # 3. plan: pure arithmetic, kept in the store beside its probe
+    planned = plan_probed(request.target_batch, result, world_size=request.world_size,
+                          world_size_source=request.world_size_source, multiple_of=request.multiple_of,
+                          uniform=request.uniform)
+    if plan_store is not None and result.fingerprint is not None:
+        plan_store.put(result.fingerprint, plan=planned)
+    # 4. explain: the memory timeline at the plan's micro-batch, when a snapshot is asked for
+    if request.snapshot is None:
+        return planned
+    return replace(planned, probe=explained(result, request.probe, wl, dev, request.snapshot, at=planned.micro_batch))
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """What a plan request names, resolved: the workload and each rank's device (ranks alike share one, and
+    ``request`` then lists no ranks: one probe serves them all); ``ranks``: every rank's device, when they
+    differ (each is then probed), else None."""
+
+    request: PlanRequest
+    workload: Workload
+    devices: dict[int, Device]
+    ranks: tuple[DeviceInfo, ...] | None = None
+
+    @property
+    def device(self) -> Device:
+        """The one device of ranks alike."""
+        return next(iter(self.devices.values()))
+
+
+def resolve_plan_request(request: PlanRequest, given: GivenObjects) -> ResolvedRequest:
+    """The workload and the devices of a plan request (the objects given when there are): every rank's when a
+    device list names them (each distinct device resolved once), this rank's under torchrun (the others'
+    gathered, to tell whether they differ)."""
     if request.ranks:
         wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
         resolved: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
@@ -360,37 +406,19 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjec
         devices = {r.rule.rank: resolved[r.device, r.memory_budget][0] for r in request.ranks}
         ranks = _devices_if_they_differ([resolved[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:
-            return _plan_mixed(request, wl, devices, ranks, plan_store)
+            return ResolvedRequest(request, wl, devices, ranks)
         request = replace(request, ranks=())  # devices listed, all alike: one probe serves
         given = GivenObjects(wl, devices[0])
+    wl, dev = resolve(request.probe, given)
     if distributed.active():
-        wl, dev = resolve(request.probe, given)
         ranks = _devices_if_they_differ([dev.describe()])
         if ranks is not None and not request.uniform_ranks:
-            return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, plan_store)
-        given = GivenObjects(wl, dev)
-    return _plan_alike(request, given, plan_store)
-
-
-def _plan_alike(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
-    """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
-    from .planning.probed import plan_probed
-
-    wl, dev = resolve(request.probe, given)
-    result = probe_for(request.probe, store=plan_store if plan_store is not None else False,
-                       given=GivenObjects(wl, dev))
-    planned = plan_probed(request.target_batch, result, world_size=request.world_size,
-                          world_size_source=request.world_size_source, multiple_of=request.multiple_of,
-                          uniform=request.uniform)
-    if plan_store is not None and result.fingerprint is not None:
-        plan_store.put(result.fingerprint, plan=planned)  # kept beside its probe
-    if request.snapshot is not None:
-        planned = replace(planned, probe=explained(result, request.probe, wl, dev, request.snapshot,
-                                                   at=planned.micro_batch))
-    return planned
+            return ResolvedRequest(request, wl, {distributed.rank(): dev}, ranks)
+    return ResolvedRequest(request, wl, {distributed.rank(): dev})
 
 
 def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
+    """The plan of a request to tune: optuna times candidate plans on the real device (no plan store)."""
     from .planning.probed import measured_or_assumed
     from .training.tune import tune as run_tune
 
