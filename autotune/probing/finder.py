@@ -85,7 +85,67 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
     with getattr(device, "standing_in", contextlib.nullcontext)():  # an estimate's GPU, as the code sees it
         workload = isolate(workload)
     trials: list[Trial] = []
-    host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
+    refused: list[HostMemory] = []  # the sizes whose batch the host could not build
+    found = _search(workload, device, usable, capacity, margin, max_batch, data_parallel, sharding, trials, refused)
+    final, measured, notes, curve = found.max, found.measured, found.notes, found.curve
+    notes.extend([refused[-1].note(found.limit)] if refused else [])
+    assert measured.peak_bytes is not None and measured.measurement is not None
+    predicted = curve.at(final)
+    error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
+    points, lines = _curve_figures(curve, final, max_batch)
+    notes.extend(_allocator_notes(found.est, measured, simulates=found.simulates))
+    return ProbeResult(
+        workload=workload.name,
+        device=device.describe(),
+        estimated=device.estimated,
+        max_micro_batch=final,
+        max_batch=max_batch,
+        capacity_bytes=capacity,
+        usable_bytes=usable,
+        margin=float(margin),
+        peak_bytes=measured.peak_bytes,
+        predicted_peak_bytes=predicted if predicted is not None else measured.peak_bytes,
+        breakdown=dict(measured.measurement.breakdown),
+        limited_by="max_batch" if final == max_batch else "host_memory" if refused and final == found.limit else
+        "memory",
+        estimate_error=error,
+        notes=tuple(notes),
+        curve=points,
+        curve_lines=lines,
+        trials=tuple(trials),
+        seconds=time.perf_counter() - start,
+        options=dict(workload.chosen),
+        data_parallel=data_parallel,
+        allocated_peak_bytes=measured.measurement.allocated_peak_bytes,
+        alloc_retries=measured.measurement.alloc_retries,
+        predicted_allocated_peak_bytes=_simulated_allocated(found.est, final),
+        parallel="fsdp" if sharding is not None else options.DEFAULT_PARALLEL,
+        world_size=sharding.world_size if sharding is not None else None,
+        fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
+    )
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the search found: the max micro-batch and its measured trial (the real one, or the estimate's on an
+    estimate device), the limit the host's memory kept it to, the estimate's runner and curve, whether the
+    estimate's peaks are the caching-allocator simulation's, and the notes so far."""
+
+    max: int
+    measured: MeasuredTrial
+    limit: int
+    est: TrialRunner
+    curve: EstimateCurve
+    simulates: bool
+    notes: list[str]
+
+
+def _search(workload: Workload, device: Device, usable: int, capacity: int, margin: float, max_batch: int,
+            data_parallel: bool, sharding: Sharding | None, trials: list[Trial], refused: list[HostMemory]) -> Found:
+    """Estimate first, then, on a real device, confirm the estimate's answer with a real run (or search on the device
+    where there is none); every trial goes into ``trials``, each size whose batch the host cannot build into
+    ``refused``."""
+    host = HostBatches()  # the batch's host memory, shared by the estimate's and the real trials
     with _user_rng_untouched(device):
         estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
         est = TrialRunner(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
@@ -106,40 +166,7 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
                                                   refused)
             if estimator.simulates and isinstance(estimate, Estimate):
                 est(final)  # the simulation's figures beside the real ones at the answer
-    notes.extend([refused[-1].note(limit)] if refused else [])
-    assert measured.peak_bytes is not None and measured.measurement is not None
-    predicted = curve.at(final)
-    error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
-    points, lines = _curve_figures(curve, final, max_batch)
-    notes.extend(_allocator_notes(est, measured, simulates=estimator.simulates))
-    return ProbeResult(
-        workload=workload.name,
-        device=device.describe(),
-        estimated=device.estimated,
-        max_micro_batch=final,
-        max_batch=max_batch,
-        capacity_bytes=capacity,
-        usable_bytes=usable,
-        margin=float(margin),
-        peak_bytes=measured.peak_bytes,
-        predicted_peak_bytes=predicted if predicted is not None else measured.peak_bytes,
-        breakdown=dict(measured.measurement.breakdown),
-        limited_by="max_batch" if final == max_batch else "host_memory" if refused and final == limit else "memory",
-        estimate_error=error,
-        notes=tuple(notes),
-        curve=points,
-        curve_lines=lines,
-        trials=tuple(trials),
-        seconds=time.perf_counter() - start,
-        options=dict(workload.chosen),
-        data_parallel=data_parallel,
-        allocated_peak_bytes=measured.measurement.allocated_peak_bytes,
-        alloc_retries=measured.measurement.alloc_retries,
-        predicted_allocated_peak_bytes=_simulated_allocated(est, final),
-        parallel="fsdp" if sharding is not None else options.DEFAULT_PARALLEL,
-        world_size=sharding.world_size if sharding is not None else None,
-        fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
-    )
+    return Found(final, measured, limit, est, curve, estimator.simulates, notes)
 
 
 def _curve_of(estimate: Estimate | NoEstimate, est: TrialRunner, estimator: EstimateDevice, estimated: bool,

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -112,24 +112,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
             for i in range(MICRO_STEPS):
                 if sharding is not None:
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
-                mark(f"micro-step {done + 1} forward")
-                generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
-                micro = session.batch(make_batch, batch, generator)
-                n = workload.count_items(micro)
-                # N, the items of the whole window, is taken as MICRO_STEPS x n:
-                # the weight's value does not change what memory the step holds.
-                loss = workload.loss(model, micro)
-                weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
-                if loss_sum is None:
-                    loss_sum = loss_total(weighted)
-                mark(f"micro-step {done + 1} backward")
-                weighted.backward()
-                loss_sum.add_(weighted.detach())
-                if sharding is None:
-                    session.tag_gradients(model)
-                else:
-                    sharding.tag_gradients(session, model)
-                del micro, loss, weighted
+                loss_sum = _micro_step(session, workload, model, make_batch, batch, seed, done, loss_sum, sharding)
                 done += 1
                 if on_step is not None:
                     on_step(done, total)
@@ -142,6 +125,35 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
         del buckets, noise
 
     return work
+
+
+def _micro_step(session: Session, workload: Workload, model: torch.nn.Module, make_batch: Callable[..., Any],
+                batch: int, seed: int, done: int, loss_sum: torch.Tensor | None,
+                sharding: Sharding | None) -> torch.Tensor:
+    """Micro-step ``done + 1`` of the fit rule: its micro-batch of ``batch`` (built with a generator seeded by
+    ``seed + done``: the same samples at every size), forward, the weighted loss, backward into ``.grad``;
+    the loss sum that holds every micro-step's loss (made at the first), with this one's added. The micro-batch,
+    loss and graph are freed when it returns."""
+    mark = session.tracker.mark
+    mark(f"micro-step {done + 1} forward")
+    generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
+    micro = session.batch(make_batch, batch, generator)
+    n = workload.count_items(micro)
+    # N, the items of the whole window, is taken as MICRO_STEPS x n:
+    # the weight's value does not change what memory the step holds.
+    loss = workload.loss(model, micro)
+    weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
+    if loss_sum is None:
+        loss_sum = loss_total(weighted)
+    mark(f"micro-step {done + 1} backward")
+    weighted.backward()
+    loss_sum.add_(weighted.detach())
+    if sharding is None:
+        session.tag_gradients(model)
+    else:
+        sharding.tag_gradients(session, model)
+    del micro, loss, weighted
+    return loss_sum
 
 
 def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
