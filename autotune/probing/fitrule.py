@@ -47,7 +47,10 @@ MICRO_STEPS = 2
 
 @dataclass(frozen=True)
 class MeasuredTrial:
-    """A trial of the fit rule and, when it ran to the end, what the device measured."""
+    """One run of the fit rule, as the probe holds it while it searches: its :class:`~autotune.results.probe.Trial`
+    (the record a result keeps and writes as JSON) and, when it ran to the end, the device's
+    :class:`~autotune.devices.measurement.Measurement` of it (its breakdown, timeline and allocation trace, which
+    stay in this process). :class:`~autotune.probing.trials.TrialRunner` runs them, once per size."""
 
     trial: Trial
     measurement: Measurement | None = None

@@ -1,4 +1,6 @@
-"""Fit-rule trials of one source (estimate or real), run once per size and remembered."""
+"""Fit-rule trials of one source (estimate or real), run once per size and remembered: a
+:class:`TrialRunner` hands out :class:`~autotune.probing.fitrule.MeasuredTrial` s and logs each one's
+:class:`~autotune.results.probe.Trial`."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from .hostbatch import HostBatches
 
 
 class TrialRunner:
-    """Runs and remembers fit-rule trials of one source (estimate or real); ``log`` is shared by both."""
+    """Runs and remembers fit-rule trials of one source (estimate or real): ``runner(b)`` is the measured trial at
+    micro-batch ``b`` (run once); ``done`` holds them by size, ``log`` every trial's record in the order they ran
+    (shared by a probe's estimate and real runners)."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
                  log: list[Trial], data_parallel: bool, sharding: Sharding | None = None,
