@@ -180,7 +180,7 @@ def _curve_of(estimate: Estimate | NoEstimate, est: TrialRunner, estimator: Esti
                                       "probe it on a real device (cpu or cuda:N) instead")
         return EstimateCurve(est, exact=not simulates)
     log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
-               f"{estimator.engine}, {len(est.done)} evaluations)")
+               f"{estimator.engine}, {len(est.by_size)} evaluations)")
     return estimate.curve
 
 
@@ -248,7 +248,7 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
                    ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[float, float], ...]]:
     """The estimated curve as the result keeps it: (batch, peak) points, at every size the estimate ran
     and along the curve up to half again past the answer, and its lines (none when it bends)."""
-    runs = curve.runs.done
+    runs = curve.runs.by_size
     fitted = curve.curve(final)
     upto = max(final + final // 2, max(runs, default=1), 4)
     sizes = [b for b, _ in fitted.points(min(upto, max_batch) if final < max_batch else upto)] if fitted else []
@@ -260,7 +260,7 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
 
 
 def _simulated_allocated(est: TrialRunner, batch: int) -> int | None:
-    attempt = est.done.get(batch)
+    attempt = est.by_size.get(batch)
     return attempt.trial.allocated_bytes if attempt is not None else None
 
 
@@ -270,7 +270,7 @@ def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bo
     notes = _one_of_each(est, measured.trial.batch)
     if measured.trial.source == "real" and measured.measurement is not None:
         notes.extend(measured.measurement.notes)  # how the real run measured (a compiled model's, say)
-    peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
+    peaks = sorted((b, a.peak_bytes) for b, a in est.by_size.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
     if drop is not None and simulates:
         b1, p1, b2, p2 = drop
@@ -292,15 +292,15 @@ def _one_of_each(est: TrialRunner, batch: int) -> list[str]:
     answer) where it was evaluated, else at the size nearest it (each size's figures differ, the kind of note
     does not)."""
     def notes(b: int) -> tuple[str, ...]:
-        measured = est.done[b].measurement
+        measured = est.by_size[b].measurement
         return measured.notes if measured is not None else ()
 
     def kind(note: str) -> str:
         return note.split(":", 1)[0]
 
-    kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
+    kinds = dict.fromkeys(kind(n) for b in est.by_size for n in notes(b))  # in the order they first came
     nearest_of_kind: dict[str, str] = {}
-    for b in sorted(est.done, key=lambda b: (abs(b - batch), b)):
+    for b in sorted(est.by_size, key=lambda b: (abs(b - batch), b)):
         for note in notes(b):
             nearest_of_kind.setdefault(kind(note), note)
     return [nearest_of_kind[k] for k in kinds]
@@ -334,7 +334,7 @@ def _estimate_or_why_not(est: TrialRunner, usable: int, max_batch: int, capacity
 
 def _values_notes(est: TrialRunner, estimate: Estimate | NoEstimate) -> list[str]:
     """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
-    first = next(iter(est.done.values()), None)
+    first = next(iter(est.by_size.values()), None)
     m = first.measurement if first is not None else None
     if isinstance(estimate, NoEstimate) or first is None or m is None or \
             not (m.answered_reads or m.answered_shapes or m.unknown_reads):
@@ -375,7 +375,7 @@ def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, marg
     first = est(min(2, max_batch))
     if not first.fits:
         if first.trial.batch == 1 or not est(1).fits:
-            raise _does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False)
+            raise _does_not_fit(est.by_size[1].peak_bytes, usable, capacity, margin, measured=False)
         return Estimate(1, curve)
     if max_batch <= 2:
         return Estimate(max_batch, curve)

@@ -28,10 +28,10 @@ class TrialRunner:
         self.data_parallel, self.sharding = data_parallel, sharding
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
-        self.done: dict[int, MeasuredTrial] = {}
+        self.by_size: dict[int, MeasuredTrial] = {}
 
     def __call__(self, batch: int) -> MeasuredTrial:
-        if batch not in self.done:
+        if batch not in self.by_size:
             on_step = None
             if self.source == "real":
                 log.progress(f"real run at micro-batch {batch} ...")
@@ -46,29 +46,29 @@ class TrialRunner:
             attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
                                 sharding=self.sharding, on_step=on_step, host=self.host)
-            self.done[batch] = attempt
+            self.by_size[batch] = attempt
             self.log.append(attempt.trial)
             trial = attempt.trial
             peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
             verdict = "fits" if trial.fits else "does not fit"
             log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
-        return self.done[batch]
+        return self.by_size[batch]
 
     def fits(self, batch: int) -> bool:
         return self(batch).fits
 
     def last(self) -> MeasuredTrial:
-        return self.done[self.log[-1].batch]
+        return self.by_size[self.log[-1].batch]
 
     def peaks(self) -> dict[int, int]:
         """Batch size -> peak bytes of every trial that ran to the end."""
-        return {b: a.peak_bytes for b, a in sorted(self.done.items()) if a.peak_bytes is not None}
+        return {b: a.peak_bytes for b, a in sorted(self.by_size.items()) if a.peak_bytes is not None}
 
     def timelines(self) -> dict[int, tuple[int, ...]]:
         """Batch size -> the timeline of live bytes of every trial that ran to the end with one."""
-        return {b: a.measurement.timeline for b, a in sorted(self.done.items())
+        return {b: a.measurement.timeline for b, a in sorted(self.by_size.items())
                 if a.measurement is not None and len(a.measurement.timeline) > 0}
 
     def misses(self) -> int:
         """Trials that did not fit (out of memory, or a peak over the usable memory)."""
-        return sum(not a.fits for a in self.done.values())
+        return sum(not a.fits for a in self.by_size.values())

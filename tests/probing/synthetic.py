@@ -30,7 +30,7 @@ class SyntheticTrialRunner(TrialRunner):
         self.timeline, self.capacity, self.reserve = timeline, capacity, reserve
 
     def __call__(self, batch: int) -> MeasuredTrial:
-        if batch not in self.done:
+        if batch not in self.by_size:
             line = [int(x) for x in self.timeline(batch)]
             tracked = max(line)
             peak = tracked if self.reserve is None else self.reserve(tracked)  # what a caching allocator holds
@@ -42,9 +42,9 @@ class SyntheticTrialRunner(TrialRunner):
                                               fits=peak <= self.usable, seconds=0.0),
                                         Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={},
                                                     seconds=0.0, timeline=tuple(line)))
-            self.done[batch] = attempt
+            self.by_size[batch] = attempt
             self.log.append(attempt.trial)
-        return self.done[batch]
+        return self.by_size[batch]
 
 
 def true_max(timeline: Timeline, usable: int, limit: int, reserve: Callable[[int], int] = int) -> int:
@@ -61,7 +61,7 @@ def estimate_max(timeline: Timeline, usable: int, limit: int = 4096, *, exact: b
     runs = SyntheticTrialRunner(timeline, usable, "estimate")
     assert runs.fits(2) and runs.fits(3)
     found, note = search_estimate(runs, EstimateCurve(runs, exact=exact), usable, limit)
-    return found, len(runs.done), note
+    return found, len(runs.by_size), note
 
 
 def probe_max(estimate: Timeline | None, real: Timeline, capacity: int, limit: int = 4096, margin: float = 0.1,
@@ -81,4 +81,4 @@ def probe_max(estimate: Timeline | None, real: Timeline, capacity: int, limit: i
         assert est.fits(2) and est.fits(3)
         m, _ = search_estimate(est, curve, usable, limit)
         found, note = learn.confirm(real_runs, curve, m, usable, capacity, limit)
-    return found, len(real_runs.done), real_runs.misses(), note
+    return found, len(real_runs.by_size), real_runs.misses(), note
