@@ -260,8 +260,8 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
 
 
 def _simulated_allocated(est: TrialRunner, batch: int) -> int | None:
-    attempt = est.by_size.get(batch)
-    return attempt.trial.allocated_bytes if attempt is not None else None
+    measured = est.by_size.get(batch)
+    return measured.trial.allocated_bytes if measured is not None else None
 
 
 def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bool) -> list[str]:

@@ -145,23 +145,23 @@ class Learner:
         """A real run at ``batch``; what it measured against the expectation sets how far the next may be off."""
         before = self.expect(batch)
         _, fitted, _ = self.model(*self.bracket())
-        attempt = self.real(batch)
+        measured = self.real(batch)
         if before is None or not fitted.anchors:  # the estimate alone: the calibration run answers it
-            return attempt.fits
+            return measured.fits
         expected, spread = before
         reach = max(1, fitted.reach(batch))
-        if attempt.peak_bytes is not None:
-            self.missed = abs(attempt.peak_bytes - expected)
+        if measured.peak_bytes is not None:
+            self.missed = abs(measured.peak_bytes - expected)
             self.rate = max(0.0, self.missed - spread) / reach
         else:  # more than the capacity: the expectation was off by at least that much
             self.missed = max(0.0, self.capacity - expected)
             self.rate = max(0.0, self.capacity - expected - spread) / reach
-        return attempt.fits
+        return measured.fits
 
     def _contradicted(self) -> bool:
         """Did a real run run out of memory where the expectation, spread included, is within the capacity?"""
-        for b, attempt in self.real.by_size.items():
-            expected = self.expect(b) if attempt.oom else None
+        for b, measured in self.real.by_size.items():
+            expected = self.expect(b) if measured.oom else None
             if expected is not None and expected[0] + expected[1] <= self.capacity:
                 return True
         return False

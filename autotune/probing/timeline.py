@@ -36,7 +36,7 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 class Recorded:
     """A recorded run of the fit rule and how to replay it as the device's allocator would."""
 
-    attempt: MeasuredTrial
+    measured: MeasuredTrial
     recording: Recording
     simulation: Simulation | None
     device: Any  # the device it ran on (an estimate, or the CPU)
@@ -69,10 +69,10 @@ def record(workload: Workload, device: Device, batch: int, *, frames: bool = Tru
     rule = rule or FitRule()
     sharding = Sharding.of(rule)
     runner = runner if runner is not None else runner_for(device, sharding)
-    attempt, recording = record_with(Recorder(frames=frames), lambda: run_trial(
+    measured, recording = record_with(Recorder(frames=frames), lambda: run_trial(
         runner, workload, batch, 1 << 62, source="estimate" if runner.estimated else "real", capacity_guard=False,
         data_parallel=rule.buckets, sharding=sharding))
-    return Recorded(attempt, recording, simulation_of(runner), runner)
+    return Recorded(measured, recording, simulation_of(runner), runner)
 
 
 def family(path: str) -> str:

@@ -43,12 +43,12 @@ class TrialRunner:
 
             # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
             # trial never takes more than the budget; estimates measure the whole step.
-            attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                                capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                sharding=self.sharding, on_step=on_step, host=self.host)
-            self.by_size[batch] = attempt
-            self.log.append(attempt.trial)
-            trial = attempt.trial
+            measured = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
+                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
+                                 sharding=self.sharding, on_step=on_step, host=self.host)
+            self.by_size[batch] = measured
+            self.log.append(measured.trial)
+            trial = measured.trial
             peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
             verdict = "fits" if trial.fits else "does not fit"
             log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")

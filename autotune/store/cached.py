@@ -113,8 +113,8 @@ def _answer(store: Store, digest: str, workload: Workload, device: Device, *, ma
         served = for_estimate(entry, max_batch)
         store.put(digest, result=served)
         return served
-    confirm, measured, why = confirmed(entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-    store.put(digest, result=confirm, measurements=(measured,), invalid=why)
+    confirm, observed, why = confirmed(entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+    store.put(digest, result=confirm, measurements=(observed,), invalid=why)
     if why is not None:
         log.progress(f"the store's entry {entry.short} no longer holds: {why}; probing again")
     return confirm
@@ -132,20 +132,20 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     capacity = device.capacity_bytes()
     usable = options.usable_bytes(capacity, margin)
     log.progress(f"{said}; confirming micro-batch {m} with one real run ...")
-    attempt = _confirm_run(device, workload, m, usable, rule)
-    why = disagreement(result, attempt, usable, max_batch)
-    measured = observation(attempt, result, entry.fingerprint, device.describe(), "confirm", note=why)
+    measured = _confirm_run(device, workload, m, usable, rule)
+    why = disagreement(result, measured, usable, max_batch)
+    observed = observation(measured, result, entry.fingerprint, device.describe(), "confirm", note=why)
     if why is not None:
-        return None, measured, why
-    assert attempt.measurement is not None and attempt.peak_bytes is not None
+        return None, observed, why
+    assert measured.measurement is not None and measured.peak_bytes is not None
     predicted = result.predicted_peak_at(m) or result.predicted_peak_bytes
-    log.progress(f"real at micro-batch {m}: peak {format_bytes(attempt.peak_bytes)}, fits, as stored")
+    log.progress(f"real at micro-batch {m}: peak {format_bytes(measured.peak_bytes)}, fits, as stored")
     result = replace(
         result, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
-        peak_bytes=attempt.peak_bytes, breakdown=dict(attempt.measurement.breakdown),
-        estimate_error=(attempt.peak_bytes - predicted) / predicted if predicted else None,
-        trials=result.trials + (attempt.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
-    return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
+        peak_bytes=measured.peak_bytes, breakdown=dict(measured.measurement.breakdown),
+        estimate_error=(measured.peak_bytes - predicted) / predicted if predicted else None,
+        trials=result.trials + (measured.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
+    return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), observed, None
 
 
 def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: FitRule) -> MeasuredTrial:
@@ -155,11 +155,11 @@ def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, ru
                          data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
 
-def disagreement(stored: ProbeResult, attempt: MeasuredTrial, usable: int, max_batch: int) -> str | None:
+def disagreement(stored: ProbeResult, measured: MeasuredTrial, usable: int, max_batch: int) -> str | None:
     """Why a confirm run at the stored max does not bear the stored result out, or None when it does."""
-    m, peak = stored.max_micro_batch, attempt.peak_bytes
-    if attempt.oom or peak is None:
-        return f"micro-batch {m} ran out of memory in the confirm run ({attempt.trial.why})"
+    m, peak = stored.max_micro_batch, measured.peak_bytes
+    if measured.oom or peak is None:
+        return f"micro-batch {m} ran out of memory in the confirm run ({measured.trial.why})"
     if peak > usable:
         return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, over the "
                 f"{format_bytes(usable)} usable now")
@@ -177,16 +177,16 @@ def disagreement(stored: ProbeResult, attempt: MeasuredTrial, usable: int, max_b
     return None
 
 
-def observation(attempt: MeasuredTrial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
+def observation(measured: MeasuredTrial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
                 runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
-    m = attempt.measurement
+    m = measured.measurement
     return Observation(
         fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
-        batch=attempt.trial.batch, peak_reserved_bytes=attempt.peak_bytes,
+        batch=measured.trial.batch, peak_reserved_bytes=measured.peak_bytes,
         peak_allocated_bytes=m.tracked_peak_bytes if m is not None else None,
-        estimated_peak_bytes=stored.predicted_peak_at(attempt.trial.batch), oom=attempt.oom, runs_before=runs_before,
-        seconds=attempt.seconds, note=note)
+        estimated_peak_bytes=stored.predicted_peak_at(measured.trial.batch), oom=measured.oom, runs_before=runs_before,
+        seconds=measured.seconds, note=note)
 
 
 def probe_observations(result: ProbeResult) -> list[Observation]:

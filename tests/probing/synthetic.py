@@ -35,15 +35,15 @@ class SyntheticTrialRunner(TrialRunner):
             tracked = max(line)
             peak = tracked if self.reserve is None else self.reserve(tracked)  # what a caching allocator holds
             if self.capacity is not None and peak > self.capacity:
-                attempt = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=None, fits=False,
-                                              seconds=0.0, oom=True, why="synthetic out of memory"))
+                measured = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=None, fits=False,
+                                               seconds=0.0, oom=True, why="synthetic out of memory"))
             else:
-                attempt = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=peak,
-                                              fits=peak <= self.usable, seconds=0.0),
-                                        Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={},
-                                                    seconds=0.0, timeline=tuple(line)))
-            self.by_size[batch] = attempt
-            self.log.append(attempt.trial)
+                measured = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=peak,
+                                               fits=peak <= self.usable, seconds=0.0),
+                                         Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={},
+                                                     seconds=0.0, timeline=tuple(line)))
+            self.by_size[batch] = measured
+            self.log.append(measured.trial)
         return self.by_size[batch]
 
 

@@ -209,8 +209,8 @@ def test_an_oom_mid_step_gives_back_everything_beyond_the_shards(gpt, monkeypatc
     workload = _keeps_model_and_runs_out_of_memory(gpt, kept, above=3)
     if not released:  # the planted fault: the sharded state is not released after the error
         monkeypatch.setattr(fsdp, "release", lambda model: None)
-    attempt = run_trial(get_device("cpu"), workload, 4, 10 * MIB, source="real", sharding=Sharding(2))
-    assert attempt.oom and not attempt.fits
+    measured = run_trial(get_device("cpu"), workload, 4, 10 * MIB, source="real", sharding=Sharding(2))
+    assert measured.oom and not measured.fits
     held = held_bytes(kept[-1])
     assert (held == 0) if released else held > 0
     assert fake_groups() == []
