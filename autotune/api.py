@@ -23,7 +23,6 @@ from . import log, options
 from .devices import Device, get_device
 from .errors import BadInput, DoesNotFit
 from .planning.requests import one_device, plan_request, probe_request, this_rank
-from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
@@ -45,14 +44,14 @@ StoreSpec: TypeAlias = "Store | str | Literal[False] | None"
 
 
 @dataclass(frozen=True)
-class Given:
+class GivenObjects:
     """Objects given to the API beside a request (which names them): a Workload, a Device."""
 
     workload: Workload | None = None
     device: Device | None = None
 
     @classmethod
-    def of(cls, workload: Any = None, device: Any = None) -> Given:
+    def of(cls, workload: Any = None, device: Any = None) -> GivenObjects:
         if workload is not None and not isinstance(workload, (Workload, str)):
             raise BadInput(f"workload {workload!r} is neither a Workload nor a probe spec (a built-in name such as "
                            "'mlp', a .py file, or package.module[:function])")
@@ -65,7 +64,7 @@ def group() -> tuple[int, int] | None:
     return (distributed.world_size(), distributed.rank()) if distributed.active() else None
 
 
-def resolve(request: ProbeRequest, given: Given = Given()) -> tuple[Workload, Device]:
+def resolve(request: ProbeRequest, given: GivenObjects = GivenObjects()) -> tuple[Workload, Device]:
     """The Workload and the Device a request names (the objects given when there are); device errors come
     before the workload is built. Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU."""
     dev = given.device
@@ -146,14 +145,14 @@ def probe(probe: Spec | ProbeRequest = None, *, device: Device | str = options.D
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
                             fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
-    return probe_for(request, store=store, given=Given.of(workload, device),
+    return probe_for(request, store=store, given=GivenObjects.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
 
 probe_verb = probe  # the verb, where a keyword named probe hides it
 
 
-def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = Given(),
+def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects(),
               snapshot: Snapshot | None = None) -> ProbeResult:
     """The probe a request asks for, through the plan store when there is one (a cache around the probe);
     under torchrun the ranks agree on the smallest maximum. ``snapshot``: also the memory timeline at its
@@ -174,7 +173,7 @@ def probe_for(request: ProbeRequest, *, store: StoreSpec = None, given: Given = 
     return explained(result, request, wl, dev, snapshot)
 
 
-def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | None,
+def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Store | None,
                ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
     """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
     device when they differ (the store's fingerprint covers them)."""
@@ -186,7 +185,7 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, kept: Store | N
                 "last": ", gradients synchronised at the last micro-step"}.get(rule.fsdp_sync, "")
         log.progress(f"probing {wl.name} on {dev.describe().summary}" +
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
-        return cached.probe(kept, asked, wl, dev, ranks=ranks)
+        return cached.probe_through_store(plan_store, asked, wl, dev, ranks=ranks)
 
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
     result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)
@@ -206,7 +205,7 @@ def explained(result: ProbeResult, request: ProbeRequest, wl: Workload, dev: Dev
     batch = snapshot.at if snapshot.at is not None else at
     rule = request.rule if result.fsdp_sync is None else \
         replace(request.rule, fsdp_sync=options.fsdp_sync(result.fsdp_sync))
-    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=RunRule.of(rule)))
+    return replace(result, memory=explain(result, wl, dev, batch=batch, path=snapshot.path, rule=rule))
 
 
 def memory_snapshot(path: str | os.PathLike[str] | None, probe: Spec = None, *,
@@ -321,7 +320,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
                            trials=trials, precision=precision,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
-    return plan_for(request, store=store, given=Given.of(workload, device))
+    return plan_for(request, store=store, given=GivenObjects.of(workload, device))
 
 
 def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut: object,
@@ -353,64 +352,94 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
     if sizes is None:
         wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
-    made = plan_batch(most_samples(sizes, target, cut=cut))
-    if made.world_size > 1:
-        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
+    batch_plan = plan_batch(most_samples(sizes, target, cut=cut))
+    if batch_plan.world_size > 1:
+        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {batch_plan.world_size} ranks: "
                        "give world_size 1, or target_batch")
-    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
-    return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
+    tokens = token_steps(sizes, target, batch_plan.max_micro_batch, cut=cut)
+    return replace(batch_plan, tokens=tokens, notes=batch_plan.notes + (tokens.note,))
 
 
-def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Given()) -> Plan:
-    """The plan a request asks for: one probe (through the store when there is one), then the planner."""
-    kept = open_store(store)
-    if request.tuning is not None:
-        return _tuned(request, given, kept)
-    if request.ranks:
-        wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
-        made: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
-        for r in request.ranks:
-            if (r.device, r.memory_budget) not in made:
-                dev = resolve(r, Given(wl))[1]
-                made[r.device, r.memory_budget] = dev, dev.describe()
-        devices = {r.rule.rank: made[r.device, r.memory_budget][0] for r in request.ranks}
-        ranks = _devices_if_they_differ([made[r.device, r.memory_budget][1] for r in request.ranks])
-        if ranks is not None:
-            return _plan_mixed(request, wl, devices, ranks, kept)
-        request = replace(request, ranks=())  # devices listed, all alike: one probe serves
-        given = Given(wl, devices[0])
-    if distributed.active():
-        wl, dev = resolve(request.probe, given)
-        ranks = _devices_if_they_differ([dev.describe()])
-        if ranks is not None and not request.uniform_ranks:
-            return _plan_mixed(request, wl, {distributed.rank(): dev}, ranks, kept)
-        given = Given(wl, dev)
-    return _plan_alike(request, given, kept)
-
-
-def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
-    """Every rank planned alike: one probe (under torchrun the ranks agree on the smallest max)."""
+def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjects = GivenObjects()) -> Plan:
+    """The plan a request asks for, stage by stage: resolve the workload and the device, probe through the plan
+    store (a cache around the probe: the same answer with or without one), plan (pure arithmetic), explain (the
+    memory timeline, when the request asks for a snapshot). Ranks whose devices differ are each probed, then
+    planned together (:func:`_plan_mixed`); a request to tune times candidate plans instead (:func:`_tuned`)."""
     from .planning.probed import plan_probed
 
+    plan_store = open_store(store)
+    if request.tuning is not None:
+        return _tuned(request, given, plan_store)
+    # 1. resolve: the workload and the device (each rank's, when the ranks differ)
+    resolved = resolve_plan_request(request, given)
+    if resolved.ranks is not None:
+        return _plan_mixed(resolved.request, resolved.workload, resolved.devices, resolved.ranks, plan_store)
+    wl, dev = resolved.workload, resolved.device
+    # 2. probe, through the plan store when there is one
+    result = probe_for(resolved.request.probe, store=plan_store if plan_store is not None else False,
+                       given=GivenObjects(wl, dev))
+    # 3. plan: pure arithmetic, kept in the store beside its probe
+    planned = plan_probed(request.target_batch, result, world_size=request.world_size,
+                          world_size_source=request.world_size_source, multiple_of=request.multiple_of,
+                          uniform=request.uniform)
+    if plan_store is not None and result.fingerprint is not None:
+        plan_store.put(result.fingerprint, plan=planned)
+    # 4. explain: the memory timeline at the plan's micro-batch, when a snapshot is asked for
+    if request.snapshot is None:
+        return planned
+    return replace(planned, probe=explained(result, request.probe, wl, dev, request.snapshot, at=planned.micro_batch))
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """What a plan request names, resolved: the workload and each rank's device (ranks alike share one, and
+    ``request`` then lists no ranks: one probe serves them all); ``ranks``: every rank's device, when they
+    differ (each is then probed), else None."""
+
+    request: PlanRequest
+    workload: Workload
+    devices: dict[int, Device]
+    ranks: tuple[DeviceInfo, ...] | None = None
+
+    @property
+    def device(self) -> Device:
+        """The one device of ranks alike."""
+        return next(iter(self.devices.values()))
+
+
+def resolve_plan_request(request: PlanRequest, given: GivenObjects) -> ResolvedRequest:
+    """The workload and the devices of a plan request (the objects given when there are): every rank's when a
+    device list names them (each distinct device resolved once), this rank's under torchrun (the others'
+    gathered, to tell whether they differ)."""
+    if request.ranks:
+        wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
+        resolved: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
+        for r in request.ranks:
+            if (r.device, r.memory_budget) not in resolved:
+                dev = resolve(r, GivenObjects(wl))[1]
+                resolved[r.device, r.memory_budget] = dev, dev.describe()
+        devices = {r.rule.rank: resolved[r.device, r.memory_budget][0] for r in request.ranks}
+        ranks = _devices_if_they_differ([resolved[r.device, r.memory_budget][1] for r in request.ranks])
+        if ranks is not None:
+            return ResolvedRequest(request, wl, devices, ranks)
+        request = replace(request, ranks=())  # devices listed, all alike: one probe serves
+        given = GivenObjects(wl, devices[0])
     wl, dev = resolve(request.probe, given)
-    result = probe_for(request.probe, store=kept if kept is not None else False, given=Given(wl, dev))
-    made = plan_probed(request.target_batch, result, world_size=request.world_size,
-                       world_size_source=request.world_size_source, multiple_of=request.multiple_of,
-                       uniform=request.uniform)
-    if kept is not None and result.fingerprint is not None:
-        kept.put(result.fingerprint, plan=made)  # kept beside its probe
-    if request.snapshot is not None:
-        made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
-    return made
+    if distributed.active():
+        ranks = _devices_if_they_differ([dev.describe()])
+        if ranks is not None and not request.uniform_ranks:
+            return ResolvedRequest(request, wl, {distributed.rank(): dev}, ranks)
+    return ResolvedRequest(request, wl, {distributed.rank(): dev})
 
 
-def _tuned(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
+def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
+    """The plan of a request to tune: optuna times candidate plans on the real device (no plan store)."""
     from .planning.probed import measured_or_assumed
     from .training.tune import tune as run_tune
 
     assert request.tuning is not None
     wl, dev = resolve(request.probe, given)
-    if kept is not None:
+    if plan_store is not None:
         log.progress("the plan store is not used with tune=True: tuning measures throughput here")
     t = request.tuning
     tuned = run_tune(wl, dev, request.target_batch, world_size=request.world_size, multiple_of=request.multiple_of,
@@ -422,7 +451,7 @@ def _tuned(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
 
 
 def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], ranks: tuple[DeviceInfo, ...],
-                kept: Store | None) -> Plan:
+                plan_store: Store | None) -> Plan:
     """Ranks that differ: each rank's device probed (here: every one of ``devices``, each distinct device once;
     under torchrun: this rank's, the others gathered), its speed known where it can be, then one plan that
     gives each rank its own micro-batch and micro-steps (or, with ``uniform_ranks``, the smallest-for-all)."""
@@ -430,7 +459,7 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
 
     asked = {r.rule.rank: r for r in request.ranks} or \
         {distributed.rank(): replace(request.probe, max_batch=_mixed_limit(request))}
-    done: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
+    rank_probes: dict[int, tuple[ProbeResult, float | None, str | None]] = {}
     alike: dict[tuple[str, int], int] = {}  # the first rank of each device (name and capacity): ranks alike probe once
     named: dict[int, tuple[str, int]] = {}
     for r, dev in devices.items():
@@ -438,23 +467,24 @@ def _plan_mixed(request: PlanRequest, wl: Workload, devices: dict[int, Device], 
             named[id(dev)] = (dev.describe().name, dev.capacity_bytes())
         twin = alike.setdefault(named[id(dev)], r)
         if twin != r:
-            done[r] = done[twin]
+            rank_probes[r] = rank_probes[twin]
             continue
         try:
-            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, kept, ranks)
+            result = _probe_one(asked[r].with_rule(buckets=not asked[r].rule.sharded), wl, dev, plan_store, ranks)
         except DoesNotFit as exc:
             from .planning.mixed import rank_cannot_hold_one
 
             raise rank_cannot_hold_one(exc.facts, r, request.world_size, asked[r].device, asked[r].memory_budget,
                                        request.probe.rule.parallel) from None
-        done[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
-    gathered = {r: v for got in gather_objects(done) for r, v in got.items()} if distributed.active() else done
-    made = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
-    if kept is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
+        rank_probes[r] = (result, *((None, None) if request.uniform_ranks else speed(wl, dev, result.max_micro_batch)))
+    gathered = {r: v for got in gather_objects(rank_probes) for r, v in got.items()} if distributed.active() \
+        else rank_probes
+    planned = _mixed_plan(request, [gathered[r] for r in range(request.world_size)], ranks)
+    if plan_store is not None and distributed.rank() == 0:  # rank 0 keeps the plan for every rank's entry
         for fp in dict.fromkeys(gathered[r][0].fingerprint for r in range(request.world_size)):
             if fp is not None:
-                kept.put(fp, plan=made)
-    return made
+                plan_store.put(fp, plan=planned)
+    return planned
 
 
 def _mixed_limit(request: PlanRequest) -> int:
@@ -465,7 +495,7 @@ def _mixed_limit(request: PlanRequest) -> int:
     return max(1, request.target_batch - (request.world_size - 1) * request.multiple_of)
 
 
-def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None, str | None]],
+def _mixed_plan(request: PlanRequest, rank_probes: list[tuple[ProbeResult, float | None, str | None]],
                 ranks: tuple[DeviceInfo, ...]) -> Plan:
     """The plan of ranks that differ, from each rank's probe and speed."""
     from .planning.mixed import make_mixed_plan, uniform_ranks_note
@@ -473,17 +503,18 @@ def _mixed_plan(request: PlanRequest, done: list[tuple[ProbeResult, float | None
     from .results.plan import peak_at
     from .training.ranks import ranks_note, share_of
 
-    probes = [d[0] for d in done]
+    probes = [d[0] for d in rank_probes]
     source, world = request.world_size_source, request.world_size
     note = ranks_note([i.name for i in ranks], source)
     if request.uniform_ranks:
         low = min(range(world), key=lambda r: probes[r].max_micro_batch)
-        made = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
-                         multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
-                         world_size_source=source)
-        return replace(made, notes=made.notes + (uniform_ranks_note(probes, low), note))
-    return make_mixed_plan(request.target_batch, [share_of(*d) for d in done], multiple_of=request.multiple_of,
-                           uniform=request.uniform, probe=probes[distributed.rank()], world_size_source=source,
+        planned = make_plan(request.target_batch, probes[low].max_micro_batch, world_size=world,
+                            multiple_of=request.multiple_of, uniform=request.uniform, probe=probes[low],
+                            world_size_source=source)
+        return replace(planned, notes=planned.notes + (uniform_ranks_note(probes, low), note))
+    return make_mixed_plan(request.target_batch, [share_of(*d) for d in rank_probes],
+                           multiple_of=request.multiple_of, uniform=request.uniform,
+                           probe=probes[distributed.rank()], world_size_source=source,
                            parallel=request.probe.rule.parallel, peak_of=lambda r, b: peak_at(probes[r], b),
                            notes=(note,))
 
@@ -583,8 +614,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
                                 f"or plan for {plural(request.world_size, 'rank')} without training them: "
                                 "plan, not run")
-        wl, dev = _real(request.probe, Given.of(workload, device))
-        planned = plan_for(request, store=store, given=Given(wl, dev))
+        wl, dev = _real(request.probe, GivenObjects.of(workload, device))
+        planned = plan_for(request, store=store, given=GivenObjects(wl, dev))
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)
@@ -594,8 +625,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         return run_plan(planned, wl, dev, steps=steps, verify=verify, precision=precision, max_norm=max_norm,
                         ramp=ramp, uniform=uniform_ramp)
 
-    kept = open_store(store)
-    return train() if kept is None else cached.record_run(kept, planned, wl, dev, precision, train)
+    plan_store = open_store(store)
+    return train() if plan_store is None else cached.record_run(plan_store, planned, wl, dev, precision, train)
 
 
 def _ramp(ramp: Any) -> RampConfig | None:
@@ -634,11 +665,11 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     if memory_budget is None and plan.budget_bytes_of(distributed.rank()) is not None:
         memory_budget = plan.budget_bytes_of(distributed.rank())  # run under the budget the plan was made for
     request = probe_request(workload, device=device, memory_budget=memory_budget, group=group())
-    wl, dev = _real(request, Given.of(workload, device))
+    wl, dev = _real(request, GivenObjects.of(workload, device))
     return plan, wl, dev
 
 
-def _real(request: ProbeRequest, given: Given) -> tuple[Workload, Device]:
+def _real(request: ProbeRequest, given: GivenObjects) -> tuple[Workload, Device]:
     """What a run trains on: the request's workload and device, which must be real."""
     wl, dev = resolve(request, given)
     if dev.estimated:

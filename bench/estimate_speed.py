@@ -39,7 +39,7 @@ from autotune.devices import estimate as estimate_mod
 from autotune.devices.estimate import ENGINES
 from autotune.devices.tracker import LiveStorageTracker
 from autotune.probes import gpt
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import run_trial
 from autotune.units import format_bytes
 
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         # has attention (and agree elsewhere: tests/devices/test_meta.py checks that).
         fake_peak = fake.peak_bytes
         t_two, _ = timed(lambda w=workload: probe_estimate(w), args.repeat)
-        t_probe, result = timed(lambda w=workload: probe(w, estimator()), args.repeat)
+        t_probe, result = timed(lambda w=workload: find_max_micro_batch(w, estimator()), args.repeat)
         rows.append(dict(
             name=name, params=n_params, ops=ops, timeline=timeline, peak=trial.peak_bytes, t_meta=t_meta,
             t_fake=t_fake, t_two=t_two, t_probe=t_probe, fake_runs=len(result.trials),

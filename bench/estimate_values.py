@@ -39,7 +39,7 @@ from autotune.devices import estimate as estimate_mod
 from autotune.devices.presets import find_preset
 from autotune.devices.values import KnownValues
 from autotune.probes import convnet, gpt
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import run_trial
 
 MODELS = [("gpt", gpt.build, 4096), ("gpt-100m", gpt.build_100m, 64), ("convnet", convnet.build, 1024),
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         workload = build()
         measures = {"eval @4": lambda w=workload: evaluate(w, 4),
                     f"eval @{large}": lambda w=workload, b=large: evaluate(w, b),
-                    "estimate-only probe": lambda w=workload: probe(w, estimator())}
+                    "estimate-only probe": lambda w=workload: find_max_micro_batch(w, estimator())}
         for label, fn in measures.items():
             times: dict[str, list[float]] = {w: [] for w in WAYS}
             for i in range(args.repeat):

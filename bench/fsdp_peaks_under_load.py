@@ -45,14 +45,14 @@ def worker(times: int) -> None:
     """One rank of a job: ``times`` measurements; rank 0 prints every rank's peaks, one list per measurement."""
     from autotune.devices import get_device
     from autotune.probing.fitrule import fit_rule_work
-    from autotune.probing.fsdp import FsdpRule
+    from autotune.probing.fsdp import Sharding
     from autotune.training import distributed
     from autotune.workload import load_workload
 
     with distributed.process_group(120):
         rank, world = distributed.rank(), distributed.world_size()
         gpt, cpu = load_workload("gpt"), get_device("cpu")
-        rule = FsdpRule(world, rank, real_group=True)
+        rule = Sharding(world, rank, real_group=True)
         peaks = [cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule), enforce_capacity=False)[1].peak_bytes
                  for _ in range(times)]
         every = [distributed.gather_ints(p) for p in peaks]
@@ -66,12 +66,12 @@ def estimates() -> list[int]:
     """Each rank's peak by the one-process estimate (a fake process group)."""
     from autotune.devices import get_device
     from autotune.probing.fitrule import fit_rule_work
-    from autotune.probing.fsdp import FsdpRule, fake_engine
+    from autotune.probing.fsdp import Sharding, fake_engine
     from autotune.workload import load_workload
 
     estimate = fake_engine(get_device("cpu").estimator())
     gpt = load_workload("gpt")
-    return [estimate.measure(fit_rule_work(gpt, BATCH, sharding=FsdpRule(2, r)))[1].peak_bytes for r in (0, 1)]
+    return [estimate.measure(fit_rule_work(gpt, BATCH, sharding=Sharding(2, r)))[1].peak_bytes for r in (0, 1)]
 
 
 def main() -> None:

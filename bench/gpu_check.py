@@ -124,7 +124,7 @@ ESTIMATE_TOLERANCE = 0.03  # the estimate against the real reserved peak
 
 
 def recorded_run(device, workload, b: int, cap: int, gpu: bool):
-    """A real fit-rule run at ``b``; on a GPU with the allocator's history recorded: (attempt, snapshot)."""
+    """A real fit-rule run at ``b``; on a GPU with the allocator's history recorded: (measured trial, snapshot)."""
     from autotune.probing.fitrule import run_trial
 
     if not gpu:
@@ -135,11 +135,11 @@ def recorded_run(device, workload, b: int, cap: int, gpu: bool):
     memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=4_000_000,
                                   clear_history=True)
     try:
-        attempt = run_trial(device, workload, b, cap, source="real", capacity_guard=False)
+        measured = run_trial(device, workload, b, cap, source="real", capacity_guard=False)
         snapshot = memory._snapshot()
     finally:
         memory._record_memory_history(enabled=None)
-    return attempt, snapshot
+    return measured, snapshot
 
 
 def synthetic_snapshot(events, conf: str) -> dict:
@@ -274,7 +274,7 @@ def exhaustive(device, workload, usable: int, limit: int) -> tuple[int, int, dic
 
 def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str],
                  found: dict[tuple[str, int], int]) -> list[list[str]]:
-    from autotune.probing.finder import probe
+    from autotune.probing.finder import find_max_micro_batch
     from autotune.probing.fitrule import run_trial
 
     rows = []
@@ -286,7 +286,7 @@ def check_probes(log: Log, make_device, cases, budget: Budget, skipped: list[str
         workload = load(spec)
         device = make_device(memory)
         start = time.perf_counter()
-        result = probe(workload, device, max_batch=limit)
+        result = find_max_micro_batch(workload, device, max_batch=limit)
         seconds = time.perf_counter() - start
         trials = "\n".join(map(str, result.trials))
         log.detail(f"probe {workload.name} @ {fmt(memory)} trials:\n{trials}\nnotes: {result.notes}")

@@ -19,7 +19,7 @@ from common import machine
 
 from autotune.devices import get_device
 from autotune.probing.fitrule import fit_rule_work, isolate
-from autotune.probing.fsdp import FsdpRule, fake_engine
+from autotune.probing.fsdp import Sharding, fake_engine
 from autotune.workload import load_workload
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     print(machine())
     workload = isolate(load_workload(args.probe))
     device = get_device(args.device).estimator()
-    sharding = FsdpRule(args.world_size, sync_every=args.every) if args.fsdp else None
+    sharding = Sharding(args.world_size, sync_every=args.every) if args.fsdp else None
     if sharding is not None:
         device = fake_engine(device)
     profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little

@@ -45,7 +45,7 @@ from common import machine  # noqa: E402
 
 from autotune.devices import get_device  # noqa: E402
 from autotune.options import MARGIN, MAX_BATCH, usable_bytes  # noqa: E402
-from autotune.probing.finder import probe  # noqa: E402
+from autotune.probing.finder import find_max_micro_batch  # noqa: E402
 from autotune.probing.fitrule import run_trial  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
 from autotune.workload import Workload, load_workload  # noqa: E402
@@ -101,7 +101,7 @@ def measure(name: str, budget: int, category: str, build: Callable[[], Workload]
     workload = build()
     device = get_device("cpu", memory_budget=budget)
     wall, cpu = time.perf_counter(), time.process_time()
-    result = probe(workload, device, margin=MARGIN)
+    result = find_max_micro_batch(workload, device, margin=MARGIN)
     row.wall, row.cpu = time.perf_counter() - wall, time.process_time() - cpu
     real = [t for t in result.trials if t.source == "real"]
     row.answer, row.real_runs = result.max_micro_batch, len(real)

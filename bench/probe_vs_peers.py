@@ -39,7 +39,7 @@ from common import machine  # noqa: E402
 
 from autotune.devices import get_device  # noqa: E402
 from autotune.options import MAX_BATCH as LIMIT  # noqa: E402
-from autotune.probing.finder import probe  # noqa: E402
+from autotune.probing.finder import find_max_micro_batch  # noqa: E402
 from autotune.probing.fitrule import run_trial  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
 from autotune.workload import load_workload  # noqa: E402
@@ -107,7 +107,7 @@ class TrueMax:
 
 def run_autotune(workload, budget: int) -> tuple[Row, object]:
     start = time.perf_counter()
-    result = probe(workload, get_device("cpu", memory_budget=budget), margin=MARGIN)
+    result = find_max_micro_batch(workload, get_device("cpu", memory_budget=budget), margin=MARGIN)
     seconds = time.perf_counter() - start
     t = result.trials
     real = [x for x in t if x.source == "real"]

@@ -76,7 +76,7 @@ def test_a_needless_round_trip_is_caught(rank, tmp_path, monkeypatch):
 
     def detour(store, digest, workload, device, **kwargs):
         for _ in range(3):
-            api.resolve(ProbeRequest(), api.Given(workload, device))  # store -> api: a climb back up
+            api.resolve(ProbeRequest(), api.GivenObjects(workload, device))  # store -> api: a climb back up
             store.get(digest)
         return real(store, digest, workload, device, **kwargs)
 
@@ -92,12 +92,14 @@ def test_the_figures_of_a_walk():
     rank = {"api": 3, "store": 2, "probing": 1, "results": 0}
     Call = walk.Call
     calls = [Call("api.py", "plan", None), Call("api.py", "probe", "api.py"),
-             Call("store/cached.py", "probe", "api.py"), Call("probing/finder.py", "probe", "store/cached.py"),
+             Call("store/cached.py", "probe_through_store", "api.py"),
+             Call("probing/finder.py", "find_max_micro_batch", "store/cached.py"),
              Call("store/cached.py", "kept", "probing/finder.py"),  # a callback: probing -> store, a climb
              Call("api.py", "explain", "api.py"), Call("results/plan.py", "of", "api.py")]
     got = walk.figures(calls, rank)
     assert (got.calls, got.stays, got.files, got.climbs, got.returns, got.ups) == (7, 6, 4, 1, 2, 2)
-    assert walk.shown(got.path) == ("api.py(plan, probe) > store/cached.py(probe) > probing/finder.py(probe) > "
+    assert walk.shown(got.path) == ("api.py(plan, probe) > store/cached.py(probe_through_store) > "
+                                    "probing/finder.py(find_max_micro_batch) > "
                                     "^store/cached.py*(kept) > api.py*(explain) > results/plan.py(of)")
 
 

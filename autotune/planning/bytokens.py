@@ -58,20 +58,20 @@ def one_step(per_sample: int, target_tokens: int) -> tuple[int, ...]:
 def most_samples(lengths: Sequence[int], target_tokens: int, *, cut: bool = False) -> int:
     """The most samples any step of ``target_tokens`` holds (a cut sample in each step it is in): the sample
     plan's target batch."""
-    made = plan_tokens(lengths, target_tokens, max(target_tokens, max(lengths)), cut=cut)
-    if not made.steps:
+    token_plan = plan_tokens(lengths, target_tokens, max(target_tokens, max(lengths)), cut=cut)
+    if not token_plan.steps:
         raise BadInput(f"the samples hold {sum(lengths)} tokens, less than one step of {target_tokens}: give a "
                        "smaller target_tokens or more samples")
-    return max(s.samples for s in made.steps)
+    return max(s.samples for s in token_plan.steps)
 
 
 def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int, *, cut: bool = False) -> TokenSteps:
     """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens
     (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends)."""
     longest = max(lengths)
-    made = plan_tokens(lengths, target_tokens, max_micro_batch * longest, cut=cut)
+    token_plan = plan_tokens(lengths, target_tokens, max_micro_batch * longest, cut=cut)
     steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens))
-                  for s in made.steps)
-    return TokenSteps(target_tokens=target_tokens, micro_tokens=made.micro_tokens, tokens_per_sample=longest,
-                      cut=made.cut, exact=made.exact, left_over=made.left_over, steps=steps,
-                      note=f"target {target_tokens} tokens: {made.note().replace('cut=True', 'cutting samples')}")
+                  for s in token_plan.steps)
+    return TokenSteps(target_tokens=target_tokens, micro_tokens=token_plan.micro_tokens, tokens_per_sample=longest,
+                      cut=token_plan.cut, exact=token_plan.exact, left_over=token_plan.left_over, steps=steps,
+                      note=f"target {target_tokens} tokens: {token_plan.note().replace('cut=True', 'cutting samples')}")

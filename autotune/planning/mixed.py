@@ -304,13 +304,13 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
                 probe=probe, notes=tuple(notes) + tuple(extra), parallel=parallel, mixed=mixed)
 
 
-def _alike(made: Plan, ranks: Sequence[RankShare], notes: Sequence[str]) -> Plan:
-    """``made``, the plan of ranks that plan alike, saying so beside ``notes``."""
+def _alike(planned: Plan, ranks: Sequence[RankShare], notes: Sequence[str]) -> Plan:
+    """``planned``, the plan of ranks that plan alike, saying so beside ``notes``."""
     known = [r.seconds_per_sample is not None for r in ranks]
     why = "" if all(known) or not any(known) else \
         ", and the time per sample of some is not known, so speed cannot tell them apart"
     said = f"every rank runs the same plan: their max micro-batches are alike ({ranks[0].max_micro_batch}){why}"
-    return replace(made, notes=made.notes + tuple(notes) + (said,))
+    return replace(planned, notes=planned.notes + tuple(notes) + (said,))
 
 
 def _smallest_for_all(target: int, smallest: int, world: int, q: int) -> Plan | None:

@@ -15,10 +15,10 @@ def plan_probed(target_batch: int, result: ProbeResult, *, world_size: int, worl
                 multiple_of: int = 1, uniform: Uniform = None) -> Plan:
     """Plan ``target_batch`` over ``world_size`` ranks from ``result`` (``world_size_source``: where the
     world size came from, as :func:`~autotune.planning.planner.world_size_from` says)."""
-    made = make_plan(target_batch, result.max_micro_batch, world_size=world_size, multiple_of=multiple_of,
-                     uniform=uniform, probe=result, world_size_source=world_size_source)
+    planned = make_plan(target_batch, result.max_micro_batch, world_size=world_size, multiple_of=multiple_of,
+                        uniform=uniform, probe=result, world_size_source=world_size_source)
     stored = tuple(n for n in result.notes[:1] if result.from_store)
-    return replace(made, notes=stored + made.notes + measured_or_assumed(result, world_size, world_size_source))
+    return replace(planned, notes=stored + planned.notes + measured_or_assumed(result, world_size, world_size_source))
 
 
 def measured_or_assumed(result: ProbeResult, world: int, source: str) -> tuple[str, ...]:

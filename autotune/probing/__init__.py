@@ -6,6 +6,6 @@ foundation (errors, units, options, log), results, workload, devices.
 
 from __future__ import annotations
 
-from .finder import probe
+from .finder import find_max_micro_batch
 
-__all__ = ["probe"]
+__all__ = ["find_max_micro_batch"]

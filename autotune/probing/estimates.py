@@ -22,7 +22,7 @@ from ..devices.estimate import EstimateDevice
 from ..units import format_bytes
 from .search import PeakCurve, search_max
 from .tracelines import TraceLines
-from .trials import Trials
+from .trials import TrialRunner
 
 #: A run whose peak is off the lines through two others by more than this share of it: memory bends.
 BEND = 1e-3
@@ -37,7 +37,7 @@ class EstimateCurve:
     that predict a run to the byte can be trusted next to it.
     """
 
-    def __init__(self, runs: Trials, *, exact: bool):
+    def __init__(self, runs: TrialRunner, *, exact: bool):
         self.runs, self.engine_exact = runs, exact
         self._curves: dict[tuple[int, ...], PeakCurve | None] = {}  # by the sizes fitted through
         self._misses_at: tuple[int, list[tuple[int, int]]] = (-1, [])  # (runs seen, misses): runs only add up
@@ -60,8 +60,8 @@ class EstimateCurve:
 
     def _misses(self) -> list[tuple[int, int]]:
         """(batch, bytes off) of every run against the lines through the two smallest runs of its length."""
-        if self._misses_at[0] != len(self.runs.done):
-            self._misses_at = (len(self.runs.done), self._find_misses())
+        if self._misses_at[0] != len(self.runs.by_size):
+            self._misses_at = (len(self.runs.by_size), self._find_misses())
         return self._misses_at[1]
 
     def _find_misses(self) -> list[tuple[int, int]]:
@@ -85,7 +85,7 @@ class EstimateCurve:
         return self.engine_exact and bool(misses) and all(off <= 1 for _, off in misses)
 
     def _tracked(self, b: int) -> int:
-        m = self.runs.done[b].measurement
+        m = self.runs.by_size[b].measurement
         return m.tracked_peak_bytes if m is not None else 0
 
     def curve(self, near: int) -> PeakCurve | None:
@@ -102,14 +102,14 @@ class EstimateCurve:
         """Measured minus curve at the curve's run nearest ``near``: 0 on exact engines; standing in for a
         GPU, the simulated allocator's rounding, cache and workspaces there."""
         s = min(curve.sizes, key=lambda b: (abs(b - near), -b))
-        peak = self.runs.done[s].peak_bytes
+        peak = self.runs.by_size[s].peak_bytes
         return 0 if peak is None else peak - curve.peak(s)
 
     def at(self, batch: int) -> int | None:
         """The estimated peak at ``batch``: measured when it ran there, else from the curve around it."""
-        done = self.runs.done.get(batch)
-        if done is not None and done.peak_bytes is not None:
-            return done.peak_bytes
+        ran = self.runs.by_size.get(batch)
+        if ran is not None and ran.peak_bytes is not None:
+            return ran.peak_bytes
         curve = self.curve(batch)
         return None if curve is None else curve.peak(batch) + self.shift(curve, batch)
 
@@ -118,12 +118,12 @@ class Replayed:
     """The simulated allocator's peak at sizes never evaluated, from the allocation traces of the evaluations
     at 2 and 3 where they are lines (see :mod:`autotune.probing.tracelines`); nothing on other engines."""
 
-    def __init__(self, runs: Trials, usable: int):
+    def __init__(self, runs: TrialRunner, usable: int):
         self.runs, self.usable = runs, usable
         self.lines: TraceLines | None = None
         self.peaks: dict[int, int | None] = {}
         device = runs.device
-        traces = {b: a.measurement.trace for b, a in runs.done.items() if a.measurement is not None}
+        traces = {b: a.measurement.trace for b, a in runs.by_size.items() if a.measurement is not None}
         if isinstance(device, EstimateDevice) and device.simulates and traces.get(2) and traces.get(3):
             self.device: EstimateDevice = device
             self.lines = TraceLines.through(2, traces[2], 3, traces[3])
@@ -150,22 +150,22 @@ class Replayed:
     def next_over(self, lo: int) -> bool:
         """Was ``lo`` evaluated apart from the lines' own sizes, its trace on the lines to the byte, and the
         trace they give at ``lo + 1`` over the usable memory? Then ``lo + 1`` does not fit, unevaluated."""
-        done = self.runs.done.get(lo)
-        if self.lines is None or lo <= 3 or done is None or done.measurement is None:
+        ran = self.runs.by_size.get(lo)
+        if self.lines is None or lo <= 3 or ran is None or ran.measurement is None:
             return False
-        if not self.lines.hold(lo, done.measurement.trace):
+        if not self.lines.hold(lo, ran.measurement.trace):
             return False
         after = self.peak(lo + 1)
         return after is not None and after > self.usable
 
 
-def search_estimate(runs: Trials, curve: EstimateCurve, usable: int, max_batch: int) -> tuple[int, str | None]:
+def search_estimate(runs: TrialRunner, curve: EstimateCurve, usable: int, max_batch: int) -> tuple[int, str | None]:
     """The largest size that fits by the estimate, micro-batches 2 and 3 having run and fitted; and a note
     when the lines through them were wrong about it, or when the size past it was replayed, not evaluated."""
 
     def near(lo: int, hi: int) -> int:
-        ran = [b for b in (lo, hi) if runs.done.get(b) is not None and runs.done[b].peak_bytes is not None]
-        return min(ran, key=lambda b: abs(usable - (runs.done[b].peak_bytes or 0)), default=lo)
+        ran = [b for b in (lo, hi) if runs.by_size.get(b) is not None and runs.by_size[b].peak_bytes is not None]
+        return min(ran, key=lambda b: abs(usable - (runs.by_size[b].peak_bytes or 0)), default=lo)
 
     def guess(lo: int, hi: int) -> int | None:
         around = near(lo, hi)
@@ -181,7 +181,7 @@ def search_estimate(runs: Trials, curve: EstimateCurve, usable: int, max_batch: 
     by_replay: list[int] = []
 
     def settled(lo: int, hi: int) -> bool:
-        if lo in runs.done and curve.exact():
+        if lo in runs.by_size and curve.exact():
             after = curve.at(lo + 1)
             return after is not None and after > usable
         if lo + 1 < hi and replayed.next_over(lo):
@@ -204,11 +204,11 @@ def _replay_note(found: int, replayed: Replayed) -> str:
             f"simulated allocator reserves {format_bytes(peak or 0)}, over the usable {format_bytes(replayed.usable)}")
 
 
-def _missed_note(runs: Trials, curve: EstimateCurve, first_guess: int, found: int) -> str:
-    at_guess = runs.done.get(first_guess)
+def _missed_note(runs: TrialRunner, curve: EstimateCurve, first_guess: int, found: int) -> str:
+    at_guess = runs.by_size.get(first_guess)
     there = "" if at_guess is None or at_guess.peak_bytes is None else \
         f" where the estimate peaks at {format_bytes(at_guess.peak_bytes)}"
     how = ("memory grows faster than linearly in the batch (a curve that bends), so the estimate was fitted "
            "through three sizes" if curve.bends() else "the lines did not hold there")
     return (f"the lines through micro-batches 2 and 3 predicted max micro-batch {first_guess}{there}; "
-            f"{how}, and evaluated at {len(runs.done)} sizes the estimate fits {found}")
+            f"{how}, and evaluated at {len(runs.by_size)} sizes the estimate fits {found}")

@@ -38,10 +38,10 @@ from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
-from .fitrule import Attempt, isolate, run_trial
-from .fsdp import FsdpRule, fake_engine, sharding_note
+from .fitrule import MeasuredTrial, isolate, run_trial
+from .fsdp import Sharding, fake_engine, sharding_note
 from .hostbatch import HostBatches, HostMemory
-from .trials import Trials
+from .trials import TrialRunner
 
 R = TypeVar("R")
 
@@ -66,9 +66,9 @@ class Estimate:
     note: str | None = None
 
 
-def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
-          max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
-          sharding: FsdpRule | None = None) -> ProbeResult:
+def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = options.MARGIN,
+                         max_batch: int = options.MAX_BATCH, data_parallel: bool = False,
+                         sharding: Sharding | None = None) -> ProbeResult:
     """The largest micro-batch of ``workload`` that fits ``device`` under the fit rule.
 
     ``data_parallel``: the plan will run under DDP (world size > 1); the fit rule
@@ -85,33 +85,15 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     with getattr(device, "standing_in", contextlib.nullcontext)():  # an estimate's GPU, as the code sees it
         workload = isolate(workload)
     trials: list[Trial] = []
-    host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
-    with _user_rng_untouched(device):
-        estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
-        est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
-        # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
-        # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
-        estimate, limit = _within_host(lambda top: _estimate_or_why_not(
-            est, usable, top, capacity, margin, exact=not estimator.simulates), max_batch, refused)
-        notes = _estimate_notes(estimator, est, estimate, data_parallel, sharding)
-        curve = _curve_of(estimate, est, estimator, device.estimated, usable)
-        if device.estimated:
-            assert isinstance(estimate, Estimate)
-            final = estimate.max
-            measured = est(final)
-            notes.append("estimated with fake tensors, not confirmed on a real device")
-        else:
-            real = Trials(device, workload, usable, "real", trials, data_parallel, sharding, host)
-            final, measured, limit = _search_real(real, estimate, curve, usable, capacity, margin, limit, notes,
-                                                  refused)
-            if estimator.simulates and isinstance(estimate, Estimate):
-                est(final)  # the simulation's figures beside the real ones at the answer
-    notes.extend([refused[-1].note(limit)] if refused else [])
+    refused: list[HostMemory] = []  # the sizes whose batch the host could not build
+    found = _search(workload, device, usable, capacity, margin, max_batch, data_parallel, sharding, trials, refused)
+    final, measured, notes, curve = found.max, found.measured, found.notes, found.curve
+    notes.extend([refused[-1].note(found.limit)] if refused else [])
     assert measured.peak_bytes is not None and measured.measurement is not None
     predicted = curve.at(final)
     error = None if device.estimated or not predicted else (measured.peak_bytes - predicted) / predicted
     points, lines = _curve_figures(curve, final, max_batch)
-    notes.extend(_allocator_notes(est, measured, simulates=estimator.simulates))
+    notes.extend(_allocator_notes(found.est, measured, simulates=found.simulates))
     return ProbeResult(
         workload=workload.name,
         device=device.describe(),
@@ -124,7 +106,8 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         peak_bytes=measured.peak_bytes,
         predicted_peak_bytes=predicted if predicted is not None else measured.peak_bytes,
         breakdown=dict(measured.measurement.breakdown),
-        limited_by="max_batch" if final == max_batch else "host_memory" if refused and final == limit else "memory",
+        limited_by="max_batch" if final == max_batch else "host_memory" if refused and final == found.limit else
+        "memory",
         estimate_error=error,
         notes=tuple(notes),
         curve=points,
@@ -135,14 +118,58 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
         data_parallel=data_parallel,
         allocated_peak_bytes=measured.measurement.allocated_peak_bytes,
         alloc_retries=measured.measurement.alloc_retries,
-        predicted_allocated_peak_bytes=_simulated_allocated(est, final),
+        predicted_allocated_peak_bytes=_simulated_allocated(found.est, final),
         parallel="fsdp" if sharding is not None else options.DEFAULT_PARALLEL,
         world_size=sharding.world_size if sharding is not None else None,
         fsdp_sync=None if sharding is None else "every" if sharding.sync_every else "last",
     )
 
 
-def _curve_of(estimate: Estimate | NoEstimate, est: Trials, estimator: EstimateDevice, estimated: bool,
+@dataclass(frozen=True)
+class Found:
+    """What the search found: the max micro-batch and its measured trial (the real one, or the estimate's on an
+    estimate device), the limit the host's memory kept it to, the estimate's runner and curve, whether the
+    estimate's peaks are the caching-allocator simulation's, and the notes so far."""
+
+    max: int
+    measured: MeasuredTrial
+    limit: int
+    est: TrialRunner
+    curve: EstimateCurve
+    simulates: bool
+    notes: list[str]
+
+
+def _search(workload: Workload, device: Device, usable: int, capacity: int, margin: float, max_batch: int,
+            data_parallel: bool, sharding: Sharding | None, trials: list[Trial], refused: list[HostMemory]) -> Found:
+    """Estimate first, then, on a real device, confirm the estimate's answer with a real run (or search on the device
+    where there is none); every trial goes into ``trials``, each size whose batch the host cannot build into
+    ``refused``."""
+    host = HostBatches()  # the batch's host memory, shared by the estimate's and the real trials
+    with _user_rng_untouched(device):
+        estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
+        est = TrialRunner(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
+        # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
+        # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.
+        estimate, limit = _within_host(lambda top: _estimate_or_why_not(
+            est, usable, top, capacity, margin, exact=not estimator.simulates), max_batch, refused)
+        notes = _estimate_notes(estimator, est, estimate, data_parallel, sharding)
+        curve = _curve_of(estimate, est, estimator, device.estimated, usable)
+        if device.estimated:
+            assert isinstance(estimate, Estimate)
+            final = estimate.max
+            measured = est(final)
+            notes.append("estimated with fake tensors, not confirmed on a real device")
+        else:
+            real = TrialRunner(device, workload, usable, "real", trials, data_parallel, sharding, host)
+            final, measured, limit = _search_real(real, estimate, curve, usable, capacity, margin, limit, notes,
+                                                  refused)
+            if estimator.simulates and isinstance(estimate, Estimate):
+                est(final)  # the simulation's figures beside the real ones at the answer
+    return Found(final, measured, limit, est, curve, estimator.simulates, notes)
+
+
+def _curve_of(estimate: Estimate | NoEstimate, est: TrialRunner, estimator: EstimateDevice, estimated: bool,
               usable: int) -> EstimateCurve:
     """The estimate's curve of peaks against sizes: its answer's, or, where it had none, one the real search fills
     (none where the device is an estimate: EstimateUnavailable)."""
@@ -153,7 +180,7 @@ def _curve_of(estimate: Estimate | NoEstimate, est: Trials, estimator: EstimateD
                                       "probe it on a real device (cpu or cuda:N) instead")
         return EstimateCurve(est, exact=not simulates)
     log.detail(f"the estimate's max micro-batch is {estimate.max} (usable {format_bytes(usable)}, engine "
-               f"{estimator.engine}, {len(est.done)} evaluations)")
+               f"{estimator.engine}, {len(est.by_size)} evaluations)")
     return estimate.curve
 
 
@@ -172,8 +199,8 @@ def _within_host(search: Callable[[int], R], max_batch: int, refused: list[HostM
             limit = min(exc.batch - 1, exc.largest)
 
 
-def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate | NoEstimate, data_parallel: bool,
-                    sharding: FsdpRule | None) -> list[str]:
+def _estimate_notes(estimator: EstimateDevice, est: TrialRunner, estimate: Estimate | NoEstimate, data_parallel: bool,
+                    sharding: Sharding | None) -> list[str]:
     """What the estimate read and ran on, and the fit rule it held, as the probe's first notes."""
     notes = _values_notes(est, estimate)
     if estimator.fallback:
@@ -187,11 +214,11 @@ def _estimate_notes(estimator: EstimateDevice, est: Trials, estimate: Estimate |
     return notes
 
 
-def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+def _search_real(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
-                 ) -> tuple[int, Attempt, int]:
+                 ) -> tuple[int, MeasuredTrial, int]:
     """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
-    def search(top: int) -> tuple[int, Attempt, list[str]]:
+    def search(top: int) -> tuple[int, MeasuredTrial, list[str]]:
         said: list[str] = []
         start = replace(estimate, max=top) if isinstance(estimate, Estimate) and estimate.max > top else estimate
         return (*_search_once(real, start, curve, usable, capacity, margin, top, said), said)
@@ -201,8 +228,8 @@ def _search_real(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateC
     return final, measured, limit
 
 
-def _search_once(real: Trials, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
-                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, Attempt]:
+def _search_once(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
+                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, MeasuredTrial]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
     note: str | None
@@ -221,7 +248,7 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
                    ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[float, float], ...]]:
     """The estimated curve as the result keeps it: (batch, peak) points, at every size the estimate ran
     and along the curve up to half again past the answer, and its lines (none when it bends)."""
-    runs = curve.runs.done
+    runs = curve.runs.by_size
     fitted = curve.curve(final)
     upto = max(final + final // 2, max(runs, default=1), 4)
     sizes = [b for b, _ in fitted.points(min(upto, max_batch) if final < max_batch else upto)] if fitted else []
@@ -232,18 +259,18 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
     return points, tuple((a + shift, c) for a, c in fitted.lines())
 
 
-def _simulated_allocated(est: Trials, batch: int) -> int | None:
-    attempt = est.done.get(batch)
-    return attempt.trial.allocated_bytes if attempt is not None else None
+def _simulated_allocated(est: TrialRunner, batch: int) -> int | None:
+    measured = est.by_size.get(batch)
+    return measured.trial.allocated_bytes if measured is not None else None
 
 
-def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list[str]:
+def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bool) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
     notes = _one_of_each(est, measured.trial.batch)
     if measured.trial.source == "real" and measured.measurement is not None:
         notes.extend(measured.measurement.notes)  # how the real run measured (a compiled model's, say)
-    peaks = sorted((b, a.peak_bytes) for b, a in est.done.items() if a.peak_bytes is not None)
+    peaks = sorted((b, a.peak_bytes) for b, a in est.by_size.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
     if drop is not None and simulates:
         b1, p1, b2, p2 = drop
@@ -260,26 +287,26 @@ def _allocator_notes(est: Trials, measured: Attempt, *, simulates: bool) -> list
     return list(dict.fromkeys(notes))
 
 
-def _one_of_each(est: Trials, batch: int) -> list[str]:
+def _one_of_each(est: TrialRunner, batch: int) -> list[str]:
     """The evaluations' notes, one of each kind (the text before its first colon): the one at ``batch`` (the
     answer) where it was evaluated, else at the size nearest it (each size's figures differ, the kind of note
     does not)."""
     def notes(b: int) -> tuple[str, ...]:
-        measured = est.done[b].measurement
+        measured = est.by_size[b].measurement
         return measured.notes if measured is not None else ()
 
     def kind(note: str) -> str:
         return note.split(":", 1)[0]
 
-    kinds = dict.fromkeys(kind(n) for b in est.done for n in notes(b))  # in the order they first came
-    kept: dict[str, str] = {}
-    for b in sorted(est.done, key=lambda b: (abs(b - batch), b)):
+    kinds = dict.fromkeys(kind(n) for b in est.by_size for n in notes(b))  # in the order they first came
+    nearest_of_kind: dict[str, str] = {}
+    for b in sorted(est.by_size, key=lambda b: (abs(b - batch), b)):
         for note in notes(b):
-            kept.setdefault(kind(note), note)
-    return [kept[k] for k in kinds]
+            nearest_of_kind.setdefault(kind(note), note)
+    return [nearest_of_kind[k] for k in kinds]
 
 
-def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *,
+def _estimate_or_why_not(est: TrialRunner, usable: int, max_batch: int, capacity: int, margin: float, *,
                          exact: bool) -> Estimate | NoEstimate:
     """The estimate's max and curve, or why the estimate cannot be used for this workload."""
     try:
@@ -305,9 +332,9 @@ def _estimate_or_why_not(est: Trials, usable: int, max_batch: int, capacity: int
         return NoEstimate(f"the estimate cannot run this workload ({_cause(exc)})")
 
 
-def _values_notes(est: Trials, estimate: Estimate | NoEstimate) -> list[str]:
+def _values_notes(est: TrialRunner, estimate: Estimate | NoEstimate) -> list[str]:
     """One note on the values the estimate read: answered exactly from the batch, or unknown (when it is used)."""
-    first = next(iter(est.done.values()), None)
+    first = next(iter(est.by_size.values()), None)
     m = first.measurement if first is not None else None
     if isinstance(estimate, NoEstimate) or first is None or m is None or \
             not (m.answered_reads or m.answered_shapes or m.unknown_reads):
@@ -339,7 +366,7 @@ def _surprising_ooms(trials: list[Trial], estimate_at: Callable[[int], int | Non
     return []
 
 
-def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: float, *, exact: bool) -> Estimate:
+def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, margin: float, *, exact: bool) -> Estimate:
     """Largest size the estimate says fits, found by evaluating it (see :mod:`autotune.probing.estimates`).
 
     ``exact``: the engine's figures are exact live bytes (no allocator simulation).
@@ -348,7 +375,7 @@ def _estimate(est: Trials, usable: int, max_batch: int, capacity: int, margin: f
     first = est(min(2, max_batch))
     if not first.fits:
         if first.trial.batch == 1 or not est(1).fits:
-            raise _does_not_fit(est.done[1].peak_bytes, usable, capacity, margin, measured=False)
+            raise _does_not_fit(est.by_size[1].peak_bytes, usable, capacity, margin, measured=False)
         return Estimate(1, curve)
     if max_batch <= 2:
         return Estimate(max_batch, curve)

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,15 +39,18 @@ from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
 from .hostbatch import HostBatches
 
 if TYPE_CHECKING:
-    from .fsdp import FsdpRule
+    from .fsdp import Sharding
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """A trial of the fit rule and, when it ran to the end, what the device measured."""
+class MeasuredTrial:
+    """One run of the fit rule, as the probe holds it while it searches: its :class:`~autotune.results.probe.Trial`
+    (the record a result keeps and writes as JSON) and, when it ran to the end, the device's
+    :class:`~autotune.devices.measurement.Measurement` of it (its breakdown, timeline and allocation trace, which
+    stay in this process). :class:`~autotune.probing.trials.TrialRunner` runs them, once per size."""
 
     trial: Trial
     measurement: Measurement | None = None
@@ -73,7 +76,7 @@ OnStep = Callable[[int, int], None]
 
 
 def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
-                  sharding: FsdpRule | None = None, on_step: OnStep | None = None,
+                  sharding: Sharding | None = None, on_step: OnStep | None = None,
                   host: HostBatches | None = None) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
@@ -112,24 +115,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
             for i in range(MICRO_STEPS):
                 if sharding is not None:
                     sharding.sync(model, last=i == MICRO_STEPS - 1)
-                mark(f"micro-step {done + 1} forward")
-                generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
-                micro = session.batch(make_batch, batch, generator)
-                n = workload.count_items(micro)
-                # N, the items of the whole window, is taken as MICRO_STEPS x n:
-                # the weight's value does not change what memory the step holds.
-                loss = workload.loss(model, micro)
-                weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
-                if loss_sum is None:
-                    loss_sum = loss_total(weighted)
-                mark(f"micro-step {done + 1} backward")
-                weighted.backward()
-                loss_sum.add_(weighted.detach())
-                if sharding is None:
-                    session.tag_gradients(model)
-                else:
-                    sharding.tag_gradients(session, model)
-                del micro, loss, weighted
+                loss_sum = _micro_step(session, workload, model, make_batch, batch, seed, done, loss_sum, sharding)
                 done += 1
                 if on_step is not None:
                     on_step(done, total)
@@ -144,6 +130,35 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     return work
 
 
+def _micro_step(session: Session, workload: Workload, model: torch.nn.Module, make_batch: Callable[..., Any],
+                batch: int, seed: int, done: int, loss_sum: torch.Tensor | None,
+                sharding: Sharding | None) -> torch.Tensor:
+    """Micro-step ``done + 1`` of the fit rule: its micro-batch of ``batch`` (built with a generator seeded by
+    ``seed + done``: the same samples at every size), forward, the weighted loss, backward into ``.grad``;
+    the loss sum that holds every micro-step's loss (made at the first), with this one's added. The micro-batch,
+    loss and graph are freed when it returns."""
+    mark = session.tracker.mark
+    mark(f"micro-step {done + 1} forward")
+    generator = torch.Generator().manual_seed(seed + done)  # the same samples at every size
+    micro = session.batch(make_batch, batch, generator)
+    n = workload.count_items(micro)
+    # N, the items of the whole window, is taken as MICRO_STEPS x n:
+    # the weight's value does not change what memory the step holds.
+    loss = workload.loss(model, micro)
+    weighted = weighted_loss(loss, item_weight(n, n * MICRO_STEPS))
+    if loss_sum is None:
+        loss_sum = loss_total(weighted)
+    mark(f"micro-step {done + 1} backward")
+    weighted.backward()
+    loss_sum.add_(weighted.detach())
+    if sharding is None:
+        session.tag_gradients(model)
+    else:
+        sharding.tag_gradients(session, model)
+    del micro, loss, weighted
+    return loss_sum
+
+
 def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
     """A buffer the size of DDP's gradient buckets: every trainable parameter's bytes."""
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -151,8 +166,8 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
-              capacity_guard: bool = True, data_parallel: bool = False, sharding: FsdpRule | None = None,
-              on_step: OnStep | None = None, host: HostBatches | None = None) -> Attempt:
+              capacity_guard: bool = True, data_parallel: bool = False, sharding: Sharding | None = None,
+              on_step: OnStep | None = None, host: HostBatches | None = None) -> MeasuredTrial:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
@@ -173,16 +188,16 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
             stopped = first_line(exc)
             del exc
             device.cleanup()
-            return Attempt(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
-                                 seconds=time.perf_counter() - start, oom=True, why=stopped))
+            return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
+                                       seconds=time.perf_counter() - start, oom=True, why=stopped))
         raise WorkloadError(
             f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
     fits = m.peak_bytes <= usable
     why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
-    return Attempt(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
-                         why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
+    return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                               why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
 
 
 def isolate(workload: Workload) -> Workload:

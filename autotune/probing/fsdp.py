@@ -46,7 +46,7 @@ from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
 
-__all__ = ["FsdpRule", "fake_engine", "fake_mesh", "real_mesh", "release",
+__all__ = ["Sharding", "fake_engine", "fake_mesh", "real_mesh", "release",
            "shape_propagation_uncounted", "shard", "sharded_model", "sharding_note", "skeleton"]
 
 def real_mesh(device_type: str) -> Any:
@@ -157,8 +157,13 @@ def _copy_values(host: nn.Module, model: nn.Module, rank: int, world_size: int) 
 
 
 @dataclass(frozen=True)
-class FsdpRule:
-    """The fit rule's FSDP part: how the model is placed and when gradients synchronise.
+class Sharding:
+    """How the fit rule runs under FSDP: how the model is placed and when gradients synchronise.
+
+    The fit rule itself is one record, :class:`~autotune.results.request.FitRule` (torch-free, as every
+    request is); this is its runtime part where it shards, made by :meth:`of`, with the torch that places
+    the model. A FitRule under DDP needs no runtime part: its ``buckets`` is the fit-rule run's
+    ``data_parallel``.
 
     ``world_size`` ranks, measured as ``rank``; ``precision`` picks the
     mixed-precision policy; ``real_group``: shard over the active default
@@ -177,6 +182,14 @@ class FsdpRule:
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} must be in [0, world_size={self.world_size})")
+
+    @classmethod
+    def of(cls, rule: FitRule, precision: str = "fp32") -> Sharding | None:
+        """How ``rule`` shards (None when it does not), all-gathered in ``precision`` (``fsdp_sync`` "auto" is
+        measured as "last": :func:`autotune.probing.fsdpsync.probe_chosen` measures both and picks)."""
+        if not rule.sharded:
+            return None
+        return cls(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every")
 
     @contextlib.contextmanager
     def scope(self, session: Session) -> Iterator[Callable[[Workload], nn.Module]]:
@@ -277,32 +290,11 @@ def fake_engine(device: EstimateDevice) -> EstimateDevice:
     return other
 
 
-def sharding_note(rule: FsdpRule) -> str:
+def sharding_note(sharding: Sharding) -> str:
     """What the probe's figures are, under FSDP."""
-    group = "the process group" if rule.real_group else "a fake process group"
-    held = ("gradients reduce-scattered after every micro-step" if rule.sync_every else
+    group = "the process group" if sharding.real_group else "a fake process group"
+    held = ("gradients reduce-scattered after every micro-step" if sharding.sync_every else
             "the unsharded gradients kept until the last micro-step synchronises")
-    return (f"FSDP: the fit rule of rank {rule.rank} of {rule.world_size} with fully_shard ({group}): its shards of "
-            f"the parameters, gradients and optimizer state, the unsharded units in flight, {held}, the "
+    return (f"FSDP: the fit rule of rank {sharding.rank} of {sharding.world_size} with fully_shard ({group}): its "
+            f"shards of the parameters, gradients and optimizer state, the unsharded units in flight, {held}, the "
             "reduce-scatter buffers")
-
-
-@dataclass(frozen=True)
-class RunRule:
-    """A request's fit rule as the fit-rule runs take it: ``data_parallel`` (DDP's buckets held), or
-    ``sharding`` (this rank of a model sharded over the world size)."""
-
-    data_parallel: bool = False
-    sharding: FsdpRule | None = None
-
-    @classmethod
-    def of(cls, rule: FitRule, precision: str = "fp32") -> RunRule:
-        """``rule``'s runs, all-gathered in ``precision`` when sharded (``fsdp_sync`` "auto" is measured as
-        "last": :func:`autotune.probing.fsdpsync.probe_both` measures both and picks)."""
-        if rule.sharded:
-            return cls(sharding=FsdpRule(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every"))
-        return cls(data_parallel=rule.buckets)
-
-    def fields(self) -> dict[str, Any]:
-        """What the plan store's fingerprint holds of it (the one field that applies)."""
-        return {"sharding": self.sharding} if self.sharding is not None else {"data_parallel": self.data_parallel}

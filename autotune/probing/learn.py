@@ -38,7 +38,7 @@ from ..results.probe import ProbeResult
 from ..units import format_bytes
 from .estimates import EstimateCurve
 from .search import Correction, PeakCurve, search_max
-from .trials import Trials
+from .trials import TrialRunner
 
 #: Guessed real runs before the search falls back to doubling and (geometric) bisection.
 GUESSES = 8
@@ -97,7 +97,7 @@ class Learner:
     workload cannot be estimated, and real runs' own timelines give the base).
     """
 
-    def __init__(self, real: Trials, usable: int, capacity: int, max_batch: int,
+    def __init__(self, real: TrialRunner, usable: int, capacity: int, max_batch: int,
                  estimate: EstimateCurve | None = None):
         self.real, self.usable, self.capacity, self.max_batch = real, usable, capacity, max_batch
         self.estimate = estimate
@@ -108,8 +108,8 @@ class Learner:
 
     def bracket(self) -> tuple[int, int]:
         """(largest size that fitted for real or 0, smallest that did not or max_batch + 1)."""
-        fit = [b for b, a in self.real.done.items() if a.fits]
-        miss = [b for b, a in self.real.done.items() if not a.fits]
+        fit = [b for b, a in self.real.by_size.items() if a.fits]
+        miss = [b for b, a in self.real.by_size.items() if not a.fits]
         return max(fit, default=0), min(miss, default=self.max_batch + 1)
 
     def model(self, lo: int, hi: int) -> tuple[Base, Correction, bool]:
@@ -145,30 +145,30 @@ class Learner:
         """A real run at ``batch``; what it measured against the expectation sets how far the next may be off."""
         before = self.expect(batch)
         _, fitted, _ = self.model(*self.bracket())
-        attempt = self.real(batch)
+        measured = self.real(batch)
         if before is None or not fitted.anchors:  # the estimate alone: the calibration run answers it
-            return attempt.fits
+            return measured.fits
         expected, spread = before
         reach = max(1, fitted.reach(batch))
-        if attempt.peak_bytes is not None:
-            self.missed = abs(attempt.peak_bytes - expected)
+        if measured.peak_bytes is not None:
+            self.missed = abs(measured.peak_bytes - expected)
             self.rate = max(0.0, self.missed - spread) / reach
         else:  # more than the capacity: the expectation was off by at least that much
             self.missed = max(0.0, self.capacity - expected)
             self.rate = max(0.0, self.capacity - expected - spread) / reach
-        return attempt.fits
+        return measured.fits
 
     def _contradicted(self) -> bool:
         """Did a real run run out of memory where the expectation, spread included, is within the capacity?"""
-        for b, attempt in self.real.done.items():
-            expected = self.expect(b) if attempt.oom else None
+        for b, measured in self.real.by_size.items():
+            expected = self.expect(b) if measured.oom else None
             if expected is not None and expected[0] + expected[1] <= self.capacity:
                 return True
         return False
 
     def _evaluate(self, batch: int) -> bool:
         """Evaluate the estimate at ``batch`` unless it ran there or its lines are exact; True when it ran."""
-        if self.estimate is None or batch in self.estimate.runs.done or self.estimate.exact() \
+        if self.estimate is None or batch in self.estimate.runs.by_size or self.estimate.exact() \
                 or not 1 <= batch <= self.max_batch:
             return False
         try:
@@ -208,9 +208,9 @@ class Learner:
         """With no real peak yet: the smallest size below ``hi`` where the estimate's peak has risen by
         :data:`CALIBRATION_RISE` above its peak at the smallest size it ran, else that smallest size."""
         estimate = self.estimate
-        if estimate is None or not estimate.runs.done or min(estimate.runs.done) >= hi:
+        if estimate is None or not estimate.runs.by_size or min(estimate.runs.by_size) >= hi:
             return None
-        smallest = min(estimate.runs.done)
+        smallest = min(estimate.runs.by_size)
         floor = estimate.at(smallest) or 0
 
         def flat(b: int) -> bool:
@@ -262,7 +262,7 @@ class Learner:
         return expected[0] - spread > self.usable
 
 
-def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity: int,
+def confirm(real: TrialRunner, estimate: EstimateCurve, m: int, usable: int, capacity: int,
             max_batch: int) -> tuple[int, str | None]:
     """The real maximum, starting with one real run at the estimate's ``m``; and a note when the
     estimate was off (and what the search did about it)."""
@@ -273,7 +273,7 @@ def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity
     low, high = (m, max_batch) if fitted else (0, m - 1)
     found = search_max(learner.fits, low=low, high=high, guess=learner.guess, guesses=GUESSES,
                        settled=learner.settled, high_fails=not fitted, split=_geometric)
-    first = real.done[m]
+    first = real.by_size[m]
     predicted = estimate.at(m)
     if first.oom:
         head = (f"the estimate under-counted: micro-batch {m} ran out of memory on the real device, estimated "
@@ -291,10 +291,10 @@ def confirm(real: Trials, estimate: EstimateCurve, m: int, usable: int, capacity
                 f"({'room to spare' if fitted else 'does not fit'})")
     return found, (f"{head}; searched on the real device, each run where the estimate corrected by the real "
                    f"peaks so far meets the usable memory: {_runs(real)}; max micro-batch {found} in "
-                   f"{len(real.done)} real runs ({real.misses()} did not fit), the estimate said {m}")
+                   f"{len(real.by_size)} real runs ({real.misses()} did not fit), the estimate said {m}")
 
 
-def search_device(real: Trials, usable: int, capacity: int, max_batch: int, why: str) -> tuple[int, str]:
+def search_device(real: TrialRunner, usable: int, capacity: int, max_batch: int, why: str) -> tuple[int, str]:
     """The real maximum of a workload the estimate cannot size (``why``), from real runs alone; and the
     note that says how it was found."""
     learner = Learner(real, usable, capacity, max_batch)
@@ -308,7 +308,7 @@ def search_device(real: Trials, usable: int, capacity: int, max_batch: int, why:
     return found, (f"{why}; searched on the real device: micro-batches 1 and 2 gave a peak curve from the live "
                    "bytes they measured, and each later run went where the curve through the real runs nearest "
                    f"the answer meets the usable memory: {_runs(real)}; max micro-batch {found} in "
-                   f"{len(real.done)} real runs ({real.misses()} did not fit)")
+                   f"{len(real.by_size)} real runs ({real.misses()} did not fit)")
 
 
 def _geometric(lo: int, hi: int) -> int:
@@ -317,7 +317,7 @@ def _geometric(lo: int, hi: int) -> int:
     return math.isqrt(lo * hi - 1) + 1
 
 
-def _runs(real: Trials) -> str:
+def _runs(real: TrialRunner) -> str:
     """The real runs in order, in words."""
     said = []
     for t in real.log:
@@ -328,9 +328,9 @@ def _runs(real: Trials) -> str:
     return ", ".join(said)
 
 
-def _mismatch(real: Trials, estimate: EstimateCurve, m: int) -> str | None:
+def _mismatch(real: TrialRunner, estimate: EstimateCurve, m: int) -> str | None:
     """A note when the one real run's peak differs from the estimate's by more than :data:`MISMATCH_NOTE`."""
-    peak, predicted = real.done[m].peak_bytes, estimate.at(m)
+    peak, predicted = real.by_size[m].peak_bytes, estimate.at(m)
     if peak is None or not predicted or abs(peak - predicted) < MISMATCH_NOTE * predicted:
         return None
     error = (peak - predicted) / predicted

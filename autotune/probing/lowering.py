@@ -32,10 +32,10 @@ import torch
 
 from ..devices.replay import replay
 from ..errors import AutotuneError
+from ..results.request import FitRule
 from ..results.timeline import PeakPart, share
 from ..units import format_bytes
 from ..workload import Workload
-from .fsdp import RunRule
 from .timeline import Recorded, Walk, activations_by_family, analyse, record
 
 #: Activations of one family below this share of the peak are not worth a re-estimate.
@@ -120,7 +120,7 @@ def _checkpoint(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, rule: RunRule,
+def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, rule: FitRule,
              levers: Levers | None = None) -> tuple[str, int | None]:
     """The sentence, and by how many bytes the estimate says the peak would drop (None when not estimated, or
     when the size runs out of memory)."""
@@ -176,7 +176,7 @@ class _Instead:
     change lowers, with that change's figure (see the module's docstring)."""
 
     def __init__(self, recorded: Recorded, walk: Walk, at: Moment, workload: Workload, batch: int,
-                 rule: RunRule, levers: Levers):
+                 rule: FitRule, levers: Levers):
         self.recorded, self.walk, self.at, self.workload = recorded, walk, at, workload
         self.batch, self.rule, self.levers = batch, rule, levers
         self.peak = "reserved peak" if recorded.simulation is not None else "peak"

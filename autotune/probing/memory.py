@@ -18,11 +18,12 @@ from .. import log
 from ..devices import snapshot as snap
 from ..devices.history import RecordingDevice
 from ..results.probe import ProbeResult
+from ..results.request import FitRule
 from ..results.timeline import AllocatorOption, MemoryTimeline, RealTimeline
 from ..workload import Workload
 from .advice import Settings, advise, compare, user_variable
 from .fitrule import run_trial
-from .fsdp import RunRule
+from .fsdp import Sharding
 from .lowering import Levers, lowering
 from .timeline import Recorded, analyse, record
 
@@ -36,11 +37,11 @@ def real_path(path: str | os.PathLike[str]) -> Path:
 
 
 def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int | None = None,
-            path: str | os.PathLike[str] | None = None, rule: RunRule | None = None) -> MemoryTimeline:
+            path: str | os.PathLike[str] | None = None, rule: FitRule | None = None) -> MemoryTimeline:
     """The memory timeline of the fit rule at ``batch`` (default: the max micro-batch); the predicted snapshot
     written to ``path`` when given (and, on a real GPU recorded by a :class:`RecordingDevice`, the real one to
     :func:`real_path`)."""
-    rule = rule or RunRule()
+    rule = rule or FitRule()
     batch = batch or result.max_micro_batch
     base = device.device if isinstance(device, RecordingDevice) else device
     log.progress(f"recording the fit rule at micro-batch {batch} for a memory timeline ...")
@@ -69,7 +70,7 @@ def explain(result: ProbeResult, workload: Workload, device: Any, *, batch: int 
 
 
 def _allocator(recorded: Recorded, result: ProbeResult, workload: Workload, batch: int,
-               rule: RunRule) -> tuple[list[Any], list[str]]:
+               rule: FitRule) -> tuple[list[Any], list[str]]:
     """The user's allocator settings and the candidates compared at ``batch`` (a GPU stand-in only)."""
     runner = recorded.device
     if recorded.simulation is None:
@@ -102,14 +103,14 @@ def _least(options: list[AllocatorOption], result: ProbeResult) -> tuple[str, in
 
 
 def _real(device: RecordingDevice, result: ProbeResult, workload: Workload, batch: int,
-          predicted: dict[str, Any], path: str | os.PathLike[str] | None, rule: RunRule) -> RealTimeline | None:
+          predicted: dict[str, Any], path: str | os.PathLike[str] | None, rule: FitRule) -> RealTimeline | None:
     """The real GPU's snapshot at ``batch``: the confirm run's when it ran at that size, else one more real run."""
     found = device.snapshot_of(result.trials, batch)
     if found is None:
         log.progress(f"real run at micro-batch {batch} to record the GPU allocator's history ...")
         before = len(device.snapshots)
         run_trial(device, workload, batch, result.usable_bytes, source="real", capacity_guard=True,
-                  data_parallel=rule.data_parallel, sharding=rule.sharding)
+                  data_parallel=rule.buckets, sharding=Sharding.of(rule))
         found = device.snapshots[-1] if len(device.snapshots) > before else None
     if found is None:
         return None

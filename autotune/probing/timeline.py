@@ -21,10 +21,11 @@ from typing import Any
 from ..devices.base import Device
 from ..devices.recorder import Made, Recorder, Recording, record_with
 from ..devices.snapshot import OutOfMemoryAt, Simulation, build
+from ..results.request import FitRule
 from ..results.timeline import OutOfMemory, PeakPart
 from ..workload import Workload
-from .fitrule import Attempt, run_trial
-from .fsdp import RunRule
+from .fitrule import MeasuredTrial, run_trial
+from .fsdp import Sharding
 
 SAMPLES = 600  # points of the stacked timeline
 OUTSIDE = "(outside any module: the batch, the loss)"
@@ -35,7 +36,7 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 class Recorded:
     """A recorded run of the fit rule and how to replay it as the device's allocator would."""
 
-    attempt: Attempt
+    measured: MeasuredTrial
     recording: Recording
     simulation: Simulation | None
     device: Any  # the device it ran on (an estimate, or the CPU)
@@ -61,16 +62,17 @@ def simulation_of(runner: Any) -> Simulation | None:
     return Simulation(conf=runner.allocator, capacity=runner.capacity_bytes(), device_total=runner.device_total)
 
 
-def record(workload: Workload, device: Device, batch: int, *, frames: bool = True, rule: RunRule | None = None,
+def record(workload: Workload, device: Device, batch: int, *, frames: bool = True, rule: FitRule | None = None,
            runner: Any = None) -> Recorded:
     """The fit rule at ``batch`` (``rule``: DDP's buckets or this rank's FSDP sharding), recorded (``frames``:
     with each allocation's Python frames)."""
-    rule = rule or RunRule()
-    runner = runner if runner is not None else runner_for(device, rule.sharding)
-    attempt, recording = record_with(Recorder(frames=frames), lambda: run_trial(
+    rule = rule or FitRule()
+    sharding = Sharding.of(rule)
+    runner = runner if runner is not None else runner_for(device, sharding)
+    measured, recording = record_with(Recorder(frames=frames), lambda: run_trial(
         runner, workload, batch, 1 << 62, source="estimate" if runner.estimated else "real", capacity_guard=False,
-        data_parallel=rule.data_parallel, sharding=rule.sharding))
-    return Recorded(attempt, recording, simulation_of(runner), runner)
+        data_parallel=rule.buckets, sharding=sharding))
+    return Recorded(measured, recording, simulation_of(runner), runner)
 
 
 def family(path: str) -> str:

@@ -1,4 +1,6 @@
-"""Fit-rule trials of one source (estimate or real), run once per size and remembered."""
+"""Fit-rule trials of one source (estimate or real), run once per size and remembered: a
+:class:`TrialRunner` hands out :class:`~autotune.probing.fitrule.MeasuredTrial` s and logs each one's
+:class:`~autotune.results.probe.Trial`."""
 
 from __future__ import annotations
 
@@ -9,25 +11,27 @@ from ..devices.base import Device
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
-from .fitrule import Attempt, run_trial
-from .fsdp import FsdpRule
+from .fitrule import MeasuredTrial, run_trial
+from .fsdp import Sharding
 from .hostbatch import HostBatches
 
 
-class Trials:
-    """Runs and remembers fit-rule trials of one source (estimate or real); ``log`` is shared by both."""
+class TrialRunner:
+    """Runs and remembers fit-rule trials of one source (estimate or real): ``runner(b)`` is the measured trial at
+    micro-batch ``b`` (run once); ``done`` holds them by size, ``log`` every trial's record in the order they ran
+    (shared by a probe's estimate and real runners)."""
 
     def __init__(self, device: Device, workload: Workload, usable: int, source: str,
-                 log: list[Trial], data_parallel: bool, sharding: FsdpRule | None = None,
+                 log: list[Trial], data_parallel: bool, sharding: Sharding | None = None,
                  host: HostBatches | None = None):
         self.device, self.workload, self.usable, self.source = device, workload, usable, source
         self.data_parallel, self.sharding = data_parallel, sharding
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
-        self.done: dict[int, Attempt] = {}
+        self.by_size: dict[int, MeasuredTrial] = {}
 
-    def __call__(self, batch: int) -> Attempt:
-        if batch not in self.done:
+    def __call__(self, batch: int) -> MeasuredTrial:
+        if batch not in self.by_size:
             on_step = None
             if self.source == "real":
                 log.progress(f"real run at micro-batch {batch} ...")
@@ -39,32 +43,32 @@ class Trials:
 
             # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
             # trial never takes more than the budget; estimates measure the whole step.
-            attempt = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                                capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                sharding=self.sharding, on_step=on_step, host=self.host)
-            self.done[batch] = attempt
-            self.log.append(attempt.trial)
-            trial = attempt.trial
+            measured = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
+                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
+                                 sharding=self.sharding, on_step=on_step, host=self.host)
+            self.by_size[batch] = measured
+            self.log.append(measured.trial)
+            trial = measured.trial
             peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
             verdict = "fits" if trial.fits else "does not fit"
             log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
-        return self.done[batch]
+        return self.by_size[batch]
 
     def fits(self, batch: int) -> bool:
         return self(batch).fits
 
-    def last(self) -> Attempt:
-        return self.done[self.log[-1].batch]
+    def last(self) -> MeasuredTrial:
+        return self.by_size[self.log[-1].batch]
 
     def peaks(self) -> dict[int, int]:
         """Batch size -> peak bytes of every trial that ran to the end."""
-        return {b: a.peak_bytes for b, a in sorted(self.done.items()) if a.peak_bytes is not None}
+        return {b: a.peak_bytes for b, a in sorted(self.by_size.items()) if a.peak_bytes is not None}
 
     def timelines(self) -> dict[int, tuple[int, ...]]:
         """Batch size -> the timeline of live bytes of every trial that ran to the end with one."""
-        return {b: a.measurement.timeline for b, a in sorted(self.done.items())
+        return {b: a.measurement.timeline for b, a in sorted(self.by_size.items())
                 if a.measurement is not None and len(a.measurement.timeline) > 0}
 
     def misses(self) -> int:
         """Trials that did not fit (out of memory, or a peak over the usable memory)."""
-        return sum(not a.fits for a in self.done.values())
+        return sum(not a.fits for a in self.by_size.values())

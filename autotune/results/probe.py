@@ -26,6 +26,9 @@ class Trial(Record):
     in for a GPU) ``peak_bytes`` is the caching allocator's reserved peak,
     ``allocated_bytes`` its allocated peak and ``retries`` how often it freed
     its cache to retry a cudaMalloc; both None where no caching allocator decides.
+
+    The record of one measurement: while the probe searches it goes with the device's own figures as a
+    :class:`autotune.probing.fitrule.MeasuredTrial`; a result keeps this part.
     """
 
     batch: Whole

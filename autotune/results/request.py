@@ -36,6 +36,9 @@ class FitRule(Record):
     ``world_size`` ranks with ``fully_shard``, measured as rank ``rank``). ``fsdp_sync``: when FSDP
     reduce-scatters the gradients, after "every" micro-step or at the "last" one only ("auto": the one giving
     the larger micro-batch).
+
+    This is the fit rule's one record. Where it shards, :class:`autotune.probing.fsdp.Sharding` (made by
+    ``Sharding.of(rule)``) is its runtime part, which needs torch: results stay torch-free.
     """
 
     parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL

@@ -333,9 +333,9 @@ def _latest(store: Any, entry: Any) -> Any:
     """What an entry's report shows: its latest readable plan, else its probe result."""
     from ..results.plan import Plan
 
-    for made in store.plans(entry.fingerprint):
+    for row in store.plans(entry.fingerprint):
         try:
-            return Plan.from_dict(made, source="the store")
+            return Plan.from_dict(row, source="the store")
         except BadInput:  # a plan row changed outside autotune: the next one, or the probe
             continue
     return entry.probe()

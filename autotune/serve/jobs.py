@@ -63,7 +63,7 @@ def run_job(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holde
         raise BadInput(f"unknown job {job['kind']!r}")
     request = PlanRequest.from_dict(job["request"], source="the job")
     store = _told(store_url, waiting)
-    plan = api.plan_for(request, store=store, given=api.Given(load(job["spec"], job["probe"])))
+    plan = api.plan_for(request, store=store, given=api.GivenObjects(load(job["spec"], job["probe"])))
     probe = plan.probe
     assert probe is not None
     return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}

@@ -193,11 +193,11 @@ class FromStore:
 
         check_plan(body.target_batch, body.target_batch, world_size=body.world_size, multiple_of=body.multiple_of)
         result = for_estimate(entry, per_rank)
-        made = plan_probed(body.target_batch, result, world_size=body.world_size, world_size_source="flag",
-                           multiple_of=body.multiple_of, uniform=body.uniform)
+        planned = plan_probed(body.target_batch, result, world_size=body.world_size, world_size_source="flag",
+                              multiple_of=body.multiple_of, uniform=body.uniform)
         with self._lock:
-            self._plans.append((entry.fingerprint, made))
-        plan = made.to_dict()
+            self._plans.append((entry.fingerprint, planned))
+        plan = planned.to_dict()
         plan["probe"]["source"] = named(body)  # the name asked for, as a worker says it
         return render({"plan": plan, "cached": True, "fingerprint": entry.fingerprint})
 

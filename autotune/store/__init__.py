@@ -1,6 +1,6 @@
 """The plan store: probe results kept by fingerprint, shared by every job that can reach the database.
 
-A cache around the probe: :func:`.cached.probe` is the probe, answered from the store when it holds the
+A cache around the probe: :func:`.cached.probe_through_store` is the probe, answered from the store when it holds the
 answer, and the store is used there by three calls only (get by key, claim, put a result with its
 measurements), so that ``plan = planner(probe(request))`` reads the same with or without a store.
 

@@ -1,5 +1,6 @@
-"""The plan store as a cache around the probe: ``probe`` is :func:`autotune.probing.finder.probe`,
-answered from the store when it holds the answer and kept there when it does not.
+"""The plan store as a cache around the probe: :func:`probe_through_store` is
+:func:`autotune.probing.finder.find_max_micro_batch`, answered from the store when it holds the answer and kept there
+when it does not.
 
 A probe with a store takes the fingerprint (:mod:`autotune.store.fingerprint`), then uses the store by
 its three calls only: ``get`` the entry under it, ``claim`` it to probe once while others asking wait,
@@ -29,8 +30,8 @@ from .. import log, options
 from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
-from ..probing.fitrule import Attempt, isolate, run_trial
-from ..probing.fsdp import RunRule
+from ..probing.fitrule import MeasuredTrial, isolate, run_trial
+from ..probing.fsdp import Sharding
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -50,16 +51,16 @@ from .store import Store
 CONFIRM_TOLERANCE = 0.05
 
 
-def probe(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
-          ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
-    """:func:`autotune.probing.finder.probe` of ``request``, answered from ``store`` when it can be (see the
-    module); without a store, the probe itself. The request is part of the fingerprint, and so are ``ranks``,
-    every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
-    rule = RunRule.of(request.rule)
+def probe_through_store(store: Store | None, request: ProbeRequest, workload: Workload, device: Device, *,
+                        ranks: Sequence[DeviceInfo] | None = None) -> ProbeResult:
+    """:func:`autotune.probing.finder.find_max_micro_batch` of ``request``, answered from ``store`` when it can
+    be (see the module); without a store, the probe itself. The request is part of the fingerprint, and so are
+    ``ranks``, every rank's device in a job whose ranks differ (the plans kept beside it are that job's)."""
+    rule = request.rule
 
     def probed() -> ProbeResult:
-        return finder.probe(workload, device, margin=request.margin, max_batch=request.max_batch,
-                            data_parallel=rule.data_parallel, sharding=rule.sharding)
+        return finder.find_max_micro_batch(workload, device, margin=request.margin, max_batch=request.max_batch,
+                                           data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
     if store is None:
         return probed()
@@ -88,14 +89,14 @@ def probe(store: Store | None, request: ProbeRequest, workload: Workload, device
         if (served := answer()) is not None:
             return served
         result = replace(probed(), fingerprint=fp.digest)
-        kept = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
-    if kept:
+        was_stored = store.put(fp.digest, result=result, parts=fp.components, measurements=probe_observations(result))
+    if was_stored:
         log.detail(f"stored as fingerprint {fp.short} in {store.shown}")
     return result
 
 
 def _answer(store: Store, digest: str, workload: Workload, device: Device, *, margin: float, max_batch: int,
-            rule: RunRule) -> ProbeResult | None:
+            rule: FitRule) -> ProbeResult | None:
     """The stored answer (served, its hit counted), or None: none stored, damaged (then invalidated),
     not answering this limit, or not borne out by a confirm run."""
     entry = store.get(digest)
@@ -112,15 +113,15 @@ def _answer(store: Store, digest: str, workload: Workload, device: Device, *, ma
         served = for_estimate(entry, max_batch)
         store.put(digest, result=served)
         return served
-    confirm, measured, why = confirmed(entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
-    store.put(digest, result=confirm, measurements=(measured,), invalid=why)
+    confirm, observed, why = confirmed(entry, workload, device, margin=margin, max_batch=max_batch, rule=rule)
+    store.put(digest, result=confirm, measurements=(observed,), invalid=why)
     if why is not None:
         log.progress(f"the store's entry {entry.short} no longer holds: {why}; probing again")
     return confirm
 
 
 def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float, max_batch: int,
-              rule: RunRule) -> tuple[ProbeResult | None, Observation, str | None]:
+              rule: FitRule) -> tuple[ProbeResult | None, Observation, str | None]:
     """The stored answer to a probe limited to ``max_batch`` on a real device, confirmed by one real run
     of the fit rule at the stored max (:func:`narrowed`): the answer (None when the run disagrees), the
     run's measurement, and why it disagrees (None when it agrees)."""
@@ -131,34 +132,34 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     capacity = device.capacity_bytes()
     usable = options.usable_bytes(capacity, margin)
     log.progress(f"{said}; confirming micro-batch {m} with one real run ...")
-    attempt = _confirm_run(device, workload, m, usable, rule)
-    why = disagreement(result, attempt, usable, max_batch)
-    measured = observation(attempt, result, entry.fingerprint, device.describe(), "confirm", note=why)
+    measured = _confirm_run(device, workload, m, usable, rule)
+    why = disagreement(result, measured, usable, max_batch)
+    observed = observation(measured, result, entry.fingerprint, device.describe(), "confirm", note=why)
     if why is not None:
-        return None, measured, why
-    assert attempt.measurement is not None and attempt.peak_bytes is not None
+        return None, observed, why
+    assert measured.measurement is not None and measured.peak_bytes is not None
     predicted = result.predicted_peak_at(m) or result.predicted_peak_bytes
-    log.progress(f"real at micro-batch {m}: peak {format_bytes(attempt.peak_bytes)}, fits, as stored")
+    log.progress(f"real at micro-batch {m}: peak {format_bytes(measured.peak_bytes)}, fits, as stored")
     result = replace(
         result, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
-        peak_bytes=attempt.peak_bytes, breakdown=dict(attempt.measurement.breakdown),
-        estimate_error=(attempt.peak_bytes - predicted) / predicted if predicted else None,
-        trials=result.trials + (attempt.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
-    return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), measured, None
+        peak_bytes=measured.peak_bytes, breakdown=dict(measured.measurement.breakdown),
+        estimate_error=(measured.peak_bytes - predicted) / predicted if predicted else None,
+        trials=result.trials + (measured.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
+    return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), observed, None
 
 
-def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: RunRule) -> Attempt:
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: FitRule) -> MeasuredTrial:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
     with own_random_state(device.torch_device):
         return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True,
-                         data_parallel=rule.data_parallel, sharding=rule.sharding)
+                         data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
 
-def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: int) -> str | None:
+def disagreement(stored: ProbeResult, measured: MeasuredTrial, usable: int, max_batch: int) -> str | None:
     """Why a confirm run at the stored max does not bear the stored result out, or None when it does."""
-    m, peak = stored.max_micro_batch, attempt.peak_bytes
-    if attempt.oom or peak is None:
-        return f"micro-batch {m} ran out of memory in the confirm run ({attempt.trial.why})"
+    m, peak = stored.max_micro_batch, measured.peak_bytes
+    if measured.oom or peak is None:
+        return f"micro-batch {m} ran out of memory in the confirm run ({measured.trial.why})"
     if peak > usable:
         return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, over the "
                 f"{format_bytes(usable)} usable now")
@@ -176,16 +177,16 @@ def disagreement(stored: ProbeResult, attempt: Attempt, usable: int, max_batch: 
     return None
 
 
-def observation(attempt: Attempt, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
+def observation(measured: MeasuredTrial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
                 runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
-    m = attempt.measurement
+    m = measured.measurement
     return Observation(
         fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
-        batch=attempt.trial.batch, peak_reserved_bytes=attempt.peak_bytes,
+        batch=measured.trial.batch, peak_reserved_bytes=measured.peak_bytes,
         peak_allocated_bytes=m.tracked_peak_bytes if m is not None else None,
-        estimated_peak_bytes=stored.predicted_peak_at(attempt.trial.batch), oom=attempt.oom, runs_before=runs_before,
-        seconds=attempt.seconds, note=note)
+        estimated_peak_bytes=stored.predicted_peak_at(measured.trial.batch), oom=measured.oom, runs_before=runs_before,
+        seconds=measured.seconds, note=note)
 
 
 def probe_observations(result: ProbeResult) -> list[Observation]:

@@ -98,29 +98,29 @@ def engine(url: str, *, readonly: bool = False, immutable: bool = False) -> Engi
 
     parsed = make_url(store_url(url))
     if parsed.get_backend_name() != "sqlite":
-        made = create_engine(parsed, pool_size=POOL_SIZE, max_overflow=POOL_SIZE,
-                             connect_args=_server_connect_args(parsed))
-        return made.execution_options(postgresql_readonly=True) if readonly and _postgres(parsed) else made
+        db_engine = create_engine(parsed, pool_size=POOL_SIZE, max_overflow=POOL_SIZE,
+                                  connect_args=_server_connect_args(parsed))
+        return db_engine.execution_options(postgresql_readonly=True) if readonly and _postgres(parsed) else db_engine
     memory = in_memory(url)
     file = sqlite_file(url)
     if readonly and file is not None:
         query = {"mode": "ro", "uri": "true", **({"immutable": "1"} if immutable else {})}
         parsed = parsed.set(database=f"file:{quote(str(file))}", query=query)
-    made = create_engine(parsed, connect_args={"timeout": SQLITE_TIMEOUT_S, "check_same_thread": False},
-                         **({"poolclass": StaticPool} if memory else {}))
+    db_engine = create_engine(parsed, connect_args={"timeout": SQLITE_TIMEOUT_S, "check_same_thread": False},
+                              **({"poolclass": StaticPool} if memory else {}))
 
-    @event.listens_for(made, "connect")
+    @event.listens_for(db_engine, "connect")
     def connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # transactions begin where SQLAlchemy says, as below
         if not memory and not readonly:
             dbapi_connection.execute("PRAGMA journal_mode=WAL")
 
-    @event.listens_for(made, "begin")
+    @event.listens_for(db_engine, "begin")
     def begin(conn: Connection) -> None:
         reading = readonly or conn.get_execution_options().get(READING, False)
         conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
-    return made
+    return db_engine
 
 
 def _postgres(parsed: Any) -> bool:

@@ -44,7 +44,7 @@ from ..devices.allocconf import conf_from_environment
 from ..devices.base import Device, Session, own_random_state
 from ..errors import first_line
 from ..probing.fitrule import MICRO_STEPS, OPTIMIZER_STEPS
-from ..probing.fsdp import RunRule
+from ..probing.fsdp import Sharding
 from ..results.device import DeviceInfo
 from ..results.request import ProbeRequest
 from ..workload import Workload
@@ -99,7 +99,7 @@ def fingerprint(workload: Workload, device: Device, request: ProbeRequest,
         "alloc_conf": conf_from_environment()[0],  # the settings decide, not the name they were given under
         "precision": request.precision,
         "world_size": request.rule.world_size,
-        "rule": plain(RunRule.of(request.rule, request.precision).fields()),
+        "rule": rule_part(request),
         "parallel": request.rule.parallel,
         "margin": float(request.margin),
         "fit_rule": {"optimizer_steps": OPTIMIZER_STEPS, "micro_steps": MICRO_STEPS,
@@ -108,6 +108,20 @@ def fingerprint(workload: Workload, device: Device, request: ProbeRequest,
     if ranks:
         components["ranks"] = [device_part(info) for info in ranks]
     return Fingerprint(digest=_digest(components), components=components, seconds=time.perf_counter() - start)
+
+
+#: How an FSDP fit rule is keyed in the fingerprint: the qualified name its runtime class had when the first entries
+#: were stored, kept so that they are still found whatever the class is called now.
+SHARDING_KEY = "autotune.probing.fsdp.FsdpRule"
+
+
+def rule_part(request: ProbeRequest) -> dict[str, Any]:
+    """What the fingerprint holds of the request's fit rule: DDP's buckets (``data_parallel``), or FSDP's
+    sharding with every field of its runtime part (world size, rank, precision, process group, gradient sync)."""
+    sharding = Sharding.of(request.rule, request.precision)
+    if sharding is None:
+        return {"data_parallel": request.rule.buckets}
+    return {"sharding": {SHARDING_KEY: {f.name: plain(getattr(sharding, f.name)) for f in fields(sharding)}}}
 
 
 def device_part(info: DeviceInfo) -> dict[str, Any]:

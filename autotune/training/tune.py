@@ -42,7 +42,7 @@ from ..devices.base import Device
 from ..devices.oom import is_oom
 from ..errors import BadInput, PlanError
 from ..planning.planner import Uniform, check_plan, make_plan
-from ..probing.finder import probe
+from ..probing.finder import find_max_micro_batch
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
 from ..results.tuning import Candidate, HeadToHead, Tuning
@@ -108,17 +108,10 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
     check_storage(storage)
     check_plan(target_batch, target_batch, world_size=world_size, multiple_of=multiple_of)
     timing = timing or Timing()
-    per_rank = math.ceil(target_batch / world_size)
     choices = {_label(c): c for c in workload.choices()}
     probes = dict(probes or {})
-    sizes: dict[str, list[int]] = {}
-    for label, choice in choices.items():
-        if label not in probes:
-            log.progress(f"probing {workload.name} with {label}")
-            probes[label] = probe(workload.configure(**choice), device, margin=margin, max_batch=per_rank,
-                                  data_parallel=world_size > 1)
-        sizes[label] = candidate_sizes(target_batch, probes[label].max_micro_batch, world_size=world_size,
-                                       multiple_of=multiple_of, uniform=uniform)
+    sizes = _probe_choices(workload, device, choices, probes, target_batch, world_size=world_size,
+                           multiple_of=multiple_of, uniform=uniform, margin=margin)
     settings = study_settings(workload, device, target_batch, world_size=world_size, multiple_of=multiple_of,
                               uniform=uniform, margin=margin, sizes=sizes)
     base_label = next(iter(choices))
@@ -157,6 +150,23 @@ def tune(workload: Workload, device: Device, target_batch: int, *, world_size: i
 
     return _pick(study, target_batch, base_key, choices, probes, world_size, multiple_of, uniform,
                  world_size_source, storage, timing, head_to_head)
+
+
+def _probe_choices(workload: Workload, device: Device, choices: dict[str, dict[str, Any]],
+                   probes: dict[str, ProbeResult], target_batch: int, *, world_size: int, multiple_of: int,
+                   uniform: Uniform, margin: float) -> dict[str, list[int]]:
+    """Each choice of the workload's options probed (into ``probes``, unless it holds that choice already) up to
+    its share of the target per rank, and the candidate micro-batch sizes of each (by choice's label)."""
+    per_rank = math.ceil(target_batch / world_size)
+    sizes: dict[str, list[int]] = {}
+    for label, choice in choices.items():
+        if label not in probes:
+            log.progress(f"probing {workload.name} with {label}")
+            probes[label] = find_max_micro_batch(workload.configure(**choice), device, margin=margin,
+                                                 max_batch=per_rank, data_parallel=world_size > 1)
+        sizes[label] = candidate_sizes(target_batch, probes[label].max_micro_batch, world_size=world_size,
+                                       multiple_of=multiple_of, uniform=uniform)
+    return sizes
 
 
 def _run_study(name: str, storage: str | None, settings: dict[str, Any], sizes: dict[str, list[int]],

@@ -42,7 +42,7 @@ def test_a_failing_estimate_prints_one_line(tmp_path, engine):
 def test_torch_logging_is_back_as_it_was_after_an_estimate(tmp_path):
     from autotune.devices import EstimateDevice
     from autotune.errors import EstimateUnavailable
-    from autotune.probing.finder import probe
+    from autotune.probing.finder import find_max_micro_batch
     from autotune.workload import load_workload
 
     path = tmp_path / "shape_bug.py"
@@ -50,7 +50,7 @@ def test_torch_logging_is_back_as_it_was_after_an_estimate(tmp_path):
     logger = logging.getLogger(FAKE_LOGGER)
     before = (logger.disabled, list(logger.filters), logger.level)
     with pytest.raises(EstimateUnavailable):
-        probe(load_workload(str(path)), EstimateDevice.for_gpu(2**30))
+        find_max_micro_batch(load_workload(str(path)), EstimateDevice.for_gpu(2**30))
     assert (logger.disabled, list(logger.filters), logger.level) == before
 
 

@@ -16,7 +16,7 @@ from autotune.devices import CpuDevice, EstimateDevice, onednn
 from autotune.devices.cpukernels import CpuKernelChoices
 from autotune.devices.meta import MetaKernels, NeedsFakeTensors
 from autotune.devices.tracker import LiveStorageTracker
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import Workload
 
@@ -301,7 +301,7 @@ def test_the_probe_finds_the_lstms_max_in_one_real_run_without_running_out():
     real run to the search's maximum: 6 real runs, 4 misses."""
     build, budget, _ = realistic.CASES["lstm"]
     workload, device = build(), CpuDevice(memory_budget=budget)
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     assert result.real_runs <= 2 and result.real_ooms == 0
     assert result.max_micro_batch == true_max(workload, device, result.usable_bytes, 4096)[0]
     assert not any("FakeTensorMode" in note for note in result.notes)

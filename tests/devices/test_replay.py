@@ -18,7 +18,7 @@ from autotune.devices import EstimateDevice, get_device
 from autotune.devices.meta import MetaKernels
 from autotune.devices.replay import replay, replay_snapshot, snapshot_events
 from autotune.devices.tracker import LiveStorageTracker
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import fit_rule_work
 from autotune.workload import Workload
 
@@ -217,7 +217,7 @@ def test_a_size_that_fits_only_through_release_and_retry_is_flagged():
     # Capacity 100 MiB after the allowance: at micro-batch 2 the scratch blocks are 40, 48, 56, 64 MiB;
     # each new one would add to the cached ones past 100 MiB, so the cache is freed first.
     device = EstimateDevice(capacity=740 * MiB, allowance=640 * MiB)
-    result = probe(growing_workload(), device, margin=0.0, max_batch=2)
+    result = find_max_micro_batch(growing_workload(), device, margin=0.0, max_batch=2)
     assert result.max_micro_batch == 2
     assert result.alloc_retries and result.alloc_retries > 0
     assert result.peak_bytes <= result.usable_bytes
@@ -227,7 +227,7 @@ def test_a_size_that_fits_only_through_release_and_retry_is_flagged():
 
 def test_no_flag_without_retries():
     device = EstimateDevice(capacity=4 * GiB, allowance=640 * MiB)
-    result = probe(growing_workload(), device, margin=0.0, max_batch=2)
+    result = find_max_micro_batch(growing_workload(), device, margin=0.0, max_batch=2)
     assert result.alloc_retries == 0
     assert not any("release-and-retry" in note for note in result.notes)
 
@@ -264,7 +264,7 @@ def test_estimate_answers_equal_a_brute_force_search_over_simulated_runs(name, b
 
     workload = wide_workload() if name == "wide" else load_workload(name)
     device = get_device("estimate:A100-40GB", memory_budget=budget * MiB)
-    result = probe(workload, device, max_batch=100_000)
+    result = find_max_micro_batch(workload, device, max_batch=100_000)
     best, usable = result.max_micro_batch, result.usable_bytes
     # the largest size in [1, 2 * best + 2] that fits is ``best``: it fits, and every size above it, tried one
     # by one, does not
@@ -308,7 +308,7 @@ class SimulatedGpu:
 def test_a_probe_confirming_on_a_gpu_records_real_and_simulated_allocator_figures():
     from autotune.workload import load_workload
 
-    result = probe(load_workload("gpt"), SimulatedGpu(60 * MiB), max_batch=100_000)
+    result = find_max_micro_batch(load_workload("gpt"), SimulatedGpu(60 * MiB), max_batch=100_000)
     estimates = {t.batch: t for t in result.trials if t.source == "estimate"}
     real = [t for t in result.trials if t.source == "real"]
     assert real and real[-1].batch == result.max_micro_batch

@@ -21,7 +21,7 @@ from autotune.devices.measurement import Measurement
 from autotune.devices.recorder import Recorder, record_with
 from autotune.devices.session import EstimateSession, LeftBehind, leftovers
 from autotune.probing.fitrule import fit_rule_work
-from autotune.probing.fsdp import FsdpRule, fake_engine
+from autotune.probing.fsdp import Sharding, fake_engine
 from autotune.workload import Workload, load_workload
 
 from ..helpers import fake_groups
@@ -96,7 +96,7 @@ def test_after_any_measurement_nothing_of_autotunes_is_left_in_torch(gpt):
     assert torch_state() == before and leftovers() == []
     cpu_like = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False)
     fsdp = fake_engine(cpu_like)
-    fsdp.measure(fit_rule_work(gpt, 2, sharding=FsdpRule(2)))  # a fake process group, DTensor's shape propagation
+    fsdp.measure(fit_rule_work(gpt, 2, sharding=Sharding(2)))  # a fake process group, DTensor's shape propagation
     assert torch_state() == before and leftovers() == [] and fake_groups() == []
     assert not compat.process_group_registered("autotune-fake-2-0-cpu")
     assert not compat.shape_propagation_patched()

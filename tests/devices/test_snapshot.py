@@ -20,8 +20,8 @@ from autotune.devices import EstimateDevice, get_device
 from autotune.devices import snapshot as snap
 from autotune.devices.history import RecordingDevice
 from autotune.probing import timeline as tl
-from autotune.probing.fsdp import RunRule
 from autotune.probing.memory import compare_real
+from autotune.results.request import FitRule
 from autotune.results.timeline import share
 from autotune.units import format_bytes, parse_size
 from autotune.workload import load_workload
@@ -255,11 +255,11 @@ def test_a_workload_that_fails_under_checkpointing_gets_no_figure_and_a_bug_of_o
         raise ValueError("no checkpointing here")
 
     monkeypatch.setattr(low, "checkpointed", lambda w, name: replace(w, loss=fails))
-    sentence, saved = low.lowering(recorded, walk, workload, 64, rule=RunRule())
+    sentence, saved = low.lowering(recorded, walk, workload, 64, rule=FitRule())
     assert saved is None and "could not be estimated (WorkloadError" in sentence and "no checkpointing" in sentence
     monkeypatch.setattr(low, "record", lambda *a, **k: {}["a bug of autotune's"])
     with pytest.raises(KeyError):
-        low.lowering(recorded, walk, workload, 64, rule=RunRule())
+        low.lowering(recorded, walk, workload, 64, rule=FitRule())
 
 
 # ---- a size past the capacity: what it would need at the out-of-memory error ----------------------------------

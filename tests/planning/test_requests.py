@@ -176,7 +176,7 @@ def test_an_empty_or_true_snapshot_path_is_refused_as_the_command_line_refuses_i
     file (memory_snapshot(path): True is no path; probe and plan take True as "no file", never '')."""
     from autotune.probing import finder
 
-    monkeypatch.setattr(finder, "probe", lambda *a, **k: pytest.fail("probed before the refusal"))
+    monkeypatch.setattr(finder, "find_max_micro_batch", lambda *a, **k: pytest.fail("probed before the refusal"))
     with pytest.raises(BadInput, match=r"^(path|memory_snapshot) (''|True) is not a file path: give one such as "
                                        r"'memory.pickle'"):
         call()

@@ -17,7 +17,7 @@ from autotune.devices import get_device
 from autotune.errors import BadInput, ProbeFileError, WorkloadError
 from autotune.probing import fsdp
 from autotune.probing.fitrule import fit_rule_work, run_trial
-from autotune.probing.fsdp import FsdpRule, fake_engine, fake_mesh
+from autotune.probing.fsdp import Sharding, fake_engine, fake_mesh
 from autotune.workload import Workload
 
 from ..helpers import fake_groups, held_bytes
@@ -88,7 +88,7 @@ def test_an_estimate_leaves_no_process_group_and_no_patch_behind(mlp):
     resize = torch.UntypedStorage.resize_
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
     estimate = fake_engine(get_device("cpu").estimator())
-    m = _measure(estimate, mlp, 2, FsdpRule(4))
+    m = _measure(estimate, mlp, 2, Sharding(4))
     assert m.peak_bytes > 0
     assert fake_groups() == [] and not dist.is_initialized()
     assert torch.UntypedStorage.resize_ is resize
@@ -101,7 +101,7 @@ def test_estimating_inside_a_real_process_group_leaves_it_alone(mlp, tmp_path):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         world = dist.group.WORLD
-        m = _measure(fake_engine(get_device("cpu").estimator()), mlp, 2, FsdpRule(4, 2))
+        m = _measure(fake_engine(get_device("cpu").estimator()), mlp, 2, Sharding(4, 2))
         assert m.peak_bytes > 0 and dist.group.WORLD is world and dist.get_world_size() == 1
         assert fake_groups() == []
     finally:
@@ -136,8 +136,8 @@ def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_p
 
 @pytest.mark.slow
 def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt):
-    real = _measure(get_device("cpu"), gpt, 4, FsdpRule(2))
-    est = _measure(fake_engine(get_device("cpu").estimator()), gpt, 4, FsdpRule(2))
+    real = _measure(get_device("cpu"), gpt, 4, Sharding(2))
+    est = _measure(fake_engine(get_device("cpu").estimator()), gpt, 4, Sharding(2))
     assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
     assert est.breakdown == real.breakdown
 
@@ -145,7 +145,7 @@ def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt):
 @pytest.mark.slow
 def test_shards_shrink_with_the_world_size_and_unsharded_gradients_wait_for_the_last_micro_step(gpt):
     cpu = get_device("cpu")
-    one, four = (_measure(cpu, gpt, 4, FsdpRule(w)).breakdown for w in (1, 4))
+    one, four = (_measure(cpu, gpt, 4, Sharding(w)).breakdown for w in (1, 4))
     full = sum(p.numel() * 4 for p in gpt.make_model().parameters())
     assert one["parameters"] == pytest.approx(full, rel=0.01)
     assert four["parameters"] == pytest.approx(full / 4, rel=0.05)
@@ -160,9 +160,9 @@ def test_the_meta_engine_gives_way_to_fake_tensors(gpt):
 
     meta = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine="meta")
     assert fake_engine(meta).engine == "fake" and meta.engine == "meta"
-    m = _measure(meta, gpt, 2, FsdpRule(2))  # fully_shard refuses meta parameters: the fallback runs it
+    m = _measure(meta, gpt, 2, Sharding(2))  # fully_shard refuses meta parameters: the fallback runs it
     assert meta.engine == "fake" and "FakeTensorMode" in meta.fallback
-    assert m.peak_bytes == _measure(get_device("cpu"), gpt, 2, FsdpRule(2)).peak_bytes
+    assert m.peak_bytes == _measure(get_device("cpu"), gpt, 2, Sharding(2)).peak_bytes
 
 
 def _mlp(width: int) -> Workload:
@@ -179,7 +179,7 @@ def test_dtensor_shape_propagation_is_not_counted(monkeypatch, uncounted):
         monkeypatch.setattr(fsdp, "shape_propagation_uncounted", lambda tracker: contextlib.nullcontext())
     workload = _mlp(37 if uncounted else 41)
     estimate = fake_engine(get_device("cpu").estimator())  # DTensor propagates in the estimate's own fake mode
-    first, again = (_measure(estimate, workload, 2, FsdpRule(2)) for _ in range(2))
+    first, again = (_measure(estimate, workload, 2, Sharding(2)) for _ in range(2))
     assert (first.timeline == again.timeline) is uncounted
 
 
@@ -209,8 +209,8 @@ def test_an_oom_mid_step_gives_back_everything_beyond_the_shards(gpt, monkeypatc
     workload = _keeps_model_and_runs_out_of_memory(gpt, kept, above=3)
     if not released:  # the planted fault: the sharded state is not released after the error
         monkeypatch.setattr(fsdp, "release", lambda model: None)
-    attempt = run_trial(get_device("cpu"), workload, 4, 10 * MIB, source="real", sharding=FsdpRule(2))
-    assert attempt.oom and not attempt.fits
+    measured = run_trial(get_device("cpu"), workload, 4, 10 * MIB, source="real", sharding=Sharding(2))
+    assert measured.oom and not measured.fits
     held = held_bytes(kept[-1])
     assert (held == 0) if released else held > 0
     assert fake_groups() == []
@@ -373,7 +373,7 @@ def test_syncing_every_micro_step_holds_no_unsharded_gradients_between_micro_ste
     cpu = get_device("cpu")
     peaks = {}
     for every in (False, True):
-        _, m = cpu.measure(fit_rule_work(_wide(), 4, sharding=FsdpRule(8, 0, sync_every=every)))
+        _, m = cpu.measure(fit_rule_work(_wide(), 4, sharding=Sharding(8, 0, sync_every=every)))
         peaks[every] = m.peak_bytes
     gradients = sum(p.numel() * 4 for p in _wide().make_model().parameters())
     # deferring holds the whole model's unsharded gradients beside the next micro-step; every micro-step, an

@@ -11,7 +11,7 @@ from torch import nn
 from autotune.devices import get_device
 from autotune.errors import DoesNotFit, WorkloadError
 from autotune.options import usable_bytes
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.results.probe import ProbeResult
 from autotune.units import format_bytes
 from autotune.workload import Workload
@@ -22,7 +22,7 @@ from ..helpers import autocast_workload, true_max
 @pytest.mark.parametrize("budget", [2_400_000, 3_200_000, 5_000_000])
 def test_mlp_max_equals_exhaustive_real_bisection(mlp, budget):
     device = get_device("cpu", memory_budget=budget)
-    result = probe(mlp, device, max_batch=2048)
+    result = find_max_micro_batch(mlp, device, max_batch=2048)
     expected, _ = true_max(mlp, device, result.usable_bytes, 2048)
     assert result.max_micro_batch == expected
     # The estimate is exact on the CPU: one real run, at the answer.
@@ -35,7 +35,7 @@ def test_mlp_max_equals_exhaustive_real_bisection(mlp, budget):
 @pytest.mark.slow
 def test_gpt_max_equals_exhaustive_real_bisection(gpt):
     device = get_device("cpu", memory_budget=10 * 2**20)
-    result = probe(gpt, device, max_batch=32)
+    result = find_max_micro_batch(gpt, device, max_batch=32)
     expected, _ = true_max(gpt, device, result.usable_bytes, 32)
     assert 1 < expected < 32  # memory, not the limit, decides
     assert result.max_micro_batch == expected
@@ -43,7 +43,7 @@ def test_gpt_max_equals_exhaustive_real_bisection(gpt):
 
 
 def test_trials_table_shows_the_runs(mlp):
-    result = probe(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=4096)
+    result = find_max_micro_batch(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=4096)
     t = result.trials
     assert {x.source for x in t} == {"estimate", "real"}
     # The lines through 2 and 3 guess the max, one estimate there checks them, one real run confirms it.
@@ -53,13 +53,13 @@ def test_trials_table_shows_the_runs(mlp):
 
 
 def test_whole_batch_fits_is_limited_by_max_batch(mlp):
-    result = probe(mlp, get_device("cpu", memory_budget=2**30), max_batch=64)
+    result = find_max_micro_batch(mlp, get_device("cpu", memory_budget=2**30), max_batch=64)
     assert result.max_micro_batch == 64 and result.limited_by == "max_batch"
 
 
 def test_micro_batch_one_too_big_says_what_it_needs(mlp):
     with pytest.raises(DoesNotFit, match=r"micro-batch 1 needs .* usable memory is .*bf16.*checkpointing"):
-        probe(mlp, get_device("cpu", memory_budget=1_000_000))
+        find_max_micro_batch(mlp, get_device("cpu", memory_budget=1_000_000))
 
 
 def test_non_oom_error_stops_the_probe_with_the_batch_size():
@@ -72,7 +72,7 @@ def test_non_oom_error_stops_the_probe_with_the_batch_size():
                  loss=loss)
     with pytest.raises(WorkloadError, match=r"workload 'flaky' failed at micro-batch (9|\d\d+).*ValueError: "
                                             r"index out of range in my loss") as info:
-        probe(w, get_device("cpu", memory_budget=2**30), max_batch=1000)
+        find_max_micro_batch(w, get_device("cpu", memory_budget=2**30), max_batch=1000)
     assert info.value.batch > 8 and "does not fit" not in str(info.value)
 
 
@@ -88,7 +88,7 @@ def test_users_model_and_optimizer_untouched():
     rng = torch.get_rng_state()
     w = Workload(name="shared", model=lambda: user_model, batch=lambda n, g: torch.randn(n, 8, generator=g),
                  loss=lambda m, b: m(b).pow(2).mean())
-    probe(w, get_device("cpu", memory_budget=300_000), max_batch=256)
+    find_max_micro_batch(w, get_device("cpu", memory_budget=300_000), max_batch=256)
     for k, v in user_model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(torch.equal(p.grad, g) for p, g in zip(user_model.parameters(), grads))
@@ -99,7 +99,7 @@ def test_users_model_and_optimizer_untouched():
 
 @pytest.mark.slow
 def test_estimate_device_marks_the_result(gpt):
-    result = probe(gpt, get_device("estimate", memory_budget=700 * 2**20), max_batch=4096)
+    result = find_max_micro_batch(gpt, get_device("estimate", memory_budget=700 * 2**20), max_batch=4096)
     assert result.estimated and result.real_runs == 0
     assert any("not confirmed" in n for n in result.notes)
     assert result.device.summary.startswith("estimate for") and "CUDA context" in result.device.summary
@@ -109,7 +109,7 @@ def test_estimate_device_marks_the_result(gpt):
 
 
 def test_json_round_trip(mlp):
-    result = probe(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=512)
+    result = find_max_micro_batch(mlp, get_device("cpu", memory_budget=4_000_000), max_batch=512)
     data = json.loads(json.dumps(result.to_dict()))
     again = ProbeResult.from_dict(data)
     assert again == result
@@ -154,7 +154,7 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
     w = Workload(name="hungry", model=Hungry, batch=lambda n, g: torch.randn(n, 32, generator=g),
                  loss=lambda m, b: m(b).pow(2).mean())
     device = get_device("cpu", memory_budget=6_000_000)
-    result = probe(w, device, max_batch=8192)
+    result = find_max_micro_batch(w, device, max_batch=8192)
     expected, _ = true_max(w, device, usable_bytes(device.capacity_bytes(), 0.1), 8192)
     assert result.max_micro_batch == expected
     # Its max runs out of memory; one real run where the estimate grows with the batch measures the
@@ -170,7 +170,7 @@ def test_estimate_that_misses_memory_is_caught_and_the_exact_max_found():
 def test_a_workload_the_meta_engine_cannot_run_is_estimated_under_fake_tensors_and_says_so():
     workload = autocast_workload()
     device = get_device("cpu", memory_budget=3_000_000)
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     expected, _ = true_max(workload, device, result.usable_bytes, 4096)
     assert result.max_micro_batch == expected
     assert result.real_runs == 1 and result.real_ooms == 0
@@ -185,7 +185,7 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
     and the answer, each its own figure): the probe says it once, with the figure at the max micro-batch."""
     from autotune.workload import load_workload
 
-    result = probe(load_workload("convnet"), get_device("estimate", memory_budget=2**30))
+    result = find_max_micro_batch(load_workload("convnet"), get_device("estimate", memory_budget=2**30))
     (cudnn,) = [n for n in result.notes if n.startswith("cuDNN convolution workspaces counted as 0 bytes")]
     at_answer = result.trials[[t.batch for t in result.trials].index(result.max_micro_batch)]
     assert at_answer.source == "estimate" and {t.batch for t in result.trials} == {2, 3, result.max_micro_batch}
@@ -199,7 +199,7 @@ def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_prob
     from ..devices.compiled_net import Net, workload
 
     compiled = workload(lambda: torch.compile(Net()))
-    result = probe(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
+    result = find_max_micro_batch(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
     assert any(t.source == "real" for t in result.trials)
     (eager,) = [n for n in result.notes if n.startswith("the model is compiled (torch.compile): estimated as its "
                                                          "eager program")]
@@ -221,17 +221,17 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     FSDP over ``world`` ranks too)."""
     from autotune.probing import tracelines
     from autotune.probing.fitrule import run_trial
-    from autotune.probing.fsdp import FsdpRule, fake_engine
+    from autotune.probing.fsdp import Sharding, fake_engine
 
-    sharding = FsdpRule(world) if world else None
+    sharding = Sharding(world) if world else None
     device = get_device("estimate", memory_budget=budget)
-    result = probe(gpt, device, max_batch=512, sharding=sharding)
+    result = find_max_micro_batch(gpt, device, max_batch=512, sharding=sharding)
     found = result.max_micro_batch
     assert [t.batch for t in result.trials] == [2, 3, found]
     assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
 
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
-    evaluated = probe(gpt, device, max_batch=512, sharding=sharding)
+    evaluated = find_max_micro_batch(gpt, device, max_batch=512, sharding=sharding)
     assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
     # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
     engine = fake_engine(device) if world else device
@@ -282,9 +282,9 @@ def test_where_the_traces_are_not_lines_the_evaluated_search_decides(monkeypatch
     w = Workload(name="in-batch", model=InBatch, batch=lambda n, g: torch.randn(n, 64, generator=g),
                  loss=lambda m, b: m(b))
     device = get_device("estimate", memory_budget=(640 + 64) * 2**20)
-    result = probe(w, device, max_batch=8192)
+    result = find_max_micro_batch(w, device, max_batch=8192)
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
-    evaluated = probe(w, device, max_batch=8192)
+    evaluated = find_max_micro_batch(w, device, max_batch=8192)
     assert result.max_micro_batch == evaluated.max_micro_batch and 3 < result.max_micro_batch < 8192
     assert not any("was not evaluated" in n for n in result.notes)
 
@@ -307,13 +307,13 @@ def test_a_hugging_face_llama_standing_in_for_a_gpu_takes_three_evaluations_and_
     """Issue 40, item 4, on a transformers Llama (with FSDP over 2 ranks too): the lines of its allocation
     traces give the answer the search evaluating every size gives, in three evaluations."""
     from autotune.probing import tracelines
-    from autotune.probing.fsdp import FsdpRule
+    from autotune.probing.fsdp import Sharding
 
-    w, sharding = tiny_llama(), FsdpRule(world) if world else None
+    w, sharding = tiny_llama(), Sharding(world) if world else None
     device = get_device("estimate", memory_budget=(640 + 256) * 2**20)
-    result = probe(w, device, max_batch=4096, sharding=sharding)
+    result = find_max_micro_batch(w, device, max_batch=4096, sharding=sharding)
     assert 3 < result.max_micro_batch < 4096  # memory decides
     assert [t.batch for t in result.trials] == [2, 3, result.max_micro_batch]
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
-    evaluated = probe(w, device, max_batch=4096, sharding=sharding)
+    evaluated = find_max_micro_batch(w, device, max_batch=4096, sharding=sharding)
     assert evaluated.max_micro_batch == result.max_micro_batch and len(evaluated.trials) > 3

@@ -11,7 +11,7 @@ import pytest
 from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import WorkloadError
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import run_trial
 
 from .. import workloads
@@ -37,7 +37,8 @@ def test_a_real_oom_the_estimate_cannot_see_is_searched_and_reported(capsys, tmp
 
 def test_an_error_that_only_says_out_of_memory_is_the_workloads_error_on_the_cpu():
     with pytest.raises(WorkloadError, match=r"failed at micro-batch \d+ \(real run\): RuntimeError: CUDA out of"):
-        probe(workloads.oom_message_above(50), get_device("cpu", memory_budget=1_000_000), max_batch=4096)
+        find_max_micro_batch(workloads.oom_message_above(50), get_device("cpu", memory_budget=1_000_000),
+                             max_batch=4096)
 
 
 @pytest.mark.slow
@@ -46,7 +47,7 @@ def test_routing_that_depends_on_parameters_is_estimated_at_its_upper_bound():
     the confirm run and a short search on the device find the answer."""
     w = workloads.moe()
     device = get_device("cpu", memory_budget=2_000_000)
-    result = probe(w, device, max_batch=4096)
+    result = find_max_micro_batch(w, device, max_batch=4096)
     expected, _ = true_max(w, device, result.usable_bytes, 4096)
     assert result.max_micro_batch == expected
     assert any("upper bound" in n and "nonzero" in n and "worst case" in n for n in result.notes), result.notes
@@ -57,7 +58,7 @@ def test_routing_that_depends_on_parameters_is_estimated_at_its_upper_bound():
 def test_a_size_with_no_bound_is_searched_on_the_device_with_a_note():
     w = workloads.unbounded_routing()
     device = get_device("cpu", memory_budget=2_000_000)
-    result = probe(w, device, max_batch=4096)
+    result = find_max_micro_batch(w, device, max_batch=4096)
     expected, _ = true_max(w, device, result.usable_bytes, 4096)
     # Up to 2 short, and what the search costs, where samples hold different amounts: test_probe_learning.py.
     assert expected - 2 <= result.max_micro_batch <= expected
@@ -84,7 +85,7 @@ def test_a_shape_read_from_the_batch_is_answered_from_its_values():
     the batch, exactly, and one real run confirms."""
     w = workloads.trim_padding()
     device = get_device("cpu", memory_budget=8_000_000)
-    result = probe(w, device, max_batch=65536)
+    result = find_max_micro_batch(w, device, max_batch=65536)
     assert result.real_runs <= 2 and result.real_ooms == 0
     assert any("answered 4 reads" in n for n in result.notes), result.notes
     assert not any("not trusted" in n for n in result.notes), result.notes
@@ -96,7 +97,7 @@ def test_a_shape_read_from_the_batch_is_answered_from_its_values():
 def test_a_shape_read_from_values_that_depend_on_parameters_is_flagged_and_not_trusted():
     w = workloads.gated_length()
     device = get_device("cpu", memory_budget=8_000_000)
-    result = probe(w, device, max_batch=65536)
+    result = find_max_micro_batch(w, device, max_batch=65536)
     expected, _ = true_max(w, device, result.usable_bytes, 256)
     assert abs(result.max_micro_batch - expected) <= 1
     assert any("read values it cannot know (4 reads" in n and "depend on parameters" in n and "not trusted" in n
@@ -109,7 +110,7 @@ def test_a_shape_read_from_values_that_depend_on_parameters_is_flagged_and_not_t
 def test_real_runs_on_the_cpu_never_take_more_than_the_budget():
     w = workloads.trim_padding()
     device = get_device("cpu", memory_budget=8_000_000)
-    result = probe(w, device, max_batch=65536)
+    result = find_max_micro_batch(w, device, max_batch=65536)
     real = [t for t in result.trials if t.source == "real"]
     assert real and all(t.oom or t.peak_bytes <= device.capacity_bytes() for t in real)
 
@@ -118,7 +119,7 @@ def test_the_estimate_device_says_it_cannot_estimate_a_size_with_no_bound():
     from autotune.errors import AutotuneError
 
     with pytest.raises(AutotuneError, match=r"cannot estimate .*repeat_interleave.*real device"):
-        probe(workloads.unbounded_routing(), get_device("estimate", memory_budget=2**30), max_batch=64)
+        find_max_micro_batch(workloads.unbounded_routing(), get_device("estimate", memory_budget=2**30), max_batch=64)
 
 
 @pytest.mark.parametrize("read, what", [
@@ -133,12 +134,13 @@ def test_a_size_from_the_batchs_own_values_is_not_blamed_on_parameters(read, wha
     # of them cannot run, and a size read from them is not trusted.
     with pytest.raises(AutotuneError, match=what + r" \(the batch holds 64\.0 MiB, more than the 32\.0 MiB built "
                                               r"for real at each estimate, so it is built shape-only\)") as caught:
-        probe(workloads.large_graph_batch(read=read), get_device("estimate", memory_budget=2**34), max_batch=4)
+        find_max_micro_batch(workloads.large_graph_batch(read=read), get_device("estimate", memory_budget=2**34),
+                             max_batch=4)
     assert "depend on parameters" not in str(caught.value)
 
 
 def test_the_estimate_device_estimates_parameter_routing_at_its_bound_and_says_so():
-    result = probe(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
+    result = find_max_micro_batch(workloads.moe(), get_device("estimate", memory_budget=2**30), max_batch=64)
     assert result.max_micro_batch == 64
     assert any("upper bound" in n and "nonzero" in n for n in result.notes), result.notes
 

@@ -7,8 +7,8 @@ import pytest
 
 from autotune.devices import get_device
 from autotune.probing import learn
-from autotune.probing.finder import probe
-from autotune.probing.fitrule import Attempt
+from autotune.probing.finder import find_max_micro_batch
+from autotune.probing.fitrule import MeasuredTrial
 from autotune.store import cached
 from autotune.workload import load_workload
 
@@ -20,7 +20,7 @@ def _probe(name: str):
     build, budget, _ = realistic.CASES[name]
     workload = build()
     device = get_device("cpu", memory_budget=budget)
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     real = [t for t in result.trials if t.source == "real"]
     return result, len(real), sum(not t.fits for t in real), workload, device
 
@@ -50,7 +50,7 @@ def test_a_workload_whose_estimate_misses_a_kernels_workspace_is_recalibrated_by
     peaks, is the answer: at most 4 real runs, 2 of them misses."""
     workload = workloads.hidden_workspace(4096)
     device = get_device("cpu", memory_budget=budget)
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     real = [t for t in result.trials if t.source == "real"]
     runs, misses = len(real), sum(not t.fits for t in real)
     assert result.max_micro_batch == true_max(workload, device, result.usable_bytes, 4096)[0]
@@ -63,7 +63,7 @@ def test_a_workload_whose_estimate_misses_a_kernels_workspace_is_recalibrated_by
     at_max = next(t for t in real if t.batch == m)
     assert result.predicted_peak_at(m + 1) <= result.usable_bytes
     assert learn.expected_peak(result, m + 1) > result.usable_bytes
-    assert cached.disagreement(result, Attempt(at_max), result.usable_bytes, 4096) is None
+    assert cached.disagreement(result, MeasuredTrial(at_max), result.usable_bytes, 4096) is None
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def test_routing_no_estimate_can_size_is_searched_on_the_device_from_every_real_
     up to 2 short of it."""
     workload = workloads.unbounded_routing()
     device = get_device("cpu", memory_budget=realistic.CASES["moe"][1])
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     real = [t for t in result.trials if t.source == "real"]
     truth = true_max(workload, device, result.usable_bytes, 4096)[0]
     assert truth - 2 <= result.max_micro_batch <= truth
@@ -101,7 +101,7 @@ def test_routing_no_estimate_can_size_is_searched_on_the_device_from_every_real_
 
 @pytest.mark.parametrize("name,budget", [("mlp", 2_400_000), ("mlp", 9_000_000), ("convnet", 24 << 20)])
 def test_workloads_the_estimate_sizes_exactly_take_one_real_run(name, budget):
-    result = probe(load_workload(name), get_device("cpu", memory_budget=budget))
+    result = find_max_micro_batch(load_workload(name), get_device("cpu", memory_budget=budget))
     assert result.real_runs == 1 and result.real_ooms == 0 and result.estimate_error == 0.0
     assert [t.batch for t in result.trials if t.source == "estimate"] == [2, 3, result.max_micro_batch]
     assert not any("searched" in n for n in result.notes), result.notes

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from autotune.devices import get_device
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.probing.fitrule import run_trial
 
 from .. import realistic
@@ -61,7 +61,7 @@ def test_the_estimate_from_the_batchs_values_is_the_real_peak(name):
 @pytest.mark.parametrize("name", EXACT)
 def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_miss(name):
     workload, device, _ = _build(name)
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     assert result.real_runs <= 2 and _misses(result) == 0, [(t.batch, t.fits) for t in result.trials]
     _assert_the_max(workload, device, result)
     assert any("values computed from the batch alone answered" in n for n in result.notes), result.notes
@@ -70,7 +70,7 @@ def test_setups_whose_shapes_come_from_the_batch_take_two_real_runs_and_no_miss(
 
 def test_parameter_routing_is_estimated_at_its_bound_within_four_real_runs():
     workload, device, _ = _build("moe")
-    result = probe(workload, device, max_batch=4096)
+    result = find_max_micro_batch(workload, device, max_batch=4096)
     assert result.real_runs <= 4 and _misses(result) <= 1, [(t.batch, t.fits) for t in result.trials]
     _assert_the_max(workload, device, result)
     assert any("upper bound" in n and "nonzero" in n for n in result.notes), result.notes

@@ -31,7 +31,7 @@ def url(store_url) -> str:
 def counted(monkeypatch):
     """How often the probe ran in full, and how many real fit-rule runs a store hit made."""
     calls = {"probe": 0, "confirm": 0}
-    real_probe, real_trial = finder.probe, cached.run_trial
+    real_probe, real_trial = finder.find_max_micro_batch, cached.run_trial
 
     def probe(*args, **kwargs):
         calls["probe"] += 1
@@ -41,7 +41,7 @@ def counted(monkeypatch):
         calls["confirm"] += 1
         return real_trial(*args, **kwargs)
 
-    monkeypatch.setattr(finder, "probe", probe)
+    monkeypatch.setattr(finder, "find_max_micro_batch", probe)
     monkeypatch.setattr(cached, "run_trial", trial)
     return calls
 

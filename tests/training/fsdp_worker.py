@@ -27,7 +27,7 @@ from autotune import api as pipeline
 from autotune.devices import get_device
 from autotune.planning.planner import make_plan
 from autotune.probing.fitrule import fit_rule_work
-from autotune.probing.fsdp import FsdpRule
+from autotune.probing.fsdp import Sharding
 from autotune.training import distributed
 from autotune.training.accumulate import Accumulator
 from autotune.workload import load_workload
@@ -80,7 +80,7 @@ def case() -> dict:
     rank, world = distributed.rank(), distributed.world_size()
     gpt = load_workload("gpt")
     cpu = get_device("cpu", memory_budget=BUDGET)
-    rule = FsdpRule(world, rank, real_group=True)
+    rule = Sharding(world, rank, real_group=True)
     _, measured = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule))
     with transport_keeps_buffers():
         _, kept = cpu.measure(fit_rule_work(gpt, BATCH, sharding=rule), enforce_capacity=False)

@@ -205,12 +205,12 @@ def test_a_rank_that_fails_at_the_end_is_named_by_the_ranks_waiting_to_leave():
 def test_the_one_process_fsdp_estimate_matches_each_rank_measured_under_torchrun(cases, gpt):
     from autotune.devices import get_device
     from autotune.probing.fitrule import fit_rule_work
-    from autotune.probing.fsdp import FsdpRule, fake_engine
+    from autotune.probing.fsdp import Sharding, fake_engine
 
     worker = cases["fsdp"]
     estimate = fake_engine(get_device("cpu").estimator())
     for every, measured in ((False, worker["peaks"]), (True, worker["peaks_sync_every"])):
-        _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=FsdpRule(2, 0, sync_every=every)))
+        _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=Sharding(2, 0, sync_every=every)))
         for peak in measured:
             assert abs(m.peak_bytes - peak) / peak <= 0.03, (every, m.peak_bytes, measured)
 

@@ -78,11 +78,11 @@ def test_running_out_of_memory_during_a_run_says_the_plan_does_not_fit():
      "model() failed: RuntimeError: no weights here"),
 ])
 def test_a_model_factory_that_fails_is_named(factory, error, words):
-    from autotune.probing.finder import probe
+    from autotune.probing.finder import find_max_micro_batch
 
     w = replace(load_workload("mlp"), model=factory)
     with pytest.raises(error) as info:
-        probe(w, get_device("cpu", memory_budget=2**30), max_batch=8)
+        find_max_micro_batch(w, get_device("cpu", memory_budget=2**30), max_batch=8)
     assert words in str(info.value)
 
 

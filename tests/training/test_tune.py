@@ -270,7 +270,7 @@ def test_bad_storage_is_found_before_any_work(mlp, monkeypatch, url, match):
     def no_probe(*args, **kwargs):
         raise AssertionError("probed before the storage was checked")
 
-    monkeypatch.setattr(tune_module, "probe", no_probe)
+    monkeypatch.setattr(tune_module, "find_max_micro_batch", no_probe)
     with pytest.raises(BadInput, match=match) as info:
         tune(mlp, get_device("cpu", memory_budget=3_000_000), 256, storage=url)
     assert "secret" not in str(info.value) and "\n" not in str(info.value)

@@ -14,7 +14,7 @@ from autotune.api import plan as make_plan
 from autotune.cli import main
 from autotune.devices import get_device
 from autotune.errors import ProbeFileError
-from autotune.probing.finder import probe
+from autotune.probing.finder import find_max_micro_batch
 from autotune.training import Batches, NoiseScale
 from autotune.training.accumulate import Accumulator
 from autotune.training.runner import run_plan
@@ -98,7 +98,7 @@ def test_packed_items_are_target_tokens_per_micro_batch():
 def test_probe_equals_a_real_bisection(make):
     w = make()
     device = get_device("cpu", memory_budget=BUDGETS[w.name])
-    result = probe(w, device, max_batch=256)
+    result = find_max_micro_batch(w, device, max_batch=256)
     expected = exhaustive_max(w, device, result.usable_bytes, 256)
     assert 4 < expected < 256  # memory, not the limit, decides
     assert abs(result.max_micro_batch - expected) <= 1
