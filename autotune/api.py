@@ -272,17 +272,14 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     ``probe``: what to plan, as for :func:`probe` (``workload``: its former name, deprecated); ``precision``
     as for :func:`probe`.
 
-    ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
-    ``fully_shard`` (the probe then measures one rank of exactly that many), its gradient sync as
-    ``fsdp_sync`` says (see :func:`probe`). The probe never searches past the per-rank target, since a
-    plan never needs more.
-    ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True
-    equal micro-batches within twice the fewest steps (else NoUniformPlan, a PlanError that
-    names the nearest targets), "force" equal micro-batches however many steps they take.
-    With ``tune``, an optuna study times real steps of the candidate plans (and of
-    the workload's options) against the untuned plan, and the fastest wins unless it is
-    within noise; ``storage`` is optuna's (e.g. ``sqlite:///reports/tune.db``), so a study
-    can be resumed and inspected, under ``study_name`` or a name made from the settings.
+    ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with ``fully_shard`` (the probe then
+    measures one rank of exactly that many), its gradient sync as ``fsdp_sync`` says (see :func:`probe`).
+    The probe never searches past the per-rank target, since a plan never needs more.
+    ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True equal micro-batches
+    within twice the fewest steps (else NoUniformPlan, naming the nearest targets), "force" equal micro-batches
+    however many steps they take. With ``tune``, an optuna study times real steps of the candidate plans (and of
+    the workload's options) against the untuned plan, and the fastest wins unless it is within noise;
+    ``storage`` is optuna's (``sqlite:///reports/tune.db``), under ``study_name`` or a name made from the settings.
     ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
     ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
     ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
@@ -292,13 +289,12 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     :mod:`autotune.planning.bytokens`; ``cut_samples``: every step exactly ``target_tokens``, the sample that
     crosses it cut there. The plan's ``tokens`` holds every step's tokens.
 
-    Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank
-    (``"estimate:A100-80GB,estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``,
-    ``"8MiB,3MiB"`` or lists; the world size is how many), and under torchrun every rank probes its
-    own device. When the ranks differ (kind, GPU model or usable memory), each gets its own
-    micro-batch and micro-steps (:func:`autotune.planning.mixed.make_mixed_plan`), balanced by time
-    per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
-    name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
+    Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank (``"estimate:A100-80GB,
+    estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``, ``"8MiB,3MiB"`` or lists; the world
+    size is how many); under torchrun every rank probes its own device. Ranks that differ each get their own
+    micro-batch and micro-steps (:func:`autotune.planning.mixed.make_mixed_plan`), balanced by time per sample
+    where every rank's is known (timed, or a roofline estimate for a GPU by name), else by memory.
+    ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
 
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
