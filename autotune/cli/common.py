@@ -227,12 +227,3 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr (warnings only)")
     p.add_argument("--verbose", "-v", action="store_true", help="more detail on stderr")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
-
-
-def add_device(p: argparse.ArgumentParser) -> None:
-    """The workload (--probe, or --model and its settings) and the device: its memory and margin."""
-    add_settings(p, "probe", only=("probe",))
-    from .model_flags import add_model_flags
-
-    add_model_flags(p)
-    add_settings(p, "probe", only=("device", "memory_budget", "margin"))

@@ -22,6 +22,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     add_settings(g, "model", declared=MODEL)
 
 
+def add_device(p: argparse.ArgumentParser) -> None:
+    """The workload (--probe, or --model and its settings) and the device: its memory and margin."""
+    add_settings(p, "probe", only=("probe",))
+    add_model_flags(p)
+    add_settings(p, "probe", only=("device", "memory_budget", "margin"))
+
+
 def workload_of(args: argparse.Namespace) -> str | None:
     """The workload the flags name: ``--probe``'s spec, or ``--model``'s as a model spec (``hf:...``)."""
     model, probe = getattr(args, "model", None), getattr(args, "probe", None)

@@ -9,7 +9,6 @@ from ..errors import BadInput
 from .common import (
     Formatter,
     add_common,
-    add_device,
     add_distributed,
     add_fsdp_sync,
     add_report,
@@ -25,7 +24,7 @@ from .common import (
     write_output,
     write_report,
 )
-from .model_flags import workload_of
+from .model_flags import add_device, workload_of
 
 EXAMPLES = """\
 Trains the probe workload by the plan for N optimizer steps and verifies it:
