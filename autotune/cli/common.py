@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import options
 from ..errors import BadInput
+from .terms import CLI
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,11 +87,13 @@ class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsH
 def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
     """An argparse ``type`` from an :mod:`autotune.options` check, its errors naming the flag."""
 
+    field = name.removeprefix("--").replace("-", "_")
+
     def parse(text: str) -> Any:
         try:
-            return check(text, name)
+            return check(text, field)
         except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(exc.say(CLI)) from None
 
     parse.__name__ = name
     return parse

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from .. import options
-from ..errors import DoesNotFit, PlanError, RanksDiffer
+from ..errors import DoesNotFit, PlanError, RanksDiffer, mention
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Parallel
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -196,11 +196,12 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     for r, m in enumerate(maxima):
         options.whole(m, f"rank {r}'s max micro-batch", text=False, error=PlanError)
         if m < q:
-            raise PlanError(f"rank {r}'s max micro-batch {m} is smaller than multiple_of {q}: no micro-batch size is "
-                            f"allowed there; use multiple_of {m} or less, or give that rank more memory")
+            raise PlanError(f"rank {r}'s max micro-batch {m} is smaller than {{multiple_of}} {q}: no micro-batch size "
+                            f"is allowed there", field="multiple_of", limit=m,
+                            fix=f"use {{multiple_of}} {m} or less, or give that rank more memory")
     if target % q:
-        raise PlanError(f"target {target} is not a multiple of multiple_of {q}: use target "
-                        f"{target - target % q or q} or {target - target % q + q}")
+        raise PlanError(f"target {target} is not a multiple of {{multiple_of}} {q}", field="target_batch",
+                        fix=f"use target {target - target % q or q} or {target - target % q + q}")
     if target // q < world:
         raise PlanError(f"target {target} on {plural(world, 'rank')}: every rank needs at least {q} "
                         f"{'sample' if q == 1 else 'samples'} per step ({world * q} in all); use a target of at least "
@@ -224,8 +225,8 @@ def how_ranks_differ(maxima: Sequence[int]) -> str:
     return "max micro-batch per rank: " + ", ".join(map(str, maxima[:8])) + (", ..." if len(maxima) > 8 else "")
 
 
-def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform_ranks=True",
-                       drop: str = "drop uniform") -> RanksDiffer:
+def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "{uniform_ranks=True}",
+                       drop: str = "drop {uniform}") -> RanksDiffer:
     """The error for equal micro-batches (``asked``) on ranks that differ, naming ``fix`` for the smallest-for-all
     plan."""
     return RanksDiffer(f"{asked}, but the ranks differ ({how_ranks_differ(maxima)}): pass {fix} for the "
@@ -275,7 +276,7 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
         return _alike(make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of,
                                 uniform=uniform, probe=probe, world_size_source=world_size_source), ranks, notes)
     if uniform:
-        raise ranks_differ_error(maxima, f"uniform={uniform!r} asks for equal micro-batches on every rank")
+        raise ranks_differ_error(maxima, mention("uniform", uniform) + " asks for equal micro-batches on every rank")
     timed = all(r.seconds_per_sample is not None for r in ranks)
     times = [float(r.seconds_per_sample) for r in ranks if r.seconds_per_sample is not None] if timed else None
     lockstep = parallel == "fsdp"
