@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import (NOTHING, AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError, Terms,
-                      WorkloadError, first_line)
+from ..errors import (
+    NOTHING,
+    AutotuneError,
+    BadInput,
+    DoesNotFit,
+    EstimateUnavailable,
+    ProbeFileError,
+    Terms,
+    WorkloadError,
+    first_line,
+)
 from ..store.claims import LEASE_S
 from ..store.store import Store
 
