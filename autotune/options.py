@@ -174,10 +174,10 @@ def per_rank(value: Any, name: str, *, most: int = MAX_RANKS, fix: str = RANKS_F
                 raise BadInput("has an empty item", field=name, value=value, fix=f"give one per rank, e.g. {example}")
             how_many = f"give how many ranks, e.g. {text.strip()}*4"
             if star and not count.strip().removeprefix("-").isdigit():
-                raise BadInput(f"count after '*' in {part.strip()!r} is not a whole number", field=name, value=value,
-                               fix=how_many)
+                raise BadInput(f"{mention(name)} count after '*' in {part.strip()!r} is not a whole number",
+                               field=name, fix=how_many)
             if star and int(count) < 1:
-                raise BadInput(f"count after '*' in {part.strip()!r} must be at least 1", field=name, value=value,
+                raise BadInput(f"{mention(name)} count after '*' in {part.strip()!r} must be at least 1", field=name,
                                limit=1, fix=how_many)
             parts.append((text.strip(), int(count) if star else 1))
         _most_ranks(sum(n for _, n in parts), name, most, fix)

@@ -105,9 +105,8 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
 def _check_allowance(memory_budget: int | None, allowance: int) -> None:
     if memory_budget is not None and memory_budget <= allowance:
         raise DeviceError(
-            f"memory_budget {format_bytes(memory_budget)} is not more than the {format_bytes(allowance)} a CUDA "
-            "context takes: give the GPU's memory, e.g. 24GiB"
-        )
+            f"{{memory_budget}} {format_bytes(memory_budget)} is not more than the {format_bytes(allowance)} a CUDA "
+            "context takes", field="memory_budget", limit=allowance, fix="give the GPU's memory, e.g. 24GiB")
 
 
 def _check_ram(memory_budget: int | None) -> None:

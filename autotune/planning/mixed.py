@@ -249,8 +249,8 @@ def rank_cannot_hold_one(facts: str, rank: int, world: int, device: str, budget:
                          parallel: str) -> DoesNotFit:
     """The error of a rank of a mixed job that cannot hold a micro-batch of 1 (``facts``: the bytes needed and
     usable): it names the rank and its device, and what would let the job run."""
-    where = device + (f", memory_budget {format_bytes(budget)}" if budget is not None else "")
-    shard = (f"shard the model over the {world} ranks (parallel fsdp), "
+    where = device + (f", {{memory_budget}} {format_bytes(budget)}" if budget is not None else "")
+    shard = (f"shard the model over the {world} ranks ({{parallel='fsdp'}}), "
              if parallel != "fsdp" else "")
     return DoesNotFit(f"rank {rank} of {world} ({where}) cannot hold a micro-batch of 1: {facts}: {shard}use a "
                       f"smaller model (or bf16, activation checkpointing, a shorter sequence), give rank {rank} a "

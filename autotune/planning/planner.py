@@ -127,7 +127,7 @@ def nearest_uniform_targets(target: int, max_micro_batch: int, *, world_size: in
                             multiple_of: int = 1) -> tuple[int | None, int | None]:
     """The nearest targets below and above ``target`` that split into equal micro-batches
     (the same rules as ``make_plan(..., uniform=True)``); None where there is none below."""
-    target = _whole(target, "target batch", "give the effective batch over all ranks, e.g. 1024")
+    target = _whole(target, "target_batch", "give the effective batch over all ranks, e.g. 1024")
     _limit_target(target)
     unit_max = max_micro_batch // multiple_of
     if unit_max < 1:
@@ -316,9 +316,9 @@ def check_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, 
 def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of: int,
            uniform: Uniform) -> tuple[int, int, int, int, int, int]:
     """(target, m, world, q, steps, fewest steps) once every check and limit has passed."""
-    target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
-    m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
-    world = _whole(world_size, "world size", "pass 1 for a single process")
+    target = _whole(target_batch, "target_batch", "give the effective batch over all ranks, e.g. 1024")
+    m = _whole(max_micro_batch, "max_micro_batch", "at least one sample must fit per rank")
+    world = _whole(world_size, "world_size", "pass 1 for a single process")
     q = _whole(multiple_of, "multiple_of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
     if uniform not in UNIFORM:
         raise PlanError("must be True, False, None or 'force'", field="uniform", value=uniform,

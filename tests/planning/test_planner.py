@@ -164,7 +164,7 @@ def test_forced_uniform_takes_as_many_steps_as_it_needs():
 
 def test_forced_uniform_errors_name_the_fix():
     with pytest.raises(PlanError, match=r"uniform='force': target 1021 does not split into equal micro-batches on "
-                                        r"2 ranks: every step takes a multiple of 2 samples; use target 1020 or 1022"):
+                                        r"2 ranks: every step takes a multiple of 2 samples: use target 1020 or 1022"):
         make_plan(1021, 300, world_size=2, uniform="force")
     with pytest.raises(PlanError, match=r"uniform='force' needs 999999937 steps for target 999999937: "
                                         r"999,999,937 micro-batches per optimizer step"):
@@ -229,13 +229,13 @@ def test_nearest_uniform_targets():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(target_batch=0), r"target batch 0 must be at least 1"),
-    (dict(target_batch=-8), r"target batch -8 must be at least 1"),
-    (dict(target_batch=1.5), r"target batch 1\.5 is not a whole number"),
-    (dict(target_batch="8"), r"target batch '8' is a string, not a whole number: give the number itself, 8"),
-    (dict(target_batch=True), r"target batch True is not a whole number"),
-    (dict(max_micro_batch=0), r"max micro-batch 0 must be at least 1"),
-    (dict(world_size=0), r"world size 0 must be at least 1"),
+    (dict(target_batch=0), r"target_batch 0 must be at least 1"),
+    (dict(target_batch=-8), r"target_batch -8 must be at least 1"),
+    (dict(target_batch=1.5), r"target_batch 1\.5 is not a whole number"),
+    (dict(target_batch="8"), r"target_batch '8' is a string, not a whole number: give the number itself, 8"),
+    (dict(target_batch=True), r"target_batch True is not a whole number"),
+    (dict(max_micro_batch=0), r"max_micro_batch 0 must be at least 1"),
+    (dict(world_size=0), r"world_size 0 must be at least 1"),
     (dict(target_batch=4, world_size=8), r"target 4 is smaller than the world size 8: every rank needs at least "
                                          r"one sample per step"),
     (dict(multiple_of=0), r"multiple_of 0 must be at least 1"),
@@ -244,14 +244,18 @@ def test_nearest_uniform_targets():
                                              r"or 1024"),
     (dict(target_batch=4, multiple_of=8), r"target 4 is not a multiple of multiple_of 8: use target 8,"),
     (dict(target_batch=8, world_size=4, multiple_of=4), r"every rank needs at least 4 samples per step \(16 in all\)"),
-    (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks; "
+    (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks: "
                                                             r"use target 4 or 8"),
     (dict(uniform="yes"), r"uniform 'yes' must be True, False, None or 'force'"),
 ])
 def test_errors(kwargs, match):
     args = dict(target_batch=1024, max_micro_batch=300) | kwargs
-    with pytest.raises(PlanError, match=match):
+    with pytest.raises(PlanError, match=match) as info:
         make_plan(args.pop("target_batch"), args.pop("max_micro_batch"), **args)
+    assert info.value.field in ("target_batch", "max_micro_batch", "world_size", "multiple_of", "uniform")
+    if len(kwargs) == 1 and "must be at least 1" in str(info.value):  # a value below its limit: all of it as data
+        [(name, value)] = kwargs.items()
+        assert (info.value.field, info.value.value, info.value.limit) == (name, value, 1)
 
 
 def test_uniform_prime_target_names_nearest_targets_and_the_uneven_plan():
