@@ -75,7 +75,7 @@ def split_ranks(target: int, maxima: Sequence[int], seconds_per_sample: Sequence
     if lockstep:
         steps = -(-units // sum(unit_max))
         if steps * len(unit_max) > units:
-            raise PlanError(f"target {target} cannot be split in step: the ranks' memory needs {steps} micro-steps "
+            raise PlanError(f"{{target_batch}} {target} cannot be split in step: the ranks' memory needs {steps} micro-steps "
                             f"each, and {plural(len(unit_max), 'rank')} x {steps} micro-batches of at least {q} take "
                             f"{steps * len(unit_max) * q} samples; use a target of at least that, or give the ranks "
                             "more memory")
@@ -186,7 +186,7 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     for name, value in (("target batch", target), ("multiple_of", q)):
         options.whole(value, name, text=False, error=PlanError)
     if target > MAX_TARGET_BATCH:
-        raise PlanError(f"target {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+        raise PlanError(f"{{target_batch}} {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
                         "may hold: use a smaller target batch")
     if not maxima:
         raise PlanError("no ranks: give each rank's max micro-batch")
@@ -200,10 +200,10 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
                             f"is allowed there", field="multiple_of", limit=m,
                             fix=f"use {{multiple_of}} {m} or less, or give that rank more memory")
     if target % q:
-        raise PlanError(f"target {target} is not a multiple of {{multiple_of}} {q}", field="target_batch",
+        raise PlanError(f"{{target_batch}} {target} is not a multiple of {{multiple_of}} {q}", field="target_batch",
                         fix=f"use target {target - target % q or q} or {target - target % q + q}")
     if target // q < world:
-        raise PlanError(f"target {target} on {plural(world, 'rank')}: every rank needs at least {q} "
+        raise PlanError(f"{{target_batch}} {target} on {plural(world, 'rank')}: every rank needs at least {q} "
                         f"{'sample' if q == 1 else 'samples'} per step ({world * q} in all); use a target of at least "
                         f"{world * q} or fewer ranks")
     return target // q, [m // q for m in maxima], q

@@ -25,7 +25,9 @@ FastAPI's security dependency, compared in constant time), and ``/healthz``
 without it says only whether the service is up. Bodies over :data:`MAX_BODY`
 bytes are refused before they are parsed (:mod:`autotune.serve.guard`). Every
 JSON answer is a model of :mod:`autotune.serve.answers`, which /openapi.json
-describes; every error is ``{"detail": "one line"}``.
+describes; every error is ``{"detail": "one line"}``, but a bad input's 422, whose
+``detail`` lists each field at fault as FastAPI does (``loc`` ending with the field,
+``msg``, ``input``, ``ctx``: :func:`autotune.serve.jobs.refused`).
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ def _model_spec(body: PlanRequest, folders: tuple[Path, ...]) -> str:
     try:
         return local_spec(body.model, folders) if body.model is not None else named(body)
     except AutotuneError as exc:
-        raise failed(exc) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _probes(spec: str, asked: Any) -> frozenset[Hashable]:
@@ -191,7 +193,7 @@ def _asked(body: PlanRequest) -> Any:
     try:
         return body.asked()
     except AutotuneError as exc:
-        raise failed(exc) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _store_routes(routes: APIRouter, service: Service) -> None:
@@ -308,7 +310,7 @@ def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> di
     except StoreUnavailable:
         raise
     except AutotuneError as exc:
-        raise failed(exc) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _health(store: Any, pool: Pool, *, full: bool) -> tuple[answers.Health | answers.Liveness, int]:

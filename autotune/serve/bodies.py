@@ -88,6 +88,22 @@ class PlanRequest(BaseModel):
                            fix="send {precision='fp32'} or leave {precision} out")
         return value
 
+    @field_validator("uniform", mode="before")
+    @classmethod
+    def _uniform(cls, value: object) -> object:
+        if not (value is None or isinstance(value, bool) or value == "force"):
+            raise BadInput('must be true, false, null or "force"', field="uniform", value=value,
+                           choices=(True, False, None, "force"))
+        return value
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _sized(cls, value: object) -> object:
+        if not (value is None or isinstance(value, str) or type(value) is int):
+            raise BadInput("is not a size", field="memory_budget", value=value,
+                           fix="give one such as \"80GiB\", a number of bytes, or one per rank such as \"80GiB,24GiB\"")
+        return value
+
     @field_validator("device", mode="before")
     @classmethod
     def _devices(cls, value: object) -> object:

@@ -69,10 +69,14 @@ def refused(exc: BadInput, loc: tuple[Any, ...] = ("body",), given: Any = NOTHIN
     return item | ({"ctx": json.loads(_json(facts))} if facts else {})
 
 
-def failed(exc: AutotuneError) -> JobFailed:
-    """An error of a request's settings or its job, as the request's answer: a bad input names its field."""
+def failed(exc: AutotuneError, sent: dict[str, Any] | None = None) -> JobFailed:
+    """An error of a request's settings or its job, as the request's answer: a bad input names its field, and
+    what ``sent`` (the body) gave it when the error holds no value of its own."""
     message = one_line(exc.say(REQUEST))
-    return JobFailed(status_of(exc), message, detail=[refused(exc)] if isinstance(exc, BadInput) else None)
+    if not isinstance(exc, BadInput):
+        return JobFailed(status_of(exc), message)
+    given = (sent or {}).get(exc.field or "", NOTHING) if exc.value is NOTHING else NOTHING
+    return JobFailed(status_of(exc), message, detail=[refused(exc, given=given)])
 
 
 def status_of(exc: BaseException) -> int:

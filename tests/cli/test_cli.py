@@ -198,7 +198,7 @@ def refused_before_any_work(capsys, monkeypatch, argv, words):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--target-batch", "1000000000000000"], "target 1000000000000000 is more than the 1,000,000,000 samples"),
+    (["--target-batch", "1000000000000000"], "--target-batch 1000000000000000 is more than the 1,000,000,000 samples"),
     (["--world-size", "1000000000", "--target-batch", "1000000000"],
      "1,000,000,000 micro-batches per optimizer step (1000000000 ranks x 1 step), more than the 1,000,000"),
 ])
@@ -247,7 +247,7 @@ def test_library_errors_are_said_in_flags_on_the_command_line(error, line):
     (["--target-batch", "64", "--fsdp-sync", "every"], "--fsdp-sync",
      "--fsdp-sync 'every' is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp, or drop --fsdp-sync"),
     (["--target-batch", "1021", "--multiple-of", "4"], "--multiple-of",
-     "target 1021 is not a multiple of --multiple-of 4"),
+     "--target-batch 1021 is not a multiple of --multiple-of 4"),
     (["--target-batch", "64", "--storage", "sqlite:///x.db"], "--storage", "--storage needs --tune: add --tune"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag_exit_2(capsys, monkeypatch, argv, flag, words):

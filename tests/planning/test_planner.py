@@ -236,13 +236,13 @@ def test_nearest_uniform_targets():
     (dict(target_batch=True), r"target_batch True is not a whole number"),
     (dict(max_micro_batch=0), r"max_micro_batch 0 must be at least 1"),
     (dict(world_size=0), r"world_size 0 must be at least 1"),
-    (dict(target_batch=4, world_size=8), r"target 4 is smaller than the world size 8: every rank needs at least "
+    (dict(target_batch=4, world_size=8), r"target_batch 4 is smaller than the world size 8: every rank needs at least "
                                          r"one sample per step"),
     (dict(multiple_of=0), r"multiple_of 0 must be at least 1"),
     (dict(max_micro_batch=6, multiple_of=8), r"max micro-batch 6 is smaller than multiple_of 8.*multiple_of 6"),
-    (dict(target_batch=1023, multiple_of=8), r"target 1023 is not a multiple of multiple_of 8: use target 1016 "
+    (dict(target_batch=1023, multiple_of=8), r"target_batch 1023 is not a multiple of multiple_of 8: use target 1016 "
                                              r"or 1024"),
-    (dict(target_batch=4, multiple_of=8), r"target 4 is not a multiple of multiple_of 8: use target 8,"),
+    (dict(target_batch=4, multiple_of=8), r"target_batch 4 is not a multiple of multiple_of 8: use target 8,"),
     (dict(target_batch=8, world_size=4, multiple_of=4), r"every rank needs at least 4 samples per step \(16 in all\)"),
     (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks: "
                                                             r"use target 4 or 8"),
@@ -451,17 +451,17 @@ for case in cases:
 """
 
 HUGE_ANSWERS = [
-    r"refused target 1000000000000000 is more than the 1,000,000,000 samples per optimizer step a plan may hold",
+    r"refused target_batch 1000000000000000 is more than the 1,000,000,000 samples per optimizer step a plan may hold",
     (r"refused 1000000000 ranks run at least 1,000,000,000 micro-batches per optimizer step \(1000000000 ranks x "
      r"1 step\), more than the 1,000,000 a plan may hold: use a larger max micro-batch, fewer ranks"),
     (r"refused target 1000000000 with micro-batches of at most 1 needs 1,000,000,000 micro-batches per optimizer "
      r"step \(1 rank x 1000000000 steps\)"),
     r"refused target 1000000000 with micro-batches of at most 999 needs 1,001,002 micro-batches",
     r"refused uniform=True needs 1100009 steps for target 2200018: 1,100,009 micro-batches",
-    r"refused target 999999999 cannot be split: .*use target 999999994 or 1000000001,",
+    r"refused target_batch 999999999 cannot be split: .*use target 999999994 or 1000000001,",
     (r"refused uniform=True: target 999999937 does not split .* nearest targets that do: 999999936 \(999999936 = "
      r"926784 x 1079 steps x 1 rank\) and 999999940 \(999999940 = 846740 x 1181 steps x 1 rank\)"),
-    r"refused target 999999937 is not a multiple of multiple_of 2: use target 999999936 or 999999938",
+    r"refused target_batch 999999937 is not a multiple of multiple_of 2: use target 999999936 or 999999938",
     r"ok 999999000 = 1000 x 1 step x 999999 ranks",
     r"ok \(999999936, 999999940\)",
     r"ok \(999999936, 999999960\)",
