@@ -75,10 +75,10 @@ def split_ranks(target: int, maxima: Sequence[int], seconds_per_sample: Sequence
     if lockstep:
         steps = -(-units // sum(unit_max))
         if steps * len(unit_max) > units:
-            raise PlanError(f"{{target_batch}} {target} cannot be split in step: the ranks' memory needs {steps} micro-steps "
+            raise PlanError(f"cannot be split in step: the ranks' memory needs {steps} micro-steps "
                             f"each, and {plural(len(unit_max), 'rank')} x {steps} micro-batches of at least {q} take "
                             f"{steps * len(unit_max) * q} samples; use a target of at least that, or give the ranks "
-                            "more memory")
+                            "more memory", field="target_batch", value=target)
         low, high = [steps] * len(unit_max), [steps * u for u in unit_max]
         model = steps * max(times)
     else:
@@ -186,8 +186,8 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     for name, value in (("target batch", target), ("multiple_of", q)):
         options.whole(value, name, text=False, error=PlanError)
     if target > MAX_TARGET_BATCH:
-        raise PlanError(f"{{target_batch}} {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
-                        "may hold: use a smaller target batch")
+        raise PlanError(f"is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+                        "may hold: use a smaller target batch", field="target_batch", value=target)
     if not maxima:
         raise PlanError("no ranks: give each rank's max micro-batch")
     world = len(maxima)
@@ -200,12 +200,12 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
                             f"is allowed there", field="multiple_of", limit=m,
                             fix=f"use {{multiple_of}} {m} or less, or give that rank more memory")
     if target % q:
-        raise PlanError(f"{{target_batch}} {target} is not a multiple of {{multiple_of}} {q}", field="target_batch",
+        raise PlanError(f"is not a multiple of {{multiple_of}} {q}", field="target_batch", value=target,
                         fix=f"use target {target - target % q or q} or {target - target % q + q}")
     if target // q < world:
-        raise PlanError(f"{{target_batch}} {target} on {plural(world, 'rank')}: every rank needs at least {q} "
+        raise PlanError(f"on {plural(world, 'rank')}: every rank needs at least {q} "
                         f"{'sample' if q == 1 else 'samples'} per step ({world * q} in all); use a target of at least "
-                        f"{world * q} or fewer ranks")
+                        f"{world * q} or fewer ranks", field="target_batch", value=target)
     return target // q, [m // q for m in maxima], q
 
 

@@ -193,7 +193,7 @@ def _targets(below: int | None, above: int | None) -> str:
 def _check(target: int, m: int, world: int, q: int) -> None:
     """PlanError when no plan at all exists for these numbers."""
     if target < world:
-        raise PlanError(f"{{target_batch}} {target} is smaller than the world size {world}", field="target_batch", limit=world,
+        raise PlanError(f"is smaller than the world size {world}", field="target_batch", value=target, limit=world,
                         fix=f"every rank needs at least one sample per step; use a target of at least {world} or "
                             "fewer ranks")
     if m < q:
@@ -203,24 +203,26 @@ def _check(target: int, m: int, world: int, q: int) -> None:
     unit_max = m // q
     if target % q:
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"{{target_batch}} {target} is not a multiple of {{multiple_of}} {q}", field="target_batch",
+        raise PlanError(f"is not a multiple of {{multiple_of}} {q}", field="target_batch", value=target,
                         fix=f"use target {_targets(below, above)}, or a {{multiple_of}} that divides {target}")
     if target // q < world:
-        raise PlanError(f"{{target_batch}} {target} on {_plural(world, 'rank')} with {{multiple_of}} {q}: every rank needs "
-                        f"at least {q} samples per step ({world * q} in all)", field="target_batch", limit=world * q,
+        raise PlanError(f"on {_plural(world, 'rank')} with {{multiple_of}} {q}: every rank needs "
+                        f"at least {q} samples per step ({world * q} in all)", field="target_batch", value=target,
+                        limit=world * q,
                         fix=f"use a target of at least {world * q}, fewer ranks or a smaller {{multiple_of}}")
     if not _feasible(target // q, world, unit_max):
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"{{target_batch}} {target} cannot be split: max micro-batch {m} with {{multiple_of}} {q} allows only "
+        raise PlanError(f"cannot be split: max micro-batch {m} with {{multiple_of}} {q} allows only "
                         f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}",
-                        field="target_batch",
+                        field="target_batch", value=target,
                         fix=f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
 
 
 def _limit_target(target: int) -> None:
     if target > MAX_TARGET_BATCH:
-        raise PlanError(f"{{target_batch}} {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
-                        "may hold", field="target_batch", limit=MAX_TARGET_BATCH, fix="use a smaller target batch")
+        raise PlanError(f"is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+                        "may hold", field="target_batch", value=target, limit=MAX_TARGET_BATCH,
+                        fix="use a smaller target batch")
 
 
 def _limit_slots(world: int, steps: int, why: str) -> None:
