@@ -52,7 +52,10 @@ def words(text: str, terms: Terms = LIBRARY) -> str:
 
 
 def mention(name: str, *value: Any) -> str:
-    """A setting as a message's words mention it: ``{name}``, or ``{name=VALUE}`` with ``value`` given."""
+    """A setting as a message's words mention it: ``{name}``, or ``{name=VALUE}`` with ``value`` given; a name
+    already in a front end's terms (``--memory-snapshot``) as it is."""
+    if not name.isidentifier():
+        return name
     return "{" + name + (f"={value[0]!r}" if value else "") + "}"
 
 

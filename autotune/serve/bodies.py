@@ -213,9 +213,10 @@ class MeasurementRequest(BaseModel):
     def _plausible(self) -> MeasurementRequest:
         reserved, allocated = self.peak_reserved_bytes, self.peak_allocated_bytes
         if reserved is not None and allocated is not None and allocated > reserved:
-            raise ValueError(f"peak_allocated_bytes {allocated} is above peak_reserved_bytes {reserved}: a device "
-                             "reserves at least what it allocates (torch.cuda.max_memory_allocated() <= "
-                             "max_memory_reserved())")
+            raise BadInput(f"is above {{peak_reserved_bytes}} {reserved}", field="peak_allocated_bytes",
+                           value=allocated, limit=reserved,
+                           fix="a device reserves at least what it allocates (torch.cuda.max_memory_allocated() <= "
+                               "max_memory_reserved())")
         return self
 
 

@@ -151,8 +151,8 @@ def load(spec: str, name: str) -> Any:
     except ProbeFileError as exc:
         cause = exc.__cause__
         if cause is None:
-            raise BadInput(f"probe {name!r} failed to load: {scrub(str(exc), spec)}") from None
-        raise BadInput(f"probe {name!r} failed to load: {failure(cause, spec)}") from None
+            raise BadInput(f"probe {name!r} failed to load: {scrub(str(exc), spec)}", field="probe") from None
+        raise BadInput(f"probe {name!r} failed to load: {failure(cause, spec)}", field="probe") from None
 
 
 def failure(exc: BaseException, spec: str) -> str:
