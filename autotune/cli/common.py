@@ -87,11 +87,9 @@ class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsH
 def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
     """An argparse ``type`` from an :mod:`autotune.options` check, its errors naming the flag."""
 
-    field = name.removeprefix("--").replace("-", "_")
-
     def parse(text: str) -> Any:
         try:
-            return check(text, field)
+            return check(text, name)
         except BadInput as exc:
             raise argparse.ArgumentTypeError(exc.say(CLI)) from None
 
