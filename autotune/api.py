@@ -538,7 +538,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     max_norm = options.max_norm(max_norm)
     ramp = _ramp(ramp)
     if (plan is None) == (target_batch is None):
-        raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
+        raise BadInput("give either {plan} (a Plan or its JSON file) or {target_batch} (to plan first), not both",
+                       field="target_batch")
     if ramp is not None and ramp.start is not None and target_batch is not None:
         check_below(ramp.start, target_batch)
     if plan is not None:
