@@ -232,6 +232,6 @@ def test_a_gpu_of_a_mixed_job_too_small_for_the_model_is_named_and_fsdp_is_offer
     from autotune.errors import DoesNotFit
 
     with pytest.raises(DoesNotFit, match=r"^rank 1 of 2 \(estimate:T4-16GB\) cannot hold a micro-batch of 1: "
-                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel fsdp\), use a "
+                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel='fsdp'\), use a "
                                          r"smaller model"):
         autotune.plan(64, workload="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")

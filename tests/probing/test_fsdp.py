@@ -282,7 +282,7 @@ def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
         replace(plan, parallel="ddp")
     path = tmp_path / "plan.json"
     path.write_text(dumps(plan.to_dict()))
-    with pytest.raises(BadInput, match="parallel ddp but the plan was made for fsdp"):
+    with pytest.raises(BadInput, match="parallel 'ddp' but the plan was made for fsdp: drop parallel"):
         api.run(plan=path, device="cpu", parallel="ddp")
 
 
