@@ -57,7 +57,7 @@ from . import answers, stored
 from .auth import Bearer
 from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, invalid_item
 from .guard import Guard
-from .jobs import Job, JobFailed, failed
+from .jobs import Job, JobFailed, cleaned, failed
 from .metrics import Metrics, Observe
 from .models import local_spec, named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
@@ -351,8 +351,7 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None, hide: Calla
 
     def _error(status: int, detail: str | list[dict[str, Any]]) -> JSONResponse:
         if isinstance(detail, list):
-            return JSONResponse({"detail": [item | {"msg": hide(item["msg"])} for item in detail]},
-                                status_code=status)
+            return JSONResponse({"detail": [cleaned(item, hide) for item in detail]}, status_code=status)
         return JSONResponse({"detail": hide(detail)}, status_code=status)
 
     @app.exception_handler(RequestValidationError)

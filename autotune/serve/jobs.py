@@ -69,6 +69,12 @@ def refused(exc: BadInput, loc: tuple[Any, ...] = ("body",), given: Any = NOTHIN
     return item | ({"ctx": json.loads(_json(facts))} if facts else {})
 
 
+def cleaned(item: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
+    """A 422's item with ``clean`` applied to its words (``msg`` and the fix), e.g. to take out paths."""
+    ctx = item.get("ctx") or {}
+    return item | {"msg": clean(item["msg"])} | ({"ctx": ctx | {"fix": clean(ctx["fix"])}} if "fix" in ctx else {})
+
+
 def failed(exc: AutotuneError, sent: dict[str, Any] | None = None) -> JobFailed:
     """An error of a request's settings or its job, as the request's answer: a bad input names its field, and
     what ``sent`` (the body) gave it when the error holds no value of its own."""
@@ -186,10 +192,9 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
         return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
         said = failed(exc)
-        for item in said.detail or ():
-            item["msg"] = bare(scrub(item["msg"], job["spec"]))
+        detail = [cleaned(item, lambda text: bare(scrub(text, job["spec"]))) for item in said.detail or ()]
         return {"ok": False, "status": said.status, "error": bare(scrub(said.message, job["spec"])),
-                "detail": said.detail, "store_error": isinstance(exc, StoreUnavailable)}
+                "detail": detail or None, "store_error": isinstance(exc, StoreUnavailable)}
     except SQLAlchemyError as exc:  # what the driver says names the database's host, port and user: logged
         logging.getLogger("autotune.serve").warning("autotune serve: the store cannot be used now: %s",
                                                     first_line(exc))
