@@ -151,7 +151,8 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         if answer is None:
             asked = _asked(body)
             answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": named(body),
-                                                      "builtin": builtin, "request": asked.to_dict()},
+                                                      "builtin": builtin, "request": asked.to_dict(),
+                                                      "body": body.model_dump(mode="json")},
                                                      _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)

@@ -191,7 +191,7 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
     try:
         return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
-        said = failed(exc)
+        said = failed(exc, job.get("body"))  # the body as sent: what a field at fault was given
         detail = [cleaned(item, lambda text: bare(scrub(text, job["spec"]))) for item in said.detail or ()]
         return {"ok": False, "status": said.status, "error": bare(scrub(said.message, job["spec"])),
                 "detail": detail or None, "store_error": isinstance(exc, StoreUnavailable)}

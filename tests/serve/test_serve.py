@@ -248,6 +248,17 @@ def test_the_server_process_never_loads_torch(server):
     assert "libtorch" not in maps.read_text()
 
 
+def test_a_setting_the_planning_refuses_is_a_422_naming_its_field_with_the_librarys_data(server):
+    """A budget no GPU can have is refused where the device is made: the 422 lists it under its field, with the
+    limit and the fix as data."""
+    with server.client() as http:
+        answer = http.post("/v1/plan", json={**PLAN, "memory_budget": "100MiB"})
+    assert answer.status_code == 422, answer.text
+    [item] = answer.json()["detail"]
+    assert item["loc"] == ["body", "memory_budget"] and item["input"] == "100MiB", item
+    assert item["ctx"] == {"limit": 640 * 2**20, "fix": "give the GPU's memory, e.g. 24GiB"}, item
+
+
 def test_a_probe_that_fails_or_kills_its_worker_is_an_error_not_a_dead_service(server):
     before = metrics(server)
     with server.client() as http:
