@@ -161,6 +161,10 @@ class WorkloadError(AutotuneError):
         self.batch = batch
         self.workload = workload
 
+    def say(self, terms: Terms = LIBRARY) -> str:
+        """The message as written: it quotes the user's code, whose braces mention no setting."""
+        return str(self.args[0]) if self.args else ""
+
 
 class EstimateUnavailable(AutotuneError):
     """The estimate cannot run a workload (or cannot be trusted for it) and no real device can search."""

@@ -116,3 +116,11 @@ def test_every_autotune_error_says_its_mentions_in_a_front_ends_terms():
     assert str(error) == "give memory_budget more, or parallel='fsdp'"
     assert error.say(flags) == "give --memory-budget more, or --parallel fsdp"
     assert mention("--at") == "--at"  # a name already a flag stays one
+
+
+def test_an_error_of_the_users_code_is_said_as_written():
+    from autotune.errors import Terms
+
+    error = WorkloadError("model() failed: KeyError: '{batch}' at {device='x'}")
+    flags = Terms(name=lambda n: "--" + n, given=lambda n, v: f"--{n} {v}", shown=repr)
+    assert str(error) == error.say(flags) == "model() failed: KeyError: '{batch}' at {device='x'}"
