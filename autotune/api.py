@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from . import log, options
 from .devices import Device, get_device
-from .errors import BadInput, DoesNotFit
+from .errors import BadInput, DoesNotFit, mention
 from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, workload_or_model
@@ -323,12 +323,14 @@ def _in_tokens(target_batch: object, target_tokens: object, lengths: object, cut
                rest: dict[str, Any]) -> Plan:
     """:func:`plan` with ``target_tokens``: its arguments checked, then :func:`plan_in_tokens`."""
     if target_batch is not None:
-        raise BadInput(f"target_batch {target_batch!r} and target_tokens {target_tokens!r} each say what a step "
-                       "holds: give one of them")
+        raise BadInput(f"{{target_batch}} {target_batch!r} and {{target_tokens}} {target_tokens!r} each say what a "
+                       "step holds", field="target_tokens", fix="give one of them")
     if target_tokens is None:
-        raise BadInput("lengths and cut_samples are for target_tokens: give target_tokens too, or drop them")
+        raise BadInput("{lengths} and {cut_samples} are for {target_tokens}", field="target_tokens",
+                       fix="give {target_tokens} too, or drop them")
     if rest["tune"]:
-        raise BadInput("tune times plans of a target batch, not of target_tokens: drop tune, or give target_batch")
+        raise BadInput("{tune} times plans of a target batch, not of {target_tokens}", field="tune",
+                       fix="drop {tune}, or give {target_batch}")
     return plan_in_tokens(target_tokens, lengths, workload_or_model(rest["probe"], rest["model"]),
                           lambda n: plan(n, **rest), cut=options.boolean(cut, "cut_samples"))
 
@@ -350,8 +352,9 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
         sizes = one_step(tokens_per_sample(wl), target)
     batch_plan = plan_batch(most_samples(sizes, target, cut=cut))
     if batch_plan.world_size > 1:
-        raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {batch_plan.world_size} ranks: "
-                       "give world_size 1, or target_batch")
+        raise BadInput(f"{{target_tokens}} plans the steps of one rank, and the plan is for "
+                       f"{batch_plan.world_size} ranks",
+                       field="world_size", limit=1, fix="give {world_size=1}, or {target_batch}")
     tokens = token_steps(sizes, target, batch_plan.max_micro_batch, cut=cut)
     return replace(batch_plan, tokens=tokens, notes=batch_plan.notes + (tokens.note,))
 
@@ -594,7 +597,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     max_norm = options.max_norm(max_norm)
     ramp = _ramp(ramp)
     if (plan is None) == (target_batch is None):
-        raise BadInput("give either plan (a Plan or its JSON file) or target_batch (to plan first), not both")
+        raise BadInput("give either {plan} (a Plan or its JSON file) or {target_batch} (to plan first), not both",
+                       field="target_batch")
     if ramp is not None and ramp.start is not None and target_batch is not None:
         check_below(ramp.start, target_batch)
     if plan is not None:
@@ -606,7 +610,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
                                fsdp_sync=fsdp_sync, group=group())
         # Before any work: a run needs as many processes as the plan has ranks, and a real device.
-        distributed.check_world(request.world_size, f"world_size {request.world_size}"
+        distributed.check_world(request.world_size, f"{{world_size}} {request.world_size}"
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
                                 f"or plan for {plural(request.world_size, 'rank')} without training them: "
                                 "plan, not run")
@@ -645,16 +649,17 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
         plan = load_plan(plan)
     if plan.tokens is not None:
         raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and run trains plans of a "
-                       f"target batch only: plan with --target-batch (e.g. {plan.target_batch}) to run it")
+                       "target batch only", field="plan",
+                       fix=f"plan with {{target_batch}} (e.g. {plan.target_batch}) to run it")
     if parallel is not None and options.parallel(parallel) != plan.parallel:
-        raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
-                       f"again with parallel {parallel}")
+        raise BadInput(f"but the plan was made for {plan.parallel}", field="parallel", value=parallel,
+                       fix="drop {parallel}, or plan again with " + mention("parallel", parallel))
     if options.fsdp_sync(fsdp_sync) not in (options.DEFAULT_FSDP_SYNC, plan.fsdp_sync):
-        raise BadInput(f"fsdp_sync {fsdp_sync} but the plan synchronises FSDP's gradients at "
-                       f"{plan.fsdp_sync or 'no'} micro-step (it was made for {plan.parallel}): drop fsdp_sync, or "
-                       f"plan again with fsdp_sync {fsdp_sync}")
+        raise BadInput(f"but the plan synchronises FSDP's gradients at {plan.fsdp_sync or 'no'} micro-step (it was "
+                       f"made for {plan.parallel})", field="fsdp_sync", value=fsdp_sync,
+                       fix="drop {fsdp_sync}, or plan again with " + mention("fsdp_sync", fsdp_sync))
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
-                            f"or plan for world_size={distributed.world_size()}")
+                            "or plan for " + mention("world_size", distributed.world_size()))
     probed = plan.probe
     if workload is None and probed is not None:
         workload = probed.source or probed.workload

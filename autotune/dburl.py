@@ -17,7 +17,7 @@ def check_storage(url: str | None, name: str = "storage", *, store: bool = False
     if url is None:
         return
     if not isinstance(url, str) or not url.strip():
-        raise BadInput(f"{name} {url!r} must be a database URL such as sqlite:///tune.db")
+        raise BadInput("must be a database URL such as sqlite:///tune.db", field=name, value=url)
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
@@ -25,29 +25,31 @@ def check_storage(url: str | None, name: str = "storage", *, store: bool = False
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise BadInput(f"{name} {url!r} is not a database URL: use e.g. sqlite:///{url}") from None
+        raise BadInput("is not a database URL", field=name, value=url, fix=f"use e.g. sqlite:///{url}") from None
     shown = shown_url(url)
     if store:
         parsed = make_url(store_url(url))
     try:
         create_engine(parsed).dispose()
     except NoSuchModuleError:
-        raise BadInput(f"{name} {shown!r} names no database driver SQLAlchemy knows ({parsed.drivername}): "
-                       "use e.g. sqlite:///tune.db, postgresql://HOST/DB or mysql://HOST/DB") from None
+        raise BadInput(f"names no database driver SQLAlchemy knows ({parsed.drivername})", field=name, value=shown,
+                       fix="use e.g. sqlite:///tune.db, postgresql://HOST/DB or mysql://HOST/DB") from None
     except ImportError as exc:
         fix = "pip install 'autotune[postgres]'" if store and parsed.drivername in (
             "postgresql", "postgres", "postgresql+psycopg") else "install it"
-        raise BadInput(f"{name} {shown!r} needs the Python driver {exc.name or exc}, which is not installed: "
-                       f"{fix}, or use sqlite:///FILE") from None
+        raise BadInput(f"needs the Python driver {exc.name or exc}, which is not installed", field=name, value=shown,
+                       fix=f"{fix}, or use sqlite:///FILE") from None
     except (SQLAlchemyError, ValueError, TypeError) as exc:  # any other refusal of the URL
-        raise BadInput(f"{name} {shown!r} cannot be used: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise BadInput(f"cannot be used: {type(exc).__name__}: {exc}".splitlines()[0], field=name,
+                       value=shown) from None
     database = parsed.database or ""
     if parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:") and not database.startswith("file:"):
         path = Path(database)
         if not path.parent.is_dir():
-            raise BadInput(f"{name} {shown!r}: folder {path.parent} does not exist; create it or choose another path")
+            raise BadInput(f": folder {path.parent} does not exist; create it or choose another path", field=name,
+                           value=shown)
         if path.is_dir():
-            raise BadInput(f"{name} {shown!r}: {path} is a folder, not a database file; name a file in it")
+            raise BadInput(f": {path} is a folder, not a database file; name a file in it", field=name, value=shown)
 
 
 def store_url(url: str) -> str:

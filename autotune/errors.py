@@ -2,24 +2,112 @@
 
 ``exit_code`` is what the CLI returns for the error: 2 for bad input (the user
 can fix the command line or the probe file), 1 for a failure of the work itself.
+
+A bad input is data (:class:`BadInput`: the field, the value, the limit or choices,
+the fix) that each front end says its own way. The words of a message may mention
+a setting as ``{name}``, or as ``{name=VALUE}`` with VALUE a Python literal
+(``{uniform=True}``, ``{parallel='fsdp'}``); :class:`Terms` says how a front end
+writes those (the library: ``uniform=True``; the command line: ``--uniform``; the
+service's JSON: ``"uniform": true``), so no front end rewrites another's text.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How a front end names settings: ``name`` a setting, ``given`` a setting set to a value in a message's
+    words, ``shown`` a value the user gave."""
+
+    name: Callable[[str], str]
+    given: Callable[[str, Any], str]
+    shown: Callable[[Any], str]
+
+
+#: The library's terms: its parameters' names, Python's values (``uniform=True``, ``memory_budget '12XB'``).
+LIBRARY = Terms(name=str, given=lambda name, value: f"{name}={value!r}", shown=repr)
+
+
+def words(text: str, terms: Terms = LIBRARY) -> str:
+    """``text`` with each mention of a setting (``{name}``, ``{name=VALUE}``) in ``terms``; braces around
+    anything else are left as they are."""
+    said, rest = [], text
+    while (start := rest.find("{")) >= 0 and (end := rest.find("}", start)) >= 0:
+        name, is_given, literal = rest[start + 1:end].partition("=")
+        mention = None
+        if name.isidentifier() and not is_given:
+            mention = terms.name(name)
+        elif name.isidentifier():
+            with contextlib.suppress(ValueError, SyntaxError):
+                mention = terms.given(name, ast.literal_eval(literal))
+        said.append(rest[:start] + (rest[start:end + 1] if mention is None else mention))
+        rest = rest[end + 1:]
+    return "".join(said) + rest
+
+
+def mention(name: str, *value: Any) -> str:
+    """A setting as a message's words mention it: ``{name}``, or ``{name=VALUE}`` with ``value`` given; a name
+    already in a front end's terms (``--memory-snapshot``) as it is."""
+    if not name.isidentifier():
+        return name
+    return "{" + name + (f"={value[0]!r}" if value else "") + "}"
 
 
 class AutotuneError(Exception):
-    """Base class of every error autotune raises on purpose."""
+    """Base class of every error autotune raises on purpose. Its message's words may mention settings
+    (see :func:`words`): ``str(exc)`` says them in the library's terms, :meth:`say` in a front end's."""
 
     exit_code = 1
 
+    def say(self, terms: Terms = LIBRARY) -> str:
+        """The message in ``terms``."""
+        return words(str(self.args[0]) if self.args else "", terms)
+
+    def __str__(self) -> str:
+        return self.say(LIBRARY)
+
+
+#: ``BadInput(value=...)`` not given: the error is about no one value.
+NOTHING: Any = type("Nothing", (), {"__repr__": lambda self: "NOTHING"})()
+
 
 class BadInput(AutotuneError, ValueError):
-    """A flag, a size, a file or an argument that cannot be used as given."""
+    """A flag, a size, a file or an argument that cannot be used as given.
+
+    As data: ``field`` (the setting at fault, by its library name, when one is), ``value`` (what was given;
+    :data:`NOTHING` when the error is about no one value), ``limit`` or ``choices`` (what it may be),
+    ``problem`` (what is wrong) and ``fix`` (what to do), in words that may mention settings. With a value,
+    the message reads ``FIELD VALUE PROBLEM: FIX``; without, ``PROBLEM: FIX`` (``, e.g. ...`` for a fix that is an
+    example).
+    """
 
     exit_code = 2
+
+    def __init__(self, problem: str = "", *, field: str | None = None, value: Any = NOTHING, limit: Any = None,
+                 choices: Sequence[Any] | None = None, fix: str = ""):
+        super().__init__(problem)
+        self.problem, self.field, self.value, self.fix = problem, field, value, fix
+        self.limit, self.choices = limit, tuple(choices) if choices is not None else None
+
+    def say(self, terms: Terms = LIBRARY) -> str:
+        text = words(self.problem, terms)
+        if self.field is not None and self.value is not NOTHING:
+            text = f"{terms.name(self.field)} {terms.shown(self.value)}{'' if text[:1] in ':,' else ' '}{text}"
+        if not self.fix:
+            return text
+        return f"{text}{', ' if self.fix.startswith('e.g.') else ': '}{words(self.fix, terms)}"
+
+    def facts(self, terms: Terms = LIBRARY) -> dict[str, Any]:
+        """What is known besides the words: ``limit``, ``choices`` and ``fix`` (in ``terms``) where given."""
+        known = {"limit": self.limit, "choices": list(self.choices) if self.choices is not None else None,
+                 "fix": words(self.fix, terms) or None}
+        return {k: v for k, v in known.items() if v is not None}
 
 
 class ProbeFileError(BadInput):
@@ -38,7 +126,7 @@ class NoUniformPlan(PlanError):
     """No plan of equal micro-batches within the steps allowed; the numbers let a caller say it in its own terms."""
 
     def __init__(self, message: str, *, target: int, max_micro_batch: int, world_size: int, multiple_of: int):
-        super().__init__(message)
+        super().__init__(message, field="uniform")
         self.target, self.max_micro_batch = target, max_micro_batch
         self.world_size, self.multiple_of = world_size, multiple_of
 
@@ -72,6 +160,10 @@ class WorkloadError(AutotuneError):
         super().__init__(message)
         self.batch = batch
         self.workload = workload
+
+    def say(self, terms: Terms = LIBRARY) -> str:
+        """The message as written: it quotes the user's code, whose braces mention no setting."""
+        return str(self.args[0]) if self.args else ""
 
 
 class EstimateUnavailable(AutotuneError):

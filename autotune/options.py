@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast, get_args, overload
 
-from .errors import BadInput, ProbeFileError
+from .errors import BadInput, ProbeFileError, mention
 from .units import parse_size
 
 #: Fraction of capacity kept free: usable = capacity x (1 - margin).
@@ -60,7 +60,7 @@ MAX_MICRO_BATCHES = 1_000_000
 #: The most ranks a value per rank may name: every rank runs at least one micro-batch a step.
 MAX_RANKS = MAX_MICRO_BATCHES
 #: What a value per rank naming too many ranks is told to do instead.
-RANKS_FIX = "a larger job of ranks alike: one device and --world-size"
+RANKS_FIX = "a larger job of ranks alike: one device and {world_size}"
 #: The workloads autotune ships (``--probe mlp``), and the one it plans for when given none.
 BUILTIN_PROBES = ("mlp", "gpt", "convnet")
 DEFAULT_PROBE = "gpt"
@@ -95,13 +95,14 @@ def probe_spec(spec: str | None) -> ProbeSpec:
     if ":" in spec and not Path(spec).exists():
         name, function = spec.rsplit(":", 1)
         if not function.isidentifier():
-            raise ProbeFileError(f"probe {spec!r}: {function!r} after ':' is not a function name")
+            raise ProbeFileError(f"{function!r} after ':' is not a function name", field="probe", value=spec)
     if name in BUILTIN_PROBES:
         return ProbeSpec(name=name, module=f"autotune.probes.{name}", function=function, file=False)
     path = Path(name)
     if name.endswith(".py") or path.exists() or "/" in name or "\\" in name:
         if not path.is_file():
-            raise ProbeFileError(f"probe file {name!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})")
+            raise ProbeFileError(f"probe file {name!r} does not exist (built-in probes: {', '.join(BUILTIN_PROBES)})",
+                                 field="probe", choices=BUILTIN_PROBES)
         return ProbeSpec(name=name, module=name, function=function, file=True)
     return ProbeSpec(name=name, module=name, function=function, file=False)
 
@@ -109,11 +110,6 @@ def probe_spec(spec: str | None) -> ProbeSpec:
 def usable_bytes(capacity: int, margin: float) -> int:
     """Usable capacity = capacity x (1 - margin), in whole bytes: what "fits" is measured against."""
     return int(capacity * (1.0 - margin))
-
-
-def _shown(value: Any) -> str:
-    """A value as the user typed it: strings bare, anything else as Python shows it."""
-    return value.strip() if isinstance(value, str) else repr(value)
 
 
 def whole(value: Any, name: str, *, least: int = 1, example: str = "", fix: str = "", text: bool = True,
@@ -130,13 +126,16 @@ def whole(value: Any, name: str, *, least: int = 1, example: str = "", fix: str 
     except (TypeError, ValueError):
         pass
     if number is None or number < least:
-        hint = f": {fix}" if fix else f", e.g. {example}" if example else ""
+        hint = fix or (f"e.g. {example}" if example else "")
         if number is None and isinstance(value, str) and not text:
             digits = value.strip()
-            raise error(f"{name} {value!r} is a string, not a whole number: give the number itself"
-                        + (f", {digits}" if digits.isdigit() else hint))
-        raise error(f"{name} {value!r} is not a whole number{hint}" if number is None else
-                    f"{name} {number} must be at least {least}{hint}")
+            said = f", {digits}" if digits.isdigit() else (", " if hint.startswith("e.g.") else ": ") + hint if hint \
+                else ""
+            raise error("is a string, not a whole number", field=name, value=value, limit=least,
+                        fix="give the number itself" + said)
+        if number is None:
+            raise error("is not a whole number", field=name, value=value, limit=least, fix=hint)
+        raise error(f"must be at least {least}", field=name, value=number, limit=least, fix=hint)
     return number
 
 
@@ -150,7 +149,8 @@ def boolean(value: Any, name: str, *, none: bool = False) -> bool | None:
     if isinstance(value, bool) or (none and value is None):
         return value
     allowed = "True, False or None" if none else "True or False"
-    raise BadInput(f"{name} {value!r} must be {allowed} (a bool, not {type(value).__name__})")
+    raise BadInput(f"must be {allowed} (a bool, not {type(value).__name__})", field=name, value=value,
+                   choices=(True, False, None) if none else (True, False))
 
 
 def memory_budget(value: Any, name: str = "memory_budget") -> int | None:
@@ -171,22 +171,28 @@ def per_rank(value: Any, name: str, *, most: int = MAX_RANKS, fix: str = RANKS_F
         for part in value.split(","):
             text, star, count = part.strip().partition("*")
             if not text.strip():
-                raise BadInput(f"{name} {value!r} has an empty item: give one per rank, e.g. {example}")
+                raise BadInput("has an empty item", field=name, value=value, fix=f"give one per rank, e.g. {example}")
             how_many = f"give how many ranks, e.g. {text.strip()}*4"
             if star and not count.strip().removeprefix("-").isdigit():
-                raise BadInput(f"{name} count after '*' in {part.strip()!r} is not a whole number: {how_many}")
-            parts.append((text.strip(), whole(count, f"{name} count after '*'", fix=how_many)
-                          if star else 1))
-        if (ranks := sum(n for _, n in parts)) > most:
-            raise BadInput(f"{name} names {ranks:,} ranks: at most {most:,} ({fix})")
+                raise BadInput(f"{mention(name)} count after '*' in {part.strip()!r} is not a whole number",
+                               field=name, fix=how_many)
+            if star and int(count) < 1:
+                raise BadInput(f"{mention(name)} count after '*' in {part.strip()!r} must be at least 1", field=name,
+                               limit=1, fix=how_many)
+            parts.append((text.strip(), int(count) if star else 1))
+        _most_ranks(sum(n for _, n in parts), name, most, fix)
         items = [text for text, n in parts for _ in range(n)]
     else:
         return (value,)
     if not items:
-        raise BadInput(f"{name} is an empty list: give at least one")
-    if len(items) > most:
-        raise BadInput(f"{name} names {len(items):,} ranks: at most {most:,} ({fix})")
+        raise BadInput(f"{mention(name)} is an empty list", field=name, limit=1, fix="give at least one")
+    _most_ranks(len(items), name, most, fix)
     return tuple(items)
+
+
+def _most_ranks(ranks: int, name: str, most: int, fix: str) -> None:
+    if ranks > most:
+        raise BadInput(f"{mention(name)} names {ranks:,} ranks: at most {most:,}", field=name, limit=most, fix=fix)
 
 
 def memory_budgets(value: Any, name: str = "memory_budget", *, most: int = MAX_RANKS,
@@ -208,17 +214,19 @@ def positive(value: Any, name: str, *, what: str = "a positive number") -> float
     """A finite number above 0; the error says it must be ``what``."""
     number = _number(value)
     if not (number > 0 and math.isfinite(number)):
-        raise BadInput(f"{name} {_shown(value)} must be {what}")
+        raise BadInput(f"must be {what}", field=name, value=value, limit=0)
     return number
 
 
 def margin(value: Any, name: str = "margin", *, text: bool = True) -> float:
     """A fraction in [0, 1): the share of capacity kept free; with ``text``, also as a string ("0.1")."""
     if isinstance(value, str) and not text:
-        raise BadInput(f"{name} {value!r} is a string, not a number: give the fraction itself, e.g. 0.1")
+        raise BadInput("is a string, not a number", field=name, value=value, limit=(0, 1),
+                       fix="give the fraction itself, e.g. 0.1")
     number = _number(value)
     if not 0 <= number < 1:
-        raise BadInput(f"{name} {_shown(value)} must be a fraction in [0, 1): the share of memory kept free, e.g. 0.1")
+        raise BadInput("must be a fraction in [0, 1)", field=name, value=value, limit=(0, 1),
+                       fix="the share of memory kept free, e.g. 0.1")
     return number
 
 
@@ -231,7 +239,7 @@ def max_norm(value: Any, name: str = "max_norm") -> float | None:
 
 def choice(value: Any, choices: Sequence[str], name: str) -> str:
     if value not in choices:
-        raise BadInput(f"{name} {value!r} must be one of {', '.join(choices)}")
+        raise BadInput(f"must be one of {', '.join(choices)}", field=name, value=value, choices=choices)
     return str(value)
 
 
@@ -251,7 +259,8 @@ def uniform(value: Any, name: str = "uniform") -> Literal[True, "force"] | None:
     """How a plan splits its target: None (or False) the fewest steps, True equal micro-batches within twice the
     fewest steps, "force" equal micro-batches however many steps they take."""
     if not (value is None or isinstance(value, bool) or value == "force"):
-        raise BadInput(f"{name} {value!r} must be True, False, None or 'force'")
+        raise BadInput("must be True, False, None or 'force'", field=name, value=value,
+                       choices=(True, False, None, "force"))
     return None if value is None or value is False else cast(Literal[True, "force"], value)
 
 
@@ -262,10 +271,11 @@ def lr_scaling(value: Any, name: str = "lr_scaling") -> str:
 def above_one(value: Any, name: str, *, example: str) -> float:
     """A finite number above 1: an int or a float, never text or a bool."""
     if isinstance(value, str):
-        raise BadInput(f"{name} {value!r} is text, not a number: give a number above 1, e.g. {example}")
+        raise BadInput("is text, not a number", field=name, value=value, limit=1,
+                       fix=f"give a number above 1, e.g. {example}")
     number = _number(value) if isinstance(value, (int, float)) else math.nan
     if not (number > 1 and math.isfinite(number)):
-        raise BadInput(f"{name} {_shown(value)} must be a number above 1, e.g. {example}")
+        raise BadInput("must be a number above 1", field=name, value=value, limit=1, fix=f"e.g. {example}")
     return number
 
 
@@ -273,9 +283,9 @@ def ramp_window(value: Any, name: str = "window") -> int:
     """The optimizer steps a batch ramp reads the noise scale over: 2 to :data:`RAMP_WINDOW_MOST`."""
     steps = whole(value, name, least=2, example=str(RAMP_WINDOW))
     if steps > RAMP_WINDOW_MOST:
-        raise BadInput(f"{name} {steps} must be at most {RAMP_WINDOW_MOST} steps: the ramp reads the noise scale of "
-                       f"the latest steps, which moves by orders of magnitude over a longer window, e.g. "
-                       f"{RAMP_WINDOW}")
+        raise BadInput(f"must be at most {RAMP_WINDOW_MOST} steps", field=name, value=steps, limit=RAMP_WINDOW_MOST,
+                       fix=f"the ramp reads the noise scale of the latest steps, which moves by orders of magnitude "
+                           f"over a longer window, e.g. {RAMP_WINDOW}")
     return steps
 
 
@@ -284,9 +294,10 @@ def workers(value: Any, name: str) -> int:
     count = whole(value, name)
     cpus = os.cpu_count() or 1
     if count > WORKERS_PER_CPU * cpus:
-        raise BadInput(f"{name} {count} is more than {WORKERS_PER_CPU * cpus}, {WORKERS_PER_CPU} per CPU ({cpus} "
-                       f"here): each worker is a process that imports torch and probes on the CPUs; give at most "
-                       f"{WORKERS_PER_CPU * cpus}")
+        raise BadInput(f"is more than {WORKERS_PER_CPU * cpus}, {WORKERS_PER_CPU} per CPU ({cpus} here)", field=name,
+                       value=count, limit=WORKERS_PER_CPU * cpus,
+                       fix=f"each worker is a process that imports torch and probes on the CPUs; give at most "
+                           f"{WORKERS_PER_CPU * cpus}")
     return count
 
 
@@ -300,17 +311,17 @@ def snapshot_path(value: Any, name: str = "memory_snapshot") -> str | None:
     if value is None or value is False or value is True:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise BadInput(f"{name} {value!r} is not a file path: give one such as 'memory.pickle'")
+        raise BadInput("is not a file path", field=name, value=value, fix="give one such as 'memory.pickle'")
     from .serial import check_writable
 
-    check_writable(value, what=f"cannot write the {name} file {value}", example="memory.pickle")
+    check_writable(value, what=f"cannot write the {mention(name)} file {value}", example="memory.pickle", field=name)
     return str(value)
 
 
 def text(value: Any, name: str) -> str:
     """A non-empty string (a device's or a probe's name)."""
     if not isinstance(value, str) or not value.strip():
-        raise BadInput(f"{name} {value!r} must be a non-empty name")
+        raise BadInput("must be a non-empty name", field=name, value=value)
     return value.strip()
 
 

@@ -83,7 +83,8 @@ def dumps(data: dict[str, Any]) -> str:
     return json.dumps(_clean(data), indent=2, sort_keys=False) + "\n"
 
 
-def check_writable(path: str | os.PathLike, *, what: str | None = None, example: str = "result.json") -> Path:
+def check_writable(path: str | os.PathLike, *, what: str | None = None, example: str = "result.json",
+                   field: str | None = None) -> Path:
     """The file that writing ``path`` replaces (through symlinks); BadInput, starting with ``what``,
     when it cannot be written: a missing or unwritable folder, a folder (``example``: a file name to suggest
     in it), a read-only file.
@@ -94,16 +95,16 @@ def check_writable(path: str | os.PathLike, *, what: str | None = None, example:
     what = what or f"cannot write {path}"
     target = Path(os.path.realpath(path))
     if target.is_dir():
-        raise BadInput(f"{what}: it is a folder; give a file path, e.g. {path / example}")
+        raise BadInput(f"{what}: it is a folder; give a file path, e.g. {path / example}", field=field)
     if _is_special(path):
         return path  # /dev/null, a pipe: written in place
     folder = target.parent
     if not folder.is_dir():
-        raise BadInput(f"{what}: folder {folder} does not exist; create it or choose another path")
+        raise BadInput(f"{what}: folder {folder} does not exist; create it or choose another path", field=field)
     if target.exists() and not target.stat().st_mode & 0o222:
-        raise BadInput(f"{what}: it is read-only; make it writable (chmod u+w) or choose another path")
+        raise BadInput(f"{what}: it is read-only; make it writable (chmod u+w) or choose another path", field=field)
     if not _can_create_in(folder):
-        raise BadInput(f"{what}: folder {folder} is not writable; choose another path")
+        raise BadInput(f"{what}: folder {folder} is not writable; choose another path", field=field)
     return target
 
 

@@ -26,7 +26,8 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
     GB, TB, or K/M/G/T) powers of 1000. Raises BadInput for anything else.
     """
     if isinstance(text, bool):
-        raise BadInput(f"{what} {text!r} is not a size: give bytes or a number with a unit such as 512MiB or 12GiB")
+        raise BadInput("is not a size", field=what, value=text,
+                       fix="give bytes or a number with a unit such as 512MiB or 12GiB")
     if isinstance(text, float) and math.isfinite(text) and abs(text) > MAX_SIZE:
         value = int(text)
     elif isinstance(text, int):
@@ -36,17 +37,20 @@ def parse_size(text: str | int, *, what: str = "memory size") -> int:
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             if str(text).strip().startswith("-"):
-                raise BadInput(f"{what} {text!r} is negative: give a positive size such as 512MiB or 12GiB")
-            raise BadInput(
-                f"{what} {text!r} is not a size: use a number with one of the units "
-                "B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), e.g. 512MiB or 12GiB"
-            )
+                raise BadInput("is negative", field=what, value=text, limit=1,
+                               fix="give a positive size such as 512MiB or 12GiB")
+            raise BadInput("is not a size", field=what, value=text, choices=("B", "KiB", "MiB", "GiB", "TiB", "KB",
+                                                                               "MB", "GB", "TB"),
+                           fix="use a number with one of the units B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), e.g. "
+                               "512MiB or 12GiB")
         # Exact decimal arithmetic: float("1.001") * 1000 would give 1000.
         value = int(Fraction(match.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise BadInput(f"{what} {text!r} must be more than 0 bytes: give a size such as 512MiB or 12GiB")
+        raise BadInput("must be more than 0 bytes", field=what, value=text, limit=1,
+                       fix="give a size such as 512MiB or 12GiB")
     if value > MAX_SIZE:
-        raise BadInput(f"{what} {text!r} is too large: at most {MAX_SIZE:,} bytes (1 EiB), e.g. 512MiB or 12GiB")
+        raise BadInput(f"is too large: at most {MAX_SIZE:,} bytes (1 EiB)", field=what, value=text, limit=MAX_SIZE,
+                       fix="e.g. 512MiB or 12GiB")
     return value
 
 

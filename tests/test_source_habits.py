@@ -7,6 +7,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 MAX_FUNCTION_LINES = 60
 MAX_BROAD_EXCEPTS = 10
@@ -116,3 +118,71 @@ def test_the_parameter_count_sees_a_constructor_of_nine():
     assert constructor_parameters(source, "Accumulator") == [
         "model", "optimizer", "schedule", "loss", "items", "max_norm", "parts", "args", "old"]
     assert len(constructor_parameters(source, "Accumulator")) > MAX_ACCUMULATOR_PARAMETERS
+
+
+#: The modules that say errors to users: none of them substitutes text with a regular expression, but these.
+FRONT_ENDS = ("autotune/cli/", "autotune/serve/", "autotune/errors.py", "autotune/api.py")
+#: Front-end modules whose substitution touches an error's text, and why that is not a rewrite of terms.
+SUBSTITUTIONS_ALLOWED = {
+    "autotune/serve/jobs.py": "bare(): a job's error loses this machine's folders before a client sees it",
+}
+_REGEX_CALLS = {"compile", "sub", "subn", "match", "fullmatch", "search", "findall", "finditer", "split"}
+
+
+def _settings() -> set[str]:
+    """Every setting a front end takes: the service's plan body and the library's plan and probe requests."""
+    import inspect
+
+    from autotune.planning.requests import plan_request, probe_request
+    from autotune.serve.bodies import PlanRequest
+
+    keywords = set(inspect.signature(plan_request).parameters) | set(inspect.signature(probe_request).parameters)
+    return (set(PlanRequest.model_fields) | keywords) - {"env", "group", "at"}
+
+
+def error_rewrites(source: str, where: str, settings: set[str]) -> list[str]:
+    """``where:line why`` for each way ``source`` could rewrite error text with a regular expression: a function
+    named ``in_..._terms``, a pattern built by a call (``"|".join(NAMES)``), a pattern that names a setting, a
+    substitution (``re.sub``, ``pattern.sub``) in a front end (:data:`FRONT_ENDS`) but those allowed."""
+    import re
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and re.fullmatch(r"in_\w+_terms", node.name):
+            found.append(f"{where}:{node.lineno} defines {node.name}")
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        on_re = isinstance(node.func.value, ast.Name) and node.func.value.id == "re"
+        if node.func.attr in ("sub", "subn") and where.startswith(FRONT_ENDS) and where not in SUBSTITUTIONS_ALLOWED \
+                and (on_re or node.args):
+            found.append(f"{where}:{node.lineno} substitutes with a regular expression")
+        if not (on_re and node.func.attr in _REGEX_CALLS and node.args):
+            continue
+        pattern = node.args[0]
+        if any(isinstance(part, ast.Call) for part in ast.walk(pattern)):
+            found.append(f"{where}:{node.lineno} builds its pattern by a call")
+        for text in (c.value for c in ast.walk(pattern) if isinstance(c, ast.Constant) and isinstance(c.value, str)):
+            words = text.replace("\\b", " ")  # a pattern's word boundaries, \bdevice=
+            named = sorted(s for s in settings if re.search(rf"(?<![\w-]){s}(?![\w-])", words))
+            if named:
+                found.append(f"{where}:{node.lineno} names the setting {named[0]} in a pattern")
+    return found
+
+
+def test_no_regular_expression_rewrites_an_error_message():
+    """Errors are data each front end says in its own terms: no module rewrites another's text with a regex."""
+    settings = _settings()
+    assert [f for source, where in _modules() for f in error_rewrites(source, where, settings)] == []
+    for where in SUBSTITUTIONS_ALLOWED:
+        assert error_rewrites((PACKAGE.parent / where).read_text(), "autotune/cli/x.py", settings), where  # in use
+
+
+@pytest.mark.parametrize("source", [
+    'import re\n_P = re.compile(r"\\b(" + "|".join(NAMES) + r")\\b")\n',
+    'import re\ndef say(m):\n    return re.sub(r"\\bdevice=\'([^\']*)\'", r"--device \\1", m)\n',
+    'def in_flag_terms(m):\n    return m\n',
+    'import re\ndef say(m):\n    return _SWITCH.sub(lambda x: "--" + x.group(1), m)\n',
+])
+def test_the_rewrite_check_sees_what_the_front_ends_did_before(source):
+    assert error_rewrites(source, "autotune/cli/__init__.py", _settings())
+    assert error_rewrites('import re\nP = re.compile(r"\\bdevice=(\\w+)")\n', "autotune/report/x.py", _settings())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import traceback
 from typing import NoReturn
@@ -17,6 +16,7 @@ from ..errors import AutotuneError
 from . import devices_cmd, plan_cmd, probe_cmd, report_cmd, run_cmd, serve_cmd, store_cmd
 from .common import Formatter, Parser, rank_prefix
 from .progress import progress_on_stderr
+from .terms import CLI
 
 DESCRIPTION = """\
 Find the largest micro-batch that fits your device, plan gradient accumulation
@@ -97,7 +97,7 @@ def _main(argv: list[str] | None) -> int:
     except AutotuneError as exc:
         if debug:
             traceback.print_exc()
-        _say(f"{where}autotune {args.command}: error: {in_flag_terms(str(exc))}")
+        _say(f"{where}autotune {args.command}: error: {exc.say(CLI)}")
         return exc.exit_code
     except KeyboardInterrupt:
         _say(f"{where}autotune {args.command}: interrupted")
@@ -155,23 +155,6 @@ def _reader_gone(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
-
-
-#: Library parameters the command line sets with a flag of the same name: errors name the flag.
-FLAG_PARAMETERS = ("memory_budget", "multiple_of", "world_size", "target_batch", "max_batch", "max_norm",
-                   "study_name", "storage", "dist_timeout", "parallel", "memory_snapshot", "fsdp_sync")
-FLAG_SWITCHES = ("uniform", "force", "tune", "uniform_ranks")
-_PARAMETER = re.compile(r"\b(" + "|".join(FLAG_PARAMETERS) + r")\b")
-_SWITCH = re.compile(r"\b(" + "|".join(FLAG_SWITCHES) + r")=True\b")
-
-
-def in_flag_terms(message: str) -> str:
-    """A library message as the command line says it: ``memory_budget`` is ``--memory-budget``,
-    ``uniform=True`` (and ``uniform='force'``) is ``--uniform``, ``device='estimate'`` is ``--device estimate``."""
-    message = _PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
-    message = _SWITCH.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
-    message = message.replace("uniform='force'", "--uniform")
-    return re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
 
 
 def _end_without_finalizing(code: int) -> NoReturn:

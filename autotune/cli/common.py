@@ -12,6 +12,7 @@ from typing import Any
 from .. import options
 from ..errors import BadInput
 from ..results.settings import Setting, flag_of, setting, settings_of
+from .terms import CLI
 
 
 class Parser(argparse.ArgumentParser):
@@ -91,7 +92,7 @@ def flag(check: Callable[..., Any], name: str) -> Callable[[str], Any]:
         try:
             return check(text, name)
         except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(exc.say(CLI)) from None
 
     parse.__name__ = name
     return parse

@@ -82,9 +82,8 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
         return CpuDevice(memory_budget=memory_budget)
     if text == "estimate":
         if memory_budget is None:
-            raise DeviceError(
-                "device='estimate' needs memory_budget: the memory of the GPU you are planning for, e.g. 80GiB"
-            )
+            raise DeviceError("{device='estimate'} needs {memory_budget}", field="memory_budget",
+                              fix="the memory of the GPU you are planning for, e.g. 80GiB")
         _check_allowance(memory_budget, CUDA_CONTEXT_ALLOWANCE)
         return EstimateDevice.for_gpu(memory_budget)
     match = re.fullmatch(r"cuda(?::(\d+))?", text)
@@ -106,9 +105,8 @@ def get_device(name: str = "auto", *, memory_budget: int | None = None, cuda=Non
 def _check_allowance(memory_budget: int | None, allowance: int) -> None:
     if memory_budget is not None and memory_budget <= allowance:
         raise DeviceError(
-            f"memory_budget {format_bytes(memory_budget)} is not more than the {format_bytes(allowance)} a CUDA "
-            "context takes: give the GPU's memory, e.g. 24GiB"
-        )
+            f"{{memory_budget}} {format_bytes(memory_budget)} is not more than the {format_bytes(allowance)} a CUDA "
+            "context takes", field="memory_budget", limit=allowance, fix="give the GPU's memory, e.g. 24GiB")
 
 
 def _check_ram(memory_budget: int | None) -> None:
@@ -116,10 +114,11 @@ def _check_ram(memory_budget: int | None) -> None:
     total = ram_bytes()[0]
     if memory_budget is not None and memory_budget > total:
         raise DeviceError(
-            f"memory_budget {format_bytes(memory_budget)} is more than the {format_bytes(total)} of RAM this process "
-            "can use (the machine's, bounded by its memory cgroup and RLIMIT_AS): "
-            f"give at most {format_bytes(total)} for device='cpu', or plan for a larger device with "
-            f"device='estimate' and memory_budget {format_bytes(memory_budget).replace(' ', '')}")
+            f"{{memory_budget}} {format_bytes(memory_budget)} is more than the {format_bytes(total)} of RAM this "
+            "process can use (the machine's, bounded by its memory cgroup and RLIMIT_AS)", field="memory_budget",
+            limit=total, fix=f"give at most {format_bytes(total)} for {{device='cpu'}}, or plan for a larger device "
+                             f"with {{device='estimate'}} and {{memory_budget}} "
+                             f"{format_bytes(memory_budget).replace(' ', '')}")
 
 
 def list_devices(*, cuda=None, nvml=True) -> dict[str, Any]:

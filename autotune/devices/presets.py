@@ -135,9 +135,10 @@ def find_preset(name: str) -> GpuPreset:
     for preset in PRESETS:
         if _key(preset.name) == wanted:
             return preset
-    raise DeviceError(f"unknown GPU {name!r} for device='estimate:GPU': use one of "
-                      f"{', '.join(p.name for p in PRESETS)} (autotune devices --presets lists them), or "
-                      "device='estimate' with memory_budget for any other GPU")
+    raise DeviceError(f"unknown GPU {name!r} for {{device='estimate:GPU'}}", field="device",
+                      choices=tuple(p.name for p in PRESETS),
+                      fix=f"use one of {', '.join(p.name for p in PRESETS)} (autotune devices --presets lists them), "
+                          "or {device='estimate'} with {memory_budget} for any other GPU")
 
 
 def _key(name: str) -> str:

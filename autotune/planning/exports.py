@@ -55,11 +55,11 @@ def export(plan: Plan, fmt: str) -> dict[str, Any]:
     if plan.mixed is not None:
         how = how_ranks_differ([r.max_micro_batch for r in plan.mixed.ranks])
         raise PlanError(f"{NAMES[fmt]} takes one per-device batch size, and this plan gives each rank its own "
-                        f"({how}): plan again with uniform_ranks=True for the "
+                        f"({how}): plan again with {{uniform_ranks=True}} for the "
                         "smallest-for-all plan, or run it with autotune's runner or Accumulator")
     if not plan.uniform:
         raise PlanError(f"{NAMES[fmt]} runs equal micro-batches, and this plan's are not ({plan.arithmetic}): "
-                        f"plan again with uniform=True, or run it with autotune's runner or Accumulator, which "
+                        "plan again with {uniform=True}, or run it with autotune's runner or Accumulator, which "
                         "weight uneven micro-batches exactly")
     return _settings(plan, fmt)
 

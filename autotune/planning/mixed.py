@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from .. import options
-from ..errors import DoesNotFit, PlanError, RanksDiffer
+from ..errors import DoesNotFit, PlanError, RanksDiffer, mention
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, Parallel
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -75,10 +75,10 @@ def split_ranks(target: int, maxima: Sequence[int], seconds_per_sample: Sequence
     if lockstep:
         steps = -(-units // sum(unit_max))
         if steps * len(unit_max) > units:
-            raise PlanError(f"target {target} cannot be split in step: the ranks' memory needs {steps} micro-steps "
+            raise PlanError(f"cannot be split in step: the ranks' memory needs {steps} micro-steps "
                             f"each, and {plural(len(unit_max), 'rank')} x {steps} micro-batches of at least {q} take "
                             f"{steps * len(unit_max) * q} samples; use a target of at least that, or give the ranks "
-                            "more memory")
+                            "more memory", field="target_batch", value=target)
         low, high = [steps] * len(unit_max), [steps * u for u in unit_max]
         model = steps * max(times)
     else:
@@ -186,8 +186,8 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     for name, value in (("target batch", target), ("multiple_of", q)):
         options.whole(value, name, text=False, error=PlanError)
     if target > MAX_TARGET_BATCH:
-        raise PlanError(f"target {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
-                        "may hold: use a smaller target batch")
+        raise PlanError(f"is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+                        "may hold: use a smaller target batch", field="target_batch", value=target)
     if not maxima:
         raise PlanError("no ranks: give each rank's max micro-batch")
     world = len(maxima)
@@ -196,15 +196,16 @@ def _check(target: int, maxima: Sequence[int], q: int) -> tuple[int, list[int], 
     for r, m in enumerate(maxima):
         options.whole(m, f"rank {r}'s max micro-batch", text=False, error=PlanError)
         if m < q:
-            raise PlanError(f"rank {r}'s max micro-batch {m} is smaller than multiple_of {q}: no micro-batch size is "
-                            f"allowed there; use multiple_of {m} or less, or give that rank more memory")
+            raise PlanError(f"rank {r}'s max micro-batch {m} is smaller than {{multiple_of}} {q}: no micro-batch size "
+                            f"is allowed there", field="multiple_of", limit=m,
+                            fix=f"use {{multiple_of}} {m} or less, or give that rank more memory")
     if target % q:
-        raise PlanError(f"target {target} is not a multiple of multiple_of {q}: use target "
-                        f"{target - target % q or q} or {target - target % q + q}")
+        raise PlanError(f"is not a multiple of {{multiple_of}} {q}", field="target_batch", value=target,
+                        fix=f"use target {target - target % q or q} or {target - target % q + q}")
     if target // q < world:
-        raise PlanError(f"target {target} on {plural(world, 'rank')}: every rank needs at least {q} "
+        raise PlanError(f"on {plural(world, 'rank')}: every rank needs at least {q} "
                         f"{'sample' if q == 1 else 'samples'} per step ({world * q} in all); use a target of at least "
-                        f"{world * q} or fewer ranks")
+                        f"{world * q} or fewer ranks", field="target_batch", value=target)
     return target // q, [m // q for m in maxima], q
 
 
@@ -224,8 +225,8 @@ def how_ranks_differ(maxima: Sequence[int]) -> str:
     return "max micro-batch per rank: " + ", ".join(map(str, maxima[:8])) + (", ..." if len(maxima) > 8 else "")
 
 
-def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "uniform_ranks=True",
-                       drop: str = "drop uniform") -> RanksDiffer:
+def ranks_differ_error(maxima: Sequence[int], asked: str, *, fix: str = "{uniform_ranks=True}",
+                       drop: str = "drop {uniform}") -> RanksDiffer:
     """The error for equal micro-batches (``asked``) on ranks that differ, naming ``fix`` for the smallest-for-all
     plan."""
     return RanksDiffer(f"{asked}, but the ranks differ ({how_ranks_differ(maxima)}): pass {fix} for the "
@@ -248,8 +249,8 @@ def rank_cannot_hold_one(facts: str, rank: int, world: int, device: str, budget:
                          parallel: str) -> DoesNotFit:
     """The error of a rank of a mixed job that cannot hold a micro-batch of 1 (``facts``: the bytes needed and
     usable): it names the rank and its device, and what would let the job run."""
-    where = device + (f", memory_budget {format_bytes(budget)}" if budget is not None else "")
-    shard = (f"shard the model over the {world} ranks (parallel fsdp), "
+    where = device + (f", {{memory_budget}} {format_bytes(budget)}" if budget is not None else "")
+    shard = (f"shard the model over the {world} ranks ({{parallel='fsdp'}}), "
              if parallel != "fsdp" else "")
     return DoesNotFit(f"rank {rank} of {world} ({where}) cannot hold a micro-batch of 1: {facts}: {shard}use a "
                       f"smaller model (or bf16, activation checkpointing, a shorter sequence), give rank {rank} a "
@@ -275,7 +276,7 @@ def make_mixed_plan(target_batch: int, ranks: Sequence[RankShare], *, multiple_o
         return _alike(make_plan(target_batch, maxima[0], world_size=world, multiple_of=multiple_of,
                                 uniform=uniform, probe=probe, world_size_source=world_size_source), ranks, notes)
     if uniform:
-        raise ranks_differ_error(maxima, f"uniform={uniform!r} asks for equal micro-batches on every rank")
+        raise ranks_differ_error(maxima, mention("uniform", uniform) + " asks for equal micro-batches on every rank")
     timed = all(r.seconds_per_sample is not None for r in ranks)
     times = [float(r.seconds_per_sample) for r in ranks if r.seconds_per_sample is not None] if timed else None
     lockstep = parallel == "fsdp"

@@ -127,7 +127,7 @@ def nearest_uniform_targets(target: int, max_micro_batch: int, *, world_size: in
                             multiple_of: int = 1) -> tuple[int | None, int | None]:
     """The nearest targets below and above ``target`` that split into equal micro-batches
     (the same rules as ``make_plan(..., uniform=True)``); None where there is none below."""
-    target = _whole(target, "target batch", "give the effective batch over all ranks, e.g. 1024")
+    target = _whole(target, "target_batch", "give the effective batch over all ranks, e.g. 1024")
     _limit_target(target)
     unit_max = max_micro_batch // multiple_of
     if unit_max < 1:
@@ -193,32 +193,36 @@ def _targets(below: int | None, above: int | None) -> str:
 def _check(target: int, m: int, world: int, q: int) -> None:
     """PlanError when no plan at all exists for these numbers."""
     if target < world:
-        raise PlanError(f"target {target} is smaller than the world size {world}: every rank needs at least "
-                        f"one sample per step; use a target of at least {world} or fewer ranks")
+        raise PlanError(f"is smaller than the world size {world}", field="target_batch", value=target, limit=world,
+                        fix=f"every rank needs at least one sample per step; use a target of at least {world} or "
+                            "fewer ranks")
     if m < q:
-        raise PlanError(f"max micro-batch {m} is smaller than multiple_of {q}: no micro-batch size is allowed; "
-                        f"use multiple_of {m} or less, or give each rank more memory")
+        raise PlanError(f"max micro-batch {m} is smaller than {{multiple_of}} {q}: no micro-batch size is allowed",
+                        field="multiple_of", limit=m, fix=f"use {{multiple_of}} {m} or less, or give each rank more "
+                                                          "memory")
     unit_max = m // q
     if target % q:
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"target {target} is not a multiple of multiple_of {q}: use target "
-                        f"{_targets(below, above)}, or a multiple_of that divides {target}")
+        raise PlanError(f"is not a multiple of {{multiple_of}} {q}", field="target_batch", value=target,
+                        fix=f"use target {_targets(below, above)}, or a {{multiple_of}} that divides {target}")
     if target // q < world:
-        raise PlanError(f"target {target} on {_plural(world, 'rank')} with multiple_of {q}: "
-                        f"every rank needs at least {q} "
-                        f"samples per step ({world * q} in all); use a target of at least {world * q}, "
-                        "fewer ranks or a smaller multiple_of")
+        raise PlanError(f"on {_plural(world, 'rank')} with {{multiple_of}} {q}: every rank needs "
+                        f"at least {q} samples per step ({world * q} in all)", field="target_batch", value=target,
+                        limit=world * q,
+                        fix=f"use a target of at least {world * q}, fewer ranks or a smaller {{multiple_of}}")
     if not _feasible(target // q, world, unit_max):
         below, above = _nearest_feasible(target, q, world, unit_max)
-        raise PlanError(f"target {target} cannot be split: max micro-batch {m} with multiple_of {q} allows only "
-                        f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}; "
-                        f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
+        raise PlanError(f"cannot be split: max micro-batch {m} with {{multiple_of}} {q} allows only "
+                        f"micro-batches of {q}, so every step takes {world * q} samples over {_plural(world, 'rank')}",
+                        field="target_batch", value=target,
+                        fix=f"use target {_targets(below, above)}, a larger max micro-batch or fewer ranks")
 
 
 def _limit_target(target: int) -> None:
     if target > MAX_TARGET_BATCH:
-        raise PlanError(f"target {target} is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
-                        "may hold: use a smaller target batch")
+        raise PlanError(f"is more than the {MAX_TARGET_BATCH:,} samples per optimizer step a plan "
+                        "may hold", field="target_batch", value=target, limit=MAX_TARGET_BATCH,
+                        fix="use a smaller target batch")
 
 
 def _limit_slots(world: int, steps: int, why: str) -> None:
@@ -264,10 +268,11 @@ def _no_uniform(target: int, m: int, world: int, q: int) -> PlanError:
     least = _min_steps(units, world, unit_max)
     nearest, forced = uniform_options(target, m, world_size=world, multiple_of=q)
     uneven = arithmetic_line(target, world, least, _counts(units, world, least, q))
-    force = f"uniform='force' for {forced}, " if forced else ""
+    force = f"{{uniform='force'}} for {forced}, " if forced else ""
     return NoUniformPlan(
-        f"uniform=True: target {target} does not split into {uniform_range(target, m, world_size=world, multiple_of=q)}"
-        f"; nearest targets that do: {' and '.join(nearest) or 'none'}; {force}or drop uniform=True "
+        f"{{uniform=True}}: target {target} does not split into "
+        f"{uniform_range(target, m, world_size=world, multiple_of=q)}"
+        f"; nearest targets that do: {' and '.join(nearest) or 'none'}; {force}or drop {{uniform=True}} "
         f"for {uneven} (autotune's runner weights uneven micro-batches exactly)",
         target=target, max_micro_batch=m, world_size=world, multiple_of=q)
 
@@ -276,9 +281,10 @@ def _no_forced(target: int, world: int, q: int) -> PlanError:
     step = world * q
     below, above = (target // step) * step, (target // step + 1) * step
     return PlanError(
-        f"uniform='force': target {target} does not split into equal micro-batches"
+        f"{{uniform='force'}}: target {target} does not split into equal micro-batches"
         f"{'' if q == 1 else f' that are multiples of {q}'} on {_plural(world, 'rank')}: every step takes a "
-        f"multiple of {step} samples; use target {_targets(below or None, above)}, or drop uniform='force'")
+        f"multiple of {step} samples", field="uniform",
+        fix=f"use target {_targets(below or None, above)}, or drop {{uniform='force'}}")
 
 
 # ---- the planner ------------------------------------------------------------------------------
@@ -312,12 +318,13 @@ def check_plan(target_batch: int, max_micro_batch: int, *, world_size: int = 1, 
 def _steps(target_batch: int, max_micro_batch: int, world_size: int, multiple_of: int,
            uniform: Uniform) -> tuple[int, int, int, int, int, int]:
     """(target, m, world, q, steps, fewest steps) once every check and limit has passed."""
-    target = _whole(target_batch, "target batch", "give the effective batch over all ranks, e.g. 1024")
-    m = _whole(max_micro_batch, "max micro-batch", "at least one sample must fit per rank")
-    world = _whole(world_size, "world size", "pass 1 for a single process")
+    target = _whole(target_batch, "target_batch", "give the effective batch over all ranks, e.g. 1024")
+    m = _whole(max_micro_batch, "max_micro_batch", "at least one sample must fit per rank")
+    world = _whole(world_size, "world_size", "pass 1 for a single process")
     q = _whole(multiple_of, "multiple_of", "use 1 for any size, or e.g. 8 for tensor-core-friendly sizes")
     if uniform not in UNIFORM:
-        raise PlanError(f"uniform {uniform!r} must be True, False, None or 'force'")
+        raise PlanError("must be True, False, None or 'force'", field="uniform", value=uniform,
+                        choices=(True, False, None, "force"))
     _limit_target(target)
     _limit_slots(world, 1, f"{_plural(world, 'rank')} run at least ")
     _check(target, m, world, q)

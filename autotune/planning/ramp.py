@@ -164,7 +164,7 @@ def first_batch(plan: Plan, config: RampConfig, *, quantum: int | None = None) -
     if plan.mixed is not None:
         how = how_ranks_differ([r.max_micro_batch for r in plan.mixed.ranks])
         raise PlanError(f"ramp: the ranks differ ({how}) and a ramp's phases run every "
-                        "rank alike: pass uniform_ranks=True to ramp with every rank at the smallest max "
+                        "rank alike: pass {uniform_ranks=True} to ramp with every rank at the smallest max "
                         "micro-batch, or train without the ramp")
     q = ramp_quantum(plan) if quantum is None else quantum
     start = config.start
@@ -181,8 +181,8 @@ def uniform_base(plan: Plan) -> tuple[Plan, int]:
     if not plan.uniform or plan.mixed is not None:
         sizes = sorted({n for row in plan.schedule for n in row})
         raise PlanError(f"a uniform ramp runs every phase in whole micro-batches of the plan's, but this plan's differ "
-                        f"({', '.join(map(str, sizes[:4]))}): plan with uniform='force' (--uniform), or ramp "
-                        "without uniform")
+                        f"({', '.join(map(str, sizes[:4]))}): plan with {{uniform='force'}}, or ramp "
+                        "without uniform", field="uniform")
     return replace(plan, max_micro_batch=plan.micro_batch), plan.micro_batch * plan.world_size
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import options
 from ..dburl import check_storage
-from ..errors import BadInput
+from ..errors import BadInput, mention
 from ..results.model import ModelSpec, is_model_spec
 from ..results.request import FitRule, PlanRequest, ProbeRequest, Snapshot, Tuning
 from ..units import plural
@@ -44,7 +44,8 @@ def device_name(device: object) -> str:
         return options.text(device, "device")
     describe = getattr(device, "describe", None)
     if describe is None or not all(hasattr(device, a) for a in ("capacity_bytes", "measure", "estimator")):
-        raise BadInput(f"device {device!r} is neither a device name (auto, cpu, cuda:N, estimate) nor a Device")
+        raise BadInput("is neither a device name (auto, cpu, cuda:N, estimate) nor a Device", field="device",
+                       value=device)
     return str(describe().name)
 
 
@@ -57,16 +58,17 @@ def world_of(flag: int | None, env: Mapping[str, str], group: tuple[int, int] | 
     if group is not None:
         world = group[0]
         if flag is not None and flag != world:
-            raise BadInput(f"world_size {flag} but the process group has {plural(world, 'rank')}: drop world_size "
-                           f"or launch {flag} processes")
+            raise BadInput(f"but the process group has {plural(world, 'rank')}", field="world_size", value=flag,
+                           limit=world, fix="drop {world_size} " + f"or launch {flag} processes")
         if listed is not None and listed != world:
-            raise BadInput(f"a device or memory_budget per rank lists {listed} but the process group has "
-                           f"{plural(world, 'rank')}: give one per rank, or one for all")
+            raise BadInput("a {device} or {memory_budget} per rank " + f"lists {listed} but the process group has "
+                           f"{plural(world, 'rank')}", field="device", limit=world,
+                           fix="give one per rank, or one for all")
         return world, "process group"
     if listed is not None:
         if flag is not None and flag != listed:
-            raise BadInput(f"world_size {flag} but the device or memory_budget list names {listed} ranks: drop "
-                           "world_size (the list gives it) or give one per rank")
+            raise BadInput("but the {device} or {memory_budget} list " + f"names {listed} ranks", field="world_size",
+                           value=flag, limit=listed, fix="drop {world_size} (the list gives it) or give one per rank")
         return listed, "the device list"
     return world_size_from(flag, env)
 
@@ -77,8 +79,8 @@ def _listed(devices: tuple[object, ...], budgets: tuple[int | None, ...]) -> int
     if listed == 1:
         return None
     if len(devices) > 1 and len(budgets) > 1 and len(devices) != len(budgets):
-        raise BadInput(f"device lists {len(devices)} ranks and memory_budget {len(budgets)}: give one per rank "
-                       "in both, or one of them once")
+        raise BadInput("{device} " + f"lists {len(devices)} ranks and " + "{memory_budget} " + f"{len(budgets)}",
+                       field="memory_budget", limit=len(devices), fix="give one per rank in both, or one of them once")
     return listed
 
 
@@ -93,13 +95,14 @@ def this_rank(device: object, memory_budget: object, group: tuple[int, int] | No
     if listed is None:
         return devices[0], budgets[0]
     if group is None:
-        raise BadInput(f"a device or memory_budget per rank ({listed} given) is for a plan of several ranks, or for "
-                       "each rank of a torchrun job: plan with it, or launch that many processes")
+        raise BadInput("a {device} or {memory_budget} per rank " + f"({listed} given) is for a plan of several "
+                       "ranks, or for each rank of a torchrun job", field="device",
+                       fix="plan with it, or launch that many processes")
     world, rank = group
     for name, values in (("device", devices), ("memory_budget", budgets)):
         if len(values) not in (1, world):
-            raise BadInput(f"{name} lists {len(values)} values for the {plural(world, 'rank')} running: give one, or "
-                           f"one per rank")
+            raise BadInput(mention(name) + f" lists {len(values)} values for the {plural(world, 'rank')} running",
+                           field=name, limit=world, fix="give one, or one per rank")
     return devices[rank % len(devices)], budgets[rank % len(budgets)]
 
 
@@ -108,8 +111,9 @@ def one_device(device: object, memory_budget: object, group: tuple[int, int] | N
     (where each rank takes its own)."""
     listed = _listed(_per_rank(device), options.memory_budgets(memory_budget))
     if listed is not None and group is None:
-        raise BadInput(f"memory_snapshot is for one device, and a device or memory_budget per rank ({listed} given) "
-                       "names several: take each device's snapshot with its own call (one device, one budget)")
+        raise BadInput("{memory_snapshot} is for one device, and a {device} or {memory_budget} per rank "
+                       f"({listed} given) names several", field="memory_snapshot",
+                       fix="take each device's snapshot with its own call (one device, one budget)")
 
 
 def probe_request(probe: object = None, *, device: object = options.DEVICE, memory_budget: object = None,
@@ -138,8 +142,8 @@ def _fsdp_sync(value: object, parallel: object) -> str:
     """``fsdp_sync`` checked: a choice, and one that only FSDP takes."""
     sync = options.fsdp_sync(value)
     if sync != options.DEFAULT_FSDP_SYNC and parallel != "fsdp":
-        raise BadInput(f"fsdp_sync {sync} is FSDP's gradient sync and parallel is {parallel}: add parallel fsdp, or "
-                       "drop fsdp_sync")
+        raise BadInput("is FSDP's gradient sync and {parallel} " + f"is {parallel}", field="fsdp_sync", value=sync,
+                       fix="add {parallel='fsdp'}, or drop {fsdp_sync}")
     return sync
 
 
@@ -166,9 +170,9 @@ def plan_request(target_batch: object, *, probe: object = None, device: object =
     tuning = _tuning(tune, trials, storage, study_name, parallel, listed, group)
     snapshot = Snapshot.of(memory_snapshot, at)
     if snapshot is not None and (tuning is not None or listed is not None):
-        drop = "tune" if tuning is not None else "the device or memory_budget per rank"
-        raise BadInput(f"memory_snapshot is for a plan of one device made without tune=True: drop {drop} or the "
-                       "snapshot")
+        drop = "{tune}" if tuning is not None else "the {device} or {memory_budget} per rank"
+        raise BadInput("{memory_snapshot} is for a plan of one device made without {tune=True}",
+                       field="memory_snapshot", fix=f"drop {drop} or the snapshot")
     per_rank = math.ceil(target / world)
     mine, budget = this_rank(device, memory_budget, group) if listed is None or group is not None else \
         (devices[0], budgets[0])
@@ -193,13 +197,17 @@ def _tuning(tune: bool, trials: object, storage: str | None, study_name: str | N
     if not tune:
         for name, value in (("storage", storage), ("study_name", study_name)):
             if value is not None:
-                raise BadInput(f"{name} needs tune=True: add tune=True, or drop {name}")
+                raise BadInput(mention(name) + " needs {tune=True}", field=name,
+                               fix="add {tune=True}, or drop " + mention(name))
         return None
     if parallel == "fsdp":
-        raise BadInput("tuning times one process and cannot shard it: plan with parallel fsdp without tune=True")
+        raise BadInput("tuning times one process and cannot shard it", field="tune",
+                       fix="plan with {parallel='fsdp'} without {tune=True}")
     if listed is not None:
-        raise BadInput("tuning times one device: tune without a device or memory_budget per rank")
+        raise BadInput("tuning times one device", field="tune",
+                       fix="tune without a {device} or {memory_budget} per rank")
     if group is not None:
-        raise BadInput(f"tuning times one process: tune without torchrun, with world_size={group[0]}")
+        raise BadInput("tuning times one process", field="tune",
+                       fix="tune without torchrun, with " + mention("world_size", group[0]))
     check_storage(storage)
     return Tuning(trials=trials, storage=storage, study_name=study_name)

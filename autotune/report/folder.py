@@ -57,11 +57,11 @@ def check_folder(path: str | os.PathLike, *, force: bool = False) -> Path:
         if entries is None:
             raise BadInput(f"cannot write a report at {path}: it exists and is not a folder; choose another path")
         if not force:
-            raise BadInput(f"report folder {path} exists already: pass force=True to replace it, "
+            raise BadInput(f"report folder {path} exists already: pass {{force=True}} to replace it, "
                            "or choose another folder")
         if entries and not any(name in entries and entries[name] for name in REPORT_MARKERS):
             raise BadInput(f"{path} is not a report folder (no report.html or report.md): refusing to replace it "
-                           "even with force=True; choose an empty or new folder")
+                           "even with {force=True}; choose an empty or new folder")
     return path
 
 
@@ -126,7 +126,7 @@ def _move_into_place(tmp: Path, path: Path, *, force: bool, attempts: int = 20) 
             if exc.errno not in _TAKEN:
                 raise BadInput(f"cannot write a report at {path}: {exc.strerror or exc}") from None
         if not force:  # appeared while the report was being written
-            raise BadInput(f"report folder {path} exists already: pass force=True to replace it, "
+            raise BadInput(f"report folder {path} exists already: pass {{force=True}} to replace it, "
                            "or choose another folder")
         old = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.old")
         try:

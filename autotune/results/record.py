@@ -126,10 +126,10 @@ class Record:
             if value is None and nullable:
                 continue
             if many and not all(isinstance(v, cls) for v in value):
-                raise BadInput(f"{name} must be {cls.__name__} objects")
+                raise BadInput(f"{name} must be {cls.__name__} objects", field=name)
             if not many and not isinstance(value, cls):
-                raise BadInput(f"{name} must be a {cls.__name__}, got {type(value).__name__}: give "
-                               f"{name}={cls.__name__}(...)")
+                raise BadInput(f"{name} must be a {cls.__name__}, got {type(value).__name__}", field=name,
+                               fix=f"give {name}={cls.__name__}(...)")
         self.validate()
 
     def validate(self) -> None:

@@ -49,11 +49,13 @@ class FitRule(Record):
 
     def validate(self) -> None:
         if self.rank >= self.world_size:
-            raise BadInput(f"rank {self.rank} must be below world_size {self.world_size}")
+            raise BadInput("must be below {world_size} " + str(self.world_size), field="rank", value=self.rank,
+                           limit=self.world_size - 1)
         if self.parallel == "fsdp" and self.buckets:
-            raise BadInput("buckets are DDP's: a fit rule for fsdp holds none")
+            raise BadInput("buckets are DDP's: a fit rule for fsdp holds none", field="buckets")
         if self.parallel != "fsdp" and self.fsdp_sync != options.DEFAULT_FSDP_SYNC:
-            raise BadInput(f"fsdp_sync {self.fsdp_sync} is FSDP's gradient sync: add parallel fsdp, or drop it")
+            raise BadInput("is FSDP's gradient sync", field="fsdp_sync", value=self.fsdp_sync,
+                           fix="add {parallel='fsdp'}, or drop it")
 
     @classmethod
     def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None,
@@ -109,7 +111,8 @@ class Snapshot(Record):
         """The API's ``memory_snapshot`` (a path, True for none, None or False for no snapshot) and ``at``."""
         if memory_snapshot is None or memory_snapshot is False:  # '' is refused below, as the CLI refuses it
             if at is not None:
-                raise BadInput("at is where a memory snapshot is taken: give memory_snapshot too, or drop at")
+                raise BadInput("{at} is where a memory snapshot is taken", field="at",
+                               fix="give {memory_snapshot} too, or drop {at}")
             return None
         return cls(path=options.snapshot_path(memory_snapshot),
                    at=options.whole(at, "at", text=False) if at is not None else None)
@@ -148,7 +151,9 @@ class PlanRequest(Record):
 
     def validate(self) -> None:
         if self.ranks and len(self.ranks) != self.probe.rule.world_size:
-            raise BadInput(f"ranks lists {len(self.ranks)} probes for world_size {self.probe.rule.world_size}")
+            world = self.probe.rule.world_size
+            raise BadInput("{ranks} " + f"lists {len(self.ranks)} probes for " + "{world_size} " + str(world),
+                           field="ranks", limit=world)
 
     @property
     def world_size(self) -> int:

@@ -23,10 +23,22 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Error(Answer):
-    """Every error: one line saying what failed, the numbers, and the fix."""
+class Invalid(Answer):
+    """One bad input, as FastAPI gives its own: ``loc`` ending with the field, ``msg`` (one line naming it: what
+    failed, the numbers, the fix), ``input`` (what was sent), ``ctx`` (the limit or choices, and the fix)."""
 
-    detail: str
+    type: str
+    loc: list[str | int]
+    msg: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class Error(Answer):
+    """Every error: one line saying what failed, the numbers, and the fix; a bad input (422) lists each field
+    at fault instead, as an :class:`Invalid`."""
+
+    detail: str | list[Invalid]
 
 
 class PlanAnswer(Answer):

@@ -25,7 +25,9 @@ FastAPI's security dependency, compared in constant time), and ``/healthz``
 without it says only whether the service is up. Bodies over :data:`MAX_BODY`
 bytes are refused before they are parsed (:mod:`autotune.serve.guard`). Every
 JSON answer is a model of :mod:`autotune.serve.answers`, which /openapi.json
-describes; every error is ``{"detail": "one line"}``.
+describes; every error is ``{"detail": "one line"}``, but a bad input's 422, whose
+``detail`` lists each field at fault as FastAPI does (``loc`` ending with the field,
+``msg``, ``input``, ``ctx``: :func:`autotune.serve.jobs.refused`).
 """
 
 from __future__ import annotations
@@ -53,9 +55,9 @@ from ..store.schema import DamagedEntry, Entry
 from ..store.store import StoreUnavailable
 from . import answers, stored
 from .auth import Bearer
-from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, in_request_terms, say
+from .bodies import MeasurementRequest, PlanRequest, body_error, implausible, invalid_item
 from .guard import Guard
-from .jobs import Job, JobFailed, one_line, status_of
+from .jobs import Job, JobFailed, cleaned, failed
 from .metrics import Metrics, Observe
 from .models import local_spec, named
 from .probes import BrokenProbe, Catalogue, UnknownProbe
@@ -149,7 +151,8 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
         if answer is None:
             asked = _asked(body)
             answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": named(body),
-                                                      "builtin": builtin, "request": asked.to_dict()},
+                                                      "builtin": builtin, "request": asked.to_dict(),
+                                                      "body": body.model_dump(mode="json")},
                                                      _probes(spec, asked)))
             if answer["fingerprint"] is not None:  # the next request with these settings is answered here
                 await run_in_threadpool(store.put, answer["fingerprint"], request=key)
@@ -175,7 +178,7 @@ def _model_spec(body: PlanRequest, folders: tuple[Path, ...]) -> str:
     try:
         return local_spec(body.model, folders) if body.model is not None else named(body)
     except AutotuneError as exc:
-        raise JobFailed(status_of(exc), str(exc)) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _probes(spec: str, asked: Any) -> frozenset[Hashable]:
@@ -191,7 +194,7 @@ def _asked(body: PlanRequest) -> Any:
     try:
         return body.asked()
     except AutotuneError as exc:
-        raise JobFailed(status_of(exc), str(exc)) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _store_routes(routes: APIRouter, service: Service) -> None:
@@ -308,7 +311,7 @@ def _from_store(from_store: stored.FromStore, key: str, body: PlanRequest) -> di
     except StoreUnavailable:
         raise
     except AutotuneError as exc:
-        raise JobFailed(status_of(exc), one_line(str(exc))) from None
+        raise failed(exc, body.model_dump(mode="json")) from None
 
 
 def _health(store: Any, pool: Pool, *, full: bool) -> tuple[answers.Health | answers.Liveness, int]:
@@ -347,7 +350,9 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None, hide: Calla
     takes where the store is out of every answer (:func:`_hiding`)."""
     _refusals(app, bearer, hide)
 
-    def _error(status: int, detail: str) -> JSONResponse:
+    def _error(status: int, detail: str | list[dict[str, Any]]) -> JSONResponse:
+        if isinstance(detail, list):
+            return JSONResponse({"detail": [cleaned(item, hide) for item in detail]}, status_code=status)
         return JSONResponse({"detail": hide(detail)}, status_code=status)
 
     @app.exception_handler(RequestValidationError)
@@ -361,13 +366,13 @@ def _handlers(app: FastAPI, metrics: Metrics, bearer: Bearer | None, hide: Calla
                  and e.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type")]
         if whole:
             return _error(422, body_error(whole[0], request.headers.get("content-type")))
-        return _error(422, "; ".join(say(e) for e in errors))
+        return _error(422, [invalid_item(e) for e in errors])
 
     @app.exception_handler(JobFailed)
     async def failed(_request: Request, exc: JobFailed) -> JSONResponse:
         if exc.store:
             metrics.store_errors.labels("worker").inc()
-        return _error(exc.status, in_request_terms(exc.message))
+        return _error(exc.status, exc.detail or exc.message)
 
     @app.exception_handler(UnknownProbe)
     async def unknown(_request: Request, exc: UnknownProbe) -> JSONResponse:

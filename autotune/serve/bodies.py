@@ -1,8 +1,9 @@
 """The service's request bodies, checked by pydantic, and what it says about a bad one.
 
-A value the service suggests in an error is one a request may send: library
-messages name Python values (``uniform='force'``), which :func:`in_request_terms`
-turns into the request's own JSON (``"uniform": "force"``).
+A bad setting is answered as FastAPI answers its own (a 422 whose ``detail`` lists
+items with ``loc`` ending with the field, ``msg``, ``input`` and ``ctx``); a
+library check's error is data (:class:`autotune.errors.BadInput`), said in the
+request's own terms (``"uniform": "force"``) by :func:`autotune.serve.jobs.refused`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .. import options
 from ..errors import BadInput
 from ..results.settings import Setting, settings_of
 from .fields import body_field
+from .jobs import refused
 from .models import ModelBody
 
 if TYPE_CHECKING:
@@ -75,24 +77,44 @@ class PlanBody(BaseModel):
     @classmethod
     def _rounded(cls, value: float) -> float:
         if round(value, MARGIN_DIGITS) >= 1:
-            raise ValueError(f"must be below 1: margins are taken to {MARGIN_DIGITS} decimals, so "
-                             f"{1 - 10 ** -MARGIN_DIGITS:.{MARGIN_DIGITS}f} at most")
+            most = round(1 - 10 ** -MARGIN_DIGITS, MARGIN_DIGITS)
+            raise BadInput(f"must be below 1 (margins are taken to {MARGIN_DIGITS} decimals)", field="margin",
+                           value=value, limit=most, fix=f"give {most:.{MARGIN_DIGITS}f} at most")
         return round(value, MARGIN_DIGITS)
 
     @field_validator("precision", mode="before", check_fields=False)
     @classmethod
     def _fp32(cls, value: object) -> object:
         if value != "fp32":
-            raise ValueError("the service plans fp32 only (the precision its fit rule measures): send \"fp32\" or "
-                             "leave precision out")
+            raise BadInput("is not planned here: the service plans fp32 only (the precision its fit rule measures)",
+                           field="precision", value=value, choices=("fp32",),
+                           fix="send {precision='fp32'} or leave {precision} out")
+        return value
+
+    @field_validator("uniform", mode="before", check_fields=False)
+    @classmethod
+    def _uniform(cls, value: object) -> object:
+        if not (value is None or isinstance(value, bool) or value == "force"):
+            raise BadInput('must be true, false, null or "force"', field="uniform", value=value,
+                           choices=(True, False, None, "force"))
+        return value
+
+    @field_validator("memory_budget", mode="before", check_fields=False)
+    @classmethod
+    def _sized(cls, value: object) -> object:
+        if not (value is None or isinstance(value, str) or type(value) is int):
+            raise BadInput("is not a size", field="memory_budget", value=value,
+                           fix="give one such as \"80GiB\", a number of bytes, or one per rank such as \"80GiB,24GiB\"")
         return value
 
     @field_validator("device", mode="before", check_fields=False)
     @classmethod
     def _devices(cls, value: object) -> object:
         if isinstance(value, str) and (len(value) > 512 or not re.fullmatch(DEVICES, value)):
-            raise ValueError("must be estimate, estimate:NAME (a preset), or one per rank such as "
-                             "estimate:A100-80GB,estimate:T4-16GB (counts: estimate:H100-80GB*4,estimate:A10G-24GB*4)")
+            raise BadInput("is not a device this service plans for", field="device", value=value[:60],
+                           fix="give estimate, estimate:NAME (a preset), or one per rank such as "
+                               "estimate:A100-80GB,estimate:T4-16GB (counts: estimate:H100-80GB*4,"
+                               "estimate:A10G-24GB*4)")
         if isinstance(value, str):
             _ranks(value, "device")
         return value
@@ -101,18 +123,20 @@ class PlanBody(BaseModel):
     @classmethod
     def _size(cls, value: str | int | None) -> str | int | None:
         if isinstance(value, str) and len(value) > 512:
-            raise ValueError("must be a size such as 80GiB, or one per rank such as 80GiB,24GiB (at most 512 "
-                             "characters)")
+            raise BadInput("is longer than 512 characters", field="memory_budget", value=value[:60], limit=512,
+                           fix="give a size such as 80GiB, or one per rank such as 80GiB,24GiB")
         if value is not None:
             for bytes_ in _ranks(value, "memory_budget"):
                 if bytes_ is not None and not 0 < bytes_ <= 2**50:
-                    raise ValueError(f"{value!r} must be between 1 byte and 1 PiB")
+                    raise BadInput("must be between 1 byte and 1 PiB", field="memory_budget", value=value,
+                                   limit=2**50)
         return value
 
     @model_validator(mode="after")
     def _one_workload(self) -> PlanBody:
         if self.model is not None and "probe" in self.model_fields_set:
-            raise ValueError("probe and model each name what to plan: give one of them")
+            raise BadInput("{probe} and {model} each name what to plan", field="model",
+                           fix="give one of them")
         return self
 
     def listed(self) -> bool:
@@ -160,15 +184,11 @@ else:
 
 
 def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:
-    """One item per rank of a device or memory_budget as a body gives it (budgets in bytes); ValueError for a
+    """One item per rank of a device or memory_budget as a body gives it (budgets in bytes); BadInput for a
     list the library refuses, or of more than :data:`MAX_RANKS` ranks (counted before any is made)."""
-    fix = "a larger job of ranks alike: one device and world_size"
-    try:
-        if name == "memory_budget":
-            return options.memory_budgets(value, name, most=MAX_RANKS, fix=fix)
-        return options.per_rank(value, name, most=MAX_RANKS, fix=fix)
-    except BadInput as exc:
-        raise ValueError(str(exc)) from None
+    if name == "memory_budget":
+        return options.memory_budgets(value, name, most=MAX_RANKS)
+    return options.per_rank(value, name, most=MAX_RANKS)
 
 
 class MeasurementRequest(BaseModel):
@@ -222,9 +242,10 @@ class MeasurementRequest(BaseModel):
     def _plausible(self) -> MeasurementRequest:
         reserved, allocated = self.peak_reserved_bytes, self.peak_allocated_bytes
         if reserved is not None and allocated is not None and allocated > reserved:
-            raise ValueError(f"peak_allocated_bytes {allocated} is above peak_reserved_bytes {reserved}: a device "
-                             "reserves at least what it allocates (torch.cuda.max_memory_allocated() <= "
-                             "max_memory_reserved())")
+            raise BadInput(f"is above {{peak_reserved_bytes}} {reserved}", field="peak_allocated_bytes",
+                           value=allocated, limit=reserved,
+                           fix="a device reserves at least what it allocates (torch.cuda.max_memory_allocated() <= "
+                               "max_memory_reserved())")
         return self
 
 
@@ -260,24 +281,6 @@ def implausible(body: MeasurementRequest, probed: Any) -> str | None:
     return None
 
 
-#: A library's Python spelling of a request field's value: ``uniform='force'``, ``uniform=True``.
-_SPELLED = re.compile(r"\b(" + "|".join(PlanRequest.model_fields) + r")=(True|False|None|'[^']*'|-?[0-9][0-9.]*)")
-
-
-def in_request_terms(message: str) -> str:
-    """A library message as a request says it: ``uniform='force'`` is ``"uniform": "force"``,
-    ``uniform=True`` is ``"uniform": true``."""
-
-    def say(match: re.Match[str]) -> str:
-        value = match.group(2)
-        shown = {"True": "true", "False": "false", "None": "null"}.get(value)
-        if shown is None:
-            shown = json.dumps(value[1:-1]) if value.startswith("'") else value
-        return f'"{match.group(1)}": {shown}'
-
-    return _SPELLED.sub(say, message)
-
-
 def body_error(error: dict[str, Any], content_type: str | None) -> str:
     """What is wrong with the body as a whole: missing, not JSON, or JSON but not an object."""
     if error.get("type") == "missing":
@@ -286,6 +289,19 @@ def body_error(error: dict[str, Any], content_type: str | None) -> str:
         return (f"the body must be JSON sent with content-type: application/json (this one came as "
                 f"{content_type or 'no content type'}; curl: -H 'content-type: application/json'), e.g. {EXAMPLE}")
     return f"the body must be a JSON object, e.g. {EXAMPLE}"
+
+
+def invalid_item(error: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic error as an item of the 422's ``detail`` list: its ``loc``, ``type`` and ``input`` as pydantic
+    gives them, ``msg`` one clause naming the field; a library check's error (a BadInput) as its data says it."""
+    cause = (error.get("ctx") or {}).get("error")
+    loc = tuple(error.get("loc", ()))
+    if isinstance(cause, BadInput):
+        return refused(cause, loc, error.get("input"))
+    given = json.loads(json.dumps(error.get("input"), default=repr))
+    item = {"type": error.get("type", "value_error"), "loc": list(loc), "msg": say(error), "input": given}
+    ctx = {k: v for k, v in (error.get("ctx") or {}).items() if isinstance(v, (int, float, str, bool))}
+    return item | ({"ctx": ctx} if ctx else {})
 
 
 def say(error: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ Runs in the worker process (torch is imported there); the server process reads o
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -15,7 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutotuneError, BadInput, DoesNotFit, EstimateUnavailable, ProbeFileError, WorkloadError, first_line
+from ..errors import (
+    NOTHING,
+    AutotuneError,
+    BadInput,
+    DoesNotFit,
+    EstimateUnavailable,
+    ProbeFileError,
+    Terms,
+    WorkloadError,
+    first_line,
+)
 from ..store.claims import LEASE_S
 from ..store.store import Store
 
@@ -25,13 +36,53 @@ Waiting = Callable[[str | None], None]
 
 class JobFailed(Exception):
     """A job that did not give a plan: the HTTP status to answer with and one line saying why; ``store``:
-    the plan store failed it (it could not be reached, read or written)."""
+    the plan store failed it (it could not be reached, read or written); ``detail``: for a bad input, the
+    items of a 422's ``detail`` list (:func:`refused`), naming the field."""
 
-    def __init__(self, status: int, message: str, *, store: bool = False):
+    def __init__(self, status: int, message: str, *, store: bool = False, detail: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.store = store
+        self.detail = detail
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=repr)
+
+
+#: A request's terms: its JSON's fields and values (``"uniform": true``).
+REQUEST = Terms(name=str, given=lambda name, value: f'"{name}": {_json(value)}', shown=_json)
+
+
+def refused(exc: BadInput, loc: tuple[Any, ...] = ("body",), given: Any = NOTHING) -> dict[str, Any]:
+    """A bad input as one item of a 422's ``detail`` list, the shape FastAPI gives its own: ``loc`` ending with
+    the field, ``msg`` in the request's terms, ``input`` (what was given), ``ctx`` (the limit or choices and the
+    fix)."""
+    loc, given = tuple(loc), exc.value if given is NOTHING else given
+    if exc.field is not None and (not loc or loc[-1] != exc.field):
+        loc += (exc.field,)  # a check of the whole body (a model validator's): the field it names
+        given = given.get(exc.field) if isinstance(given, dict) else given
+    item = {"type": "value_error", "loc": list(loc), "msg": exc.say(REQUEST),
+            "input": json.loads(_json(given)) if given is not NOTHING else None}
+    facts = exc.facts(REQUEST)
+    return item | ({"ctx": json.loads(_json(facts))} if facts else {})
+
+
+def cleaned(item: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
+    """A 422's item with ``clean`` applied to its words (``msg`` and the fix), e.g. to take out paths."""
+    ctx = item.get("ctx") or {}
+    return item | {"msg": clean(item["msg"])} | ({"ctx": ctx | {"fix": clean(ctx["fix"])}} if "fix" in ctx else {})
+
+
+def failed(exc: AutotuneError, sent: dict[str, Any] | None = None) -> JobFailed:
+    """An error of a request's settings or its job, as the request's answer: a bad input names its field, and
+    what ``sent`` (the body) gave it when the error holds no value of its own."""
+    message = one_line(exc.say(REQUEST))
+    if not isinstance(exc, BadInput):
+        return JobFailed(status_of(exc), message)
+    given = (sent or {}).get(exc.field or "", NOTHING) if exc.value is NOTHING else NOTHING
+    return JobFailed(status_of(exc), message, detail=[refused(exc, given=given)])
 
 
 def status_of(exc: BaseException) -> int:
@@ -106,8 +157,8 @@ def load(spec: str, name: str) -> Any:
     except ProbeFileError as exc:
         cause = exc.__cause__
         if cause is None:
-            raise BadInput(f"probe {name!r} failed to load: {scrub(str(exc), spec)}") from None
-        raise BadInput(f"probe {name!r} failed to load: {failure(cause, spec)}") from None
+            raise BadInput(f"probe {name!r} failed to load: {scrub(str(exc), spec)}", field="probe") from None
+        raise BadInput(f"probe {name!r} failed to load: {failure(cause, spec)}", field="probe") from None
 
 
 def failure(exc: BaseException, spec: str) -> str:
@@ -140,8 +191,10 @@ def answer(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holder
     try:
         return {"ok": True, **run_job(job, store_url, waiting)}
     except AutotuneError as exc:
-        return {"ok": False, "status": status_of(exc), "error": bare(scrub(one_line(str(exc)), job["spec"])),
-                "store_error": isinstance(exc, StoreUnavailable)}
+        said = failed(exc, job.get("body"))  # the body as sent: what a field at fault was given
+        detail = [cleaned(item, lambda text: bare(scrub(text, job["spec"]))) for item in said.detail or ()]
+        return {"ok": False, "status": said.status, "error": bare(scrub(said.message, job["spec"])),
+                "detail": detail or None, "store_error": isinstance(exc, StoreUnavailable)}
     except SQLAlchemyError as exc:  # what the driver says names the database's host, port and user: logged
         logging.getLogger("autotune.serve").warning("autotune serve: the store cannot be used now: %s",
                                                     first_line(exc))

@@ -164,7 +164,8 @@ class Worker:
                 break
             holder = answer["waiting"]
         if not answer["ok"]:
-            raise JobFailed(answer["status"], answer["error"], store=answer.get("store_error", False))
+            raise JobFailed(answer["status"], answer["error"], store=answer.get("store_error", False),
+                            detail=answer.get("detail"))
         return answer
 
     def _ready(self, stop: Callable[[], JobFailed | None]) -> bool:

@@ -49,7 +49,8 @@ def check_world(planned: int, what: str, fix: str) -> None:
     world = world_size()
     if world != planned:
         raise BadInput(f"{what} but {plural(world, 'process', 'processes')} {'is' if world == 1 else 'are'} "
-                       f"running: launch with torchrun --nproc-per-node {planned} ({fix})")
+                       "running", field="world_size", limit=world,
+                       fix=f"launch with torchrun --nproc-per-node {planned} ({fix})")
 
 
 def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:

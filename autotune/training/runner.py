@@ -23,7 +23,7 @@ from torch import nn
 from .. import log, options
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
-from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line
+from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line, mention
 from ..planning.ramp import uniform_base
 from ..results.noise import NoiseScaleEstimate
 from ..results.ramp import BatchPhase, RampConfig, batch_per_step
@@ -62,7 +62,7 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
         raise ValueError(f"steps must be at least 1, got {steps}")
     world = distributed.world_size()
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
-                            f"or plan for world_size={world}")
+                            "or plan for " + mention("world_size", world))
     usable = plan.usable_bytes_of(distributed.rank()) or options.usable_bytes(device.capacity_bytes(), options.MARGIN)
     run = _Run(plan, workload, device, steps=steps, precision=precision, max_norm=max_norm, seed=seed, ramp=ramp,
                uniform=uniform)

@@ -48,7 +48,7 @@ def open_study(optuna: Any, storage: str | None, name: str, settings: dict[str, 
                                     load_if_exists=True)
     except SQLAlchemyError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"storage {shown_url(storage)!r} cannot be opened: {first}") from None
+        raise BadInput(f"cannot be opened: {first}", field="storage", value=shown_url(storage)) from None
     recorded = study.user_attrs.get(SETTINGS)
     if recorded is None and not _space_matches(study, settings["candidates"]):
         recorded = {}

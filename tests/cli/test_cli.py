@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from autotune.cli import main
+from autotune.errors import BadInput
 
 MLP = ["--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB", "--quiet"]
 
@@ -143,7 +144,7 @@ def test_run_passes_and_exit_code_1_on_failed_verification(capsys, tmp_path):
     ("ddp", ["--world-size", "2", "--target-batch", "64"], {}, "--world-size 2 but 1 process is running"),
     ("WORLD_SIZE", ["--target-batch", "64"], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but 1 process is running"),
     ("plan", ["--plan", "PLAN"], {}, "the plan is for 2 ranks but 1 process is running: launch with torchrun "
-     "--nproc-per-node 2 (or plan for --world-size=1)"),
+     "--nproc-per-node 2 (or plan for --world-size 1)"),
 ])
 def test_a_run_for_more_ranks_than_processes_stops_before_any_work(capsys, monkeypatch, tmp_path, how, argv, env,
                                                                    words):
@@ -197,7 +198,7 @@ def refused_before_any_work(capsys, monkeypatch, argv, words):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--target-batch", "1000000000000000"], "target 1000000000000000 is more than the 1,000,000,000 samples"),
+    (["--target-batch", "1000000000000000"], "--target-batch 1000000000000000 is more than the 1,000,000,000 samples"),
     (["--world-size", "1000000000", "--target-batch", "1000000000"],
      "1,000,000,000 micro-batches per optimizer step (1000000000 ranks x 1 step), more than the 1,000,000"),
 ])
@@ -217,22 +218,47 @@ def test_bad_storage_is_refused_before_any_work(capsys, monkeypatch, argv, words
     refused_before_any_work(capsys, monkeypatch, argv, words)
 
 
-@pytest.mark.parametrize("message,flags", [
-    ("memory_budget 12XB is not a size", "--memory-budget 12XB is not a size"),
-    ("target 1021 is not a multiple of multiple_of 4: use a multiple_of that divides it",
+@pytest.mark.parametrize("error,line", [
+    (BadInput("is not a size", field="memory_budget", value="12XB", fix="e.g. 512MiB"),
+     "--memory-budget '12XB' is not a size, e.g. 512MiB"),
+    (BadInput("target 1021 is not a multiple of {multiple_of} 4", field="target_batch",
+              fix="use a {multiple_of} that divides it"),
      "target 1021 is not a multiple of --multiple-of 4: use a --multiple-of that divides it"),
-    ("uniform=True: target 1021 does not split; or drop uniform=True",
-     "--uniform: target 1021 does not split; or drop --uniform"),
-    ("uniform='force': target 1021 does not split on 2 ranks; or drop uniform='force'",
-     "--uniform: target 1021 does not split on 2 ranks; or drop --uniform"),
-    ("device='estimate' needs memory_budget", "--device estimate needs --memory-budget"),
-    ("unknown device 'tpu': use one of cpu, estimate", "unknown device 'tpu': use one of cpu, estimate"),
-    ("the world size given by the process group", "the world size given by the process group"),  # not a parameter
+    (BadInput("{uniform=True}: target 1021 does not split", fix="drop {uniform='force'}"),
+     "--uniform: target 1021 does not split: drop --uniform"),
+    (BadInput("{device='estimate'} needs {memory_budget}"), "--device estimate needs --memory-budget"),
+    (BadInput("{workload} and {tune=False}"), "--probe and no --tune"),
+    (BadInput("unknown device 'tpu': use {x y} or {'a': 1}"), "unknown device 'tpu': use {x y} or {'a': 1}"),
 ])
-def test_library_errors_name_flags_on_the_command_line(message, flags):
-    from autotune.cli import in_flag_terms
+def test_library_errors_are_said_in_flags_on_the_command_line(error, line):
+    """An error's data said in the command line's terms: its field as a flag, mentions of settings as flags."""
+    from autotune.cli.terms import CLI
 
-    assert in_flag_terms(message) == flags
+    assert error.say(CLI) == line
+
+
+@pytest.mark.parametrize("argv,flag,words", [
+    (["--target-batch", "0"], "--target-batch", "--target-batch 0 must be at least 1"),
+    (["--target-batch", "64", "--memory-budget", "12XB"], "--memory-budget", "--memory-budget '12XB' is not a size"),
+    (["--target-batch", "64", "--margin", "1.5"], "--margin", "--margin '1.5' must be a fraction in [0, 1)"),
+    (["--target-batch", "64", "--world-size", "x"], "--world-size", "--world-size 'x' is not a whole number"),
+    (["--target-batch", "64", "--device", "cpu*0"], "--device",
+     "--device count after '*' in 'cpu*0' must be at least 1"),
+    (["--target-batch", "64", "--fsdp-sync", "every"], "--fsdp-sync",
+     "--fsdp-sync 'every' is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp, or drop --fsdp-sync"),
+    (["--target-batch", "1021", "--multiple-of", "4"], "--multiple-of",
+     "--target-batch 1021 is not a multiple of --multiple-of 4"),
+    (["--target-batch", "64", "--storage", "sqlite:///x.db"], "--storage", "--storage needs --tune: add --tune"),
+])
+def test_a_bad_flag_value_is_one_line_naming_the_flag_exit_2(capsys, monkeypatch, argv, flag, words):
+    """A bad value on the command line: exit 2, one line on stderr that names the flag, no traceback, no work."""
+    import autotune.api
+
+    monkeypatch.setattr(autotune.api, "resolve", lambda *a, **k: pytest.fail("a bad flag must stop before any work"))
+    code, out, err = run(capsys, "plan", "--probe", "mlp", "--device", "cpu", *argv)
+    assert code == 2 and out == "", err
+    assert err.count("\n") == 1 and "Traceback" not in err and flag in err and words in err, err
+    assert "_" not in err.split(": error: ")[1].split(" ")[0]  # the flag, never the library's name
 
 
 @pytest.mark.slow
@@ -278,7 +304,7 @@ def test_an_error_is_one_write_of_one_line_so_ranks_sharing_a_terminal_never_run
     monkeypatch.setattr(sys, "stderr", err)
     assert main(["plan", "--target-batch", "1024", "--probe", "mlp", "--device", "cpu*"]) == 2
     assert err.writes == [err.getvalue()] and err.getvalue().count("\n") == 1, err.writes
-    assert err.getvalue().startswith("autotune plan: error: device count after '*' in 'cpu*' is not a whole number")
+    assert err.getvalue().startswith("autotune plan: error: --device count after '*' in 'cpu*' is not a whole number")
 
 
 def test_the_hosts_memory_running_out_outside_the_probes_bound_is_said_in_words(monkeypatch, capsys):

@@ -30,30 +30,32 @@ def test_a_value_per_rank(value, items):
 
 @pytest.mark.parametrize("value, match", [
     ("cpu,,cpu", "device 'cpu,,cpu' has an empty item"),
-    ("cpu*0", "device count after '\\*' 0 must be at least 1"),
-    ("estimate:T4-16GB*-1", r"device count after '\*' -1 must be at least 1: give how many ranks, e\.g\. "
-                            r"estimate:T4-16GB\*4$"),
+    ("cpu*0", "device count after '\\*' in 'cpu\\*0' must be at least 1"),
+    ("estimate:T4-16GB*-1", r"device count after '\*' in 'estimate:T4-16GB\*-1' must be at least 1: give how many "
+                            r"ranks, e\.g\. estimate:T4-16GB\*4$"),
     ("cpu*x", "is not a whole number"),
     ("cpu*", r"device count after '\*' in 'cpu\*' is not a whole number: give how many ranks, e.g. cpu\*4"),
     ("cpu*+2", "is not a whole number"),
     ("cpu*1_000", "is not a whole number"),
 ])
 def test_a_bad_value_per_rank_names_the_parameter(value, match):
-    with pytest.raises(BadInput, match=match):
+    with pytest.raises(BadInput, match=match) as info:
         options.per_rank(value, "device")
+    assert info.value.field == "device"
 
 
 @pytest.mark.parametrize("value", ["estimate:T4-16GB*10000000000,estimate:A100-80GB", ["cpu"] * 1_000_001])
 def test_more_ranks_than_a_plan_holds_are_refused_before_a_list_is_made(value):
-    with pytest.raises(BadInput, match=r"^device names 1[0-9,]+ ranks: at most 1,000,000 \(a larger job"):
+    with pytest.raises(BadInput, match=r"^device names 1[0-9,]+ ranks: at most 1,000,000: a larger job") as info:
         options.per_rank(value, "device")
+    assert (info.value.field, info.value.limit) == ("device", 1_000_000)
     assert len(options.per_rank("cpu*999999,cpu", "device")) == 1_000_000
 
 
 def test_main_refuses_ten_billion_ranks_in_one_line(capsys):
     assert main(["plan", "--target-batch", "1024", *MLP[:2], "--device", "estimate:T4-16GB*10000000000"]) == 2
-    assert capsys.readouterr().err.strip() == ("autotune plan: error: device names 10,000,000,000 ranks: at most "
-                                               "1,000,000 (a larger job of ranks alike: one device and --world-size)")
+    assert capsys.readouterr().err.strip() == ("autotune plan: error: --device names 10,000,000,000 ranks: at most "
+                                               "1,000,000: a larger job of ranks alike: one device and --world-size")
 
 
 def test_an_empty_budget_item_is_shown_with_a_budget_example():
@@ -230,6 +232,6 @@ def test_a_gpu_of_a_mixed_job_too_small_for_the_model_is_named_and_fsdp_is_offer
     from autotune.errors import DoesNotFit
 
     with pytest.raises(DoesNotFit, match=r"^rank 1 of 2 \(estimate:T4-16GB\) cannot hold a micro-batch of 1: "
-                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel fsdp\), use a "
+                                         r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel='fsdp'\), use a "
                                          r"smaller model"):
         autotune.plan(64, workload="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")

@@ -129,7 +129,7 @@ def test_large_targets_and_many_ranks_are_planned_without_loops_to_the_target():
 @pytest.mark.parametrize("target, maxima, times, q, match", [
     (1, [4, 4], None, 1, "every rank needs at least 1 sample per step"),
     (16, [4, 2], None, 4, "rank 1's max micro-batch 2 is smaller than multiple_of 4"),
-    (18, [8, 8], None, 4, "target 18 is not a multiple of multiple_of 4: use target 16 or 20"),
+    (18, [8, 8], None, 4, "target_batch 18 is not a multiple of multiple_of 4: use target 16 or 20"),
     (10, [4, 4], [1.0], 1, "1 times per sample for 2 ranks"),
     (10, [4, 4], [1.0, 0.0], 1, "rank 1's time per sample 0.0 must be a positive number"),
     (10, [4, 0], None, 1, "rank 1's max micro-batch 0 must be at least 1"),

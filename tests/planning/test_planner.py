@@ -164,7 +164,7 @@ def test_forced_uniform_takes_as_many_steps_as_it_needs():
 
 def test_forced_uniform_errors_name_the_fix():
     with pytest.raises(PlanError, match=r"uniform='force': target 1021 does not split into equal micro-batches on "
-                                        r"2 ranks: every step takes a multiple of 2 samples; use target 1020 or 1022"):
+                                        r"2 ranks: every step takes a multiple of 2 samples: use target 1020 or 1022"):
         make_plan(1021, 300, world_size=2, uniform="force")
     with pytest.raises(PlanError, match=r"uniform='force' needs 999999937 steps for target 999999937: "
                                         r"999,999,937 micro-batches per optimizer step"):
@@ -229,29 +229,33 @@ def test_nearest_uniform_targets():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(target_batch=0), r"target batch 0 must be at least 1"),
-    (dict(target_batch=-8), r"target batch -8 must be at least 1"),
-    (dict(target_batch=1.5), r"target batch 1\.5 is not a whole number"),
-    (dict(target_batch="8"), r"target batch '8' is a string, not a whole number: give the number itself, 8"),
-    (dict(target_batch=True), r"target batch True is not a whole number"),
-    (dict(max_micro_batch=0), r"max micro-batch 0 must be at least 1"),
-    (dict(world_size=0), r"world size 0 must be at least 1"),
-    (dict(target_batch=4, world_size=8), r"target 4 is smaller than the world size 8: every rank needs at least "
+    (dict(target_batch=0), r"target_batch 0 must be at least 1"),
+    (dict(target_batch=-8), r"target_batch -8 must be at least 1"),
+    (dict(target_batch=1.5), r"target_batch 1\.5 is not a whole number"),
+    (dict(target_batch="8"), r"target_batch '8' is a string, not a whole number: give the number itself, 8"),
+    (dict(target_batch=True), r"target_batch True is not a whole number"),
+    (dict(max_micro_batch=0), r"max_micro_batch 0 must be at least 1"),
+    (dict(world_size=0), r"world_size 0 must be at least 1"),
+    (dict(target_batch=4, world_size=8), r"target_batch 4 is smaller than the world size 8: every rank needs at least "
                                          r"one sample per step"),
     (dict(multiple_of=0), r"multiple_of 0 must be at least 1"),
     (dict(max_micro_batch=6, multiple_of=8), r"max micro-batch 6 is smaller than multiple_of 8.*multiple_of 6"),
-    (dict(target_batch=1023, multiple_of=8), r"target 1023 is not a multiple of multiple_of 8: use target 1016 "
+    (dict(target_batch=1023, multiple_of=8), r"target_batch 1023 is not a multiple of multiple_of 8: use target 1016 "
                                              r"or 1024"),
-    (dict(target_batch=4, multiple_of=8), r"target 4 is not a multiple of multiple_of 8: use target 8,"),
+    (dict(target_batch=4, multiple_of=8), r"target_batch 4 is not a multiple of multiple_of 8: use target 8,"),
     (dict(target_batch=8, world_size=4, multiple_of=4), r"every rank needs at least 4 samples per step \(16 in all\)"),
-    (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks; "
+    (dict(target_batch=5, max_micro_batch=1, world_size=4), r"every step takes 4 samples over 4 ranks: "
                                                             r"use target 4 or 8"),
     (dict(uniform="yes"), r"uniform 'yes' must be True, False, None or 'force'"),
 ])
 def test_errors(kwargs, match):
     args = dict(target_batch=1024, max_micro_batch=300) | kwargs
-    with pytest.raises(PlanError, match=match):
+    with pytest.raises(PlanError, match=match) as info:
         make_plan(args.pop("target_batch"), args.pop("max_micro_batch"), **args)
+    assert info.value.field in ("target_batch", "max_micro_batch", "world_size", "multiple_of", "uniform")
+    if len(kwargs) == 1 and "must be at least 1" in str(info.value):  # a value below its limit: all of it as data
+        [(name, value)] = kwargs.items()
+        assert (info.value.field, info.value.value, info.value.limit) == (name, value, 1)
 
 
 def test_uniform_prime_target_names_nearest_targets_and_the_uneven_plan():
@@ -447,17 +451,17 @@ for case in cases:
 """
 
 HUGE_ANSWERS = [
-    r"refused target 1000000000000000 is more than the 1,000,000,000 samples per optimizer step a plan may hold",
+    r"refused target_batch 1000000000000000 is more than the 1,000,000,000 samples per optimizer step a plan may hold",
     (r"refused 1000000000 ranks run at least 1,000,000,000 micro-batches per optimizer step \(1000000000 ranks x "
      r"1 step\), more than the 1,000,000 a plan may hold: use a larger max micro-batch, fewer ranks"),
     (r"refused target 1000000000 with micro-batches of at most 1 needs 1,000,000,000 micro-batches per optimizer "
      r"step \(1 rank x 1000000000 steps\)"),
     r"refused target 1000000000 with micro-batches of at most 999 needs 1,001,002 micro-batches",
     r"refused uniform=True needs 1100009 steps for target 2200018: 1,100,009 micro-batches",
-    r"refused target 999999999 cannot be split: .*use target 999999994 or 1000000001,",
+    r"refused target_batch 999999999 cannot be split: .*use target 999999994 or 1000000001,",
     (r"refused uniform=True: target 999999937 does not split .* nearest targets that do: 999999936 \(999999936 = "
      r"926784 x 1079 steps x 1 rank\) and 999999940 \(999999940 = 846740 x 1181 steps x 1 rank\)"),
-    r"refused target 999999937 is not a multiple of multiple_of 2: use target 999999936 or 999999938",
+    r"refused target_batch 999999937 is not a multiple of multiple_of 2: use target 999999936 or 999999938",
     r"ok 999999000 = 1000 x 1 step x 999999 ranks",
     r"ok \(999999936, 999999940\)",
     r"ok \(999999936, 999999960\)",

@@ -284,7 +284,7 @@ def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
         replace(plan, parallel="ddp")
     path = tmp_path / "plan.json"
     path.write_text(dumps(plan.to_dict()))
-    with pytest.raises(BadInput, match="parallel ddp but the plan was made for fsdp"):
+    with pytest.raises(BadInput, match="parallel 'ddp' but the plan was made for fsdp: drop parallel"):
         api.run(plan=path, device="cpu", parallel="ddp")
 
 
@@ -294,8 +294,9 @@ def test_bad_parallel_values_name_the_parameter_and_the_flag(capsys):
 
     with pytest.raises(BadInput, match="parallel 'zero3' must be one of ddp, fsdp"):
         api.probe("mlp", device="cpu", parallel="zero3")
-    with pytest.raises(BadInput, match="plan with parallel fsdp without tune=True"):
+    with pytest.raises(BadInput, match="plan with parallel='fsdp' without tune=True") as info:
         api.plan(64, workload="mlp", device="cpu", parallel="fsdp", tune=True)
+    assert info.value.field == "tune"
     assert main(["plan", "--target-batch", "64", "--parallel", "fsdp", "--tune", "--probe", "mlp"]) == 2
     assert "plan with --parallel fsdp without --tune" in capsys.readouterr().err
     assert main(["probe", "--parallel", "zero3"]) == 2
@@ -411,8 +412,9 @@ def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_whi
     assert Plan.from_dict(json.loads(dumps(every.to_dict()))).fsdp_sync == "every"
     path = tmp_path / "plan.json"
     path.write_text(dumps(every.to_dict()))
-    with pytest.raises(BadInput, match="fsdp_sync last but the plan synchronises FSDP's gradients at every"):
+    with pytest.raises(BadInput, match="fsdp_sync 'last' but the plan synchronises FSDP's gradients at every") as info:
         api.run(plan=path, device="cpu", fsdp_sync="last")
+    assert (info.value.field, info.value.value) == ("fsdp_sync", "last")
 
 
 def test_fsdp_sync_is_refused_without_fsdp_on_every_surface(capsys):
@@ -420,11 +422,12 @@ def test_fsdp_sync_is_refused_without_fsdp_on_every_surface(capsys):
     from autotune.cli import main
     from autotune.planning.requests import plan_request
 
-    with pytest.raises(BadInput, match="fsdp_sync every is FSDP's gradient sync and parallel is ddp: add parallel "
-                                       "fsdp"):
+    with pytest.raises(BadInput, match="fsdp_sync 'every' is FSDP's gradient sync and parallel is ddp: add "
+                                       "parallel='fsdp'") as info:
         api.probe("mlp", device="cpu", fsdp_sync="every")
+    assert (info.value.field, info.value.value) == ("fsdp_sync", "every")
     with pytest.raises(BadInput, match="fsdp_sync 'sometimes' must be one of auto, every, last"):
         plan_request(64, probe="mlp", parallel="fsdp", fsdp_sync="sometimes")
     assert main(["plan", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", "--fsdp-sync", "last"]) == 2
     err = capsys.readouterr().err
-    assert "--fsdp-sync last is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp" in err, err
+    assert "--fsdp-sync 'last' is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp" in err, err

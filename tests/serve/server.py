@@ -108,3 +108,14 @@ def metrics(server: Server) -> dict:
             key = (sample.name, *(sample.labels[k] for k in sorted(sample.labels))) if sample.labels else sample.name
             found[key] = sample.value
     return found
+
+
+def said(answer: httpx.Response) -> str:
+    """An error answer's words: its one line, or, for a bad input's 422 (FastAPI's ``detail`` list), the ``msg``
+    of each field at fault, each checked to name its field."""
+    detail = answer.json()["detail"]
+    if isinstance(detail, str):
+        return detail
+    for item in detail:
+        assert item["loc"][0] == "body" and (len(item["loc"]) == 1 or str(item["loc"][-1]) in item["msg"]), item
+    return "; ".join(item["msg"] for item in detail)

@@ -223,9 +223,53 @@ def test_a_body_that_is_not_utf8_or_nests_too_deep_is_not_json(api, content):
 
 def test_a_precision_but_fp32_is_told_the_service_plans_fp32_only(api):
     answer = api.post("/v1/plan", json={"target_batch": 64, "precision": "bf16"}, headers=GOOD)
-    assert answer.status_code == 422 and answer.json()["detail"] == (
-        'precision "bf16": the service plans fp32 only (the precision its fit rule measures): send "fp32" or leave '
-        "precision out")
+    assert answer.status_code == 422 and answer.json()["detail"] == [{
+        "type": "value_error", "loc": ["body", "precision"], "input": "bf16",
+        "msg": 'precision "bf16" is not planned here: the service plans fp32 only (the precision its fit rule '
+               'measures): send "precision": "fp32" or leave precision out',
+        "ctx": {"choices": ["fp32"], "fix": 'send "precision": "fp32" or leave precision out'}}]
+
+
+#: A bad value for every setting of the plan body; a setting added to the body needs one here.
+BAD_SETTINGS = {"target_batch": 0, "probe": "x" * 200, "model": 5, "device": "tpu", "memory_budget": "12XB",
+                "world_size": 0, "parallel": "zero", "fsdp_sync": "sometimes", "margin": 1.5, "precision": "bf16",
+                "multiple_of": 0, "uniform": "always"}
+#: Settings each fine alone that the library refuses together, and the field its error names.
+REFUSED_TOGETHER = [({"fsdp_sync": "every"}, "fsdp_sync"), ({"target_batch": 1021, "multiple_of": 4}, "target_batch"),
+                    ({"device": "estimate:A100-80GB,estimate:T4-16GB", "world_size": 3}, "world_size"),
+                    ({"device": "estimate*2", "memory_budget": "1GiB,1GiB,1GiB"}, "memory_budget"),
+                    ({"device": "estimate*2000"}, "device"), ({"probe": "mlp", "model": {"name": "gpt2"}}, "model"),
+                    ({"margin": 0.99999}, "margin"), ({"memory_budget": [80]}, "memory_budget"),
+                    ({"uniform": True, "target_batch": 1021, "multiple_of": 2}, "target_batch")]
+
+
+def test_every_setting_of_the_plan_body_has_a_bad_value_in_the_tests():
+    from autotune.serve.bodies import PlanRequest
+
+    assert set(BAD_SETTINGS) == set(PlanRequest.model_fields)
+
+
+@pytest.mark.parametrize("field", sorted(BAD_SETTINGS))
+def test_a_bad_value_of_every_plan_setting_is_a_422_naming_the_field(api, field):
+    """FastAPI's 422 shape: ``loc`` ends with the field, ``msg`` names it in the request's own terms."""
+    _refused_naming(api, {field: BAD_SETTINGS[field]}, field)
+
+
+@pytest.mark.parametrize("body, field", REFUSED_TOGETHER)
+def test_settings_the_library_refuses_are_a_422_naming_the_field(api, body, field):
+    item = _refused_naming(api, body, field)
+    assert item["type"] == "value_error" and item["ctx"], item  # the library's data: its limit or choices, its fix
+
+
+def _refused_naming(api, body: dict, field: str) -> dict:
+    answer = api.post("/v1/plan", json={"target_batch": 64, "memory_budget": "1GiB", **body}, headers=GOOD)
+    assert answer.status_code == 422, answer.text
+    [item] = answer.json()["detail"]
+    assert item["loc"] == ["body", field] and item["input"] == body.get(field, 64), item
+    assert item["msg"].startswith(field) or f" {field} " in item["msg"] or f'"{field}"' in item["msg"], item
+    assert "\n" not in item["msg"] and "=True" not in item["msg"] and "='" not in item["msg"], item  # JSON, not Python
+    assert set(item) <= {"type", "loc", "msg", "input", "ctx"}, item
+    return item
 
 
 def test_the_probes_listed_are_the_functions_that_build_a_workload(api):

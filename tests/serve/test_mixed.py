@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .server import Server
+from .server import Server, said
 
 pytestmark = pytest.mark.slow
 
@@ -99,5 +99,5 @@ def test_bad_mixed_requests_get_one_clear_error(server, body, words):
     with server.client() as http:
         answer = http.post("/v1/plan", json=body)
     assert answer.status_code == 422, answer.text
-    detail = answer.json()["detail"]
+    detail = said(answer)
     assert isinstance(detail, str) and "\n" not in detail and words in detail, detail

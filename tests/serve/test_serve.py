@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..stores import execute, rows
-from .server import PLAN, SLOW, Server, metrics
+from .server import PLAN, SLOW, Server, metrics, said
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +150,7 @@ def test_only_served_probes_run(server):
                       "small:_private", "os:system"):
             answer = http.post("/v1/plan", json={**PLAN, "probe": probe})
             assert answer.status_code == 404, (probe, answer.text)
-            assert "/v1/probes" in answer.json()["detail"] or "no function" in answer.json()["detail"]
+            assert "/v1/probes" in said(answer) or "no function" in said(answer)
 
 
 @pytest.mark.parametrize("body,status,words", [
@@ -166,7 +166,7 @@ def test_only_served_probes_run(server):
     ({**PLAN, "memory_budget": "lots"}, 422, "is not a size"),
     ({**PLAN, "memory_budget": None}, 422, "needs memory_budget"),
     ({**PLAN, "memory_budget": "100MiB"}, 422, "memory_budget 100.0 MiB is not more than the 640.0 MiB a CUDA context"),
-    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\": the service plans fp32 only"),
+    ({**PLAN, "precision": "bf16"}, 422, "precision \"bf16\" is not planned here: the service plans fp32 only"),
     ({**PLAN, "precision": "fp8"}, 422, "precision"),
     ({**PLAN, "probe_file": "/tmp/x.py"}, 422, "probe_file is not a field"),
     ({**PLAN, "target_batch": 7, "uniform": True, "multiple_of": 2}, 422, ""),
@@ -175,7 +175,7 @@ def test_bad_requests_get_one_clear_error(server, body, status, words):
     with server.client() as http:
         answer = http.post("/v1/plan", json=body)
     assert answer.status_code == status, answer.text
-    detail = answer.json()["detail"]
+    detail = said(answer)
     assert isinstance(detail, str) and "\n" not in detail and words in detail
 
 
@@ -183,7 +183,7 @@ def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
     with server.client() as http:
         huge = http.post("/v1/plan", content=b'{"target_batch": 8, "pad": "' + b"x" * 100_000 + b'"}',
                          headers={"content-type": "application/json"})
-        assert huge.status_code == 413 and "over" in huge.json()["detail"]
+        assert huge.status_code == 413 and "over" in said(huge)
 
         def chunks():  # no Content-Length: the size is counted as the body arrives
             yield b'{"target_batch": 8, "pad": "'
@@ -194,7 +194,7 @@ def test_bodies_too_large_or_not_json_are_refused_before_parsing(server):
         streamed = http.post("/v1/plan", content=chunks(), headers={"content-type": "application/json"})
         assert streamed.status_code == 413
         broken = http.post("/v1/plan", content=b"{not json", headers={"content-type": "application/json"})
-        assert broken.status_code == 400 and "not JSON" in broken.json()["detail"]
+        assert broken.status_code == 400 and "not JSON" in said(broken)
 
 
 def test_a_client_that_trickles_its_request_is_answered_408_and_disconnected(server):
@@ -248,25 +248,36 @@ def test_the_server_process_never_loads_torch(server):
     assert "libtorch" not in maps.read_text()
 
 
+def test_a_setting_the_planning_refuses_is_a_422_naming_its_field_with_the_librarys_data(server):
+    """A budget no GPU can have is refused where the device is made: the 422 lists it under its field, with the
+    limit and the fix as data."""
+    with server.client() as http:
+        answer = http.post("/v1/plan", json={**PLAN, "memory_budget": "100MiB"})
+    assert answer.status_code == 422, answer.text
+    [item] = answer.json()["detail"]
+    assert item["loc"] == ["body", "memory_budget"] and item["input"] == "100MiB", item
+    assert item["ctx"] == {"limit": 640 * 2**20, "fix": "give the GPU's memory, e.g. 24GiB"}, item
+
+
 def test_a_probe_that_fails_or_kills_its_worker_is_an_error_not_a_dead_service(server):
     before = metrics(server)
     with server.client() as http:
         failing = http.post("/v1/plan", json={**PLAN, "probe": "failing"})
         assert failing.status_code == 422, failing.text
-        assert "the loss of this probe is broken" in failing.json()["detail"]
+        assert "the loss of this probe is broken" in said(failing)
         reads = http.post("/v1/plan", json={**PLAN, "probe": "reads"})  # its error names a file: not its folders
-        assert reads.status_code == 422 and "'train.bin'" in reads.json()["detail"], reads.text
+        assert reads.status_code == 422 and "'train.bin'" in said(reads), reads.text
         assert "/srv" not in reads.text and "secret" not in reads.text
         for _ in range(2):  # each of the two workers, or one of them twice
             dies = http.post("/v1/plan", json={**PLAN, "probe": "dies"})
-            assert dies.status_code == 422 and dies.json()["detail"].startswith(
+            assert dies.status_code == 422 and said(dies).startswith(
                 "probe 'dies' ended its worker process (exit code 3) while it was planned: a probe's code returns "
                 "a workload or raises an error"), dies.text
         for probe, words in (("segfault", "ended its worker process (signal 11)"), ("exits", "called exit(0)"),
                              ("interrupted", "raised KeyboardInterrupt")):
             answer = http.post("/v1/plan", json={**PLAN, "probe": probe})
             assert answer.status_code == 422 and f"probe {probe!r} {words} while it was planned" in \
-                answer.json()["detail"], answer.text
+                said(answer), answer.text
         after = http.post("/v1/plan", json={**PLAN, "probe": "small"})
         assert after.status_code == 200, after.text
         assert http.get("/healthz").json()["status"] == "ok"
@@ -380,7 +391,7 @@ def test_a_token_is_required_when_given_and_compared_exactly(server):
         assert http.get("/v1/plans", headers=good).status_code == 200
         assert http.post("/v1/plan", json={**PLAN, "target_batch": 0}).status_code == 401  # the gate comes first
         past_the_gate = http.post("/v1/plan", json={**PLAN, "target_batch": 0}, headers=good)
-        assert past_the_gate.status_code == 422 and "target_batch" in past_the_gate.json()["detail"]
+        assert past_the_gate.status_code == 422 and "target_batch" in said(past_the_gate)
 
 
 def test_healthz_says_only_the_status_without_the_token(server):
@@ -402,7 +413,7 @@ def test_a_request_for_another_host_name_is_refused(server, host):
     with server.client(authorized=False) as http:
         answer = http.get("/healthz", headers={"host": host})
         assert http.get("/healthz", headers={"host": f"localhost:{server.port}"}).status_code == 200
-    assert answer.status_code == 421 and "--allowed-hosts" in answer.json()["detail"], answer.text
+    assert answer.status_code == 421 and "--allowed-hosts" in said(answer), answer.text
 
 
 def test_a_body_that_is_not_json_or_missing_says_so(server):
@@ -412,9 +423,9 @@ def test_a_body_that_is_not_json_or_missing_says_so(server):
         empty = http.post("/v1/plan")
         listed = http.post("/v1/plan", json=[PLAN])
     assert form.status_code == 422 and "must be JSON sent with content-type: application/json" in \
-        form.json()["detail"] and "application/x-www-form-urlencoded" in form.json()["detail"]
-    assert empty.status_code == 422 and empty.json()["detail"].startswith("the body is missing: send a JSON object")
-    assert listed.status_code == 422 and listed.json()["detail"].startswith("the body must be a JSON object")
+        said(form) and "application/x-www-form-urlencoded" in said(form)
+    assert empty.status_code == 422 and said(empty).startswith("the body is missing: send a JSON object")
+    assert listed.status_code == 422 and said(listed).startswith("the body must be a JSON object")
 
 
 def test_the_api_lists_only_the_precision_it_plans(server):
@@ -429,7 +440,7 @@ def test_a_hint_uses_the_request_s_own_fields_and_what_it_suggests_is_accepted(s
     with server.client() as http:
         refused = http.post("/v1/plan", json=body)
         assert refused.status_code == 422, refused.text
-        detail = refused.json()["detail"]
+        detail = said(refused)
         assert '"uniform": "force" for 143362 = 3334 x 43 steps' in detail and 'drop "uniform": true' in detail
         assert "uniform='force'" not in detail and "uniform=True" not in detail
         forced = http.post("/v1/plan", json={**body, "uniform": "force"})
@@ -446,8 +457,9 @@ def test_margins_that_differ_past_four_decimals_share_one_plan(server):
     assert len({a.json()["fingerprint"] for a in answers}) == 1
     assert answers[1].json()["plan"]["probe"]["margin"] == 0.2345
     assert finer.status_code == 422
-    assert finer.json()["detail"] == ("margin 0.99999: must be below 1: margins are taken to 4 decimals, so 0.9999 "
-                                      "at most")
+    assert finer.json()["detail"] == [{"type": "value_error", "loc": ["body", "margin"], "input": 0.99999,
+                                       "msg": "margin 0.99999 must be below 1 (margins are taken to 4 decimals): give "
+                                              "0.9999 at most", "ctx": {"limit": 0.9999, "fix": "give 0.9999 at most"}}]
 
 
 def test_a_probe_that_found_the_memory_limit_serves_smaller_targets(server):
@@ -470,14 +482,14 @@ def test_a_broken_probe_file_is_named_without_server_paths(server, probes_dir):
         opens = http.post("/v1/plan", json={**PLAN, "probe": "opens"})
         listed = {p["name"]: p for p in http.get("/v1/probes").json()["probes"]}
     assert syntax.status_code == 422
-    assert syntax.json()["detail"] == "probe 'syntax' failed to load: SyntaxError at line 3"
+    assert said(syntax) == "probe 'syntax' failed to load: SyntaxError at line 3"
     assert listed["syntax"]["error"] == "SyntaxError at line 3" and listed["small"]["error"] is None
     assert raises.status_code == 422, raises.text
-    assert raises.json()["detail"] == "probe 'raises' failed to load: KeyError at line 3"
+    assert said(raises) == "probe 'raises' failed to load: KeyError at line 3"
     assert opens.status_code == 422, opens.text
-    assert opens.json()["detail"] == "probe 'opens' failed to load: FileNotFoundError at line 2"  # not its path
+    assert said(opens) == "probe 'opens' failed to load: FileNotFoundError at line 2"  # not its path
     for answer in (syntax, raises, opens):
-        assert str(probes_dir) not in answer.text and "/" not in answer.json()["detail"]
+        assert str(probes_dir) not in answer.text and "/" not in said(answer)
 
 
 def test_implausible_measurements_are_refused(server):
@@ -501,19 +513,19 @@ def test_implausible_measurements_are_refused(server):
         rows = http.get(f"/v1/plans/{fp}").json()["measurements"]
     assert {k: a.status_code for k, a in answers.items()} == dict.fromkeys(answers, 422), \
         {k: a.text for k, a in answers.items()}
-    assert "is above the 1.0 GiB the entry's device has" in answers["huge"].json()["detail"]
-    assert "is above the 1.0 GiB" in answers["above"].json()["detail"]
-    assert "peak_allocated_bytes 3000000 is above peak_reserved_bytes 2000000" in answers["allocated"].json()["detail"]
-    assert "is an estimate, which measures nothing" in answers["estimate"].json()["detail"]
-    assert answers["zero"].json()["detail"].startswith("peak_reserved_bytes 0: 0 bytes is not a peak a job ran with")
-    assert answers["zero allocated"].json()["detail"].startswith("peak_allocated_bytes 0: 0 bytes is not a peak")
-    assert answers["cpu"].json()["detail"].startswith("device_kind 'cpu' is not the kind of device the entry "
+    assert "is above the 1.0 GiB the entry's device has" in said(answers["huge"])
+    assert "is above the 1.0 GiB" in said(answers["above"])
+    assert "peak_allocated_bytes 3000000 is above peak_reserved_bytes 2000000" in said(answers["allocated"])
+    assert "is an estimate, which measures nothing" in said(answers["estimate"])
+    assert said(answers["zero"]).startswith("peak_reserved_bytes 0: 0 bytes is not a peak a job ran with")
+    assert said(answers["zero allocated"]).startswith("peak_allocated_bytes 0: 0 bytes is not a peak")
+    assert said(answers["cpu"]).startswith("device_kind 'cpu' is not the kind of device the entry "
                                                       "planned for (cuda: ")
-    assert answers["escape"].json()["detail"] == (
+    assert said(answers["escape"]) == (
         'note "<b>\\u001b[31mRED\\u001b[0m": must be plain text: it holds the control character U+001B at '
         "position 3; send the text without control characters (terminal escapes, tabs, new lines)")
-    assert "device" in answers["bidi"].json()["detail"] and "U+202E at position 7" in answers["bidi"].json()["detail"]
-    assert answers["bell"].json()["detail"].startswith('device "NVIDIA A100\\u0007": must be plain text')
+    assert "device" in said(answers["bidi"]) and "U+202E at position 7" in said(answers["bidi"])
+    assert said(answers["bell"]).startswith('device "NVIDIA A100\\u0007": must be plain text')
     assert "\x1b" not in answers["escape"].text
     assert kept.status_code == 201 and [r["peak_reserved_bytes"] for r in rows] == [2_000_000]
 
@@ -535,7 +547,7 @@ def test_a_damaged_entry_is_served_as_damaged_then_probed_again(server):
             "line 1 column 2 (char 1))"]
     assert one.status_code == 200 and one.json()["entry"]["probe"] is None and one.json()["plans"]
     assert report.status_code == 200 and "<html" in report.text  # from its plan, which holds the probe
-    assert measured.status_code == 409 and f"entry {fp[:12]} is damaged" in measured.json()["detail"]
+    assert measured.status_code == 409 and f"entry {fp[:12]} is damaged" in said(measured)
     assert again.status_code == 200 and not again.json()["cached"], again.text
     assert after["damaged"] is None and after["valid"] and after["probe"]["workload"] == "mlp"
 
