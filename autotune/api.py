@@ -577,9 +577,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
 
     ``probe``: what to train, as for :func:`probe` (``workload``: its former name, deprecated).
 
-    ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
-    given says how it runs itself, and ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan`
-    (a plan given runs the gradient sync its probe chose).
+    ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan given says how it runs itself, and
+    ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan` (a plan given runs its probe's).
     ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
     ``device`` and ``memory_budget`` may be given per rank under torchrun, and ``uniform_ranks``
     is :func:`plan`'s: ranks that differ each run their own micro-batch and micro-steps unless it is set.
