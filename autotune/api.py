@@ -386,6 +386,12 @@ def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
         kept.put(result.fingerprint, plan=made)  # kept beside its probe
     if request.snapshot is not None:
         made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
+    from .planning.packing import padded_twin, saving_note
+
+    if (twin := padded_twin(request.probe.workload)) is not None:  # what packing saves against padding
+        padded = probe_for(replace(request.probe, workload=twin), store=kept if kept is not None else False,
+                           given=Given(load_workload(twin), dev))
+        made = replace(made, notes=made.notes + (saving_note(result, padded),))
     return made
 
 
