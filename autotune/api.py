@@ -591,9 +591,6 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     plan's own probe and, unless given, the budget it was made for."""
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
-    if plan.tokens is not None:
-        raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and run trains plans of a "
-                       f"target batch only: plan with --target-batch (e.g. {plan.target_batch}) to run it")
     if parallel is not None and options.parallel(parallel) != plan.parallel:
         raise BadInput(f"parallel {parallel} but the plan was made for {plan.parallel}: drop parallel, or plan "
                        f"again with parallel {parallel}")

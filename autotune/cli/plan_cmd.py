@@ -89,7 +89,7 @@ def add_plan_flags(p) -> None:
     target.add_argument("--target-tokens", type=positive_int("--target-tokens"), metavar="N",
                         help="tokens per optimizer step instead (exactly, or the closest whole samples, stated), "
                              "samples of --lengths FILE tokens, else what the loss counts in one sample; the plan's "
-                             "tokens hold every step's tokens (autotune run takes plans of --target-batch only)")
+                             "tokens hold every step's tokens (autotune run --plan trains them, step by step)")
     p.add_argument("--cut-samples", action="store_true",
                    help="with --target-tokens: every step exactly N tokens, the sample that crosses N cut there")
     add_device(p)

@@ -70,7 +70,8 @@ def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int
     (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends)."""
     longest = max(lengths)
     made = plan_tokens(lengths, target_tokens, max_micro_batch * longest, cut=cut)
-    steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens))
+    steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens),
+                             pieces=tuple(tuple(p.tokens for p in micro) for micro in s.micro_batches))
                   for s in made.steps)
     return TokenSteps(target_tokens=target_tokens, micro_tokens=made.micro_tokens, tokens_per_sample=longest,
                       cut=made.cut, exact=made.exact, left_over=made.left_over, steps=steps,

@@ -10,15 +10,20 @@ from .record import Record, Whole
 
 @dataclass(frozen=True, kw_only=True)
 class StepTokens(Record):
-    """One optimizer step: its tokens, the samples that hold them, and each micro-batch's tokens."""
+    """One optimizer step: its tokens, the samples that hold them, each micro-batch's tokens, and (``pieces``)
+    the tokens of each sample, or piece of a cut sample, in each micro-batch, in data order."""
 
     tokens: Whole
     samples: Whole
     micro_batches: tuple[int, ...]
+    pieces: tuple[tuple[int, ...], ...] = ()
 
     def validate(self) -> None:
         if sum(self.micro_batches) != self.tokens:
             raise ValueError(f"micro-batches hold {sum(self.micro_batches)} tokens, the step {self.tokens}")
+        if self.pieces and tuple(sum(p) for p in self.pieces) != tuple(self.micro_batches):
+            raise ValueError(f"pieces hold {[sum(p) for p in self.pieces]} tokens, the micro-batches "
+                             f"{list(self.micro_batches)}")
 
 
 @dataclass(frozen=True, kw_only=True)
