@@ -327,7 +327,7 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
                    cut: bool = False) -> Plan:
     """Steps of ``target_tokens`` tokens over samples of ``lengths`` (else what ``workload`` counts in one sample):
     ``plan_batch`` plans the step with the most samples, and its max micro-batch bounds each micro-batch's tokens."""
-    from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
+    from .planning.bytokens import lengths_of, most_samples, one_step, probed_tokens, token_steps, tokens_per_sample
 
     target = options.whole(target_tokens, "target_tokens", example="65536", text=False)
     if isinstance(lengths, (str, os.PathLike)):
@@ -335,14 +335,15 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
 
         lengths = read_lengths(os.fspath(lengths))
     sizes = lengths_of(lengths)
+    wl = workload if isinstance(workload, Workload) else load_workload(workload)
     if sizes is None:
-        wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
     made = plan_batch(most_samples(sizes, target, cut=cut))
     if made.world_size > 1:
         raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
                        "give world_size 1, or target_batch")
-    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut)
+    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut,
+                         probed=probed_tokens(wl, made.max_micro_batch))
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 
 

@@ -175,9 +175,9 @@ def packed_workload(*, worst: bool = False) -> Workload:
 
 # -- nested (jagged) tensors -----------------------------------------------------------------------------
 
-def jagged(n: int, g: torch.Generator) -> torch.Tensor:
-    """``n`` sequences of 4..16 feature vectors as one nested tensor of jagged layout, (n, j, F)."""
-    return jagged_of(torch.randint(4, 17, (n,), generator=g).tolist(), g)
+def jagged(n: int, g: torch.Generator, shortest: int = 4) -> torch.Tensor:
+    """``n`` sequences of ``shortest``..16 feature vectors as one nested tensor of jagged layout, (n, j, F)."""
+    return jagged_of(torch.randint(shortest, 17, (n,), generator=g).tolist(), g)
 
 
 def jagged_of(lengths: list[int], g: torch.Generator) -> torch.Tensor:
@@ -194,10 +194,12 @@ def split_jagged(batch: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def jagged_workload() -> Workload:
-    """A token-wise autoencoder over a jagged batch; the loss is the mean over every vector (the items)."""
+def jagged_workload(*, worst: bool = False) -> Workload:
+    """A token-wise autoencoder over a jagged batch; the loss is the mean over every vector (the items);
+    ``worst``: every sequence of the most vectors."""
+    shortest = 16 if worst else 4
     return Workload(name="jagged", model=lambda: nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(),
                                                                nn.Linear(256, FEATURES)),
-                    batch=jagged, loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
+                    batch=lambda n, g: jagged(n, g, shortest), loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
                     samples=lambda b: int(b.shape[0]), split=split_jagged, items=lambda b: int(b.values().shape[0]),
                     lengths_batch=jagged_of)
