@@ -106,7 +106,7 @@ def _plan_and_run(capsys, tmp_path: Path, workload: list[str], budget: str, *ext
 @pytest.mark.parametrize("builder,args,budget,low,high,cut", [
     ("packed_workload", ["worst=True"], RUN_BUDGETS["packed-lm"], 8, 40, False),
     ("packed_workload", ["worst=True"], RUN_BUDGETS["packed-lm"], 8, 40, True),
-    ("jagged_workload", ["worst=True"], 300_000, 4, 16, False),
+    ("jagged_workload", ["worst=True"], RUN_BUDGETS["jagged"], 4, 16, False),
 ])
 def test_autotune_run_trains_a_plan_in_tokens(capsys, tmp_path, builder, args, budget, low, high, cut):
     """autotune plan --target-tokens over a length file, then autotune run --plan: the gradient check, the
