@@ -342,7 +342,7 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
     if made.world_size > 1:
         raise BadInput(f"target_tokens plans the steps of one rank, and the plan is for {made.world_size} ranks: "
                        "give world_size 1, or target_batch")
-    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut,
+    tokens = token_steps(sizes, target, made.max_micro_batch, cut=cut, width=getattr(wl, "width", None),
                          probed=probed_tokens(wl, made.max_micro_batch))
     return replace(made, tokens=tokens, notes=made.notes + (tokens.note,))
 

@@ -74,16 +74,22 @@ def probed_tokens(workload: Any, max_micro_batch: int) -> int:
 
 
 def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int, *, cut: bool = False,
-                probed: int | None = None) -> TokenSteps:
+                probed: int | None = None, width: int | str | None = None) -> TokenSteps:
     """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens,
     and at most ``probed`` (the tokens of the batch the probe measured, where known: a packed row's memory
-    follows its tokens) (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends)."""
+    follows its tokens) (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends).
+    ``width``: samples padded to their micro-batch's longest (``"longest"``) or to ``width`` tokens each, the
+    micro-batch then holding at most ``max_micro_batch`` samples of that width, padding counted."""
     longest = max(lengths)
-    micro = max_micro_batch * longest if probed is None else min(max_micro_batch * longest, probed)
-    made = plan_tokens(lengths, target_tokens, micro, cut=cut)
+    if width is None:
+        micro = max_micro_batch * longest if probed is None else min(max_micro_batch * longest, probed)
+    else:
+        micro = max_micro_batch * (longest if width == "longest" else int(width))
+    made = plan_tokens(lengths, target_tokens, micro, cut=cut, width=width)
     steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens),
                              pieces=tuple(tuple(p.tokens for p in micro) for micro in s.micro_batches))
                   for s in made.steps)
     return TokenSteps(target_tokens=target_tokens, micro_tokens=made.micro_tokens, tokens_per_sample=longest,
                       cut=made.cut, exact=made.exact, left_over=made.left_over, steps=steps,
-                      note=f"target {target_tokens} tokens: {made.note().replace('cut=True', 'cutting samples')}")
+                      note=f"target {target_tokens} tokens: {made.note().replace('cut=True', 'cutting samples')}"
+                      + ("" if width is None else " (padding counted)"))

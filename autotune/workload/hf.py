@@ -211,6 +211,19 @@ def _sample_lengths(n: int, shape: Shape) -> list[int]:
     return [ordered[i % len(ordered)] for i in range(n)]
 
 
+def split_padded(batch: dict[str, Any], sizes: list[int], *, task: str) -> list[dict[str, Any]]:
+    """Consecutive samples of a batch padded to its longest, ``sizes`` of them in each part, each part padded
+    to its own longest (as a collator pads each micro-batch): the padding past it dropped."""
+    out, first = [], 0
+    for n in sizes:
+        rows = {k: v[first:first + n] for k, v in batch.items()}
+        width = int(rows["attention_mask"].sum(1).max())
+        cols = ["input_ids", "attention_mask"] + (["labels"] if task in ("causal-lm", "masked-lm") else [])
+        out.append({k: v[:, :width] if k in cols else v for k, v in rows.items()})
+        first += n
+    return out
+
+
 def text_tokens(batch: dict[str, Any]) -> int:
     """A padded batch's tokens: those its attention mask keeps."""
     return int(batch["attention_mask"].sum())
@@ -289,6 +302,9 @@ class ModelWorkload(Workload):
     """A Workload built from a Hugging Face config, which also says what the model is (:meth:`facts`)."""
 
     about: Callable[[], ModelFacts] = field(repr=False)
+    #: How a micro-batch's samples are padded (a plan in tokens counts the padding): to the longest, to a width
+    #: of tokens, or not at all (None: packed, or no text).
+    width: int | str | None = None
 
     def facts(self) -> ModelFacts:
         """The model's class, task and parameter counts, and the formula's figures."""
@@ -354,9 +370,11 @@ def build(spec: ModelSpec) -> ModelWorkload:
     model = functools.partial(make_model, config, spec, task)
     about = functools.cache(functools.partial(facts_of, model, spec, task, shape))
     packed = {"samples": packing.samples, "split": packing.split, "tokens": packing.tokens} \
-        if shape.padding == "packed" else {"tokens": text_tokens}
+        if shape.padding == "packed" else {"tokens": text_tokens} if shape.padding == "max" else \
+        {"tokens": text_tokens, "split": functools.partial(split_padded, task=task)}
     text = {} if shape.image is not None else {
-        "lengths_batch": functools.partial(of_lengths, task=task, shape=shape), **packed}
+        "lengths_batch": functools.partial(of_lengths, task=task, shape=shape), **packed,
+        "width": {"longest": "longest", "max": shape.seq_len}.get(shape.padding)}
     return ModelWorkload(
         name=display_name(spec.name), model=model, batch=functools.partial(make_batch, task=task, shape=shape),
         loss=_loss_from_output(spec.name), optimizer=make_optimizer(spec.optimizer),
