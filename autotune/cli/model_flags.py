@@ -45,8 +45,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "length); --seq-len then truncates them (default: the longest)")
     g.add_argument("--padding", choices=PADDINGS, default=None,
                    help="with --lengths: pad a micro-batch to its longest sample (longest), or every sample to "
-                        "--seq-len (max), or concatenate a causal LM's samples into one row as DataCollatorWithFlattening does "
-                        "(packed; the plan says what packing saves) (default: longest)")
+                        "--seq-len (max), or concatenate a causal LM's samples into one row as "
+                        "DataCollatorWithFlattening does (packed; the plan says what packing saves) (default: longest)")
 
 
 def workload_of(args: argparse.Namespace) -> str | None:

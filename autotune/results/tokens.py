@@ -30,7 +30,8 @@ class StepTokens(Record):
 class TokenSteps(Record):
     """Steps of ``target_tokens`` tokens (``exact``: every one; else the closest whole samples), in
     micro-batches of at most ``micro_tokens`` = the max micro-batch x ``tokens_per_sample`` (the longest
-    sample's tokens), or the tokens of the batch the probe measured where fewer; ``left_over``: tokens at the end that make no whole step; ``note``: all that in one line."""
+    sample's tokens), or the tokens of the batch the probe measured where fewer; ``left_over``: tokens at the
+    end that make no whole step; ``note``: all that in one line."""
 
     target_tokens: Whole
     micro_tokens: Whole
