@@ -369,10 +369,10 @@ def build(spec: ModelSpec) -> ModelWorkload:
                        f"for {task}: give padding longest or max")
     model = functools.partial(make_model, config, spec, task)
     about = functools.cache(functools.partial(facts_of, model, spec, task, shape))
-    packed = {"samples": packing.samples, "split": packing.split, "tokens": packing.tokens} \
+    packed: dict[str, Any] = {"samples": packing.samples, "split": packing.split, "tokens": packing.tokens} \
         if shape.padding == "packed" else {"tokens": text_tokens} if shape.padding == "max" else \
         {"tokens": text_tokens, "split": functools.partial(split_padded, task=task)}
-    text = {} if shape.image is not None else {
+    text: dict[str, Any] = {} if shape.image is not None else {
         "lengths_batch": functools.partial(of_lengths, task=task, shape=shape), **packed,
         "width": {"longest": "longest", "max": shape.seq_len}.get(shape.padding)}
     return ModelWorkload(
