@@ -388,3 +388,23 @@ def test_a_packed_plan_says_what_packing_saves_against_padding(tmp_path, capsys)
     assert code == 0 and len(notes) == 1, out
     assert re.search(r"micro-batches of up to \d+ samples, against \d+ padded to the longest; at \d+: peak "
                      r"[\d.]+ MiB packed, [\d.]+ MiB padded: packing (saves|takes) [\d.]+ [KM]iB", notes[0])
+
+
+@pytest.mark.slow
+def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path):
+    """--padding packed on the CPU: the estimate's answer, confirmed, against doubling and bisection by real runs
+    of the fit rule alone; at most 2 real runs, none out of memory."""
+    from autotune.devices import get_device
+    from autotune.probing.finder import probe
+
+    from ..helpers import exhaustive_max
+
+    folder = write_config(tmp_path / "llama", "llama")
+    workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
+                                       padding="packed").spec())
+    device = get_device("cpu", memory_budget=16 * 2**20)
+    result = probe(workload, device, max_batch=256)
+    expected = exhaustive_max(workload, device, result.usable_bytes, 256)
+    assert 4 < expected < 256  # memory, not the limit, decides
+    assert abs(result.max_micro_batch - expected) <= 1
+    assert result.real_runs <= 2 and result.real_ooms == 0
