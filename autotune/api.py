@@ -339,7 +339,7 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
                    cut: bool = False) -> Plan:
     """Steps of ``target_tokens`` tokens over samples of ``lengths`` (else what ``workload`` counts in one sample):
     ``plan_batch`` plans the step with the most samples, and its max micro-batch bounds each micro-batch's tokens."""
-    from .planning.bytokens import lengths_of, most_samples, one_step, token_steps, tokens_per_sample
+    from .planning.bytokens import lengths_of, most_samples, one_step, probed_tokens, token_steps, tokens_per_sample
 
     target = options.whole(target_tokens, "target_tokens", example="65536", text=False)
     if isinstance(lengths, (str, os.PathLike)):
@@ -347,15 +347,16 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
 
         lengths = read_lengths(os.fspath(lengths))
     sizes = lengths_of(lengths)
+    wl = workload if isinstance(workload, Workload) else load_workload(workload)
     if sizes is None:
-        wl = workload if isinstance(workload, Workload) else load_workload(workload)
         sizes = one_step(tokens_per_sample(wl), target)
     batch_plan = plan_batch(most_samples(sizes, target, cut=cut))
     if batch_plan.world_size > 1:
         raise BadInput(f"{{target_tokens}} plans the steps of one rank, and the plan is for "
                        f"{batch_plan.world_size} ranks",
                        field="world_size", limit=1, fix="give {world_size=1}, or {target_batch}")
-    tokens = token_steps(sizes, target, batch_plan.max_micro_batch, cut=cut)
+    tokens = token_steps(sizes, target, batch_plan.max_micro_batch, cut=cut, width=getattr(wl, "width", None),
+                         probed=probed_tokens(wl, batch_plan.max_micro_batch))
     return replace(batch_plan, tokens=tokens, notes=batch_plan.notes + (tokens.note,))
 
 
@@ -383,10 +384,25 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjec
                           uniform=request.uniform)
     if plan_store is not None and result.fingerprint is not None:
         plan_store.put(result.fingerprint, plan=planned)
+    planned = _packing_saving(planned, result, resolved.request, dev, plan_store)
     # 4. explain: the memory timeline at the plan's micro-batch, when a snapshot is asked for
     if request.snapshot is None:
         return planned
     return replace(planned, probe=explained(result, request.probe, wl, dev, request.snapshot, at=planned.micro_batch))
+
+
+def _packing_saving(planned: Plan, result: ProbeResult, request: PlanRequest, dev: Device,
+                    plan_store: Store | None) -> Plan:
+    """A plan of samples packed into one row says what packing saves against padding to the longest: the same
+    model padded, probed on the same device."""
+    from .planning.packing import padded_twin, saving_note
+
+    twin = padded_twin(request.probe.workload)
+    if twin is None:
+        return planned
+    padded = probe_for(replace(request.probe, workload=twin), store=plan_store if plan_store is not None else False,
+                       given=GivenObjects(load_workload(twin), dev))
+    return replace(planned, notes=planned.notes + (saving_note(result, padded),))
 
 
 @dataclass(frozen=True)
@@ -646,10 +662,6 @@ def _given_plan(plan: Plan | str | os.PathLike[str], workload: Spec, device: Any
     plan's own probe and, unless given, the budget it was made for."""
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
-    if plan.tokens is not None:
-        raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and run trains plans of a "
-                       "target batch only", field="plan",
-                       fix=f"plan with {{target_batch}} (e.g. {plan.target_batch}) to run it")
     if parallel is not None and options.parallel(parallel) != plan.parallel:
         raise BadInput(f"but the plan was made for {plan.parallel}", field="parallel", value=parallel,
                        fix="drop {parallel}, or plan again with " + mention("parallel", parallel))

@@ -13,6 +13,9 @@ the dataset, with the columns the Trainer keeps, padded as the collator pads
 them. A probe on a typical batch is how a batch size that fits at the start runs
 out of memory hours later, on the first long batch.
 
+With a flattening collator (``DataCollatorWithFlattening``, TRL's ``padding_free``) a micro-batch is
+``per_device_train_batch_size`` examples packed into one row (:mod:`autotune.integrations.packed`).
+
 The Trainer runs equal micro-batches, so the plan is uniform:
 ``per_device_train_batch_size x gradient_accumulation_steps x world size ==
 target_batch``, with micro-batches of at least about half the largest that fits;
@@ -45,6 +48,7 @@ from ..errors import BadInput, NoUniformPlan, user_code
 from ..planning.exports import no_equal_split
 from ..workload import Workload
 from .common import short_dataset
+from .packed import cache_note, is_packed, packed_workload
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -85,6 +89,8 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
     batch = worst_case_batch(train_dataset, collator, columns=_kept_columns(args, model),
                              forward=f"{type(model).__name__}.forward{inspect.signature(model.forward)}")
     workload = trainer_workload(args, model, batch)
+    if is_packed(batch):  # a flattening collator: per_device_train_batch_size examples packed into one row
+        workload = packed_workload(workload, batch)
     world = max(1, args.world_size) * max(1, args.n_gpu)
     try:
         plan = api.plan(target_batch, probe=workload, device=device, memory_budget=memory_budget, margin=margin,
@@ -92,6 +98,8 @@ def plan_training_args(args: TrainingArguments, model: nn.Module, train_dataset:
     except NoUniformPlan as exc:
         raise no_equal_split(exc, "hf", target_name="target_batch") from None
     plan = short_dataset(plan, train_dataset, "the Trainer", warn=args.process_index == 0)
+    if is_packed(batch) and (note := cache_note(model)) is not None:
+        plan = dataclasses.replace(plan, notes=plan.notes + (note,))
     planned = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch,
                                   gradient_accumulation_steps=plan.accumulation_steps)
     return planned, plan

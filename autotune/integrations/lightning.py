@@ -48,6 +48,7 @@ from ..training import Accumulator, Batches, MixedPrecision, Sync
 from ..training.parts import Part
 from ..workload import Workload
 from .common import largest_batch, short_dataset
+from .packed import is_packed, packed_workload
 
 if TYPE_CHECKING:
     from ..results.plan import Plan
@@ -174,7 +175,8 @@ def module_workload(trainer: Trainer, module: LightningModule, batch: Any) -> Wo
                            "AutotuneBatchSize probes the loss Lightning would call backward on")
         return value
 
-    return Workload.from_model(module, batch, loss=loss, optimizer=optimizer, name=type(module).__name__)
+    made = Workload.from_model(module, batch, loss=loss, optimizer=optimizer, name=type(module).__name__)
+    return packed_workload(made, batch) if is_packed(batch) else made  # a flattening collator's one row
 
 
 def _train_loaders(trainer: Trainer, module: LightningModule) -> Any:

@@ -3,8 +3,9 @@ samples, stated), from the samples' lengths and the probe's max micro-batch.
 
 The samples' lengths are given (``lengths``), or every sample holds what the workload's loss counts in
 a 1-sample batch (``Workload.count_items``), which must then be the same for every sample. A
-micro-batch holds at most max micro-batch x the longest sample's tokens: the probe measured that many
-samples of the worst case. The sample plan beside it is that of the step with the most samples.
+micro-batch holds at most max micro-batch x the longest sample's tokens (the probe measured that many
+samples of the worst case), and no more than the batch the probe measured held (a packed row's memory
+follows its tokens). The sample plan beside it is that of the step with the most samples.
 """
 
 from __future__ import annotations
@@ -65,13 +66,30 @@ def most_samples(lengths: Sequence[int], target_tokens: int, *, cut: bool = Fals
     return max(s.samples for s in token_plan.steps)
 
 
-def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int, *, cut: bool = False) -> TokenSteps:
-    """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens
-    (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends)."""
+def probed_tokens(workload: Any, max_micro_batch: int) -> int:
+    """Tokens in the batch of ``max_micro_batch`` samples the probe measured (``Workload.count_tokens``)."""
+    import torch
+
+    return workload.count_tokens(workload.make_batch(max_micro_batch, torch.Generator().manual_seed(0)))
+
+
+def token_steps(lengths: Sequence[int], target_tokens: int, max_micro_batch: int, *, cut: bool = False,
+                probed: int | None = None, width: int | str | None = None) -> TokenSteps:
+    """The steps of ``target_tokens`` in micro-batches of at most ``max_micro_batch`` longest samples' tokens,
+    and at most ``probed`` (the tokens of the batch the probe measured, where known: a packed row's memory
+    follows its tokens) (``cut``: every step exactly ``target_tokens``, a sample cut where a step ends).
+    ``width``: samples padded to their micro-batch's longest (``"longest"``) or to ``width`` tokens each, the
+    micro-batch then holding at most ``max_micro_batch`` samples of that width, padding counted."""
     longest = max(lengths)
-    token_plan = plan_tokens(lengths, target_tokens, max_micro_batch * longest, cut=cut)
-    steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens))
+    if width is None:
+        micro = max_micro_batch * longest if probed is None else min(max_micro_batch * longest, probed)
+    else:
+        micro = max_micro_batch * (longest if width == "longest" else int(width))
+    token_plan = plan_tokens(lengths, target_tokens, micro, cut=cut, width=width)
+    steps = tuple(StepTokens(tokens=s.tokens, samples=s.samples, micro_batches=tuple(s.micro_tokens),
+                             pieces=tuple(tuple(p.tokens for p in micro) for micro in s.micro_batches))
                   for s in token_plan.steps)
     return TokenSteps(target_tokens=target_tokens, micro_tokens=token_plan.micro_tokens, tokens_per_sample=longest,
                       cut=token_plan.cut, exact=token_plan.exact, left_over=token_plan.left_over, steps=steps,
-                      note=f"target {target_tokens} tokens: {token_plan.note().replace('cut=True', 'cutting samples')}")
+                      note=f"target {target_tokens} tokens: {token_plan.note().replace('cut=True', 'cutting samples')}"
+                      + ("" if width is None else " (padding counted)"))

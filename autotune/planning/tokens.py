@@ -12,6 +12,10 @@ tokens; filling each as full as the next sample allows gives the fewest
 micro-batches any split in order can. A sample longer than ``M`` is cut into
 pieces of at most ``M`` with ``cut=True``, and refused otherwise. Tokens that
 do not make a whole step at the end are left over (stated), never a short step.
+
+A micro-batch whose samples are padded (``width``) holds its samples times the width each is padded to:
+``"longest"`` its longest sample's, ``N`` every sample's; then at most ``M`` of those padded tokens.
+
 """
 
 from __future__ import annotations
@@ -91,12 +95,14 @@ class TokenPlan:
                           for s in self.steps]}
 
 
-def plan_tokens(lengths: Sequence[int], target_tokens: int, micro_tokens: int, *, cut: bool = False) -> TokenPlan:
+def plan_tokens(lengths: Sequence[int], target_tokens: int, micro_tokens: int, *, cut: bool = False,
+                width: int | str | None = None) -> TokenPlan:
     """Steps of ``target_tokens`` over samples of ``lengths`` tokens (data order), micro-batches of at most
-    ``micro_tokens`` (see the module docstring)."""
+    ``micro_tokens``, padded to ``width`` (see the module docstring)."""
     _check(lengths, target_tokens, micro_tokens, cut)
     spans, left = (_cut_steps if cut else _whole_steps)([int(n) for n in lengths], target_tokens)
-    steps = tuple(TokenStep(micro_batches=_fill(span, micro_tokens)) for span in spans)
+    steps = tuple(TokenStep(micro_batches=_fill(span, micro_tokens) if width is None else
+                            _fill_padded(span, micro_tokens, width)) for span in spans)
     return TokenPlan(target_tokens=target_tokens, micro_tokens=micro_tokens, cut=cut, steps=steps, left_over=left)
 
 
@@ -166,6 +172,23 @@ def _fill(pieces: list[Piece], micro: int) -> tuple[tuple[Piece, ...], ...]:
             if room == 0:
                 out.append(tuple(now))
                 now, room = [], micro
+    if now:
+        out.append(tuple(now))
+    return tuple(out)
+
+
+def _fill_padded(pieces: list[Piece], micro: int, width: int | str) -> tuple[tuple[Piece, ...], ...]:
+    """``pieces`` in order into micro-batches of at most ``micro`` padded tokens (samples x the width each is
+    padded to), each as full as the next piece allows: the fewest any split in order can (a part of a micro-batch
+    that fits never holds more padded tokens than the whole)."""
+    out: list[tuple[Piece, ...]] = []
+    now: list[Piece] = []
+    for piece in pieces:
+        wide = max([p.tokens for p in now] + [piece.tokens]) if width == "longest" else int(width)
+        if now and (len(now) + 1) * wide > micro:
+            out.append(tuple(now))
+            now = []
+        now.append(piece)
     if now:
         out.append(tuple(now))
     return tuple(out)

@@ -122,8 +122,10 @@ class ModelSpec:
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
     ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none).
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
-    ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``; with ``lengths``, ``seq_len``
-    is where samples are truncated (default: the longest sample).
+    ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``, or ``packed``: a causal LM's
+    samples concatenated into one row, as Hugging Face's ``DataCollatorWithFlattening`` makes it (position ids
+    restart at each sample, so attention stays inside it); with ``lengths``, ``seq_len`` is where samples are
+    truncated (default: the longest sample).
     """
 
     name: str
@@ -153,9 +155,6 @@ class ModelSpec:
         if self.dtype is not None:
             set_(self, "dtype", dtype_name(self.dtype))
         set_(self, "padding", options.choice(self.padding, PADDINGS, "padding"))
-        if self.padding == "packed":
-            raise BadInput("padding 'packed' (samples concatenated into rows) is not supported for a model by name "
-                           "yet: give padding longest or max, or write a probe file that packs")
         if self.lengths is not None:
             path = Path(str(self.lengths)).expanduser()
             if not path.is_file():

@@ -116,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
             not_on={"service": "the service plans a target batch"},
             help="tokens per optimizer step instead (exactly, or the closest whole samples, stated), samples of "
                  "--lengths FILE tokens, else what the loss counts in one sample; the plan's tokens hold every "
-                 "step's tokens (autotune run takes plans of --target-batch only)"),
+                 "step's tokens (autotune run --plan trains them, step by step)"),
     Setting(name="cut_samples", type=bool, default=False, verbs=PLAN,
             not_on={"service": "the service plans a target batch"},
             help="with --target-tokens: every step exactly N tokens, the sample that crosses N cut there"),
@@ -238,7 +238,8 @@ MODEL: tuple[Setting, ...] = (
     Setting(name="padding", choices=PADDINGS, verbs=MODEL_VERB,
             not_on={"service": "the service's model has no file of sample lengths to pad"},
             help="with --lengths: pad a micro-batch to its longest sample (longest), or every sample to --seq-len "
-                 "(max); packed is not supported yet (default: longest)"),
+                 "(max), or concatenate a causal LM's samples into one row as DataCollatorWithFlattening does "
+                 "(packed; the plan says what packing saves) (default: longest)"),
 )
 #: The names of a model's settings.
 MODEL_SETTINGS = tuple(s.name for s in MODEL)

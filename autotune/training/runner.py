@@ -23,7 +23,7 @@ from torch import nn
 from .. import log, options
 from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
-from ..errors import AutotuneError, DoesNotFit, WorkloadError, first_line, mention
+from ..errors import AutotuneError, BadInput, DoesNotFit, WorkloadError, first_line, mention
 from ..planning.ramp import uniform_base
 from ..results.noise import NoiseScaleEstimate
 from ..results.ramp import BatchPhase, RampConfig, batch_per_step
@@ -34,6 +34,7 @@ from ..workload.batches import Split
 from . import distributed
 from . import fsdp as sharded
 from .accumulate import Accumulator
+from .bytokens import TokenFeed
 from .noise import NoiseScale
 from .parts import Batches, Part
 from .precision import MixedPrecision
@@ -52,6 +53,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
     effective batch in DistributedDataParallel, or sharded by ``fully_shard``
     for a plan made for FSDP; the checks then also count the gradient
     all-reduce (reduce-scatter) rounds per step and compare parameters across ranks.
+    A plan in tokens (``plan.tokens``) runs its steps of samples of the planned lengths
+    (:mod:`autotune.training.bytokens`) and checks their tokens too.
     ``ramp``: grow the effective batch toward the plan's target with the measured noise scale
     (:mod:`autotune.training.ramp`); every phase is verified like the plan. ``uniform`` (with ``ramp``): every
     phase in whole micro-batches of the plan's equal ones (:func:`autotune.planning.ramp.uniform_base`).
@@ -60,6 +63,9 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if ramp is not None and plan.tokens is not None:
+        raise BadInput(f"the plan holds {plan.tokens.target_tokens} tokens a step, and a ramp grows an effective "
+                       "batch of samples: drop ramp, or plan with a target batch")
     world = distributed.world_size()
     distributed.check_world(plan.world_size, f"the plan is for {plural(plan.world_size, 'rank')}",
                             "or plan for " + mention("world_size", world))
@@ -71,10 +77,8 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
         run.host_model = workload.make_model()
         if verify:
             run.where.now = "while verifying the gradient on the first effective batch"
-            log.progress(f"verifying gradient equivalence on one effective batch of "
-                         f"{plural(plan.target_batch, 'sample')} ...")
-            first = workload.make_batch(plan.target_batch, torch.Generator().manual_seed(seed))
-            checks.append(run.gradient(run.sizes, first, run.start))
+            sizes, first = run.first_batch(seed)
+            checks.append(run.gradient(sizes, first, run.start))
             log.progress(checks[-1].message)
         _, measured = device.measure(run.train)
         if verify and run.record.phases:
@@ -82,11 +86,12 @@ def run_plan(plan, workload: Workload, device: Device, *, steps: int = options.S
             checks += _ramp_checks(run, seed)
     predicted = plan.predicted_peak_of(run.rank)
     checks += _run_checks(run, measured.peak_bytes, usable, predicted)
+    checks += [run.feed.check()] if run.feed is not None else []
     record = run.record
     timed = slice(1, None) if len(record.seconds) > 1 else slice(None)
     per_step = sum(record.seconds[timed]) / len(record.seconds[timed])
     effective = batch_per_step(record.phases, len(record.seconds)) if record.phases else \
-        [plan.target_batch] * len(record.seconds)
+        record.wanted if run.feed is not None else [plan.target_batch] * len(record.seconds)
     verification = _verification(checks, run.ddp) if verify else None
     described = device.describe()
     return RunResult(
@@ -142,6 +147,18 @@ class _Run:
         self.data = torch.Generator().manual_seed(seed)
         self.host_model: Any = None
         self.record = _Record()
+        self.feed = TokenFeed(plan.tokens, workload) if plan.tokens is not None else None
+
+    def first_batch(self, seed: int) -> tuple[list[int], Any]:
+        """The first effective batch (this rank's micro-batches and the global batch) the gradient is checked on:
+        of the plan's target batch, or a plan in tokens' first step."""
+        if self.feed is None:
+            log.progress(f"verifying gradient equivalence on one effective batch of "
+                         f"{plural(self.plan.target_batch, 'sample')} ...")
+            return self.sizes, self.workload.make_batch(self.plan.target_batch, torch.Generator().manual_seed(seed))
+        step = self.feed.step(0)
+        log.progress(f"verifying gradient equivalence on the first step of {plural(step.tokens, 'token')} ...")
+        return self.feed.sizes(step), self.feed.batch(step, torch.Generator().manual_seed(seed))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` as the run trains it: sharded (FSDP), in DistributedDataParallel, or as it is."""
@@ -205,9 +222,15 @@ class _Run:
         record = self.record
         now = self.plan if acc.ramp is None else acc.ramp.plan_for(acc.ramp.effective_batch)
         with session.tracker.paused():
-            record.wanted.append(now.per_rank_batch[self.rank])
-            batch = self.workload.share(self.workload.make_batch(now.target_batch, self.data),
-                                        distributed.rank_offsets(now.per_rank_batch)[self.rank], record.wanted[-1])
+            if self.feed is not None:  # a plan in tokens: its next step's samples and micro-batches
+                batch, sizes = self.feed.next(self.data)
+                acc.reschedule(sizes)
+                record.wanted.append(sum(sizes))
+            else:
+                record.wanted.append(now.per_rank_batch[self.rank])
+                batch = self.workload.share(self.workload.make_batch(now.target_batch, self.data),
+                                            distributed.rank_offsets(now.per_rank_batch)[self.rank],
+                                            record.wanted[-1])
             record.expected_items.append(self.workload.count_items(batch))
         begin = time.perf_counter()
         out = acc.step(batch)

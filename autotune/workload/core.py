@@ -49,6 +49,10 @@ class Workload:
     holds with ``samples(batch)`` and how it splits into consecutive
     micro-batches with ``split(batch, sizes)`` (one micro-batch per size, in
     order); ``items`` then defaults to ``samples``.
+
+    A plan in tokens (``target_tokens``) runs where the workload can build samples of given lengths:
+    ``lengths_batch(lengths, generator)`` makes one sample of each length in ``lengths`` (tokens), in order,
+    and ``tokens(batch)`` counts a batch's tokens (by default its ``items``).
     """
 
     name: str
@@ -62,6 +66,8 @@ class Workload:
     shard: Callable[[nn.Module], Iterable[nn.Module]] | None = None
     samples: Samples | None = None
     split: Split | None = None
+    lengths_batch: Callable[[Sequence[int], torch.Generator], Any] | None = None
+    tokens: Callable[[Any], int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -69,7 +75,7 @@ class Workload:
         for attr in ("model", "batch", "loss", "optimizer"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"Workload.{attr} must be callable, got {type(getattr(self, attr)).__name__}")
-        for attr in ("items", "shard", "samples", "split"):
+        for attr in ("items", "shard", "samples", "split", "lengths_batch", "tokens"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"Workload.{attr} must be callable or None")
         for key, values in self.options.items():
@@ -128,6 +134,10 @@ class Workload:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
                 return int(leaf.shape[0])
         raise ValueError(f"workload {self.name!r}: cannot tell the batch size of a batch with no tensor")
+
+    def count_tokens(self, batch: Any) -> int:
+        """Tokens in ``batch``: ``tokens(batch)``, else its items."""
+        return int(self.tokens(batch)) if self.tokens is not None else self.count_items(batch)
 
     def share(self, batch: Any, start: int, size: int) -> Any:
         """The ``size`` samples of ``batch`` from sample ``start`` on (a rank's share), split as the workload

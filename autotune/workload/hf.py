@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import BadInput
 from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec
+from . import packing
 from .core import Workload
 from .from_model import _loss_from_output
 
@@ -171,16 +172,25 @@ def read_lengths(path: str) -> tuple[int, ...]:
 
 
 def make_batch(n: int, generator: torch.Generator, *, task: str, shape: Shape) -> dict[str, torch.Tensor]:
-    """``n`` samples as Hugging Face's collators make them, with random token ids (or pixels)."""
+    """``n`` samples as Hugging Face's collators make them, with random token ids (or pixels): the worst case
+    of ``--lengths`` (its ``n`` longest samples) where given."""
     if shape.image is not None:
         return {"pixel_values": torch.randn((n, *shape.image), generator=generator),
                 "labels": torch.randint(shape.num_labels, (n,), generator=generator)}
+    assert shape.seq_len is not None
+    return of_lengths(_sample_lengths(n, shape) if shape.lengths else [shape.seq_len] * n, generator, task=task,
+                      shape=shape)
+
+
+def of_lengths(lengths: Sequence[int], generator: torch.Generator, *, task: str, shape: Shape) -> dict[str, Any]:
+    """One sample of each of ``lengths`` tokens (truncated at ``seq_len``), padded or packed as ``shape`` says."""
     assert shape.seq_len is not None and shape.target_len is not None
-    width = _width(n, shape)
+    real = [min(int(k), shape.seq_len) for k in lengths]
+    if shape.padding == "packed":
+        return packing.packed_batch(real, generator, shape.vocab)
+    n, width = len(real), shape.seq_len if shape.padding == "max" else max(real)
     ids = torch.randint(shape.vocab, (n, width), generator=generator)
-    mask = torch.ones(n, width, dtype=torch.long)
-    if shape.lengths:
-        mask = (torch.arange(width) < torch.tensor(_sample_lengths(n, shape)).unsqueeze(1)).long()
+    mask = (torch.arange(width) < torch.tensor(real).unsqueeze(1)).long()
     batch = {"input_ids": ids, "attention_mask": mask}
     if task == "causal-lm":
         batch["labels"] = ids.masked_fill(mask == 0, -100)
@@ -201,11 +211,22 @@ def _sample_lengths(n: int, shape: Shape) -> list[int]:
     return [ordered[i % len(ordered)] for i in range(n)]
 
 
-def _width(n: int, shape: Shape) -> int:
-    assert shape.seq_len is not None
-    if shape.lengths and shape.padding == "longest":
-        return max(_sample_lengths(n, shape))
-    return shape.seq_len
+def split_padded(batch: dict[str, Any], sizes: list[int], *, task: str) -> list[dict[str, Any]]:
+    """Consecutive samples of a batch padded to its longest, ``sizes`` of them in each part, each part padded
+    to its own longest (as a collator pads each micro-batch): the padding past it dropped."""
+    out, first = [], 0
+    for n in sizes:
+        rows = {k: v[first:first + n] for k, v in batch.items()}
+        width = int(rows["attention_mask"].sum(1).max())
+        cols = ["input_ids", "attention_mask"] + (["labels"] if task in ("causal-lm", "masked-lm") else [])
+        out.append({k: v[:, :width] if k in cols else v for k, v in rows.items()})
+        first += n
+    return out
+
+
+def text_tokens(batch: dict[str, Any]) -> int:
+    """A padded batch's tokens: those its attention mask keeps."""
+    return int(batch["attention_mask"].sum())
 
 
 def needs_bitsandbytes(what: str, instead: str) -> BadInput:
@@ -269,6 +290,8 @@ def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
         model.config.use_cache = False  # as transformers sets it (with a warning) under checkpointing
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable({"use_reentrant": False})
+    if spec.padding == "packed":  # transformers reads a packed row's position ids only without a cache
+        model.config.use_cache = False
     if spec.lora is not None:
         model = with_lora(model, spec.lora, task)
     return model
@@ -279,6 +302,9 @@ class ModelWorkload(Workload):
     """A Workload built from a Hugging Face config, which also says what the model is (:meth:`facts`)."""
 
     about: Callable[[], ModelFacts] = field(repr=False)
+    #: How a micro-batch's samples are padded (a plan in tokens counts the padding): to the longest, to a width
+    #: of tokens, or not at all (None: packed, or no text).
+    width: int | str | None = None
 
     def facts(self) -> ModelFacts:
         """The model's class, task and parameter counts, and the formula's figures."""
@@ -338,9 +364,19 @@ def build(spec: ModelSpec) -> ModelWorkload:
     if spec.num_labels is not None:
         config.num_labels = spec.num_labels
     shape = shape_of(spec, config, task)
+    if shape.padding == "packed" and task != "causal-lm":
+        raise BadInput(f"padding packed concatenates a causal LM's samples into one row, and {spec.name!r} is built "
+                       f"for {task}: give padding longest or max")
     model = functools.partial(make_model, config, spec, task)
     about = functools.cache(functools.partial(facts_of, model, spec, task, shape))
+    packed: dict[str, Any] = {"samples": packing.samples, "split": packing.split, "tokens": packing.tokens} \
+        if shape.padding == "packed" else {"tokens": text_tokens} if shape.padding == "max" else \
+        {"tokens": text_tokens, "split": functools.partial(split_padded, task=task)}
+    text: dict[str, Any] = {} if shape.image is not None else {
+        "lengths_batch": functools.partial(of_lengths, task=task, shape=shape), **packed,
+        "width": {"longest": "longest", "max": shape.seq_len}.get(shape.padding)}
     return ModelWorkload(
         name=display_name(spec.name), model=model, batch=functools.partial(make_batch, task=task, shape=shape),
         loss=_loss_from_output(spec.name), optimizer=make_optimizer(spec.optimizer),
-        items=functools.partial(items, task=task) if task in ("causal-lm", "masked-lm") else None, about=about)
+        items=functools.partial(items, task=task) if task in ("causal-lm", "masked-lm") else None, about=about,
+        **text)

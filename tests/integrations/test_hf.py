@@ -177,3 +177,38 @@ def test_an_estimate_for_a_gpu_runs_the_trainers_bf16_as_cudas_autocast(tmp_path
     device.measure(fit_rule_work(dataclasses.replace(workload, model=hooked), 2))
     assert seen and set(seen) == {torch.bfloat16}  # on meta tensors, as on the GPU
     assert device.fallback is None
+
+
+def _llama(use_cache: bool) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        use_cache=use_cache))
+
+
+@pytest.mark.slow
+def test_a_flattening_collator_plans_examples_packed_into_one_row_and_trains(tmp_path):
+    """DataCollatorWithFlattening: a micro-batch is per_device_train_batch_size examples in one row. The probe's
+    micro-batches are the longest examples packed (one row, position ids restarting), the plan exact, and the
+    Trainer trains by it; a model with a cache is told that SDPA would attend across the examples."""
+    from transformers import DataCollatorWithFlattening
+
+    from autotune.integrations.packed import is_packed, packed_workload
+
+    flat, data = DataCollatorWithFlattening(), [{"input_ids": e["input_ids"]} for e in examples(LENGTHS)]
+    model, args = _llama(use_cache=False), training_args(tmp_path, remove_unused_columns=False)
+    batch = worst_case_batch(data, flat)
+    assert is_packed(batch) and batch["input_ids"].shape == (1, 4 * 64 + 4 * 12)
+    workload = packed_workload(trainer_workload(args, model, batch), batch)
+    micro = workload.make_batch(6, torch.Generator())
+    assert micro["input_ids"].shape == (1, 4 * 64 + 2 * 12) and workload.count_items(micro) == 4 * 63 + 2 * 11
+    new, plan = plan_training_args(args, model, data, target_batch=TARGET, data_collator=flat, device="cpu",
+                                   memory_budget="24MiB")
+    assert new.per_device_train_batch_size * new.gradient_accumulation_steps == TARGET
+    assert plan.max_micro_batch > 1 and not any("use_cache" in n for n in plan.notes)
+    Trainer(model=model, args=new, train_dataset=data, data_collator=flat).train()
+    _, cached = plan_training_args(args, _llama(use_cache=True), data, target_batch=TARGET, data_collator=flat,
+                                   device="cpu", memory_budget="24MiB")
+    assert any("set model.config.use_cache = False" in n for n in cached.notes)

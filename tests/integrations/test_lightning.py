@@ -136,3 +136,61 @@ def test_manual_accumulator_clips_with_lightning():
     moved = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - q)
                                                   for p, q in zip(model.parameters(), before)]))
     assert float(moved) == pytest.approx(0.5 * 1e-3, rel=1e-4)
+
+
+class PackedLlama(pl.LightningModule):
+    """A tiny Hugging Face Llama (no cache: attention stays inside each packed example), its own loss."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=128, use_cache=False))
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Flattened(pl.LightningDataModule):
+    """Token examples batched by DataCollatorWithFlattening: ``batch_size`` examples in one row."""
+
+    def __init__(self, lengths: list[int], batch_size: int = 2):
+        super().__init__()
+        from transformers import DataCollatorWithFlattening
+
+        self.batch_size, self.collate = batch_size, DataCollatorWithFlattening()
+        g = torch.Generator().manual_seed(0)
+        self.data = [{"input_ids": torch.randint(1, 64, (n,), generator=g).tolist()} for n in lengths]
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, collate_fn=self.collate)
+
+
+class Examples(pl.Callback):
+    def __init__(self):
+        self.counts: list[tuple[int, int]] = []  # (rows, examples) of every batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.counts.append((int(batch["input_ids"].shape[0]), int((batch["position_ids"][0] == 0).sum())))
+
+
+@pytest.mark.slow
+def test_the_callback_plans_examples_packed_by_a_flattening_collator():
+    """A micro-batch is batch_size examples in one row: the callback probes rows of the longest examples
+    packed, sets batch_size x accumulate_grad_batches to the target, and Lightning trains one-row batches."""
+    pytest.importorskip("transformers")
+    pl.seed_everything(0, verbose=False)
+    tune, seen = AutotuneBatchSize(24, memory_budget="24MiB"), Examples()
+    data = Flattened([12] * 4 + [64] * 4 + [12] * 92)  # the scan meets the long examples
+    t = trainer(callbacks=[tune, seen])
+    t.fit(PackedLlama(), datamodule=data)
+    plan = tune.plan
+    assert plan is not None and data.batch_size * t.accumulate_grad_batches == 24
+    assert plan.max_micro_batch > 1 and t.accumulate_grad_batches > 1  # examples, not rows, are the samples
+    assert seen.counts == [(1, data.batch_size)] * len(seen.counts) and len(seen.counts) > 1

@@ -159,7 +159,7 @@ def test_a_plan_in_tokens_refuses_what_it_cannot_hold(kwargs, words):
         autotune.plan(**{"device": "cpu", "memory_budget": "64MiB", **kwargs})
 
 
-def test_the_cli_plans_in_tokens_and_refuses_both_targets_and_running_it(capsys, tmp_path):
+def test_the_cli_plans_in_tokens_refuses_both_targets_and_runs_it(capsys, tmp_path):
     from autotune.cli import main
     from tests.workloads import probe_file
 
@@ -175,8 +175,10 @@ def test_the_cli_plans_in_tokens_and_refuses_both_targets_and_running_it(capsys,
     assert [s["tokens"] for s in json.loads(capsys.readouterr().out)["tokens"]["steps"]] == [12, 12, 12]
     for argv, words in [(["plan", "--target-tokens", "60", "--target-batch", "10", *flags],
                          "argument --target-batch: not allowed with argument --target-tokens"),
-                        (["plan", "--cut-samples", "--target-batch", "10", *flags], "add --target-tokens N"),
-                        (["run", "--plan", str(path), "--quiet"], "run trains plans of a target batch only")]:
+                        (["plan", "--cut-samples", "--target-batch", "10", *flags], "add --target-tokens N")]:
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and words in err and err.count("\n") == 1, err
+    assert main(["run", "--plan", str(path), "--steps", "2", "--json", "--quiet"]) == 0  # every sample 6 tokens
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["verification"]["checks"]}
+    assert checks["tokens"]["passed"] and checks["tokens"]["details"]["step_tokens"] == [60, 60]

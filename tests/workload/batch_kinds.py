@@ -14,7 +14,7 @@ from autotune.workload import Workload
 
 FEATURES = 8
 #: Memory budgets (bytes) under which each workload's max micro-batch is well below a target of 31 samples.
-RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000}
+RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000, "jagged": 300_000}
 
 
 # -- graphs ----------------------------------------------------------------------------------------
@@ -104,7 +104,11 @@ LONGEST = 40
 
 def packed(n: int, g: torch.Generator, shortest: int = 8) -> dict[str, Any]:
     """``n`` sequences of ``shortest``..40 tokens packed into one row by DataCollatorWithFlattening."""
-    lengths = torch.randint(shortest, LONGEST + 1, (n,), generator=g).tolist()
+    return packed_of(torch.randint(shortest, LONGEST + 1, (n,), generator=g).tolist(), g)
+
+
+def packed_of(lengths: list[int], g: torch.Generator) -> dict[str, Any]:
+    """Sequences of ``lengths`` tokens packed into one row by DataCollatorWithFlattening."""
     features = [{"input_ids": torch.randint(1, VOCAB, (length,), generator=g).tolist()} for length in lengths]
     return _collator()(features)
 
@@ -165,14 +169,19 @@ def packed_workload(*, worst: bool = False) -> Workload:
     """The packed causal LM; ``worst``: every sequence of the most tokens (the batch at its worst-case shape)."""
     shortest = LONGEST if worst else 8
     return Workload(name="packed-lm", model=PackedLM, batch=lambda n, g: packed(n, g, shortest), loss=packed_loss,
-                    samples=sequence_count, split=split_packed, items=target_tokens)
+                    samples=sequence_count, split=split_packed, items=target_tokens, lengths_batch=packed_of,
+                    tokens=lambda b: int(b["input_ids"].shape[1]))
 
 
 # -- nested (jagged) tensors -----------------------------------------------------------------------------
 
-def jagged(n: int, g: torch.Generator) -> torch.Tensor:
-    """``n`` sequences of 4..16 feature vectors as one nested tensor of jagged layout, (n, j, F)."""
-    lengths = torch.randint(4, 17, (n,), generator=g).tolist()
+def jagged(n: int, g: torch.Generator, shortest: int = 4) -> torch.Tensor:
+    """``n`` sequences of ``shortest``..16 feature vectors as one nested tensor of jagged layout, (n, j, F)."""
+    return jagged_of(torch.randint(shortest, 17, (n,), generator=g).tolist(), g)
+
+
+def jagged_of(lengths: list[int], g: torch.Generator) -> torch.Tensor:
+    """Sequences of ``lengths`` feature vectors as one nested tensor of jagged layout."""
     return torch.nested.nested_tensor([torch.randn(length, FEATURES, generator=g) for length in lengths],
                                       layout=torch.jagged)
 
@@ -185,9 +194,12 @@ def split_jagged(batch: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def jagged_workload() -> Workload:
-    """A token-wise autoencoder over a jagged batch; the loss is the mean over every vector (the items)."""
+def jagged_workload(*, worst: bool = False) -> Workload:
+    """A token-wise autoencoder over a jagged batch; the loss is the mean over every vector (the items);
+    ``worst``: every sequence of the most vectors."""
+    shortest = 16 if worst else 4
     return Workload(name="jagged", model=lambda: nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(),
                                                                nn.Linear(256, FEATURES)),
-                    batch=jagged, loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
-                    samples=lambda b: int(b.shape[0]), split=split_jagged, items=lambda b: int(b.values().shape[0]))
+                    batch=lambda n, g: jagged(n, g, shortest), loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
+                    samples=lambda b: int(b.shape[0]), split=split_jagged, items=lambda b: int(b.values().shape[0]),
+                    lengths_batch=jagged_of)

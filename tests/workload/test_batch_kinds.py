@@ -126,7 +126,7 @@ def test_run_verifies_the_plan(make, worst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload"])
+@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload", "jagged_workload"])
 def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, builder):
     """``autotune run`` on a probe file whose workload gives samples= and split=: plan, train, verify."""
     path = tmp_path / f"{builder}.py"
@@ -138,7 +138,7 @@ def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, build
         def build():
             return batch_kinds.{builder}(worst=True)
         """))
-    budget = RUN_BUDGETS["gnn" if builder == "graph_workload" else "packed-lm"]
+    budget = RUN_BUDGETS[{"graph_workload": "gnn", "packed_workload": "packed-lm"}.get(builder, "jagged")]
     code = main(["run", "--target-batch", "31", "--probe", str(path), "--device", "cpu", "--memory-budget",
                  str(budget), "--steps", "2", "--json", "--quiet"])
     data = json.loads(capsys.readouterr().out)

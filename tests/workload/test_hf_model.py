@@ -4,6 +4,7 @@ model built by transformers, counted as transformers and peft count, planned as 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,6 @@ def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
     (["--optimizer", "adamw-8bit"], "needs bitsandbytes"),
     (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
     (["--lora", "bits=3"], "bits is 4 or 8"),
-    (["--lengths", "x.csv", "--padding", "packed"], "'packed'"),
     (["--dtype", "bf16-mixed"], "mixed precision"),
     (["--lora", "r=0"], "at least 1"),
     (["--task", "speech"], "invalid choice"),
@@ -344,3 +344,67 @@ def test_the_weights_are_in_the_configs_dtype_unless_told(tmp_path, dtype, built
     size = torch.empty((), dtype=built).element_size()
     names = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
     assert facts.formula_weights_bytes == size * facts.total_parameters and facts.dtype == names[built]
+
+
+def _lengths_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lengths.csv"
+    path.write_text("length\n" + "\n".join(str(8 + (i * 37) % 57) for i in range(200)))
+    return path
+
+
+def test_packed_samples_are_one_row_as_the_flattening_collator_makes_it(tmp_path):
+    """padding packed: DataCollatorWithFlattening's row of the n longest samples; split into micro-batches
+    packed again; the model's logits of a sample in the row are those of the sample alone (no cache: attention
+    stays inside each sample)."""
+    folder = write_config(tmp_path / "llama", "llama")
+    workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
+                                       padding="packed").spec())
+    batch = workload.make_batch(3, torch.Generator().manual_seed(0))
+    assert batch["input_ids"].shape == (1, 3 * 64) and batch["cu_seq_lens_q"].tolist() == [0, 64, 128, 192]
+    assert workload.count_items(batch) == 3 * 63 and workload.count_tokens(batch) == 192
+    parts = workload.split(batch, [1, 2])
+    assert [workload.samples(p) for p in parts] == [1, 2] and parts[1]["position_ids"][0, 64] == 0
+    row = workload.lengths_batch([5, 9], torch.Generator().manual_seed(1))
+    assert row["position_ids"].tolist() == [list(range(5)) + list(range(9))] and (row["labels"] == -100).sum() == 2
+    model = workload.make_model()
+    alone = model(input_ids=row["input_ids"][:, 5:]).logits
+    assert torch.allclose(model(**row).logits[:, 5:], alone, atol=1e-5)
+
+
+def test_packing_is_for_a_causal_lm(tmp_path):
+    folder = write_config(tmp_path / "bert", "bert")
+    with pytest.raises(BadInput, match="padding packed concatenates a causal LM's samples into one row, and .* is "
+                                       "built for masked-lm: give padding longest or max"):
+        load_workload(ModelSpec(name=str(folder), padding="packed").spec())
+
+
+@pytest.mark.slow
+def test_a_packed_plan_says_what_packing_saves_against_padding(tmp_path, capsys):
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, _ = run_cli(capsys, "plan", "--target-batch", "64", "--model", str(folder), "--lengths",
+                           str(_lengths_file(tmp_path)), "--padding", "packed", "--device", "estimate",
+                           "--memory-budget", "700MiB", "--json")
+    notes = [n for n in json.loads(out)["notes"] if n.startswith("packing")]
+    assert code == 0 and len(notes) == 1, out
+    assert re.search(r"micro-batches of up to \d+ samples, against \d+ padded to the longest; at \d+: peak "
+                     r"[\d.]+ MiB packed, [\d.]+ MiB padded: packing (saves|takes) [\d.]+ [KM]iB", notes[0])
+
+
+@pytest.mark.slow
+def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path):
+    """--padding packed on the CPU: the estimate's answer, confirmed, against doubling and bisection by real runs
+    of the fit rule alone; at most 2 real runs, none out of memory."""
+    from autotune.devices import get_device
+    from autotune.probing.finder import probe
+
+    from ..helpers import exhaustive_max
+
+    folder = write_config(tmp_path / "llama", "llama")
+    workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
+                                       padding="packed").spec())
+    device = get_device("cpu", memory_budget=16 * 2**20)
+    result = probe(workload, device, max_batch=256)
+    expected = exhaustive_max(workload, device, result.usable_bytes, 256)
+    assert 4 < expected < 256  # memory, not the limit, decides
+    assert abs(result.max_micro_batch - expected) <= 1
+    assert result.real_runs <= 2 and result.real_ooms == 0
