@@ -395,7 +395,7 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     """--padding packed on the CPU: the estimate's answer, confirmed, against doubling and bisection by real runs
     of the fit rule alone; at most 2 real runs, none out of memory."""
     from autotune.devices import get_device
-    from autotune.probing.finder import probe
+    from autotune.probing.finder import find_max_micro_batch
 
     from ..helpers import exhaustive_max
 
@@ -403,7 +403,7 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
                                        padding="packed").spec())
     device = get_device("cpu", memory_budget=16 * 2**20)
-    result = probe(workload, device, max_batch=256)
+    result = find_max_micro_batch(workload, device, max_batch=256)
     expected = exhaustive_max(workload, device, result.usable_bytes, 256)
     assert 4 < expected < 256  # memory, not the limit, decides
     assert abs(result.max_micro_batch - expected) <= 1
