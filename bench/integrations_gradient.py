@@ -131,7 +131,7 @@ def full_batch(model, watch, target):
 def plain_accumulator(model, watch, target):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     workload = autotune.Workload.from_model(model, collate(dataset()), optimizer=opt)
-    plan = autotune.plan(target, workload=workload, device="cpu", memory_budget=BUDGET)
+    plan = autotune.plan(target, probe=workload, device="cpu", memory_budget=BUDGET)
     step = autotune.Accumulator(model, opt, plan, loss=hf_loss, items=tokens)
     step(next(iter(plan_loader(dataset(), plan))))
     return plan.arithmetic

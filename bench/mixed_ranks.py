@@ -46,8 +46,8 @@ def plan_both(workload: str, budgets: tuple[str, ...], target: int, folder: Path
     from autotune import api
     from autotune.serial import dumps
 
-    mixed = api.plan(target, workload=workload, device="cpu", memory_budget=",".join(budgets))
-    uniform = api.plan(target, workload=workload, device="cpu", memory_budget=",".join(budgets), uniform_ranks=True)
+    mixed = api.plan(target, probe=workload, device="cpu", memory_budget=",".join(budgets))
+    uniform = api.plan(target, probe=workload, device="cpu", memory_budget=",".join(budgets), uniform_ranks=True)
     paths = folder / f"{workload}-mixed.json", folder / f"{workload}-uniform.json"
     for path, plan in zip(paths, (mixed, uniform)):
         path.write_text(dumps(plan.to_dict()))

@@ -69,7 +69,7 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{Path(tmp) / 'plans.db'}"
-        autotune.api.plan(JOB["target_batch"], workload="mlp", device="estimate", memory_budget="1GiB",
+        autotune.api.plan(JOB["target_batch"], probe="mlp", device="estimate", memory_budget="1GiB",
                           store=store)  # every job below is answered from the store
         rows = {method: measure(method, store, args.repeat) for method in ("spawn", "forkserver")}
     print(f"{'start method':<12} {'first answer s':>15} {'after a stop s':>15} {'worker RSS MiB':>15} "

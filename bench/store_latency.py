@@ -58,7 +58,7 @@ def api_case(label: str, repeat: int, folder: Path) -> dict[str, float]:
         url = f"sqlite:///{folder / f'api-{label}-{i}.db'}"
         for times in (misses, hits):
             start = time.perf_counter()
-            plan = autotune.plan(target, workload=probe, device=device, memory_budget=budget, store=url)
+            plan = autotune.plan(target, probe=probe, device=device, memory_budget=budget, store=url)
             times.append(time.perf_counter() - start)
             assert plan.probe is not None and plan.probe.from_store is (times is hits)
     wl, dev = load_workload(probe), get_device(device, memory_budget=parse_size(budget))
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=("api", "cli", "http"), default=["api", "cli", "http"])
     args = parser.parse_args()
     print(machine())
-    autotune.plan(64, workload="mlp", device="estimate", memory_budget="24GiB", store=False)  # torch warmed up
+    autotune.plan(64, probe="mlp", device="estimate", memory_budget="24GiB", store=False)  # torch warmed up
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

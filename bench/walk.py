@@ -336,7 +336,7 @@ def scenarios(device: str, folder: Path) -> Iterator[tuple[str, Callable[[], obj
     url = f"sqlite:///{folder / f'walk-{device}.db'}"
 
     def plan(store: str | bool) -> Callable[[], object]:
-        return lambda: autotune.plan(TARGET, workload=PROBE, device=device, memory_budget=BUDGETS[device],
+        return lambda: autotune.plan(TARGET, probe=PROBE, device=device, memory_budget=BUDGETS[device],
                                      store=store)
 
     yield f"{device}, no store", plan(False)
@@ -361,11 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     print(machine())
     rank = layers()
     print(f"# layers, from the imports, lowest first: {layer_order(rank)}")
-    print(f"# autotune.plan({TARGET}, workload={PROBE!r}, device=D, memory_budget=BUDGETS[D], store=...) with "
+    print(f"# autotune.plan({TARGET}, probe={PROBE!r}, device=D, memory_budget=BUDGETS[D], store=...) with "
           f"BUDGETS = {BUDGETS}; "
           f"acceptance: stays <= {MAX_STAYS}, climbs <= {MAX_CLIMBS}")
     for device in args.devices:  # imports done
-        autotune.plan(TARGET, workload=PROBE, device=device, memory_budget=BUDGETS[device], store=False)
+        autotune.plan(TARGET, probe=PROBE, device=device, memory_budget=BUDGETS[device], store=False)
     rows, paths = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for device in args.devices:

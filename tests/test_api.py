@@ -45,7 +45,7 @@ def test_submodules_do_not_shadow_exported_functions():
 
 
 def test_the_api_takes_what_the_command_line_takes():
-    plan = autotune.plan(1000, workload="mlp", device="cpu", memory_budget="8MiB")
+    plan = autotune.plan(1000, probe="mlp", device="cpu", memory_budget="8MiB")
     assert plan.target_batch == 1000 and plan.probe is not None
     assert plan.probe.capacity_bytes == 8 * 2**20
     result = autotune.probe("mlp", device="cpu", memory_budget="4MB", max_batch=512)
@@ -53,18 +53,18 @@ def test_the_api_takes_what_the_command_line_takes():
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda: autotune.plan(1024, workload="mlp", device="cpu", memory_budget="12XB"), "memory_budget"),
-    (lambda: autotune.plan(1024, workload="mlp", device="cpu", margin=2), "margin"),
-    (lambda: autotune.plan(0, workload="mlp", device="cpu"), "target_batch"),
-    (lambda: autotune.plan(1024, workload="mlp", device="cpu", world_size=0), "world_size"),
-    (lambda: autotune.plan(1024, workload="mlp", device="cpu", multiple_of="x"), "multiple_of"),
+    (lambda: autotune.plan(1024, probe="mlp", device="cpu", memory_budget="12XB"), "memory_budget"),
+    (lambda: autotune.plan(1024, probe="mlp", device="cpu", margin=2), "margin"),
+    (lambda: autotune.plan(0, probe="mlp", device="cpu"), "target_batch"),
+    (lambda: autotune.plan(1024, probe="mlp", device="cpu", world_size=0), "world_size"),
+    (lambda: autotune.plan(1024, probe="mlp", device="cpu", multiple_of="x"), "multiple_of"),
     (lambda: autotune.probe("mlp", device="cpu", max_batch=0), "max_batch"),
     (lambda: autotune.probe(42, device="cpu"), "workload"),
     (lambda: autotune.probe("mlp", device=3.5), "device"),
-    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", steps=0), "steps"),
-    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", precision="fp8"), "precision"),
-    (lambda: autotune.run(target_batch=64, workload="mlp", device="cpu", max_norm=-1.0), "max_norm"),
-    (lambda: autotune.run(workload="mlp", device="cpu"), "target_batch"),
+    (lambda: autotune.run(target_batch=64, probe="mlp", device="cpu", steps=0), "steps"),
+    (lambda: autotune.run(target_batch=64, probe="mlp", device="cpu", precision="fp8"), "precision"),
+    (lambda: autotune.run(target_batch=64, probe="mlp", device="cpu", max_norm=-1.0), "max_norm"),
+    (lambda: autotune.run(probe="mlp", device="cpu"), "target_batch"),
 ])
 def test_bad_arguments_raise_autotunes_error_naming_the_parameter(call, name):
     with pytest.raises(BadInput, match=name):
@@ -102,7 +102,7 @@ def test_the_verbs_take_a_request_built_by_hand_as_the_keywords_build_it():
 
     request = PlanRequest(target_batch=1000, probe=ProbeRequest(workload="mlp", device="cpu", memory_budget=2**23))
     by_request = autotune.plan(request)
-    by_keywords = autotune.plan(1000, workload="mlp", device="cpu", memory_budget=2**23)
+    by_keywords = autotune.plan(1000, probe="mlp", device="cpu", memory_budget=2**23)
     assert by_request.schedule == by_keywords.schedule and by_request.micro_batch == by_keywords.micro_batch
     probed = autotune.probe(replace(request.probe, margin=0.5))
     assert probed.margin == 0.5 and probed.max_micro_batch < by_keywords.probe.max_micro_batch

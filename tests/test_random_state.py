@@ -44,8 +44,8 @@ def test_a_probe_a_plan_in_a_store_and_a_run_leave_the_callers_seeds_alone(tmp_p
     cpu = get_device("cpu", memory_budget=3_000_000)
     with callers_seeds_kept():
         store = f"sqlite:///{tmp_path / 'plans.db'}"
-        plan = autotune.plan(64, workload="mlp", device=cpu, store=store)
-        assert autotune.plan(64, workload="mlp", device=cpu, store=store).probe.from_store  # a confirm run
+        plan = autotune.plan(64, probe="mlp", device=cpu, store=store)
+        assert autotune.plan(64, probe="mlp", device=cpu, store=store).probe.from_store  # a confirm run
         autotune.probe("mlp", device="estimate", memory_budget="1GiB")
         run_plan(plan, load_workload("mlp"), cpu, steps=1)
 

@@ -32,7 +32,7 @@ walk = _load()
 @pytest.fixture(scope="module")
 def rank():
     """The layers; and one plan untraced first, so that imports are done (the first test to ask pays that)."""
-    autotune.plan(walk.TARGET, workload=walk.PROBE, device="estimate", memory_budget=walk.BUDGETS["estimate"],
+    autotune.plan(walk.TARGET, probe=walk.PROBE, device="estimate", memory_budget=walk.BUDGETS["estimate"],
                   store=False)
     return walk.layers()
 

@@ -387,7 +387,7 @@ def test_where_the_cublas_workspace_is_the_largest_part_the_sentence_names_its_s
 def test_a_setting_that_would_not_lower_the_peak_is_not_offered():
     """mlp at 16 on a 1 GiB GPU: the cuBLAS workspaces are the largest part (16.25 of 24 MiB), but replayed with
     8 MiB ones the reserved peak stays 24 MiB (the segments the allocator keeps anyway): not offered."""
-    m = api.plan(16, workload="mlp", device="estimate", memory_budget="1GiB", memory_snapshot=True).probe.memory
+    m = api.plan(16, probe="mlp", device="estimate", memory_budget="1GiB", memory_snapshot=True).probe.memory
     work = sum(p.bytes for p in m.parts if p.kind == "workspace")
     assert work > m.reserved_peak_bytes / 2 and "CUBLAS_WORKSPACE_CONFIG" not in m.lowering, m.lowering
 

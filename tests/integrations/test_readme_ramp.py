@@ -47,7 +47,7 @@ def test_your_own_loop(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = TokenNet()
     user = types.SimpleNamespace(  # the user's autotune, on a CPU whose memory holds 64 sequences of 12 tokens
-        plan=lambda target, workload: autotune.plan(target, workload=workload, device="cpu", memory_budget="700KiB"),
+        plan=lambda target, probe: autotune.plan(target, probe=probe, device="cpu", memory_budget="700KiB"),
         Accumulator=autotune.Accumulator, RampConfig=autotune.RampConfig)
     done = run(blocks("In your own loop")[0], {
         "autotune": user, "model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.5),

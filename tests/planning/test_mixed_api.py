@@ -69,7 +69,7 @@ def test_memory_budgets_per_rank():
 
 
 def test_a_plan_for_an_a100_and_a_t4_gives_the_a100_the_larger_share():
-    plan = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB")
+    plan = autotune.plan(1024, probe="mlp", device="estimate:A100-80GB,estimate:T4-16GB")
     assert plan.world_size == 2 and plan.world_size_source == "the device list"
     assert sum(plan.per_rank_batch) == 1024 and plan.per_rank_batch[0] > 2 * plan.per_rank_batch[1]
     assert plan.mixed is not None and plan.mixed.balanced_by == "time"
@@ -89,7 +89,7 @@ def test_counts_give_the_world_size_and_each_distinct_device_is_probed_once(monk
     real = api._probe_one
     monkeypatch.setattr(api, "_probe_one", lambda request, wl, dev, *a: probed.append(dev.name) or
                         real(request, wl, dev, *a))
-    plan = autotune.plan(4096, workload="mlp", device="estimate:H100-80GB*3,estimate:A10G-24GB*2")
+    plan = autotune.plan(4096, probe="mlp", device="estimate:H100-80GB*3,estimate:A10G-24GB*2")
     assert plan.world_size == 5 and probed == ["estimate:H100-80GB", "estimate:A10G-24GB"]
     assert [r.device for r in plan.mixed.ranks] == ["estimate:H100-80GB"] * 3 + ["estimate:A10G-24GB"] * 2
     assert sum(plan.per_rank_batch) == 4096
@@ -101,14 +101,14 @@ def test_ranks_alike_are_matched_by_one_look_each_not_against_every_earlier_rank
     looks = []
     real = EstimateDevice.describe
     monkeypatch.setattr(EstimateDevice, "describe", lambda self: looks.append(1) or real(self))
-    plan = autotune.plan(10**5, workload="mlp", device="estimate:H100-80GB*200,estimate:A10G-24GB*200")
+    plan = autotune.plan(10**5, probe="mlp", device="estimate:H100-80GB*200,estimate:A10G-24GB*200")
     assert plan.world_size == 400 and sum(plan.per_rank_batch) == 10**5
     # a few looks per rank (matching it, naming it in the plan): a scan of the earlier ranks made 81,202
     assert len(looks) < 5 * 400, len(looks)
 
 
 def test_budgets_per_rank_on_a_cpu_split_by_memory():
-    plan = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB")
+    plan = autotune.plan(1800, probe="mlp", device="cpu", memory_budget="8MiB,3MiB")
     assert plan.mixed is not None and plan.mixed.balanced_by == "memory"  # a CPU budget emulates memory, not speed
     assert plan.per_rank_batch[0] > plan.per_rank_batch[1] and sum(plan.per_rank_batch) == 1800
     assert [r.budget_bytes for r in plan.mixed.ranks] == [8 * MiB, 3 * MiB]
@@ -117,7 +117,7 @@ def test_budgets_per_rank_on_a_cpu_split_by_memory():
 
 
 def test_uniform_ranks_keeps_the_smallest_for_all_plan():
-    plan = autotune.plan(1300, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
+    plan = autotune.plan(1300, probe="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
     assert plan.mixed is None and plan.probe is not None and plan.probe.capacity_bytes == 3 * MiB
     plain = make_plan(1300, plan.probe.max_micro_batch, world_size=2)
     assert plan.schedule == plain.schedule and plan.per_rank_batch == (650, 650)
@@ -128,7 +128,7 @@ def test_uniform_ranks_keeps_the_smallest_for_all_plan():
 
 
 def test_alike_devices_in_a_list_get_the_ordinary_plan():
-    plan = autotune.plan(2048, workload="mlp", device="estimate:A100-80GB*2")
+    plan = autotune.plan(2048, probe="mlp", device="estimate:A100-80GB*2")
     assert plan.mixed is None and plan.world_size == 2 and plan.per_rank_batch == (1024, 1024)
 
 
@@ -139,14 +139,14 @@ def test_alike_devices_in_a_list_get_the_ordinary_plan():
 ])
 def test_lists_that_disagree_are_refused_before_any_probe(kwargs, match):
     with pytest.raises(BadInput, match=match):
-        autotune.plan(1024, workload="mlp", **kwargs)
+        autotune.plan(1024, probe="mlp", **kwargs)
 
 
 def test_a_probe_or_a_run_of_one_process_takes_one_device():
     with pytest.raises(BadInput, match="a device or memory_budget per rank \\(2 given\\) is for a plan"):
         autotune.probe("mlp", device="cpu", memory_budget="8MiB,3MiB")
     with pytest.raises(BadInput, match="a device or memory_budget per rank"):
-        autotune.run(target_batch=64, workload="mlp", device="cpu,cpu")
+        autotune.run(target_batch=64, probe="mlp", device="cpu,cpu")
 
 
 def run(capsys, *argv):
@@ -196,10 +196,10 @@ def test_a_mixed_plan_is_kept_in_the_store_under_fingerprints_that_cover_every_r
     from autotune.store import open_store
 
     url = f"sqlite:///{tmp_path / 'plans.db'}"
-    first = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
-    again = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
+    first = autotune.plan(1024, probe="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
+    again = autotune.plan(1024, probe="mlp", device="estimate:A100-80GB,estimate:T4-16GB", store=url)
     assert again.probe.from_store and again.schedule == first.schedule
-    alone = autotune.plan(1024, workload="mlp", device="estimate:A100-80GB*2", store=url)
+    alone = autotune.plan(1024, probe="mlp", device="estimate:A100-80GB*2", store=url)
     fingerprints = [r.fingerprint for r in first.mixed.ranks]
     assert None not in fingerprints and len(set(fingerprints)) == 2
     assert alone.probe.fingerprint not in fingerprints  # the A100 of a job beside a T4 is another entry
@@ -234,4 +234,4 @@ def test_a_gpu_of_a_mixed_job_too_small_for_the_model_is_named_and_fsdp_is_offer
     with pytest.raises(DoesNotFit, match=r"^rank 1 of 2 \(estimate:T4-16GB\) cannot hold a micro-batch of 1: "
                                          r"micro-batch 1 needs [0-9.]+ GiB \(estimated\).*\(parallel='fsdp'\), use a "
                                          r"smaller model"):
-        autotune.plan(64, workload="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")
+        autotune.plan(64, probe="gpt:build_1b", device="estimate:A100-80GB,estimate:T4-16GB")

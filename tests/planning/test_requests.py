@@ -88,7 +88,7 @@ def test_the_command_line_asks_what_the_api_asks(monkeypatch, capsys, tmp_path):
     real = api.plan_for
     monkeypatch.setattr(api, "plan_for", lambda request, **kw: asked.append(request) or real(request, **kw))
     assert main(["plan", "--target-batch", "1021", *MLP, "--multiple-of", "1", "--quiet"]) == 0
-    autotune.plan(1021, workload="mlp", device="cpu", memory_budget="3MB")
+    autotune.plan(1021, probe="mlp", device="cpu", memory_budget="3MB")
     capsys.readouterr()
     assert len(asked) == 2 and asked[0] == asked[1]
     assert asked[0].probe == ProbeRequest(workload="mlp", device="cpu", memory_budget=3_000_000, max_batch=1021)
@@ -156,7 +156,7 @@ def test_the_verbs_take_the_keywords_of_their_requests():
     assert {f.name for f in dataclasses.fields(ProbeRequest)} - {"rule"} <= keywords and rule <= keywords
     assert probe_request("mlp", device="cpu", precision="fp32").precision == "fp32"
     with pytest.raises(BadInput, match=r"^precision bf16: a probe measures the fit rule in fp32"):
-        autotune.probe(workload="mlp", device="cpu", precision="bf16")
+        autotune.probe(probe="mlp", device="cpu", precision="bf16")
     with pytest.raises(BadInput, match=r"^precision bf16: a probe measures"):
         autotune.probe(ProbeRequest(workload="mlp", precision="bf16"))
 
@@ -169,7 +169,7 @@ def test_a_margin_just_below_one_is_shown_as_it_is_in_the_error():
     lambda: autotune.memory_snapshot("", "mlp", device="estimate:T4-16GB"),
     lambda: autotune.memory_snapshot(True, "mlp", device="estimate:T4-16GB"),
     lambda: autotune.probe("mlp", device="estimate:T4-16GB", memory_snapshot=""),
-    lambda: autotune.plan(64, workload="mlp", device="estimate:T4-16GB", memory_snapshot=""),
+    lambda: autotune.plan(64, probe="mlp", device="estimate:T4-16GB", memory_snapshot=""),
 ])
 def test_an_empty_or_true_snapshot_path_is_refused_as_the_command_line_refuses_it(call, monkeypatch):
     """``--memory-snapshot ''`` exits 2; the API's calls refuse it too, before any probe, instead of writing no
@@ -185,7 +185,7 @@ def test_an_empty_or_true_snapshot_path_is_refused_as_the_command_line_refuses_i
 @pytest.mark.parametrize("call", [
     lambda path: autotune.memory_snapshot(path, "mlp", device="estimate:T4-16GB,estimate:A100-80GB"),
     lambda path: autotune.probe("mlp", device="estimate:T4-16GB", memory_budget="8GiB,4GiB", memory_snapshot=path),
-    lambda path: autotune.plan(64, workload="mlp", device="estimate:T4-16GB,estimate:A100-80GB",
+    lambda path: autotune.plan(64, probe="mlp", device="estimate:T4-16GB,estimate:A100-80GB",
                                memory_snapshot=path),
 ])
 def test_a_snapshot_of_several_devices_is_refused_as_one_device_only(call, tmp_path):

@@ -120,7 +120,7 @@ def test_the_api_plans_steps_of_the_target_tokens_from_the_workloads_tokens_per_
     from autotune.results.plan import Plan
     from tests.workloads import tokens
 
-    plan = autotune.plan(target_tokens=target, workload=tokens(6), **BUDGET)
+    plan = autotune.plan(target_tokens=target, probe=tokens(6), **BUDGET)
     assert plan.tokens is not None and plan.target_tokens == target and plan.tokens.tokens_per_sample == 6
     assert [s.tokens for s in plan.tokens.steps] == steps_tokens and plan.tokens.exact is exact
     assert plan.target_batch == steps_tokens[0] // 6 and sum(plan.schedule[0]) == plan.target_batch
@@ -135,10 +135,10 @@ def test_given_lengths_make_steps_of_the_closest_whole_samples_or_exact_ones_cut
     from tests.workloads import tokens
 
     lengths = [5, 7, 6, 4, 9, 3, 6]
-    plan = autotune.plan(target_tokens=12, lengths=lengths, workload=tokens(9), **BUDGET)
+    plan = autotune.plan(target_tokens=12, lengths=lengths, probe=tokens(9), **BUDGET)
     assert plan.tokens is not None and [s.tokens for s in plan.tokens.steps] == [12, 10, 12]
     assert "off by at most 2" in plan.tokens.note and plan.target_batch == 2
-    cut = autotune.plan(target_tokens=12, lengths=lengths, cut_samples=True, workload=tokens(9), **BUDGET)
+    cut = autotune.plan(target_tokens=12, lengths=lengths, cut_samples=True, probe=tokens(9), **BUDGET)
     assert cut.tokens is not None and cut.tokens.exact and [s.tokens for s in cut.tokens.steps] == [12] * 3
     assert cut.tokens.left_over == sum(lengths) - 36
 

@@ -270,7 +270,7 @@ def test_an_fsdp_plan_round_trips_and_older_plans_load_as_ddp(tmp_path):
     from autotune.results.plan import Plan
     from autotune.serial import dumps
 
-    plan = api.plan(16, workload="mlp", device="estimate", memory_budget="4GiB", parallel="fsdp", world_size=4)
+    plan = api.plan(16, probe="mlp", device="estimate", memory_budget="4GiB", parallel="fsdp", world_size=4)
     assert plan.parallel == "fsdp" and plan.probe.parallel == "fsdp" and plan.probe.world_size == 4
     assert "FSDP: the model sharded over 4 ranks" in plan.summary()
     data = json.loads(dumps(plan.to_dict()))
@@ -295,7 +295,7 @@ def test_bad_parallel_values_name_the_parameter_and_the_flag(capsys):
     with pytest.raises(BadInput, match="parallel 'zero3' must be one of ddp, fsdp"):
         api.probe("mlp", device="cpu", parallel="zero3")
     with pytest.raises(BadInput, match="plan with parallel='fsdp' without tune=True") as info:
-        api.plan(64, workload="mlp", device="cpu", parallel="fsdp", tune=True)
+        api.plan(64, probe="mlp", device="cpu", parallel="fsdp", tune=True)
     assert info.value.field == "tune"
     assert main(["plan", "--target-batch", "64", "--parallel", "fsdp", "--tune", "--probe", "mlp"]) == 2
     assert "plan with --parallel fsdp without --tune" in capsys.readouterr().err
@@ -345,7 +345,7 @@ def test_the_noise_scale_under_fsdp_equals_the_unsharded_models(gpt):
 def test_a_run_under_fsdp_measures_the_noise_scale():
     from autotune import api
 
-    result = api.run(target_batch=61, workload="mlp", device="cpu", memory_budget="2200KB", parallel="fsdp",
+    result = api.run(target_batch=61, probe="mlp", device="cpu", memory_budget="2200KB", parallel="fsdp",
                      steps=2)
     assert result.verification.passed and result.plan.accumulation_steps > 1
     assert result.noise_scale is not None and result.noise_scale.steps == 2, result.noise_scale
@@ -402,11 +402,11 @@ def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_whi
     from autotune.results.plan import Plan
     from autotune.serial import dumps
 
-    plan = api.plan(16, workload="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4)
+    plan = api.plan(16, probe="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4)
     assert plan.probe.fsdp_sync == "last" and plan.fsdp_sync == "last"
     assert any("at the last micro-step only (chosen" in n for n in plan.probe.notes), plan.probe.notes
     assert "gradients reduce-scattered at the last micro-step" in plan.summary()
-    every = api.plan(16, workload="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4,
+    every = api.plan(16, probe="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4,
                      fsdp_sync="every")
     assert every.fsdp_sync == "every" and "reduce-scattered after every micro-step" in every.summary()
     assert Plan.from_dict(json.loads(dumps(every.to_dict()))).fsdp_sync == "every"

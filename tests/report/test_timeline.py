@@ -19,7 +19,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def plan():
-    return api.plan(512, workload="mlp", device="estimate:H100-80GB", memory_snapshot=True)
+    return api.plan(512, probe="mlp", device="estimate:H100-80GB", memory_snapshot=True)
 
 
 @pytest.mark.slow  # one plan with a memory timeline (three estimates and replays)

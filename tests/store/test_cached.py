@@ -47,7 +47,7 @@ def counted(monkeypatch):
 
 
 def _cpu_plan(url: str, target: int = 1021, budget: str = BUDGET):
-    return autotune.plan(target, workload="mlp", device="cpu", memory_budget=budget, store=url)
+    return autotune.plan(target, probe="mlp", device="cpu", memory_budget=budget, store=url)
 
 
 def _set_probe(url: str, digest: str, **changes) -> None:
@@ -60,9 +60,9 @@ def _set_probe(url: str, digest: str, **changes) -> None:
 
 
 def test_an_estimate_seen_before_is_answered_from_the_store_without_estimating(url, counted):
-    first = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    first = autotune.plan(512, probe="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert counted["probe"] == 1 and not first.probe.from_store
-    second = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    second = autotune.plan(512, probe="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert counted == {"probe": 1, "confirm": 0}, "the second plan estimated again"
     assert second.probe.from_store and second.probe.fingerprint == first.probe.fingerprint
     assert second.notes[0].startswith(f"from the store (fingerprint {first.probe.fingerprint[:12]}, measured ")
@@ -76,7 +76,7 @@ def test_an_estimate_seen_before_is_answered_from_the_store_without_estimating(u
 def test_an_answer_stored_between_the_look_and_the_claim_is_served_not_probed_again(url, counted, monkeypatch):
     # Two jobs at once on a busy machine: the other job stored its answer after this one looked (a miss), and
     # let go of its claim before this one asked for it, so this one never waited. Holding the claim, it looks again.
-    autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)  # the other job
+    autotune.plan(512, probe="mlp", device="estimate", memory_budget="1GiB", store=url)  # the other job
     looks, real_get = [], Store.get
 
     def get(self, digest=None, **kwargs):
@@ -84,7 +84,7 @@ def test_an_answer_stored_between_the_look_and_the_claim_is_served_not_probed_ag
         return None if len(looks) == 1 else real_get(self, digest, **kwargs)  # the first look came too early
 
     monkeypatch.setattr(Store, "get", get)
-    second = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    second = autotune.plan(512, probe="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert len(looks) >= 2 and counted["probe"] == 1, "the job probed what the store already held"
     assert second.probe.from_store
 
@@ -122,7 +122,7 @@ def test_a_stored_probe_serves_every_target_it_answers_without_probing_again(url
     small = _cpu_plan(url, 100, "8MiB")
     assert small.probe.from_store and counted == {"probe": 3, "confirm": 1}  # one confirm run, no probe
     assert "this probe stops at 100" in small.probe.notes[1]
-    fresh = autotune.plan(100, workload="mlp", device="cpu", memory_budget="8MiB", store=False)
+    fresh = autotune.plan(100, probe="mlp", device="cpu", memory_budget="8MiB", store=False)
     assert small.schedule == fresh.schedule and small.probe.max_micro_batch == fresh.probe.max_micro_batch == 100
     assert small.probe.limited_by == fresh.probe.limited_by == "max_batch"
     assert small.predicted_peak_bytes == fresh.predicted_peak_bytes  # the CPU's estimate is exact
@@ -131,9 +131,9 @@ def test_a_stored_probe_serves_every_target_it_answers_without_probing_again(url
 
 
 def test_an_estimate_serves_a_smaller_target_from_the_memory_limit_it_found(url, counted):
-    big = autotune.plan(10**6, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    big = autotune.plan(10**6, probe="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert big.probe.limited_by == "memory"
-    small = autotune.plan(512, workload="mlp", device="estimate", memory_budget="1GiB", store=url)
+    small = autotune.plan(512, probe="mlp", device="estimate", memory_budget="1GiB", store=url)
     assert counted == {"probe": 1, "confirm": 0} and small.probe.from_store
     assert small.micro_batch == small.probe.max_micro_batch == 512 and small.probe.allocated_peak_bytes is None
     assert small.probe.breakdown["parameters"] == big.probe.breakdown["parameters"]
@@ -208,7 +208,7 @@ def test_no_store_when_asked_for_none(url, monkeypatch):
 
 def test_an_unusable_store_fails_before_any_work(counted):
     with pytest.raises(BadInput, match="store .*does not exist"):
-        autotune.plan(64, workload="mlp", device="cpu", memory_budget=BUDGET, store="sqlite:////no/such/dir/p.db")
+        autotune.plan(64, probe="mlp", device="cpu", memory_budget=BUDGET, store="sqlite:////no/such/dir/p.db")
     with pytest.raises(BadInput, match="neither a database URL"):
         autotune.probe("mlp", device="cpu", memory_budget=BUDGET, store=42)  # type: ignore[arg-type]
     assert counted["probe"] == 0

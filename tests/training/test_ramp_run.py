@@ -124,12 +124,12 @@ def test_a_ramp_on_ranks_that_differ_is_refused_with_the_fix():
     from autotune.planning.ramp import first_batch
     from autotune.results.ramp import RampConfig
 
-    mixed = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB")
+    mixed = autotune.plan(1800, probe="mlp", device="cpu", memory_budget="8MiB,3MiB")
     assert mixed.mixed is not None
     with pytest.raises(PlanError, match=r"^ramp: the ranks differ \(max micro-batch per rank: \d+, \d+\) .* pass "
                                         r"uniform_ranks=True to ramp"):
         first_batch(mixed, RampConfig(start=1200))
-    alike = autotune.plan(1800, workload="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
+    alike = autotune.plan(1800, probe="mlp", device="cpu", memory_budget="8MiB,3MiB", uniform_ranks=True)
     assert first_batch(alike, RampConfig(start=600)) == 600 and alike.max_micro_batch < 300
 
 
@@ -139,7 +139,7 @@ def test_the_learning_rate_never_falls_when_the_batch_grows():
     # sqrt(64 / 1024), and each phase's factor is at least the one before.
     import autotune
 
-    result = autotune.run(target_batch=1024, workload="mlp", device="cpu", memory_budget="2.4MB", steps=24,
+    result = autotune.run(target_batch=1024, probe="mlp", device="cpu", memory_budget="2.4MB", steps=24,
                           verify=False, ramp=autotune.RampConfig(start=64, min_steps=2, window=4))
     phases = result.batch_schedule
     assert len(phases) >= 3 and phases[0].lr_scale == pytest.approx((64 / 1024) ** 0.5)
@@ -151,7 +151,7 @@ def test_a_target_memory_holds_in_one_step_ramps_from_the_default_start():
     # Issue 3 / R8: target 100 at a limit of 160 was refused unless --ramp-from was given.
     import autotune
 
-    result = autotune.run(target_batch=100, workload="mlp", device="cpu", memory_budget="2.4MB", steps=2,
+    result = autotune.run(target_batch=100, probe="mlp", device="cpu", memory_budget="2.4MB", steps=2,
                           ramp=True)
     assert result.passed and result.batch_schedule[0].effective_batch == 25
     assert result.batch_schedule[0].schedule == ((12, 13),)  # smaller micro-batches than the plan's 100
@@ -161,7 +161,7 @@ def test_uniform_holds_in_every_phase():
     # R14: --uniform ramped through 161 = 80 + 81 and 322 = 2 x 107 + 1 x 108 without a word.
     import autotune
 
-    result = autotune.run(target_batch=512, workload="mlp", device="cpu", memory_budget="2.4MB", steps=12,
+    result = autotune.run(target_batch=512, probe="mlp", device="cpu", memory_budget="2.4MB", steps=12,
                           uniform="force", ramp=autotune.RampConfig(min_steps=2, window=4))
     phases = result.batch_schedule
     assert result.passed and len(phases) >= 2 and result.plan.uniform

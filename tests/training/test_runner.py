@@ -79,7 +79,7 @@ def test_a_run_holds_no_more_than_the_fit_rule_however_many_micro_steps(workload
     # of micro-steps (13, 16) and steps, so a plan with little room left still passes its memory check.
     from autotune import api
 
-    result = api.run(target_batch=61, workload=workload, device="cpu", memory_budget=budget, parallel=parallel,
+    result = api.run(target_batch=61, probe=workload, device="cpu", memory_budget=budget, parallel=parallel,
                      steps=3)
     assert result.plan.accumulation_steps >= 13
     assert result.peak_bytes == result.predicted_peak_bytes

@@ -155,7 +155,7 @@ def test_baseline_first_and_no_duplicates(mlp, monkeypatch):
 def pipeline_plan(target, device):
     from autotune.api import plan as plan_api
 
-    return plan_api(target, workload="mlp", device=device)
+    return plan_api(target, probe="mlp", device=device)
 
 
 def head_to_head(ratios: tuple[float, ...], calls: list[tuple[int, int]]):

@@ -115,7 +115,7 @@ def test_run_verifies_the_plan(make, worst):
     tokens): a micro-batch of smaller graphs probed stands for nothing about one of larger graphs."""
     w = make(worst=worst)
     device = get_device("cpu", memory_budget=RUN_BUDGETS[w.name])
-    plan = make_plan(31, workload=w, device=device)
+    plan = make_plan(31, probe=w, device=device)
     assert plan.accumulation_steps > 1
     result = run_plan(plan, w, device, steps=2)
     v = result.verification
@@ -155,7 +155,7 @@ def test_a_jagged_batch_is_probed_on_the_device_and_verified():
     and verifies."""
     w = jagged_workload()
     device = get_device("cpu", memory_budget=300_000)
-    plan = make_plan(31, workload=w, device=device)
+    plan = make_plan(31, probe=w, device=device)
     assert plan.accumulation_steps > 1
     assert any("the estimate cannot run this workload" in note for note in plan.probe.notes)
     result = run_plan(plan, w, device, steps=2)

@@ -28,7 +28,7 @@ def _loss(model, batch):
 
 def test_plan_from_a_model_instance_and_one_batch():
     w = Workload.from_model(_model(), _batch(), loss=_loss)
-    plan = autotune.plan(1000, workload=w, device="cpu", memory_budget="1MiB")
+    plan = autotune.plan(1000, probe=w, device="cpu", memory_budget="1MiB")
     assert plan.target_batch == 1000 and plan.probe.max_micro_batch >= 1
     assert sum(map(sum, plan.schedule)) == 1000
 

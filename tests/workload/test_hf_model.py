@@ -161,7 +161,7 @@ def test_a_model_plan_equals_the_plan_of_its_hand_written_probe_file(tmp_path):
     probe_file.write_text(PROBE_FILE.format(tiny=TINY))
     asked = dict(device="estimate", memory_budget="720MiB", store=False)
     by_name = autotune.plan(256, model=ModelSpec(name=str(folder), seq_len=32), **asked)
-    by_hand = autotune.plan(256, workload=str(probe_file), **asked)
+    by_hand = autotune.plan(256, probe=str(probe_file), **asked)
     assert by_name.probe is not None and by_hand.probe is not None
     assert 1 < by_name.probe.max_micro_batch < 256
     for key in ("max_micro_batch", "peak_bytes", "predicted_peak_bytes", "allocated_peak_bytes", "curve"):
