@@ -358,6 +358,22 @@ def fsdp_default_all_gather() -> type:
     return DefaultAllGather
 
 
+#: The FSDP2 modules that look up a device's stream API by the device's type (``_get_device_handle``).
+_FSDP_HANDLE_USERS = ("_fsdp_collectives", "_fsdp_init", "_fsdp_param_group", "_fsdp_state")
+_FSDP = "torch.distributed.fsdp._fully_shard."
+
+
+def fsdp_device_lookups() -> list[tuple[Any, str]]:
+    """Where FSDP2 finds its device and that device's stream API, and its check that no parameter is left on
+    ``meta``: (owner, attribute) pairs, for a session that runs FSDP on ``meta`` tensors."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    places: list[tuple[Any, str]] = [(importlib.import_module(_FSDP + name), "_get_device_handle")
+                                     for name in _FSDP_HANDLE_USERS]
+    return [*places, (importlib.import_module(_FSDP + "_fully_shard"), "_get_device_from_mesh"),
+            (FSDPParamGroup, "_validate_no_meta_params")]
+
+
 def group_backend(group: Any, device: torch.device) -> Any:
     """The backend object ``group`` runs collectives for ``device`` with (gloo's, NCCL's, ...)."""
     return group._get_backend(device)

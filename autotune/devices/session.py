@@ -216,7 +216,7 @@ def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Itera
     with EstimateSession():
         entry = _FAKE_GROUPS.get(name)
         if entry is None:
-            group = compat.fake_process_group(name, rank, world_size, {"cpu", device_type})
+            group = compat.fake_process_group(name, rank, world_size, {"cpu", "meta", device_type})
             compat.register_process_group(name, group)
             entry = _FAKE_GROUPS[name] = [group, 0]
         entry[1] += 1
@@ -231,6 +231,32 @@ def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Itera
 def _unregister_group(name: str) -> None:
     del _FAKE_GROUPS[name]
     compat.unregister_process_group(name)
+
+
+@contextlib.contextmanager
+def fsdp_on_meta() -> Iterator[None]:
+    """While inside, ``fully_shard`` places its units on ``meta`` (the meta engine's device tensors): its
+    buffers are ``meta`` tensors, its streams and events the CPU's (which wait for nothing), as FSDP runs on
+    the CPU, and its check that no parameter is left on ``meta`` is off."""
+    from torch.distributed import device_mesh
+
+    handle = device_mesh._get_device_handle
+
+    def meta_handle(device_type: str = "cuda") -> Any:
+        return torch.cpu if device_type == "meta" else handle(device_type)
+
+    replacements = {"_get_device_handle": meta_handle, "_get_device_from_mesh": lambda mesh: torch.device("meta"),
+                    "_validate_no_meta_params": lambda group: None}
+    places = compat.fsdp_device_lookups()
+    with EstimateSession():
+        saved = [(owner, name, getattr(owner, name)) for owner, name in places]
+        for owner, name in places:
+            setattr(owner, name, replacements[name])
+        try:
+            yield
+        finally:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import Attempt, isolate, run_trial
-from .fsdp import FsdpRule, fake_engine, sharding_note
+from .fsdp import FsdpRule, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import Trials
 
@@ -87,7 +87,7 @@ def probe(workload: Workload, device: Device, *, margin: float = options.MARGIN,
     trials: list[Trial] = []
     host, refused = HostBatches(), list[HostMemory]()  # the batch's host memory, and the sizes it refused
     with _user_rng_untouched(device):
-        estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
+        estimator = device.estimator()
         est = Trials(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
         # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
         # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.

@@ -135,9 +135,15 @@ def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_p
 
 
 @pytest.mark.slow
-def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt):
-    real = _measure(get_device("cpu"), gpt, 4, FsdpRule(2))
-    est = _measure(fake_engine(get_device("cpu").estimator()), gpt, 4, FsdpRule(2))
+@pytest.mark.parametrize("engine", ["meta", "fake"])
+@pytest.mark.parametrize("every", [False, True])
+def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt, engine, every):
+    from autotune.devices.estimate import EstimateDevice
+
+    real = _measure(get_device("cpu"), gpt, 4, FsdpRule(2, sync_every=every))
+    estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine=engine)
+    est = _measure(estimate, gpt, 4, FsdpRule(2, sync_every=every))
+    assert estimate.engine == engine and estimate.fallback is None  # FSDP runs on meta tensors too
     assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
     assert est.breakdown == real.breakdown
 
@@ -155,14 +161,19 @@ def test_shards_shrink_with_the_world_size_and_unsharded_gradients_wait_for_the_
 
 
 @pytest.mark.slow
-def test_the_meta_engine_gives_way_to_fake_tensors(gpt):
+def test_the_meta_engine_gives_way_to_fake_tensors_with_the_reason(gpt):
     from autotune.devices.estimate import EstimateDevice
 
+    def loss(model, batch):  # CPU autocast: the meta engine cannot stand in for it
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return gpt.loss(model, batch)
+
+    autocast = replace(gpt, loss=loss)
     meta = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine="meta")
     assert fake_engine(meta).engine == "fake" and meta.engine == "meta"
-    m = _measure(meta, gpt, 2, FsdpRule(2))  # fully_shard refuses meta parameters: the fallback runs it
-    assert meta.engine == "fake" and "FakeTensorMode" in meta.fallback
-    assert m.peak_bytes == _measure(get_device("cpu"), gpt, 2, FsdpRule(2)).peak_bytes
+    m = _measure(meta, autocast, 2, FsdpRule(2))
+    assert meta.engine == "fake" and "autocast on the CPU" in meta.fallback
+    assert m.peak_bytes == _measure(get_device("cpu"), autocast, 2, FsdpRule(2)).peak_bytes
 
 
 def _mlp(width: int) -> Workload:

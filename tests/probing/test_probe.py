@@ -221,7 +221,7 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     FSDP over ``world`` ranks too)."""
     from autotune.probing import tracelines
     from autotune.probing.fitrule import run_trial
-    from autotune.probing.fsdp import FsdpRule, fake_engine
+    from autotune.probing.fsdp import FsdpRule
 
     sharding = FsdpRule(world) if world else None
     device = get_device("estimate", memory_budget=budget)
@@ -234,7 +234,7 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     evaluated = probe(gpt, device, max_batch=512, sharding=sharding)
     assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
     # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
-    engine = fake_engine(device) if world else device
+    engine = device  # the probe's engine, FSDP's too
     traces = {b: run_trial(engine, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False,
                            sharding=sharding) for b in (2, 3, found + 1)}
     monkeypatch.undo()
