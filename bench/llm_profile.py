@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--engine", choices=("meta", "fake"), default="meta",
                         help="the estimate's engine (FSDP ran under FakeTensorMode only, before issue 40 item 1)")
+    parser.add_argument("--warm", action="store_true",
+                        help="evaluate once first, unprofiled (torch's caches warm, as at a probe's later sizes)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--output", default=None, help="also write the profile here (for pstats or snakeviz)")
     args = parser.parse_args()
@@ -42,6 +44,8 @@ def main() -> None:
     sharding = FsdpRule(args.world_size, sync_every=args.every) if args.fsdp else None
     if args.engine == "fake":
         device = fake_engine(device)
+    if args.warm:
+        device.measure(fit_rule_work(workload, args.batch + 1, sharding=sharding), enforce_capacity=False)
     profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little
     begin = time.process_time()
     profile.enable()

@@ -260,6 +260,31 @@ def fsdp_on_meta() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def strided_flag_read_once() -> Iterator[None]:
+    """While inside, DTensor reads an op's inputs for ``_StridedShard``'s flag once per op, not once per
+    output: a foreach op over N parameters took N x N reads (most of an optimizer step's first run on an
+    LLM's shards). Where no input carries one the flag's function does nothing, so skipping it is exact."""
+    owner, name, strided = compat.strided_shard_flag()
+    original = getattr(owner, name)
+    plain: list[Any] = [None]  # the last op schema seen without a _StridedShard (kept alive: ids stay unique)
+
+    def propagate(op_strategy: Any, op_schema: Any) -> None:
+        if op_schema is plain[0]:
+            return
+        if strided(op_schema):
+            original(op_strategy, op_schema)
+            return
+        plain[0] = op_schema
+
+    with EstimateSession():
+        setattr(owner, name, propagate)
+        try:
+            yield
+        finally:
+            setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def shape_propagation_uncounted(tracker: Any) -> Iterator[None]:
     """While the block runs, ``tracker`` does not count the fake tensors DTensor makes to work out
     an op's output shape (once per op and shapes): they are no device memory.

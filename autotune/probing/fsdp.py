@@ -44,7 +44,7 @@ from .. import compat, options
 from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
-from ..devices.session import fake_mesh, fsdp_on_meta, shape_propagation_uncounted
+from ..devices.session import fake_mesh, fsdp_on_meta, shape_propagation_uncounted, strided_flag_read_once
 from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
@@ -203,6 +203,7 @@ class FsdpRule:
                     stack.enter_context(fake_mesh(self.world_size, self.rank, device.type))
             if session.on_meta:
                 stack.enter_context(fsdp_on_meta())
+            stack.enter_context(strided_flag_read_once())
 
             def place(workload: Workload) -> nn.Module:
                 model = sharded_model(session, workload.make_model, workload.shard_units, mesh, self.precision)

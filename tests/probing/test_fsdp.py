@@ -85,14 +85,19 @@ def test_the_fake_group_is_private_and_gone_after_the_block():
 def test_an_estimate_leaves_no_process_group_and_no_patch_behind(mlp):
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+    from autotune import compat
+
     resize = torch.UntypedStorage.resize_
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
-    estimate = fake_engine(get_device("cpu").estimator())
-    m = _measure(estimate, mlp, 2, FsdpRule(4))
-    assert m.peak_bytes > 0
-    assert fake_groups() == [] and not dist.is_initialized()
-    assert torch.UntypedStorage.resize_ is resize
-    assert ShardingPropagator._propagate_tensor_meta_non_cached is propagate
+    owner, name, _ = compat.strided_shard_flag()
+    strided, lookups = getattr(owner, name), [getattr(o, n) for o, n in compat.fsdp_device_lookups()]
+    for estimate in (fake_engine(get_device("cpu").estimator()), get_device("cpu").estimator()):
+        m = _measure(estimate, mlp, 2, FsdpRule(4))
+        assert m.peak_bytes > 0
+        assert fake_groups() == [] and not dist.is_initialized()
+        assert torch.UntypedStorage.resize_ is resize
+        assert ShardingPropagator._propagate_tensor_meta_non_cached is propagate
+        assert getattr(owner, name) is strided and [getattr(o, n) for o, n in compat.fsdp_device_lookups()] == lookups
 
 
 @pytest.mark.slow
