@@ -202,6 +202,9 @@ class FsdpRule:
                 mesh = real_mesh(device.type) if self.real_group else \
                     stack.enter_context(fake_mesh(self.world_size, self.rank, device.type))
             if session.on_meta:
+                if self.precision != "fp32" and not session.cuda_like:
+                    raise NeedsFakeTensors(f"FSDP's {self.precision} units on the CPU: the CPU's reduced-precision "
+                                           "kernels (layer norm's statistics in bf16) are not stood in for on meta")
                 stack.enter_context(fsdp_on_meta())
             stack.enter_context(strided_flag_read_once())
 

@@ -140,15 +140,20 @@ def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["meta", "fake"])
-@pytest.mark.parametrize("every", [False, True])
-def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt, engine, every):
+@pytest.mark.parametrize(("engine", "every", "precision"), [("meta", False, "fp32"), ("meta", True, "fp32"),
+                                                            ("fake", False, "fp32"), ("fake", True, "fp32"),
+                                                            ("meta", False, "bf16")])
+def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt, engine, every, precision):
     from autotune.devices.estimate import EstimateDevice
 
-    real = _measure(get_device("cpu"), gpt, 4, FsdpRule(2, sync_every=every))
+    rule = FsdpRule(2, sync_every=every, precision=precision)
+    real = _measure(get_device("cpu"), gpt, 4, rule)
     estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine=engine)
-    est = _measure(estimate, gpt, 4, FsdpRule(2, sync_every=every))
-    assert estimate.engine == engine and estimate.fallback is None  # FSDP runs on meta tensors too
+    est = _measure(estimate, gpt, 4, rule)
+    if precision == "fp32":  # FSDP runs on meta tensors too
+        assert estimate.engine == engine and estimate.fallback is None
+    else:  # the CPU's bf16 layer norm keeps its statistics in bf16, meta's in fp32 (CUDA's): FakeTensorMode runs it
+        assert estimate.engine == "fake" and "bf16 units on the CPU" in estimate.fallback
     assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
     assert est.breakdown == real.breakdown
 
