@@ -387,6 +387,13 @@ def fsdp_device_lookups() -> list[tuple[Any, str]]:
             (FSDPParamGroup, "_validate_no_meta_params")]
 
 
+def device_handle(device_type: str) -> Any:
+    """The module of a device type's streams and events as DeviceMesh and FSDP2 find it (``torch.cuda``)."""
+    from torch.distributed import device_mesh
+
+    return device_mesh._get_device_handle(device_type)
+
+
 def group_backend(group: Any, device: torch.device) -> Any:
     """The backend object ``group`` runs collectives for ``device`` with (gloo's, NCCL's, ...)."""
     return group._get_backend(device)

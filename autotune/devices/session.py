@@ -238,12 +238,8 @@ def fsdp_on_meta() -> Iterator[None]:
     """While inside, ``fully_shard`` places its units on ``meta`` (the meta engine's device tensors): its
     buffers are ``meta`` tensors, its streams and events the CPU's (which wait for nothing), as FSDP runs on
     the CPU, and its check that no parameter is left on ``meta`` is off."""
-    from torch.distributed import device_mesh
-
-    handle = device_mesh._get_device_handle
-
     def meta_handle(device_type: str = "cuda") -> Any:
-        return torch.cpu if device_type == "meta" else handle(device_type)
+        return torch.cpu if device_type == "meta" else compat.device_handle(device_type)
 
     replacements = {"_get_device_handle": meta_handle, "_get_device_from_mesh": lambda mesh: torch.device("meta"),
                     "_validate_no_meta_params": lambda group: None}
