@@ -228,6 +228,7 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     result = probe(gpt, device, max_batch=512, sharding=sharding)
     found = result.max_micro_batch
     assert [t.batch for t in result.trials] == [2, 3, found]
+    assert device.estimator().engine == "meta" and not any("FakeTensorMode" in n for n in result.notes)
     assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
 
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
