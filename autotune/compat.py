@@ -316,6 +316,19 @@ def shape_propagation() -> tuple[type, str]:
     return module.ShardingPropagator, "_propagate_tensor_meta_non_cached"
 
 
+def strided_shard_flag() -> tuple[Any, str, Callable[[Any], bool]]:
+    """DTensor's sharding propagation module, the name of its function that carries ``_StridedShard``'s flag from
+    an op's inputs to its strategies (called once per output of a foreach op, each time reading every input), and
+    a test of whether an op schema's inputs carry a ``_StridedShard`` at all (without one, that function does
+    nothing)."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    def strided(op_schema: Any) -> bool:
+        return any(isinstance(p, _StridedShard) for spec in op_schema.args_spec for p in spec.placements)
+
+    return importlib.import_module(_SHARDING_PROP), "_propagate_use_strided_shard_flag", strided
+
+
 def shape_propagation_patched() -> bool:
     """Is DTensor's shape propagation replaced by a wrapper (one with an ``original``)? False when DTensor was
     never imported (it is not imported to ask)."""
@@ -356,6 +369,29 @@ def fsdp_default_all_gather() -> type:
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
     return DefaultAllGather
+
+
+#: The FSDP2 modules that look up a device's stream API by the device's type (``_get_device_handle``).
+_FSDP_HANDLE_USERS = ("_fsdp_collectives", "_fsdp_init", "_fsdp_param_group", "_fsdp_state")
+_FSDP = "torch.distributed.fsdp._fully_shard."
+
+
+def fsdp_device_lookups() -> list[tuple[Any, str]]:
+    """Where FSDP2 finds its device and that device's stream API, and its check that no parameter is left on
+    ``meta``: (owner, attribute) pairs, for a session that runs FSDP on ``meta`` tensors."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    places: list[tuple[Any, str]] = [(importlib.import_module(_FSDP + name), "_get_device_handle")
+                                     for name in _FSDP_HANDLE_USERS]
+    return [*places, (importlib.import_module(_FSDP + "_fully_shard"), "_get_device_from_mesh"),
+            (FSDPParamGroup, "_validate_no_meta_params")]
+
+
+def device_handle(device_type: str) -> Any:
+    """The module of a device type's streams and events as DeviceMesh and FSDP2 find it (``torch.cuda``)."""
+    from torch.distributed import device_mesh
+
+    return device_mesh._get_device_handle(device_type)
 
 
 def group_backend(group: Any, device: torch.device) -> Any:

@@ -4,7 +4,7 @@
     python bench/llm_profile.py --probe gpt:build_1b --device estimate:H100-80GB
 
 Builds the device and the workload as ``autotune plan`` does, runs the fit rule once at ``--batch``
-(default 2) on the estimate (FakeTensorMode under FSDP, as the probe does), and prints the CPU
+(default 2) on the estimate (the meta engine, as the probe does; ``--engine fake``: FakeTensorMode), and prints the CPU
 seconds of that evaluation and the top of its profile by own time and by cumulative time.
 """
 
@@ -31,6 +31,10 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="the fit rule of rank 0 of --world-size under FSDP")
     parser.add_argument("--every", action="store_true", help="FSDP's gradient sync after every micro-step")
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--engine", choices=("meta", "fake"), default="meta",
+                        help="the estimate's engine (FSDP ran under FakeTensorMode only, before issue 40 item 1)")
+    parser.add_argument("--warm", action="store_true",
+                        help="evaluate once first, unprofiled (torch's caches warm, as at a probe's later sizes)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--output", default=None, help="also write the profile here (for pstats or snakeviz)")
     args = parser.parse_args()
@@ -38,8 +42,10 @@ def main() -> None:
     workload = isolate(load_workload(args.probe))
     device = get_device(args.device).estimator()
     sharding = Sharding(args.world_size, sync_every=args.every) if args.fsdp else None
-    if sharding is not None:
+    if args.engine == "fake":
         device = fake_engine(device)
+    if args.warm:
+        device.measure(fit_rule_work(workload, args.batch + 1, sharding=sharding), enforce_capacity=False)
     profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little
     begin = time.process_time()
     profile.enable()

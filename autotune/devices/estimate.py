@@ -283,8 +283,8 @@ class EstimateDevice:
         def move(t: torch.Tensor) -> torch.Tensor:
             return values.move(t, _meta_copy(t))
 
-        session = Session(tracker, move=move, move_model=move_model,
-                          build_model=build_model, build_batch=build_batch, cuda_like=self.cuda_like)
+        session = Session(tracker, move=move, move_model=move_model, build_model=build_model,
+                          build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
         with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"):
             result, m = timed_measure(tracker, session, work)

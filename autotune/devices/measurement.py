@@ -84,13 +84,15 @@ class Session:
     ``compiled`` names what the work runs compiled (``torch.compile``): the
     model's compiled modules, found as it is built, and what the work reports
     through :meth:`found_compiled`; ``on_compiled()`` is called at the first.
+    ``on_meta``: the work's device tensors are ``meta`` tensors (an estimate's meta engine).
     """
 
     def __init__(self, tracker: LiveStorageTracker, *, move: Callable[[torch.Tensor], torch.Tensor],
                  move_model: Callable[[nn.Module], nn.Module] | None = None,
                  build_batch: Callable[[Callable[[], Any]], Any] | None = None,
                  build_model: Callable[[Callable[[], Any]], Any] | None = None, cuda_like: bool = False,
-                 torch_device: torch.device = _CPU, on_compiled: Callable[[], None] | None = None):
+                 torch_device: torch.device = _CPU, on_compiled: Callable[[], None] | None = None,
+                 on_meta: bool = False):
         self.tracker = tracker
         self.compiled: list[str] = []
         self._on_compiled = on_compiled
@@ -100,6 +102,7 @@ class Session:
         self._build_model = build_model
         self.cuda_like = cuda_like
         self.torch_device = torch_device
+        self.on_meta = on_meta
 
     def move(self, tree: Any) -> Any:
         """Move every tensor of a pytree to the device and count it."""

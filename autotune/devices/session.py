@@ -216,7 +216,7 @@ def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Itera
     with EstimateSession():
         entry = _FAKE_GROUPS.get(name)
         if entry is None:
-            group = compat.fake_process_group(name, rank, world_size, {"cpu", device_type})
+            group = compat.fake_process_group(name, rank, world_size, {"cpu", "meta", device_type})
             compat.register_process_group(name, group)
             entry = _FAKE_GROUPS[name] = [group, 0]
         entry[1] += 1
@@ -231,6 +231,53 @@ def fake_mesh(world_size: int, rank: int = 0, device_type: str = "cpu") -> Itera
 def _unregister_group(name: str) -> None:
     del _FAKE_GROUPS[name]
     compat.unregister_process_group(name)
+
+
+@contextlib.contextmanager
+def fsdp_on_meta() -> Iterator[None]:
+    """While inside, ``fully_shard`` places its units on ``meta`` (the meta engine's device tensors): its
+    buffers are ``meta`` tensors, its streams and events the CPU's (which wait for nothing), as FSDP runs on
+    the CPU, and its check that no parameter is left on ``meta`` is off."""
+    def meta_handle(device_type: str = "cuda") -> Any:
+        return torch.cpu if device_type == "meta" else compat.device_handle(device_type)
+
+    replacements = {"_get_device_handle": meta_handle, "_get_device_from_mesh": lambda mesh: torch.device("meta"),
+                    "_validate_no_meta_params": lambda group: None}
+    places = compat.fsdp_device_lookups()
+    with EstimateSession():
+        saved = [(owner, name, getattr(owner, name)) for owner, name in places]
+        for owner, name in places:
+            setattr(owner, name, replacements[name])
+        try:
+            yield
+        finally:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def strided_flag_read_once() -> Iterator[None]:
+    """While inside, DTensor reads an op's inputs for ``_StridedShard``'s flag once per op, not once per
+    output: a foreach op over N parameters took N x N reads (most of an optimizer step's first run on an
+    LLM's shards). Where no input carries one the flag's function does nothing, so skipping it is exact."""
+    owner, name, strided = compat.strided_shard_flag()
+    original = getattr(owner, name)
+    plain: list[Any] = [None]  # the last op schema seen without a _StridedShard (kept alive: ids stay unique)
+
+    def propagate(op_strategy: Any, op_schema: Any) -> None:
+        if op_schema is plain[0]:
+            return
+        if strided(op_schema):
+            original(op_strategy, op_schema)
+            return
+        plain[0] = op_schema
+
+    with EstimateSession():
+        setattr(owner, name, propagate)
+        try:
+            yield
+        finally:
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import MeasuredTrial, isolate, run_trial
-from .fsdp import Sharding, fake_engine, sharding_note
+from .fsdp import Sharding, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import TrialRunner
 
@@ -147,7 +147,7 @@ def _search(workload: Workload, device: Device, usable: int, capacity: int, marg
     ``refused``."""
     host = HostBatches()  # the batch's host memory, shared by the estimate's and the real trials
     with _user_rng_untouched(device):
-        estimator = device.estimator() if sharding is None else fake_engine(device.estimator())
+        estimator = device.estimator()
         est = TrialRunner(estimator, workload, usable, "estimate", trials, data_parallel, sharding, host)
         # A simulated allocator's reserved peak is only approximated by the live-bytes curve: the
         # estimate's answer is then bracketed by evaluations; exact engines may trust lines that held.

@@ -19,10 +19,13 @@ that runs out of memory cannot leave the others waiting in a collective.
 ``real_group=True`` runs the rule on the real default group instead: the
 per-rank measurement under torchrun that the estimate is checked against.
 
-Shape-only estimates run under ``FakeTensorMode`` (``fully_shard`` refuses
-``meta`` parameters), on the CPU device FSDP sees there. A real run with the
-fake group computes on all-gathered parameters whose other ranks' parts are
-left unset: the values are meaningless, the memory is the rank's own.
+Shape-only estimates run on the meta engine: ``fully_shard`` places its units
+on ``meta`` there (its buffers ``meta`` tensors, its streams the CPU's, see
+:func:`~autotune.devices.session.fsdp_on_meta`), so every all-gather, copy and
+reduce-scatter FSDP makes is counted as on the CPU; under ``FakeTensorMode``
+(the fallback) on the CPU device FSDP sees there. A real run with the fake
+group computes on all-gathered parameters whose other ranks' parts are left
+unset: the values are meaningless, the memory is the rank's own.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from .. import compat, options
 from ..devices.base import Session
 from ..devices.estimate import EstimateDevice
 from ..devices.meta import NeedsFakeTensors
-from ..devices.session import fake_mesh, shape_propagation_uncounted
+from ..devices.session import fake_mesh, fsdp_on_meta, shape_propagation_uncounted, strided_flag_read_once
 from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
@@ -110,13 +113,13 @@ def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Cal
     host = session.host_model(factory)
     estimate = any(p.is_meta for p in itertools.chain(host.parameters(), host.buffers()))
     fake_mode = compat.active_fake_mode()
-    if estimate and fake_mode is None:
-        raise NeedsFakeTensors("fully_shard refuses meta parameters: FSDP estimates run under FakeTensorMode")
+    if estimate and fake_mode is None and not session.on_meta:
+        raise NeedsFakeTensors("fully_shard refuses meta parameters outside an estimate's meta engine")
     with compat.disable_current_modes():
         model = skeleton(host)
         shard(model, units(model), mesh, precision)
-    with _fakes_of_meta(fake_mode):
-        model.to_empty(device=device)
+    with _fakes_of_meta(fake_mode):  # the meta engine's shards are new meta tensors, made as a device's are
+        model.to_empty(device="meta" if session.on_meta else device)
     if not estimate:
         with tracker.paused(), torch.no_grad():
             _copy_values(host, model, mesh.get_coordinate()[0], mesh.size())
@@ -211,6 +214,12 @@ class Sharding:
             with session.tracker.paused():
                 mesh = real_mesh(device.type) if self.real_group else \
                     stack.enter_context(fake_mesh(self.world_size, self.rank, device.type))
+            if session.on_meta:
+                if self.precision != "fp32" and not session.cuda_like:
+                    raise NeedsFakeTensors(f"FSDP's {self.precision} units on the CPU: the CPU's reduced-precision "
+                                           "kernels (layer norm's statistics in bf16) are not stood in for on meta")
+                stack.enter_context(fsdp_on_meta())
+            stack.enter_context(strided_flag_read_once())
 
             def place(workload: Workload) -> nn.Module:
                 model = sharded_model(session, workload.make_model, workload.shard_units, mesh, self.precision)
@@ -282,7 +291,7 @@ def release(model: nn.Module) -> None:
 
 
 def fake_engine(device: EstimateDevice) -> EstimateDevice:
-    """``device`` estimating under FakeTensorMode, which FSDP needs (it refuses ``meta`` parameters)."""
+    """``device`` estimating under FakeTensorMode (the meta engine's fallback)."""
     if device.engine == "fake":
         return device
     other = copy.copy(device)

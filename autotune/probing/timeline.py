@@ -44,15 +44,10 @@ class Recorded:
 
 def runner_for(device: Device, sharding: Any = None) -> Any:
     """Where a recorded run goes: the CPU itself (its tracker is exact), else the estimate standing in for the
-    device (under FakeTensorMode for FSDP, as the probe estimates it)."""
+    device (FSDP's too, on the same engine as the probe)."""
     if not device.estimated and device.torch_device.type == "cpu":
         return device
-    estimator = device.estimator()
-    if sharding is not None:
-        from .fsdp import fake_engine
-
-        estimator = fake_engine(estimator)
-    return estimator
+    return device.estimator()
 
 
 def simulation_of(runner: Any) -> Simulation | None:

@@ -286,7 +286,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from autotune import Workload
 from autotune.devices import get_device
 from autotune.probing.fitrule import fit_rule_work, isolate
-from autotune.probing.fsdp import Sharding, fake_engine
+from autotune.probing.fsdp import Sharding
 
 config = LlamaConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
                      num_key_value_heads=8, intermediate_size=14336, tie_word_embeddings=False)
@@ -297,7 +297,8 @@ workload = isolate(Workload(name="llama", model=lambda: LlamaForCausalLM(config)
 device = get_device("estimate:H100-80GB").estimator()
 loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # torch and transformers loaded, nothing built
 _, whole = device.measure(fit_rule_work(workload, 1))
-_, sharded = fake_engine(device).measure(fit_rule_work(workload, 1, sharding=Sharding(8)))
+_, sharded = device.measure(fit_rule_work(workload, 1, sharding=Sharding(8)))
+assert device.engine == "meta", device.fallback
 with torch.device("meta"):
     params = sum(p.numel() * 4 for p in workload.make_model().parameters())
 print(params, whole.breakdown["parameters"], sharded.breakdown["parameters"],

@@ -98,6 +98,11 @@ def test_after_any_measurement_nothing_of_autotunes_is_left_in_torch(gpt):
     fsdp = fake_engine(cpu_like)
     fsdp.measure(fit_rule_work(gpt, 2, sharding=Sharding(2)))  # a fake process group, DTensor's shape propagation
     assert torch_state() == before and leftovers() == [] and fake_groups() == []
+    lookups = [getattr(owner, name) for owner, name in compat.fsdp_device_lookups()]
+    cpu_like.measure(fit_rule_work(gpt, 2, sharding=Sharding(2)))  # FSDP on the meta engine
+    assert cpu_like.engine == "meta" and [getattr(owner, name) for owner, name in compat.fsdp_device_lookups()] \
+        == lookups
+    assert torch_state() == before and leftovers() == [] and fake_groups() == []
     assert not compat.process_group_registered("autotune-fake-2-0-cpu")
     assert not compat.shape_propagation_patched()
     cpu_like.measure(fit_rule_work(gpt, 2))  # the CPU's kernel choices, oneDNN's meta kernels

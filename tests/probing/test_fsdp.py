@@ -85,14 +85,19 @@ def test_the_fake_group_is_private_and_gone_after_the_block():
 def test_an_estimate_leaves_no_process_group_and_no_patch_behind(mlp):
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+    from autotune import compat
+
     resize = torch.UntypedStorage.resize_
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
-    estimate = fake_engine(get_device("cpu").estimator())
-    m = _measure(estimate, mlp, 2, Sharding(4))
-    assert m.peak_bytes > 0
-    assert fake_groups() == [] and not dist.is_initialized()
-    assert torch.UntypedStorage.resize_ is resize
-    assert ShardingPropagator._propagate_tensor_meta_non_cached is propagate
+    owner, name, _ = compat.strided_shard_flag()
+    strided, lookups = getattr(owner, name), [getattr(o, n) for o, n in compat.fsdp_device_lookups()]
+    for estimate in (fake_engine(get_device("cpu").estimator()), get_device("cpu").estimator()):
+        m = _measure(estimate, mlp, 2, Sharding(4))
+        assert m.peak_bytes > 0
+        assert fake_groups() == [] and not dist.is_initialized()
+        assert torch.UntypedStorage.resize_ is resize
+        assert ShardingPropagator._propagate_tensor_meta_non_cached is propagate
+        assert getattr(owner, name) is strided and [getattr(o, n) for o, n in compat.fsdp_device_lookups()] == lookups
 
 
 @pytest.mark.slow
@@ -135,9 +140,20 @@ def test_on_gloo_fsdp_collectives_leave_no_buffer_of_fsdp_to_the_transport(tmp_p
 
 
 @pytest.mark.slow
-def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt):
-    real = _measure(get_device("cpu"), gpt, 4, Sharding(2))
-    est = _measure(fake_engine(get_device("cpu").estimator()), gpt, 4, Sharding(2))
+@pytest.mark.parametrize(("engine", "every", "precision"), [("meta", False, "fp32"), ("meta", True, "fp32"),
+                                                            ("fake", False, "fp32"), ("fake", True, "fp32"),
+                                                            ("meta", False, "bf16")])
+def test_the_estimate_is_the_real_run_on_the_same_fake_group(gpt, engine, every, precision):
+    from autotune.devices.estimate import EstimateDevice
+
+    rule = Sharding(2, sync_every=every, precision=precision)
+    real = _measure(get_device("cpu"), gpt, 4, rule)
+    estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine=engine)
+    est = _measure(estimate, gpt, 4, rule)
+    if precision == "fp32":  # FSDP runs on meta tensors too
+        assert estimate.engine == engine and estimate.fallback is None
+    else:  # the CPU's bf16 layer norm keeps its statistics in bf16, meta's in fp32 (CUDA's): FakeTensorMode runs it
+        assert estimate.engine == "fake" and "bf16 units on the CPU" in estimate.fallback
     assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
     assert est.breakdown == real.breakdown
 
@@ -155,14 +171,19 @@ def test_shards_shrink_with_the_world_size_and_unsharded_gradients_wait_for_the_
 
 
 @pytest.mark.slow
-def test_the_meta_engine_gives_way_to_fake_tensors(gpt):
+def test_the_meta_engine_gives_way_to_fake_tensors_with_the_reason(gpt):
     from autotune.devices.estimate import EstimateDevice
 
+    def loss(model, batch):  # CPU autocast: the meta engine cannot stand in for it
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return gpt.loss(model, batch)
+
+    autocast = replace(gpt, loss=loss)
     meta = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine="meta")
     assert fake_engine(meta).engine == "fake" and meta.engine == "meta"
-    m = _measure(meta, gpt, 2, Sharding(2))  # fully_shard refuses meta parameters: the fallback runs it
-    assert meta.engine == "fake" and "FakeTensorMode" in meta.fallback
-    assert m.peak_bytes == _measure(get_device("cpu"), gpt, 2, Sharding(2)).peak_bytes
+    m = _measure(meta, autocast, 2, Sharding(2))
+    assert meta.engine == "fake" and "autocast on the CPU" in meta.fallback
+    assert m.peak_bytes == _measure(get_device("cpu"), autocast, 2, Sharding(2)).peak_bytes
 
 
 def _mlp(width: int) -> Workload:

@@ -221,20 +221,21 @@ def test_standing_in_for_a_gpu_the_size_past_the_answer_is_replayed_from_the_tra
     FSDP over ``world`` ranks too)."""
     from autotune.probing import tracelines
     from autotune.probing.fitrule import run_trial
-    from autotune.probing.fsdp import Sharding, fake_engine
+    from autotune.probing.fsdp import Sharding
 
     sharding = Sharding(world) if world else None
     device = get_device("estimate", memory_budget=budget)
     result = find_max_micro_batch(gpt, device, max_batch=512, sharding=sharding)
     found = result.max_micro_batch
     assert [t.batch for t in result.trials] == [2, 3, found]
+    assert device.estimator().engine == "meta" and not any("FakeTensorMode" in n for n in result.notes)
     assert any(n.startswith(f"micro-batch {found + 1} was not evaluated") for n in result.notes), result.notes
 
     monkeypatch.setattr(tracelines.TraceLines, "through", classmethod(lambda cls, *a: None))
     evaluated = find_max_micro_batch(gpt, device, max_batch=512, sharding=sharding)
     assert evaluated.max_micro_batch == found and len(evaluated.trials) > 3
     # The evaluation past the answer: its trace is the lines' to the byte, and it does not fit.
-    engine = fake_engine(device) if world else device
+    engine = device  # the probe's engine, FSDP's too
     traces = {b: run_trial(engine, gpt, b, result.usable_bytes, source="estimate", capacity_guard=False,
                            sharding=sharding) for b in (2, 3, found + 1)}
     monkeypatch.undo()

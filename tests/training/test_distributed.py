@@ -208,11 +208,12 @@ def test_the_one_process_fsdp_estimate_matches_each_rank_measured_under_torchrun
     from autotune.probing.fsdp import Sharding, fake_engine
 
     worker = cases["fsdp"]
-    estimate = fake_engine(get_device("cpu").estimator())
-    for every, measured in ((False, worker["peaks"]), (True, worker["peaks_sync_every"])):
-        _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=Sharding(2, 0, sync_every=every)))
-        for peak in measured:
-            assert abs(m.peak_bytes - peak) / peak <= 0.03, (every, m.peak_bytes, measured)
+    for estimate in (fake_engine(get_device("cpu").estimator()), get_device("cpu").estimator()):  # meta's too
+        for every, measured in ((False, worker["peaks"]), (True, worker["peaks_sync_every"])):
+            _, m = estimate.measure(fit_rule_work(gpt, worker["batch"], sharding=Sharding(2, 0, sync_every=every)))
+            for peak in measured:
+                assert abs(m.peak_bytes - peak) / peak <= 0.03, (estimate.engine, every, m.peak_bytes, measured)
+        assert estimate.fallback is None
 
 
 @pytest.mark.slow
