@@ -33,10 +33,12 @@ OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "paged-adamw-8bit", "li
 NEEDS_BITSANDBYTES = ("adamw-8bit", "paged-adamw-8bit", "lion", "lion-8bit")
 #: How samples of different lengths (``--lengths``) make a micro-batch.
 PADDINGS = ("longest", "max", "packed")
-#: The weights' dtype, by the project's names and Lightning's "-true" ones.
+#: The weights' dtype, by the project's names and Lightning's "-true" ones; Lightning's "-mixed" ones are
+#: mixed precision: fp32 weights, the forward and loss under autocast to bf16 (or fp16, with a GradScaler).
 DTYPES = {"fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
           "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16",
-          "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16"}
+          "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16",
+          "bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed", "fp16-mixed": "fp16-mixed"}
 #: LoRA's settings as ``--lora`` names them, with peft's defaults where a user names none.
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear", "bits": 16}
 #: Longest sequence a model by name trains on when ``--seq-len`` is not given (nor a shorter maximum).
@@ -51,15 +53,13 @@ def is_model_spec(spec: object) -> bool:
 
 
 def dtype_name(value: object, name: str = "dtype") -> str:
-    """``fp32``, ``bf16`` or ``fp16`` for any of their names (Lightning's ``bf16-true`` too)."""
+    """``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` for any of their names (Lightning's
+    ``bf16-true``, ``16-mixed`` too)."""
     text = str(value).strip().lower()
     if text in DTYPES:
         return DTYPES[text]
-    if text.endswith("-mixed"):
-        raise BadInput(f"{name} {value!r} is mixed precision (autocast over fp32 weights): the probe measures the "
-                       f"weights' dtype; give {name} fp32 (then autotune run --precision "
-                       f"{'bf16' if text.startswith('bf') else 'fp16'} trains mixed), or bf16-true")
-    raise BadInput(f"{name} {value!r} is not one of fp32, bf16, fp16 (or Lightning's 32-true, bf16-true, 16-true)")
+    raise BadInput(f"{name} {value!r} is not one of fp32, bf16, fp16, bf16-mixed, fp16-mixed (or Lightning's "
+                   "32-true, bf16-true, 16-true, 16-mixed)")
 
 
 def lora_settings(value: object, name: str = "lora") -> str:
@@ -120,7 +120,9 @@ class ModelSpec:
     ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
     (None: the config's maximum positions, at most :data:`DEFAULT_SEQ_LEN`); ``target_len``: a seq2seq
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
-    ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none).
+    ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none), or mixed
+    precision, ``bf16-mixed``/``fp16-mixed``: fp32 weights, gradients and optimizer state, the forward and the
+    loss under autocast on the model's device (CUDA's on an estimate standing in for a GPU).
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
     ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``; with ``lengths``, ``seq_len``
     is where samples are truncated (default: the longest sample).

@@ -39,7 +39,9 @@ AUTO = {
                                 "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "bf16-mixed": torch.float32, "fp16-mixed": torch.float32}  # mixed: fp32 weights, autocast's dtype below
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 #: Share of tokens a masked LM's collator masks (``DataCollatorForLanguageModeling``'s mlm_probability).
 MLM_PROBABILITY = 0.15
 LEARNING_RATE = 5e-5  # Hugging Face Trainer's default
@@ -217,6 +219,24 @@ def needs_bitsandbytes(what: str, instead: str) -> BadInput:
                     else ", whose kernels the estimate cannot stand in for") + f": {instead}, or write a probe file")
 
 
+def autocast_loss(loss: Callable[[nn.Module, Any], torch.Tensor], dtype: torch.dtype) \
+        -> Callable[[nn.Module, Any], torch.Tensor]:
+    """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 and Lightning
+    its ``-mixed`` precisions (an estimate standing in for a GPU runs CUDA's autocast on its ``meta`` tensors;
+    one for no GPU runs float32, which holds more memory, not less)."""
+
+    def autocast_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        kind = next(model.parameters()).device.type
+        if kind == "meta" and torch.cuda.is_available():  # the estimate's stand-in for the GPU
+            kind = "cuda"
+        if kind == "meta":
+            return loss(model, batch)
+        with torch.autocast(kind, dtype=dtype):
+            return loss(model, batch)
+
+    return autocast_loss
+
+
 def make_optimizer(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
     """The optimizer ``name`` as Hugging Face's Trainer builds it (``adamw``: its ``adamw_torch``, torch's AdamW
     with its default implementation, foreach on a GPU: its temporaries are at least the fused kernel's, and
@@ -340,7 +360,10 @@ def build(spec: ModelSpec) -> ModelWorkload:
     shape = shape_of(spec, config, task)
     model = functools.partial(make_model, config, spec, task)
     about = functools.cache(functools.partial(facts_of, model, spec, task, shape))
+    loss = _loss_from_output(spec.name)
+    if spec.dtype in AUTOCAST:  # fp16's GradScaler holds a scale and a flag: no memory to plan for
+        loss = autocast_loss(loss, AUTOCAST[spec.dtype])
     return ModelWorkload(
         name=display_name(spec.name), model=model, batch=functools.partial(make_batch, task=task, shape=shape),
-        loss=_loss_from_output(spec.name), optimizer=make_optimizer(spec.optimizer),
+        loss=loss, optimizer=make_optimizer(spec.optimizer),
         items=functools.partial(items, task=task) if task in ("causal-lm", "masked-lm") else None, about=about)

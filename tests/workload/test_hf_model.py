@@ -224,7 +224,7 @@ def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
     (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
     (["--lora", "bits=3"], "bits is 4 or 8"),
     (["--lengths", "x.csv", "--padding", "packed"], "'packed'"),
-    (["--dtype", "bf16-mixed"], "mixed precision"),
+    (["--dtype", "bf16-half"], "bf16-mixed, fp16-mixed"),
     (["--lora", "r=0"], "at least 1"),
     (["--task", "speech"], "invalid choice"),
 ])
@@ -344,3 +344,27 @@ def test_the_weights_are_in_the_configs_dtype_unless_told(tmp_path, dtype, built
     size = torch.empty((), dtype=built).element_size()
     names = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
     assert facts.formula_weights_bytes == size * facts.total_parameters and facts.dtype == names[built]
+
+
+@pytest.mark.parametrize("dtype,autocast", [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+def test_mixed_precision_is_fp32_weights_and_the_forward_under_autocast(tmp_path, dtype, autocast):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype=dtype).spec())
+    model = workload.make_model()
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and workload.facts().dtype == "fp32"
+    seen: list[torch.dtype] = []
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    loss = workload.loss(model, workload.make_batch(2, torch.Generator().manual_seed(0)))
+    loss.backward()
+    assert seen == [autocast] and all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_bf16_mixed_on_a_gpu_estimate_holds_bf16_activations_beside_fp32_weights(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    asked = dict(device="estimate:A10G-24GB", memory_budget="700MiB", store=False)
+    probes = {dtype: autotune.probe(model=ModelSpec(name=str(folder), seq_len=64, dtype=dtype), **asked)
+              for dtype in ("fp32", "bf16-mixed", "bf16")}
+    batches = {dtype: p.max_micro_batch for dtype, p in probes.items()}
+    assert batches["fp32"] < batches["bf16-mixed"] <= batches["bf16"], batches
+    assert probes["bf16-mixed"].model is not None and probes["bf16-mixed"].model.dtype == "fp32"
