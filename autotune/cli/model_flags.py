@@ -33,13 +33,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "lion need bitsandbytes (default: adamw)")
     g.add_argument("--lora", metavar="SETTINGS", default=None, nargs="?", const="",
                    help="train LoRA adapters through peft, e.g. r=16,alpha=32,dropout=0.05,targets=all-linear "
-                        "(those are the defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA, which needs "
-                        "bitsandbytes)")
+                        "(those are the defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA: NF4 base "
+                        "weights with double quantization, estimated by shape; bits=8 needs bitsandbytes)")
     g.add_argument("--gradient-checkpointing", action="store_true", default=None,
                    help="as Hugging Face's Trainer enables it (non-reentrant)")
     g.add_argument("--dtype", metavar="DTYPE", default=None,
                    help="the weights' dtype: fp32, bf16 or fp16 (Lightning's 32-true, bf16-true, 16-true too; "
-                        "default: the config's, as transformers builds it; fp32 when it names none)")
+                        "default: the config's, as transformers builds it; fp32 when it names none), or mixed "
+                        "precision: bf16-mixed, 16-mixed (fp32 weights, the forward under autocast)")
     g.add_argument("--lengths", metavar="FILE", default=None,
                    help="samples of these lengths (a column of a CSV, Parquet or JSONL file, or the one named "
                         "length); --seq-len then truncates them (default: the longest)")

@@ -289,9 +289,20 @@ def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
         model.config.use_cache = False  # as transformers sets it (with a warning) under checkpointing
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable({"use_reentrant": False})
+    if qlora_bits(spec) == 4:
+        from .qlora import quantize
+
+        quantize(model, compute_dtype=AUTOCAST.get(spec.dtype or "", next(model.parameters()).dtype))
     if spec.lora is not None:
         model = with_lora(model, spec.lora, task)
     return model
+
+
+def qlora_bits(spec: ModelSpec) -> int | None:
+    """The bits of QLoRA's quantized base weights (``--lora ...,bits=4``), None for LoRA over the weights as built."""
+    if spec.lora is None or ",bits=" not in spec.lora:
+        return None
+    return int(spec.lora.rpartition("bits=")[2])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,13 +317,18 @@ class ModelWorkload(Workload):
 
 
 def count(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameters as transformers counts them, or peft under LoRA."""
+    """(total, trainable) parameters as transformers counts them, or peft under LoRA (a 4-bit weight as the
+    weights it packs, as both count bitsandbytes' ``Params4bit``)."""
+    from .qlora import Linear4bit
+
+    packed = sum(m.in_features * m.out_features - m.weight.numel() for m in model.modules()
+                 if isinstance(m, Linear4bit))
     counter = getattr(model, "get_nb_trainable_parameters", None)
     if callable(counter):
         trainable, total = counter()
-        return int(total), int(trainable)
+        return int(total) + packed, int(trainable)
     hf: Any = model  # a PreTrainedModel
-    return int(hf.num_parameters()), int(hf.num_parameters(only_trainable=True))
+    return int(hf.num_parameters()) + packed, int(hf.num_parameters(only_trainable=True))
 
 
 def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: Shape) -> ModelFacts:
@@ -322,11 +338,12 @@ def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: 
     total, trainable = count(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    held: dict[torch.dtype, int] = {}
+    held: dict[str, int] = {}
     for p in model.parameters():
-        held[p.dtype] = held.get(p.dtype, 0) + p.numel()
-    most = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
-    dtype = next((k for k, v in DTYPES.items() if v == most), str(most).removeprefix("torch."))
+        name = "nf4" if p.dtype == torch.uint8 else next(k for k, v in DTYPES.items() if v == p.dtype) \
+            if p.dtype in DTYPES.values() else str(p.dtype).removeprefix("torch.")
+        held[name] = held.get(name, 0) + p.numel() * (2 if name == "nf4" else 1)  # two 4-bit weights a byte
+    dtype = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
     return ModelFacts(name=spec.name, architecture=type(base).__name__, task=task, total_parameters=total,
                       trainable_parameters=trainable, dtype=dtype, seq_len=shape.seq_len, lora=spec.lora,
                       formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights)
@@ -350,9 +367,9 @@ def display_name(name: str) -> str:
 
 def build(spec: ModelSpec) -> ModelWorkload:
     """The Workload of the model ``spec`` names, trained as it says."""
-    if spec.lora is not None and ",bits=" in spec.lora:
-        raise needs_bitsandbytes(f"QLoRA (lora {spec.lora.rpartition(',')[2]})", "plan LoRA over unquantized weights "
-                                 "(drop bits=), in bf16 with --dtype bf16")
+    if qlora_bits(spec) == 8:
+        raise needs_bitsandbytes("QLoRA over 8-bit weights (lora bits=8)", "plan bits=4 (NF4, estimated by shape) or "
+                                 "LoRA over unquantized weights (drop bits=)")
     config = load_config(spec.name)
     task = task_of(config, spec.task)
     if spec.num_labels is not None:

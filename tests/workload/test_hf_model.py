@@ -221,7 +221,7 @@ def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--probe", "mlp"], "--model and --probe each name the workload"),
     (["--optimizer", "adamw-8bit"], "needs bitsandbytes"),
-    (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
+    (["--lora", "r=8,bits=8"], "QLoRA over 8-bit weights (lora bits=8) needs bitsandbytes"),
     (["--lora", "bits=3"], "bits is 4 or 8"),
     (["--lengths", "x.csv", "--padding", "packed"], "'packed'"),
     (["--dtype", "bf16-half"], "bf16-mixed, fp16-mixed"),
@@ -368,3 +368,49 @@ def test_bf16_mixed_on_a_gpu_estimate_holds_bf16_activations_beside_fp32_weights
     batches = {dtype: p.max_micro_batch for dtype, p in probes.items()}
     assert batches["fp32"] < batches["bf16-mixed"] <= batches["bf16"], batches
     assert probes["bf16-mixed"].model is not None and probes["bf16-mixed"].model.dtype == "fp32"
+
+
+def test_qlora_holds_nf4_base_weights_by_shape_and_counts_as_peft_does(tmp_path):
+    from autotune.workload.qlora import Linear4bit
+
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    lora = load_workload(ModelSpec(name=str(folder), seq_len=8, lora="r=4").spec())
+    qlora = load_workload(ModelSpec(name=str(folder), seq_len=8, lora="r=4,bits=4").spec())
+    facts, plain = qlora.facts(), lora.facts()
+    assert (facts.total_parameters, facts.trainable_parameters) == (plain.total_parameters, plain.trainable_parameters)
+    model = qlora.make_model()
+    linears = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    assert len(linears) == 2 * 7 and not any(isinstance(m, Linear4bit) for m in [model.get_output_embeddings()])
+    packed = sum(m.in_features * m.out_features for m in linears)
+    assert sum(m.weight.numel() for m in linears) == packed // 2 and {m.weight.dtype for m in linears} == {torch.uint8}
+    rest = [p for n, p in model.named_parameters() if p.dtype != torch.uint8]
+    assert {p.dtype for p in rest} == {torch.float32}  # embeddings, norms, head and adapters: fp32
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == \
+        {n for n, p in model.named_parameters() if "lora_" in n}
+    assert facts.dtype == "nf4" and facts.formula_weights_bytes == packed // 2 + 4 * sum(p.numel() for p in rest)
+    loss = qlora.loss(model, qlora.make_batch(2, torch.Generator().manual_seed(0)))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+def test_qlora_estimate_is_what_a_real_cpu_run_measures_and_below_lora(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=32, lora="r=4,bits=4"), device="cpu",
+                            memory_budget="4MiB", store=False)
+    real = [t for t in result.trials if t.source == "real"]
+    estimated = {t.batch: t.peak_bytes for t in result.trials if t.source == "estimate"}
+    assert len(real) == 1 and real[0].fits and real[0].peak_bytes == estimated[real[0].batch]
+    asked = dict(device="estimate:A10G-24GB", max_batch=1, store=False)
+    llama = tmp_path / "8b"
+    llama.mkdir()
+    config = transformers.LlamaConfig(**LLAMA_8B, architectures=["LlamaForCausalLM"]).to_dict()
+    (llama / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    probes = {bits: autotune.probe(model=ModelSpec(name=str(llama), seq_len=256, lora="r=16" + bits), **asked)
+              for bits in ("", ",bits=4")}
+    facts = {bits: p.model for bits, p in probes.items()}
+    assert facts[""] is not None and facts[",bits=4"] is not None
+    # 6.98B weights in 4 bits (3.49 GB), embeddings and head in fp32 (4.20 GB), the adapters (0.17 GB)
+    assert facts[",bits=4"].formula_weights_bytes == 3_489_660_928 + 2 * 2_101_346_304 + 167_772_160 + 1_064_960
+    assert facts[",bits=4"].formula_weights_bytes < probes[",bits=4"].peak_bytes < probes[""].peak_bytes
+    assert facts[",bits=4"].total_parameters == facts[""].total_parameters == 8_030_261_248 + 41_943_040
