@@ -86,6 +86,14 @@ def lora_settings(value: object, name: str = "lora") -> str:
     return ",".join(f"{k}={settings[k]}" for k in LORA_KEYS if k != "bits" or settings[k] != 16)
 
 
+def display_name(name: str) -> str:
+    """A model's name in results: a hub id as it is, a local model by its folder's name (no path)."""
+    path = Path(name)
+    if not path.is_absolute():
+        return name
+    return (path.parent if path.suffix == ".json" else path).name or name
+
+
 def model_name(name: object) -> str:
     """A model as a user names it, as a spec names it: a folder or ``config.json`` that exists here as its
     absolute path, anything else as given (a hub id)."""
@@ -165,6 +173,22 @@ class ModelSpec:
                                "with a column of sample lengths")
             set_(self, "lengths", str(path.resolve()))
 
+    def described(self, seq_len: int | None = None) -> str:
+        """Every training setting in words (the defaults too), ``seq_len`` the tokens a sample it resolved to."""
+        dtype = {"bf16-mixed": "bf16-mixed (fp32 weights, autocast to bf16)",
+                 "fp16-mixed": "fp16-mixed (fp32 weights, autocast to fp16, a GradScaler)"}.get(
+            self.dtype or "", f"weights in {self.dtype}" if self.dtype else "weights in the config's dtype")
+        bits = self.lora.rpartition("bits=")[2] if self.lora and "bits=" in self.lora else None
+        lora = "full fine-tuning" if self.lora is None else \
+            (f"QLoRA {self.lora} (NF4 base weights by shape)" if bits == "4" else f"LoRA {self.lora}")
+        parts = [f"seq_len {seq_len or self.seq_len}" if (seq_len or self.seq_len) else None,
+                 f"target_len {self.target_len}" if self.target_len else None,
+                 f"num_labels {self.num_labels}" if self.num_labels else None,
+                 lora, dtype, f"optimizer {self.optimizer}",
+                 "gradient checkpointing" if self.gradient_checkpointing else "no gradient checkpointing",
+                 f"lengths from {Path(self.lengths).name} padded to the {self.padding}" if self.lengths else None]
+        return ", ".join(p for p in parts if p)
+
     def spec(self) -> str:
         """The probe spec string: ``hf:NAME`` and ``?key=value&...`` for what differs from the defaults."""
         defaults = ModelSpec.__dataclass_fields__
@@ -218,6 +242,18 @@ class ModelFacts(Record):
     lora: str | None = None
     formula_weights_bytes: int = 0
     formula_adam_training_bytes: int = 0
+    config_source: str | None = None  # where its config.json was read: the hub's (a revision) or a local file
+    settings: str | None = None  # how it trains, every setting (ModelSpec.described)
+
+    def report_line(self) -> str:
+        """The model, where its config came from and how it trains, for a report's summary."""
+        share = f", {self.trainable_parameters:,} trainable" if self.trainable_parameters != self.total_parameters \
+            else ""
+        source = f"; config from {self.config_source}" if self.config_source else ""
+        trains = f"; {self.settings}" if self.settings else ""
+        return (f"{display_name(self.name)} ({self.architecture}, {self.task}): {self.total_parameters:,} "
+                f"parameters{share}, "
+                f"weights mostly {self.dtype}{source}{trains}")
 
     def line(self) -> str:
         """One line for people: the counts, and what the formula would have said."""

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec
+from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec, display_name
 from .core import Workload
 from .from_model import _loss_from_output
 
@@ -346,7 +346,17 @@ def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: 
     dtype = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
     return ModelFacts(name=spec.name, architecture=type(base).__name__, task=task, total_parameters=total,
                       trainable_parameters=trainable, dtype=dtype, seq_len=shape.seq_len, lora=spec.lora,
-                      formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights)
+                      formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights,
+                      config_source=config_source(spec.name), settings=spec.described(shape.seq_len))
+
+
+def config_source(name: str) -> str:
+    """Where the config of ``name`` is read: the hub's cache (at the revision it holds) or a local file."""
+    if Path(name).is_absolute():
+        return "a local config.json"
+    snapshot = config_file(name).parent  # .../models--org--name/snapshots/<commit>/config.json
+    revision = f" at revision {snapshot.name[:12]}" if snapshot.parent.name == "snapshots" else ""
+    return f"the Hugging Face hub, {name}{revision} (huggingface_hub's cache)"
 
 
 def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
@@ -355,14 +365,6 @@ def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
     if task == "causal-lm":
         return int((labels[:, 1:] != -100).sum())
     return int((labels != -100).sum())
-
-
-def display_name(name: str) -> str:
-    """A model's name in results: a hub id as it is, a local model by its folder's name (no path)."""
-    path = Path(name)
-    if not path.is_absolute():
-        return name
-    return (path.parent if path.suffix == ".json" else path).name or name
 
 
 def build(spec: ModelSpec) -> ModelWorkload:

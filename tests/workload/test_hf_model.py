@@ -131,6 +131,8 @@ def test_a_hub_id_reads_config_json_through_huggingface_hub_from_its_cache_offli
     assert result.model is not None and result.model.name == "tiny-org/tiny-llama"
     assert result.model.total_parameters == reference("llama").num_parameters()
     assert result.source == "hf:tiny-org/tiny-llama" and result.max_micro_batch == 4
+    assert result.model.config_source == "the Hugging Face hub, tiny-org/tiny-llama at revision 000000000000 " \
+                                         "(huggingface_hub's cache)"
     with pytest.raises(BadInput, match="not in the Hugging Face cache"):
         autotune.probe(model="tiny-org/not-fetched", device="estimate", memory_budget="1GiB", store=False)
 
