@@ -130,7 +130,9 @@ class ModelSpec:
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
     ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none), or mixed
     precision, ``bf16-mixed``/``fp16-mixed``: fp32 weights, gradients and optimizer state, the forward and the
-    loss under autocast on the model's device (CUDA's on an estimate standing in for a GPU).
+    loss under autocast on the model's device (CUDA's on an estimate standing in for a GPU); under LoRA the
+    frozen weights stay in the config's dtype (fp32 adapters), as Hugging Face's Trainer with ``bf16=True``
+    trains a model loaded as transformers loads it.
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
     ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``; with ``lengths``, ``seq_len``
     is where samples are truncated (default: the longest sample).
@@ -175,8 +177,9 @@ class ModelSpec:
 
     def described(self, seq_len: int | None = None) -> str:
         """Every training setting in words (the defaults too), ``seq_len`` the tokens a sample it resolved to."""
-        dtype = {"bf16-mixed": "bf16-mixed (fp32 weights, autocast to bf16)",
-                 "fp16-mixed": "fp16-mixed (fp32 weights, autocast to fp16, a GradScaler)"}.get(
+        weights = "frozen weights in the config's dtype, fp32 adapters" if self.lora else "fp32 weights"
+        dtype = {"bf16-mixed": f"bf16-mixed ({weights}, autocast to bf16)",
+                 "fp16-mixed": f"fp16-mixed ({weights}, autocast to fp16, a GradScaler)"}.get(
             self.dtype or "", f"weights in {self.dtype}" if self.dtype else "weights in the config's dtype")
         bits = self.lora.rpartition("bits=")[2] if self.lora and "bits=" in self.lora else None
         lora = "full fine-tuning" if self.lora is None else \

@@ -275,12 +275,14 @@ def with_lora(model: nn.Module, settings: str, task: str) -> nn.Module:
 
 def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
     """A fresh model of ``config`` for ``task``, random weights in ``spec.dtype`` (else the config's dtype, as
-    transformers builds it; none on ``meta``), as
+    transformers builds it; none on ``meta``; mixed precision: fp32, but under LoRA the frozen weights in the
+    config's dtype, as Hugging Face's Trainer with ``bf16=True`` trains peft's adapters over them), as
     ``spec`` trains it: gradient checkpointing as Hugging Face's Trainer enables it, LoRA through peft."""
     import transformers
 
     auto = getattr(transformers, AUTO[task][0])
-    dtype = {} if spec.dtype is None else {"dtype": DTYPES[spec.dtype]}
+    frozen_mixed = spec.dtype in AUTOCAST and spec.lora is not None  # LoRA's frozen weights: no fp32 masters
+    dtype = {} if spec.dtype is None or frozen_mixed else {"dtype": DTYPES[spec.dtype]}
     model = auto.from_config(copy.deepcopy(config), **dtype)
     if spec.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):

@@ -444,7 +444,8 @@ def test_a_model_by_name_is_named_in_the_summary_with_its_config_and_settings(tm
     want = probe.model.report_line()
     assert md_rows(md, "Summary")["Model"] == want == html_rows(page, "summary-table")["Model"]
     assert want.startswith(f"llama (LlamaForCausalLM, causal-lm): {probe.model.total_parameters:,} parameters, ")
-    for words in ("config from a local config.json", "seq_len 16", "LoRA r=4,alpha=32", "bf16-mixed (fp32 weights, "
-                  "autocast to bf16)", "optimizer adamw", "gradient checkpointing"):
+    for words in ("config from a local config.json", "seq_len 16", "LoRA r=4,alpha=32", "optimizer adamw",
+                  "bf16-mixed (frozen weights in the config's dtype, fp32 adapters, autocast to bf16)",
+                  "gradient checkpointing"):
         assert words in want, words
     assert load_result(report / "probe.json").model == probe.model

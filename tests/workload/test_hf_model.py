@@ -416,3 +416,16 @@ def test_qlora_estimate_is_what_a_real_cpu_run_measures_and_below_lora(tmp_path)
     assert facts[",bits=4"].formula_weights_bytes == 3_489_660_928 + 2 * 2_101_346_304 + 167_772_160 + 1_064_960
     assert facts[",bits=4"].formula_weights_bytes < probes[",bits=4"].peak_bytes < probes[""].peak_bytes
     assert facts[",bits=4"].total_parameters == facts[""].total_parameters == 8_030_261_248 + 41_943_040
+
+
+def test_lora_under_mixed_precision_keeps_the_frozen_weights_in_the_configs_dtype(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype="bf16-mixed", lora="r=4").spec())
+    model = workload.make_model()
+    trained = {p.dtype for p in model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16} and workload.facts().dtype == "bf16"
+    seen: list[torch.dtype] = []
+    model.base_model.model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    workload.loss(model, workload.make_batch(2, torch.Generator().manual_seed(0))).backward()
+    assert seen == [torch.bfloat16]
