@@ -214,6 +214,42 @@ class ModelSpec:
         return cls(name=unquote(name), **pairs)
 
 
+#: Hugging Face Trainer's ``optim`` for each optimizer.
+TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit",
+                 "paged-adamw-8bit": "paged_adamw_8bit", "lion": "lion_32bit", "lion-8bit": "lion_8bit"}
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def trainer_settings(spec: str, micro_batch: int, steps: int) -> dict[str, Any]:
+    """The Hugging Face settings that train the model of ``spec`` (a model spec, ``hf:...``) as it was
+    planned: ``training_arguments`` (``TrainingArguments(output_dir=..., **them)``), ``from_pretrained``
+    (the weights' dtype, QLoRA's ``quantization_config`` as ``BitsAndBytesConfig`` keywords) and, under LoRA,
+    ``lora_config`` (``peft.LoraConfig(**it)``). Read from the spec's text alone (no file is opened)."""
+    given = dict(parse_qsl(spec.strip().removeprefix(PREFIX).partition("?")[2]))
+    dtype, lora = given.get("dtype"), given.get("lora")
+    arguments: dict[str, Any] = {"per_device_train_batch_size": micro_batch, "gradient_accumulation_steps": steps,
+                                 "optim": TRAINER_OPTIM[given.get("optimizer", "adamw")], "learning_rate": 5e-5,
+                                 "weight_decay": 0.0}
+    if dtype in ("bf16-mixed", "fp16-mixed"):
+        arguments[dtype[:4]] = True
+    if given.get("gradient_checkpointing") == "true":
+        arguments.update(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    loading: dict[str, Any] = {"dtype": "float32" if dtype in ("bf16-mixed", "fp16-mixed") and lora is None
+                               else _TORCH_DTYPES.get(dtype or "", "auto")}
+    out: dict[str, Any] = {"training_arguments": arguments, "from_pretrained": loading}
+    if lora is not None:
+        keys = dict(part.split("=", 1) for part in lora.split(","))
+        targets = keys["targets"] if keys["targets"] == "all-linear" else keys["targets"].split("+")
+        out["lora_config"] = {"r": int(keys["r"]), "lora_alpha": int(keys["alpha"]),
+                              "lora_dropout": float(keys["dropout"]), "target_modules": targets}
+        if keys.get("bits") == "4":
+            compute = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}.get(dtype or "", loading["dtype"])
+            loading["quantization_config"] = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                              "bnb_4bit_use_double_quant": True,
+                                              "bnb_4bit_compute_dtype": "float32" if compute == "auto" else compute}
+    return out
+
+
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value

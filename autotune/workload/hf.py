@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,7 +269,9 @@ def with_lora(model: nn.Module, settings: str, task: str) -> nn.Module:
     config = peft.LoraConfig(r=int(given["r"]), lora_alpha=int(given["alpha"]), lora_dropout=float(given["dropout"]),
                              target_modules=targets, task_type=PEFT_TASKS.get(task))
     try:
-        return peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # transformers 5 warns when peft reads is_gradient_checkpointing
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return peft.get_peft_model(model, config)
     except ValueError as exc:
         raise BadInput(f"lora {settings!r}: {exc}") from None
 

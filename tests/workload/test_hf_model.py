@@ -429,3 +429,32 @@ def test_lora_under_mixed_precision_keeps_the_frozen_weights_in_the_configs_dtyp
     model.base_model.model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     workload.loss(model, workload.make_batch(2, torch.Generator().manual_seed(0))).backward()
     assert seen == [torch.bfloat16]
+
+
+@pytest.mark.slow
+def test_format_hf_prints_the_trainer_settings_that_train_the_model_as_planned(tmp_path, capsys):
+    import peft
+
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, err = run_cli(capsys, "plan", "--model", str(folder), "--seq-len", "16", "--target-batch", "64",
+                             "--device", "estimate", "--memory-budget", "1GiB", "--format", "hf", "--quiet",
+                             "--lora", "r=8,targets=q_proj+v_proj,bits=4", "--dtype", "bf16-mixed",
+                             "--gradient-checkpointing", "--optimizer", "adafactor")
+    assert code == 0, err
+    data = json.loads(out)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                                          **data["training_arguments"])
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    assert args.bf16 and not args.fp16 and args.optim == "adafactor" and args.gradient_checkpointing
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    lora = peft.LoraConfig(**data["lora_config"])
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout, set(lora.target_modules)) == (8, 32, 0.05, {"q_proj", "v_proj"})
+    assert data["from_pretrained"] == {"dtype": "auto", "quantization_config": {
+        "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16"}}
+    code, out, err = run_cli(capsys, "plan", "--model", str(folder), "--seq-len", "16", "--target-batch", "64",
+                             "--device", "estimate", "--memory-budget", "1GiB", "--format", "hf", "--quiet",
+                             "--dtype", "bf16-true")
+    assert code == 0 and set(json.loads(out)) == {"training_arguments", "from_pretrained"}, err
+    assert json.loads(out)["from_pretrained"] == {"dtype": "bfloat16"}
+    assert json.loads(out)["training_arguments"]["optim"] == "adamw_torch"
