@@ -24,7 +24,7 @@ from .errors import BadInput, DoesNotFit
 from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .probing.fsdp import RunRule
 from .results.device import DeviceInfo
-from .results.model import ModelSpec, named_as, workload_or_model
+from .results.model import ModelSpec, named_as, run_precision, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
@@ -554,6 +554,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 "plan, not run")
         wl, dev = _real(request.probe, Given.of(workload, device))
         planned = plan_for(request, store=store, given=Given(wl, dev))
+    precision = run_precision(planned.probe.source if planned.probe is not None else None, precision)
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)

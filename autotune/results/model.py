@@ -250,6 +250,20 @@ def trainer_settings(spec: str, micro_batch: int, steps: int) -> dict[str, Any]:
     return out
 
 
+def run_precision(spec: str | None, precision: str) -> str:
+    """The precision a run trains the workload ``spec`` in: a model by name in mixed precision (``bf16-mixed``)
+    runs as ``run(precision="bf16")`` does (its tolerance, fp16's GradScaler), whatever ``precision`` left at
+    fp32; BadInput when ``precision`` names another."""
+    if spec is None or not is_model_spec(spec):
+        return precision
+    dtype = dict(parse_qsl(spec.strip().removeprefix(PREFIX).partition("?")[2])).get("dtype", "")
+    wanted = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(dtype)
+    if wanted is None or precision in (wanted, "fp32"):
+        return wanted or precision
+    raise BadInput(f"precision {precision} is not the model's dtype {dtype}: give precision {wanted} (or leave it "
+                   f"out), or the model's dtype {precision}-mixed")
+
+
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value

@@ -202,6 +202,11 @@ def test_autotune_run_model_trains_and_verifies(tmp_path, capsys):
                              "--device", "cpu", "--memory-budget", "6MiB", "--steps", "2", "--json", "--quiet")
     data = json.loads(out)
     assert code == 0 and data["passed"], err
+    code, out, err = run_cli(capsys, "run", "--model", str(folder), "--seq-len", "16", "--target-batch", "8",
+                             "--device", "cpu", "--memory-budget", "6MiB", "--steps", "2", "--json", "--quiet",
+                             "--dtype", "bf16-mixed")
+    data = json.loads(out)
+    assert code == 0 and data["passed"] and data["precision"] == "bf16", err
 
 
 @pytest.mark.slow
