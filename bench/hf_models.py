@@ -85,19 +85,21 @@ def probe(model_dir: str, seq: int, extra: list[str], dtype: str = "bf16-true") 
     return result, error, wall
 
 
-def meta_count(model_dir: str, lora: bool) -> tuple[str, str]:
-    """Parameters and accelerate's formula (bf16 weights, Adam training 4x) counted on the meta device here
-    (without LoRA's adapters, whose count is left open)."""
+def meta_count(model_dir: str, lora: bool, dtype: str = "bf16-true") -> tuple[str, str]:
+    """Parameters and accelerate's formula (the weights' bytes, Adam training 4x) counted on the meta device
+    here (without LoRA's adapters, whose count is left open): bf16 weights, fp32 under full bf16-mixed."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         total = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).num_parameters()
     trainable = "adapters not counted" if lora else f"{total / 1e9:.2f}B"
-    return f"{total / 1e9:.2f}B / {trainable} *", format_bytes(total * 2 * 4) + " *"
+    size = 4 if dtype.endswith("-mixed") and not lora else 2
+    return f"{total / 1e9:.2f}B / {trainable} *", format_bytes(total * size * 4) + " *"
 
 
-def cells(result: dict | None, error: str, model_dir: str, lora: bool) -> tuple[str, str, str, str]:
+def cells(result: dict | None, error: str, model_dir: str, lora: bool,
+          dtype: str = "bf16-true") -> tuple[str, str, str, str]:
     """Max micro-batch (or why none), reserved peak, total/trainable parameters, accelerate's formula."""
     if result is None:
         if "bitsandbytes" in error:
@@ -106,7 +108,7 @@ def cells(result: dict | None, error: str, model_dir: str, lora: bool) -> tuple[
         if not found:
             return error.removeprefix("autotune probe: error: ")[:220], "", "", ""
         fit = f"does not fit: needs {found[1]} at micro-batch 1 (usable {found[2]})"
-        return (fit, "", *meta_count(model_dir, lora))
+        return (fit, "", *meta_count(model_dir, lora, dtype))
     facts = result.get("model") or {}
     params = f"{facts.get('total_parameters', 0) / 1e9:.2f}B / {facts.get('trainable_parameters', 0) / 1e9:.3g}B"
     formula = format_bytes(facts.get("formula_adam_training_bytes", 0))
@@ -147,7 +149,7 @@ def main() -> None:
         paths = write_configs(folder)
         for model, device, dev_args, mode, mode_args, seq in rows(args):
             result, error, wall = probe(paths[model], seq, dev_args + mode_args, args.dtype)
-            batch, peak, params, formula = cells(result, error, paths[model], mode != "full")
+            batch, peak, params, formula = cells(result, error, paths[model], mode != "full", args.dtype)
             print(f"| {model} | {device} | {mode} | {seq} | {batch} | {peak} | {params} | {formula} | {wall:.1f} |",
                   flush=True)
     print("\n* where marked: counted here on the meta device (the probe stopped before its model part)")
