@@ -50,6 +50,8 @@ class _MatMul4Bit(torch.autograd.Function):
 class Linear4bit(nn.Linear):
     """A frozen NF4 linear layer of ``in_features`` x ``out_features`` by its bytes (see the module)."""
 
+    absmax: torch.Tensor
+
     def __init__(self, linear: nn.Linear, *, compute_dtype: torch.dtype) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -81,7 +83,8 @@ def quantize(model: nn.Module, *, compute_dtype: torch.dtype) -> int:
     """Every ``nn.Linear`` of ``model`` but its output head made :class:`Linear4bit` (in place), then every
     fp16/bf16 parameter left cast to fp32 and all frozen, as peft's ``prepare_model_for_kbit_training``
     does; the number of weights quantized."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    heads = getattr(model, "get_output_embeddings", None)
+    head = heads() if callable(heads) else None
     quantized = 0
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
