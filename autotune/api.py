@@ -24,7 +24,7 @@ from .devices import Device, get_device
 from .errors import BadInput, DoesNotFit, mention
 from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .results.device import DeviceInfo
-from .results.model import ModelSpec, named_as, workload_or_model
+from .results.model import ModelSpec, named_as, run_precision, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .store import cached
@@ -631,6 +631,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 "plan, not run")
         wl, dev = _real(request.probe, GivenObjects.of(workload, device))
         planned = plan_for(request, store=store, given=GivenObjects(wl, dev))
+    precision = run_precision(planned.probe.source if planned.probe is not None else None, precision)
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)

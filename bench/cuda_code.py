@@ -2,6 +2,7 @@
 
     python bench/cuda_code.py                      # A10G-24GB (sm86) and H100-80GB (sm90), ~3 min on 2 cores
     python bench/cuda_code.py --presets A100-40GB  # other presets (autotune devices --presets)
+    python bench/cuda_code.py --peak-parts         # gpt:build_100m on A10G-24GB: the bytes at the peak by kind
 
 One GPT shape (32k vocabulary, 512 tokens, 512 wide, 8 heads of 64, 4
 layers, dropout 0.1), trained as people write it for a GPU: in fp32; with
@@ -99,11 +100,58 @@ def row(name: str, workload: object, preset: str) -> tuple[str, ...]:
             f"{statistics.mean(seconds):.2f}" if seconds else "-")
 
 
+def group(name: str, kind: str) -> str:
+    """A part of the peak (the memory timeline's kind and module) as the peak-parts table groups it."""
+    if kind != "activations":
+        return {"cache": "cached free blocks (fragmentation)", "rounding": "cached free blocks (fragmentation)",
+                "context": "CUDA context (allowance)"}.get(kind, kind.replace("_", " "))
+    if name.startswith("(outside"):
+        return "activations: the loss (logits' log-softmax and its gradients)"
+    return "activations: the 12 blocks" if name.startswith("blocks") else "activations: embeddings' dropout, head, norm"
+
+
+def peak_parts(preset: str) -> None:
+    """gpt:build_100m in fp32, under autocast("cuda", bf16) and converted to bf16 on ``preset``: the max
+    micro-batch and, at it, the peak's bytes by kind (from the estimate's memory timeline at its peak)."""
+    base = gpt.build_100m()
+    runs = {"fp32": base, "autocast(cuda, bf16)": dataclasses.replace(
+        base, loss=lambda m, b: _autocast_gpt_loss(m, b)), "bf16 weights": dataclasses.replace(
+        base, model=lambda: base.model().to(torch.bfloat16))}
+    results = {name: api.probe(w, device=f"estimate:{preset}", memory_snapshot=True) for name, w in runs.items()}
+    print(f"| part at the peak (gpt:build_100m, estimate:{preset}) | " +
+          " | ".join(f"{n}: max {r.max_micro_batch}" for n, r in results.items()) + " |")
+    print("|---|" + "---:|" * len(results))
+    grouped = {}
+    for name, r in results.items():
+        assert r.memory is not None
+        for part in r.memory.parts:
+            key = group(part.name, part.kind)
+            grouped.setdefault(key, {}).setdefault(name, 0)
+            grouped[key][name] += part.bytes
+    for key, by in grouped.items():
+        print(f"| {key} | " + " | ".join(
+            f"{by.get(n, 0) / 2**30:.2f} GiB ({by.get(n, 0) / r.memory.batch / 2**20:.0f} MiB a sample)"
+            for n, r in results.items() if r.memory is not None) + " |")
+    print("| reserved peak (what the fit rule compares) | " + " | ".join(
+        f"{r.memory.reserved_peak_bytes / 2**30:.2f} GiB, at {r.memory.peak_phase}" for r in results.values()
+        if r.memory is not None) + " |")
+
+
+def _autocast_gpt_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # the whole loss, as a GPU script writes it
+        return gpt.loss(model, batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--peak-parts", action="store_true", help="gpt:build_100m in fp32, under autocast and in "
+                        "bf16 on the first preset (A10G-24GB): the peak's bytes by kind")
     args = parser.parse_args()
     print(machine())
+    if args.peak_parts:
+        peak_parts(args.presets[0])
+        return
     print(f"# GPT {CONFIG.vocab} vocab, {CONFIG.seq_len} tokens, {CONFIG.d_model} wide, {CONFIG.heads} heads, "
           f"{CONFIG.layers} layers; estimate-only probes, 10% margin")
     print("| workload | preset | max micro-batch | attention (backend on the GPU: why) | s / evaluation |")

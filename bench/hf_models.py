@@ -3,14 +3,16 @@
     python bench/hf_models.py                        # every row (an FSDP row 1.5-4 min here, a 70B one longer)
     python bench/hf_models.py --quick                # the 8B on one A100, full and LoRA, seq 2048
     python bench/hf_models.py --only 8B,Qwen --seq 2048
+    python bench/hf_models.py --dtype bf16-mixed     # autocast over fp32 weights (LoRA: over the frozen bf16 ones)
 
 The config.json of Llama-3.1-8B, Qwen2.5-7B, Mistral-7B-v0.1 and Llama-3.1-70B (their public values) are
 written to a temporary folder; each row runs ``autotune probe --model DIR --json --dtype bf16-true
 --gradient-checkpointing`` in its own process (``OMP_NUM_THREADS=1``) and prints the max micro-batch (or what
 the smallest one needs when none fits), the reserved peak at it, total and trainable parameters, the formula
 of ``accelerate estimate-memory`` (Adam training as 4x the weights; the result's ``model`` part) and the
-process's wall seconds. The weights are bf16 (``bf16-mixed`` is refused by the probe: it measures the
-weights' dtype). QLoRA (``--lora ...,bits=4``) needs bitsandbytes; where it is not installed the probe says so.
+process's wall seconds. ``--dtype``: bf16 weights (``bf16-true``, the default) or ``bf16-mixed`` (autocast to
+bf16 over fp32 weights; under LoRA over the frozen bf16 weights, fp32 adapters). QLoRA (``--lora ...,bits=4``)
+is NF4 base weights estimated by shape (autotune/workload/qlora.py).
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ def write_configs(folder: str) -> dict[str, str]:
     return paths
 
 
-def probe(model_dir: str, seq: int, extra: list[str]) -> tuple[dict | None, str, float]:
+def probe(model_dir: str, seq: int, extra: list[str], dtype: str = "bf16-true") -> tuple[dict | None, str, float]:
     """The probe's JSON (None on failure), its last error line, wall seconds."""
     argv = [sys.executable, "-m", "autotune", "probe", "--model", model_dir, "--json", "--seq-len", str(seq),
-            "--dtype", "bf16-true", "--gradient-checkpointing", *extra]
+            "--dtype", dtype, "--gradient-checkpointing", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     begin = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -83,19 +85,21 @@ def probe(model_dir: str, seq: int, extra: list[str]) -> tuple[dict | None, str,
     return result, error, wall
 
 
-def meta_count(model_dir: str, lora: bool) -> tuple[str, str]:
-    """Parameters and accelerate's formula (bf16 weights, Adam training 4x) counted on the meta device here
-    (without LoRA's adapters, whose count is left open)."""
+def meta_count(model_dir: str, lora: bool, dtype: str = "bf16-true") -> tuple[str, str]:
+    """Parameters and accelerate's formula (the weights' bytes, Adam training 4x) counted on the meta device
+    here (without LoRA's adapters, whose count is left open): bf16 weights, fp32 under full bf16-mixed."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         total = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).num_parameters()
     trainable = "adapters not counted" if lora else f"{total / 1e9:.2f}B"
-    return f"{total / 1e9:.2f}B / {trainable} *", format_bytes(total * 2 * 4) + " *"
+    size = 4 if dtype.endswith("-mixed") and not lora else 2
+    return f"{total / 1e9:.2f}B / {trainable} *", format_bytes(total * size * 4) + " *"
 
 
-def cells(result: dict | None, error: str, model_dir: str, lora: bool) -> tuple[str, str, str, str]:
+def cells(result: dict | None, error: str, model_dir: str, lora: bool,
+          dtype: str = "bf16-true") -> tuple[str, str, str, str]:
     """Max micro-batch (or why none), reserved peak, total/trainable parameters, accelerate's formula."""
     if result is None:
         if "bitsandbytes" in error:
@@ -104,7 +108,7 @@ def cells(result: dict | None, error: str, model_dir: str, lora: bool) -> tuple[
         if not found:
             return error.removeprefix("autotune probe: error: ")[:220], "", "", ""
         fit = f"does not fit: needs {found[1]} at micro-batch 1 (usable {found[2]})"
-        return (fit, "", *meta_count(model_dir, lora))
+        return (fit, "", *meta_count(model_dir, lora, dtype))
     facts = result.get("model") or {}
     params = f"{facts.get('total_parameters', 0) / 1e9:.2f}B / {facts.get('trainable_parameters', 0) / 1e9:.3g}B"
     formula = format_bytes(facts.get("formula_adam_training_bytes", 0))
@@ -133,17 +137,19 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="rows whose 'model device mode seq' contains one of these "
                                                      "(comma-separated), e.g. 8B,A10G")
     parser.add_argument("--seq", type=int, nargs="+", default=[2048, 4096], help="tokens a sample")
+    parser.add_argument("--dtype", default="bf16-true", help="bf16-true (default) or bf16-mixed")
     args = parser.parse_args()
     print(machine())
-    print("autotune probe --model DIR --dtype bf16-true --gradient-checkpointing --json (each row its own process)\n")
+    print(f"autotune probe --model DIR --dtype {args.dtype} --gradient-checkpointing --json (each row its own "
+          "process)\n")
     print("| model | device | mode | seq | max micro-batch | reserved peak | params total / trainable "
           "| accelerate formula (Adam, 4x weights) | seconds |")
     print("|---|---|---|---:|---|---:|---|---:|---:|", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         paths = write_configs(folder)
         for model, device, dev_args, mode, mode_args, seq in rows(args):
-            result, error, wall = probe(paths[model], seq, dev_args + mode_args)
-            batch, peak, params, formula = cells(result, error, paths[model], mode != "full")
+            result, error, wall = probe(paths[model], seq, dev_args + mode_args, args.dtype)
+            batch, peak, params, formula = cells(result, error, paths[model], mode != "full", args.dtype)
             print(f"| {model} | {device} | {mode} | {seq} | {batch} | {peak} | {params} | {formula} | {wall:.1f} |",
                   flush=True)
     print("\n* where marked: counted here on the meta device (the probe stopped before its model part)")

@@ -47,6 +47,7 @@ from ..devices import Device
 from ..errors import BadInput, NoUniformPlan, user_code
 from ..planning.exports import no_equal_split
 from ..workload import Workload
+from ..workload.hf import autocast_loss as _autocast
 from .common import short_dataset
 from .packed import cache_note, is_packed, packed_workload
 
@@ -227,20 +228,3 @@ def _enable_checkpointing(model: nn.Module, args: TrainingArguments) -> None:
         enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every, offload=offload)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)  # type: ignore[operator]
-
-
-def _autocast(loss: Callable[[nn.Module, Any], torch.Tensor], dtype: torch.dtype):
-    """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 (an estimate
-    standing in for a GPU runs CUDA's autocast on its ``meta`` tensors; one for no GPU runs float32, which holds
-    more memory, not less)."""
-
-    def autocast_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-        kind = next(model.parameters()).device.type
-        if kind == "meta" and torch.cuda.is_available():  # the estimate's stand-in for the GPU
-            kind = "cuda"
-        if kind == "meta":
-            return loss(model, batch)
-        with torch.autocast(kind, dtype=dtype):
-            return loss(model, batch)
-
-    return autocast_loss

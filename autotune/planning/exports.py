@@ -1,6 +1,8 @@
 """A Plan as the batch settings of a training framework, as a JSON object that pastes.
 
-    hf          TrainingArguments(output_dir=..., **data)
+    hf          TrainingArguments(output_dir=..., **data); for a model by name (--model), the settings that
+                train it as planned: TrainingArguments(output_dir=..., **data["training_arguments"]),
+                from_pretrained(name, **data["from_pretrained"]), LoraConfig(**data["lora_config"])
     lightning   Trainer(**data["trainer"]); your DataModule(**data["datamodule"]) (or its batch_size)
     accelerate  Accelerator(**data["accelerator"]); DataLoader(dataset, **data["dataloader"])
     deepspeed   the batch keys of a DeepSpeed config (train_batch_size = micro x steps x ranks)
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import BadInput, NoUniformPlan, PlanError, RanksDiffer
+from ..results.model import is_model_spec, trainer_settings
 from ..results.plan import Plan
 from .mixed import how_ranks_differ, ranks_differ_error
 from .planner import uniform_options, uniform_range
@@ -35,6 +38,8 @@ NAMES = {
 
 def _settings(plan: Plan, fmt: str) -> dict[str, Any]:
     micro, steps = plan.micro_batch, plan.accumulation_steps
+    if fmt == "hf" and plan.probe is not None and is_model_spec(plan.probe.source):
+        return trainer_settings(str(plan.probe.source), micro, steps)
     if fmt == "hf":
         return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": steps}
     if fmt == "lightning":

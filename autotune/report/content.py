@@ -79,6 +79,7 @@ def summary(s: Subject) -> Section:
     if p is not None:
         rows += [
             ("Workload", p.workload + (f" ({tables.options_text(p.options)})" if p.options else "")),
+            *([("Model", p.model.report_line())] if p.model is not None else []),
             ("Device", p.device.summary),
             ("Capacity", f"{format_bytes(p.capacity_bytes)} (from {p.device.capacity_source})"),
             ("Margin", format_margin(p.margin)),

@@ -33,10 +33,12 @@ OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "paged-adamw-8bit", "li
 NEEDS_BITSANDBYTES = ("adamw-8bit", "paged-adamw-8bit", "lion", "lion-8bit")
 #: How samples of different lengths (``--lengths``) make a micro-batch.
 PADDINGS = ("longest", "max", "packed")
-#: The weights' dtype, by the project's names and Lightning's "-true" ones.
+#: The weights' dtype, by the project's names and Lightning's "-true" ones; Lightning's "-mixed" ones are
+#: mixed precision: fp32 weights, the forward and loss under autocast to bf16 (or fp16, with a GradScaler).
 DTYPES = {"fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
           "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16",
-          "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16"}
+          "fp16": "fp16", "16": "fp16", "16-true": "fp16", "float16": "fp16",
+          "bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed", "fp16-mixed": "fp16-mixed"}
 #: LoRA's settings as ``--lora`` names them, with peft's defaults where a user names none.
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear", "bits": 16}
 #: Longest sequence a model by name trains on when ``--seq-len`` is not given (nor a shorter maximum).
@@ -51,15 +53,13 @@ def is_model_spec(spec: object) -> bool:
 
 
 def dtype_name(value: object, name: str = "dtype") -> str:
-    """``fp32``, ``bf16`` or ``fp16`` for any of their names (Lightning's ``bf16-true`` too)."""
+    """``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` for any of their names (Lightning's
+    ``bf16-true``, ``16-mixed`` too)."""
     text = str(value).strip().lower()
     if text in DTYPES:
         return DTYPES[text]
-    if text.endswith("-mixed"):
-        raise BadInput(f"{name} {value!r} is mixed precision (autocast over fp32 weights): the probe measures the "
-                       f"weights' dtype; give {name} fp32 (then autotune run --precision "
-                       f"{'bf16' if text.startswith('bf') else 'fp16'} trains mixed), or bf16-true")
-    raise BadInput(f"{name} {value!r} is not one of fp32, bf16, fp16 (or Lightning's 32-true, bf16-true, 16-true)")
+    raise BadInput(f"{name} {value!r} is not one of fp32, bf16, fp16, bf16-mixed, fp16-mixed (or Lightning's "
+                   "32-true, bf16-true, 16-true, 16-mixed)")
 
 
 def lora_settings(value: object, name: str = "lora") -> str:
@@ -84,6 +84,14 @@ def lora_settings(value: object, name: str = "lora") -> str:
     if settings["bits"] not in (4, 8, 16):
         raise BadInput(f"{name} {value!r}: bits is 4 or 8 (QLoRA), or 16 (plain LoRA)")
     return ",".join(f"{k}={settings[k]}" for k in LORA_KEYS if k != "bits" or settings[k] != 16)
+
+
+def display_name(name: str) -> str:
+    """A model's name in results: a hub id as it is, a local model by its folder's name (no path)."""
+    path = Path(name)
+    if not path.is_absolute():
+        return name
+    return (path.parent if path.suffix == ".json" else path).name or name
 
 
 def model_name(name: object) -> str:
@@ -120,7 +128,11 @@ class ModelSpec:
     ``task``: None for the one the config's ``architectures`` names. ``seq_len``: tokens per sample
     (None: the config's maximum positions, at most :data:`DEFAULT_SEQ_LEN`); ``target_len``: a seq2seq
     model's label tokens (None: ``seq_len``); ``num_labels``: a classifier's classes (None: the config's).
-    ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none).
+    ``dtype``: the weights' (None: the config's, as transformers builds it; fp32 when it names none), or mixed
+    precision, ``bf16-mixed``/``fp16-mixed``: fp32 weights, gradients and optimizer state, the forward and the
+    loss under autocast on the model's device (CUDA's on an estimate standing in for a GPU); under LoRA the
+    frozen weights stay in the config's dtype (fp32 adapters), as Hugging Face's Trainer with ``bf16=True``
+    trains a model loaded as transformers loads it.
     ``lengths``: a file with a column of sample lengths (CSV, Parquet, JSONL), padded as ``padding`` says:
     ``longest`` to the longest sample of a micro-batch, ``max`` to ``seq_len``, or ``packed``: a causal LM's
     samples concatenated into one row, as Hugging Face's ``DataCollatorWithFlattening`` makes it (position ids
@@ -162,6 +174,23 @@ class ModelSpec:
                                "with a column of sample lengths")
             set_(self, "lengths", str(path.resolve()))
 
+    def described(self, seq_len: int | None = None) -> str:
+        """Every training setting in words (the defaults too), ``seq_len`` the tokens a sample it resolved to."""
+        weights = "frozen weights in the config's dtype, fp32 adapters" if self.lora else "fp32 weights"
+        dtype = {"bf16-mixed": f"bf16-mixed ({weights}, autocast to bf16)",
+                 "fp16-mixed": f"fp16-mixed ({weights}, autocast to fp16, a GradScaler)"}.get(
+            self.dtype or "", f"weights in {self.dtype}" if self.dtype else "weights in the config's dtype")
+        bits = self.lora.rpartition("bits=")[2] if self.lora and "bits=" in self.lora else None
+        lora = "full fine-tuning" if self.lora is None else \
+            (f"QLoRA {self.lora} (NF4 base weights by shape)" if bits == "4" else f"LoRA {self.lora}")
+        parts = [f"seq_len {seq_len or self.seq_len}" if (seq_len or self.seq_len) else None,
+                 f"target_len {self.target_len}" if self.target_len else None,
+                 f"num_labels {self.num_labels}" if self.num_labels else None,
+                 lora, dtype, f"optimizer {self.optimizer}",
+                 "gradient checkpointing" if self.gradient_checkpointing else "no gradient checkpointing",
+                 f"lengths from {Path(self.lengths).name} padded to the {self.padding}" if self.lengths else None]
+        return ", ".join(p for p in parts if p)
+
     def spec(self) -> str:
         """The probe spec string: ``hf:NAME`` and ``?key=value&...`` for what differs from the defaults."""
         defaults = ModelSpec.__dataclass_fields__
@@ -182,6 +211,56 @@ class ModelSpec:
         from urllib.parse import unquote
 
         return cls(name=unquote(name), **pairs)
+
+
+#: Hugging Face Trainer's ``optim`` for each optimizer.
+TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit",
+                 "paged-adamw-8bit": "paged_adamw_8bit", "lion": "lion_32bit", "lion-8bit": "lion_8bit"}
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def trainer_settings(spec: str, micro_batch: int, steps: int) -> dict[str, Any]:
+    """The Hugging Face settings that train the model of ``spec`` (a model spec, ``hf:...``) as it was
+    planned: ``training_arguments`` (``TrainingArguments(output_dir=..., **them)``), ``from_pretrained``
+    (the weights' dtype, QLoRA's ``quantization_config`` as ``BitsAndBytesConfig`` keywords) and, under LoRA,
+    ``lora_config`` (``peft.LoraConfig(**it)``). Read from the spec's text alone (no file is opened)."""
+    given = dict(parse_qsl(spec.strip().removeprefix(PREFIX).partition("?")[2]))
+    dtype, lora = given.get("dtype"), given.get("lora")
+    arguments: dict[str, Any] = {"per_device_train_batch_size": micro_batch, "gradient_accumulation_steps": steps,
+                                 "optim": TRAINER_OPTIM[given.get("optimizer", "adamw")], "learning_rate": 5e-5,
+                                 "weight_decay": 0.0}
+    if dtype in ("bf16-mixed", "fp16-mixed"):
+        arguments[dtype[:4]] = True
+    if given.get("gradient_checkpointing") == "true":
+        arguments.update(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    loading: dict[str, Any] = {"dtype": "float32" if dtype in ("bf16-mixed", "fp16-mixed") and lora is None
+                               else _TORCH_DTYPES.get(dtype or "", "auto")}
+    out: dict[str, Any] = {"training_arguments": arguments, "from_pretrained": loading}
+    if lora is not None:
+        keys = dict(part.split("=", 1) for part in lora.split(","))
+        targets = keys["targets"] if keys["targets"] == "all-linear" else keys["targets"].split("+")
+        out["lora_config"] = {"r": int(keys["r"]), "lora_alpha": int(keys["alpha"]),
+                              "lora_dropout": float(keys["dropout"]), "target_modules": targets}
+        if keys.get("bits") == "4":
+            compute = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}.get(dtype or "", loading["dtype"])
+            loading["quantization_config"] = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                              "bnb_4bit_use_double_quant": True,
+                                              "bnb_4bit_compute_dtype": "float32" if compute == "auto" else compute}
+    return out
+
+
+def run_precision(spec: str | None, precision: str) -> str:
+    """The precision a run trains the workload ``spec`` in: a model by name in mixed precision (``bf16-mixed``)
+    runs as ``run(precision="bf16")`` does (its tolerance, fp16's GradScaler), whatever ``precision`` left at
+    fp32; BadInput when ``precision`` names another."""
+    if spec is None or not is_model_spec(spec):
+        return precision
+    dtype = dict(parse_qsl(spec.strip().removeprefix(PREFIX).partition("?")[2])).get("dtype", "")
+    wanted = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(dtype)
+    if wanted is None or precision in (wanted, "fp32"):
+        return wanted or precision
+    raise BadInput(f"precision {precision} is not the model's dtype {dtype}: give precision {wanted} (or leave it "
+                   f"out), or the model's dtype {precision}-mixed")
 
 
 def _flag(value: object) -> bool:
@@ -215,6 +294,18 @@ class ModelFacts(Record):
     lora: str | None = None
     formula_weights_bytes: int = 0
     formula_adam_training_bytes: int = 0
+    config_source: str | None = None  # where its config.json was read: the hub's (a revision) or a local file
+    settings: str | None = None  # how it trains, every setting (ModelSpec.described)
+
+    def report_line(self) -> str:
+        """The model, where its config came from and how it trains, for a report's summary."""
+        share = f", {self.trainable_parameters:,} trainable" if self.trainable_parameters != self.total_parameters \
+            else ""
+        source = f"; config from {self.config_source}" if self.config_source else ""
+        trains = f"; {self.settings}" if self.settings else ""
+        return (f"{display_name(self.name)} ({self.architecture}, {self.task}): {self.total_parameters:,} "
+                f"parameters{share}, "
+                f"weights mostly {self.dtype}{source}{trains}")
 
     def line(self) -> str:
         """One line for people: the counts, and what the formula would have said."""

@@ -225,13 +225,15 @@ MODEL: tuple[Setting, ...] = (
             body={"choices": ("adamw", "sgd", "adafactor"), "default": "adamw"}),  # no bitsandbytes there
     Setting(name="lora", metavar="SETTINGS", verbs=MODEL_VERB, flag={"nargs": "?", "const": ""},
             help="train LoRA adapters through peft, e.g. r=16,alpha=32,dropout=0.05,targets=all-linear (those are the "
-                 "defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA, which needs bitsandbytes)",
+                 "defaults; targets=q_proj+v_proj names modules; bits=4 is QLoRA: NF4 base weights with double "
+                 "quantization, estimated by shape; bits=8 needs bitsandbytes)",
             body={"max_length": 200, "description": "e.g. r=16,alpha=32,dropout=0.05,targets=all-linear"}),
     Setting(name="gradient_checkpointing", type=bool, verbs=MODEL_VERB, body={"default": False},
             help="as Hugging Face's Trainer enables it (non-reentrant)"),
     Setting(name="dtype", metavar="DTYPE", verbs=MODEL_VERB, body={"choices": tuple(DTYPES)},
             help="the weights' dtype: fp32, bf16 or fp16 (Lightning's 32-true, bf16-true, 16-true too; default: the "
-                 "config's, as transformers builds it; fp32 when it names none)"),
+                 "config's, as transformers builds it; fp32 when it names none), or mixed precision: bf16-mixed, "
+                 "16-mixed (fp32 weights, the forward under autocast)"),
     Setting(name="lengths", metavar="FILE", verbs=MODEL_VERB, not_on={"service": _NO_FILES},
             help="samples of these lengths (a column of a CSV, Parquet or JSONL file, or the one named length); "
                  "--seq-len then truncates them (default: the longest)"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec
+from ..results.model import DEFAULT_SEQ_LEN, NEEDS_BITSANDBYTES, ModelFacts, ModelSpec, display_name
 from . import packing
 from .core import Workload
 from .from_model import _loss_from_output
@@ -40,7 +41,9 @@ AUTO = {
                                 "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "bf16-mixed": torch.float32, "fp16-mixed": torch.float32}  # mixed: fp32 weights, autocast's dtype below
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 #: Share of tokens a masked LM's collator masks (``DataCollatorForLanguageModeling``'s mlm_probability).
 MLM_PROBABILITY = 0.15
 LEARNING_RATE = 5e-5  # Hugging Face Trainer's default
@@ -238,6 +241,24 @@ def needs_bitsandbytes(what: str, instead: str) -> BadInput:
                     else ", whose kernels the estimate cannot stand in for") + f": {instead}, or write a probe file")
 
 
+def autocast_loss(loss: Callable[[nn.Module, Any], torch.Tensor], dtype: torch.dtype) \
+        -> Callable[[nn.Module, Any], torch.Tensor]:
+    """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 and Lightning
+    its ``-mixed`` precisions (an estimate standing in for a GPU runs CUDA's autocast on its ``meta`` tensors;
+    one for no GPU runs float32, which holds more memory, not less)."""
+
+    def autocast_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        kind = next(model.parameters()).device.type
+        if kind == "meta" and torch.cuda.is_available():  # the estimate's stand-in for the GPU
+            kind = "cuda"
+        if kind == "meta":
+            return loss(model, batch)
+        with torch.autocast(kind, dtype=dtype):
+            return loss(model, batch)
+
+    return autocast_loss
+
+
 def make_optimizer(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
     """The optimizer ``name`` as Hugging Face's Trainer builds it (``adamw``: its ``adamw_torch``, torch's AdamW
     with its default implementation, foreach on a GPU: its temporaries are at least the fused kernel's, and
@@ -269,19 +290,23 @@ def with_lora(model: nn.Module, settings: str, task: str) -> nn.Module:
     config = peft.LoraConfig(r=int(given["r"]), lora_alpha=int(given["alpha"]), lora_dropout=float(given["dropout"]),
                              target_modules=targets, task_type=PEFT_TASKS.get(task))
     try:
-        return peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # transformers 5 warns when peft reads is_gradient_checkpointing
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return peft.get_peft_model(model, config)
     except ValueError as exc:
         raise BadInput(f"lora {settings!r}: {exc}") from None
 
 
 def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
     """A fresh model of ``config`` for ``task``, random weights in ``spec.dtype`` (else the config's dtype, as
-    transformers builds it; none on ``meta``), as
+    transformers builds it; none on ``meta``; mixed precision: fp32, but under LoRA the frozen weights in the
+    config's dtype, as Hugging Face's Trainer with ``bf16=True`` trains peft's adapters over them), as
     ``spec`` trains it: gradient checkpointing as Hugging Face's Trainer enables it, LoRA through peft."""
     import transformers
 
     auto = getattr(transformers, AUTO[task][0])
-    dtype = {} if spec.dtype is None else {"dtype": DTYPES[spec.dtype]}
+    frozen_mixed = spec.dtype in AUTOCAST and spec.lora is not None  # LoRA's frozen weights: no fp32 masters
+    dtype = {} if spec.dtype is None or frozen_mixed else {"dtype": DTYPES[spec.dtype]}
     model = auto.from_config(copy.deepcopy(config), **dtype)
     if spec.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -292,9 +317,20 @@ def make_model(config: Any, spec: ModelSpec, task: str) -> nn.Module:
         enable({"use_reentrant": False})
     if spec.padding == "packed":  # transformers reads a packed row's position ids only without a cache
         model.config.use_cache = False
+    if qlora_bits(spec) == 4:
+        from .qlora import quantize
+
+        quantize(model, compute_dtype=AUTOCAST.get(spec.dtype or "", next(model.parameters()).dtype))
     if spec.lora is not None:
         model = with_lora(model, spec.lora, task)
     return model
+
+
+def qlora_bits(spec: ModelSpec) -> int | None:
+    """The bits of QLoRA's quantized base weights (``--lora ...,bits=4``), None for LoRA over the weights as built."""
+    if spec.lora is None or ",bits=" not in spec.lora:
+        return None
+    return int(spec.lora.rpartition("bits=")[2])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,13 +348,18 @@ class ModelWorkload(Workload):
 
 
 def count(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameters as transformers counts them, or peft under LoRA."""
+    """(total, trainable) parameters as transformers counts them, or peft under LoRA (a 4-bit weight as the
+    weights it packs, as both count bitsandbytes' ``Params4bit``)."""
+    from .qlora import Linear4bit
+
+    packed = sum(m.in_features * m.out_features - m.weight.numel() for m in model.modules()
+                 if isinstance(m, Linear4bit))
     counter = getattr(model, "get_nb_trainable_parameters", None)
     if callable(counter):
         trainable, total = counter()
-        return int(total), int(trainable)
+        return int(total) + packed, int(trainable)
     hf: Any = model  # a PreTrainedModel
-    return int(hf.num_parameters()), int(hf.num_parameters(only_trainable=True))
+    return int(hf.num_parameters()) + packed, int(hf.num_parameters(only_trainable=True))
 
 
 def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: Shape) -> ModelFacts:
@@ -328,14 +369,25 @@ def facts_of(build: Callable[[], nn.Module], spec: ModelSpec, task: str, shape: 
     total, trainable = count(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    held: dict[torch.dtype, int] = {}
+    held: dict[str, int] = {}
     for p in model.parameters():
-        held[p.dtype] = held.get(p.dtype, 0) + p.numel()
-    most = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
-    dtype = next((k for k, v in DTYPES.items() if v == most), str(most).removeprefix("torch."))
+        name = "nf4" if p.dtype == torch.uint8 else next(k for k, v in DTYPES.items() if v == p.dtype) \
+            if p.dtype in DTYPES.values() else str(p.dtype).removeprefix("torch.")
+        held[name] = held.get(name, 0) + p.numel() * (2 if name == "nf4" else 1)  # two 4-bit weights a byte
+    dtype = max(held, key=lambda d: held[d])  # LoRA's adapters may stay fp32 beside bf16 weights
     return ModelFacts(name=spec.name, architecture=type(base).__name__, task=task, total_parameters=total,
                       trainable_parameters=trainable, dtype=dtype, seq_len=shape.seq_len, lora=spec.lora,
-                      formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights)
+                      formula_weights_bytes=weights, formula_adam_training_bytes=4 * weights,
+                      config_source=config_source(spec.name), settings=spec.described(shape.seq_len))
+
+
+def config_source(name: str) -> str:
+    """Where the config of ``name`` is read: the hub's cache (at the revision it holds) or a local file."""
+    if Path(name).is_absolute():
+        return "a local config.json"
+    snapshot = config_file(name).parent  # .../models--org--name/snapshots/<commit>/config.json
+    revision = f" at revision {snapshot.name[:12]}" if snapshot.parent.name == "snapshots" else ""
+    return f"the Hugging Face hub, {name}{revision} (huggingface_hub's cache)"
 
 
 def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
@@ -346,19 +398,11 @@ def items(batch: dict[str, torch.Tensor], *, task: str) -> int:
     return int((labels != -100).sum())
 
 
-def display_name(name: str) -> str:
-    """A model's name in results: a hub id as it is, a local model by its folder's name (no path)."""
-    path = Path(name)
-    if not path.is_absolute():
-        return name
-    return (path.parent if path.suffix == ".json" else path).name or name
-
-
 def build(spec: ModelSpec) -> ModelWorkload:
     """The Workload of the model ``spec`` names, trained as it says."""
-    if spec.lora is not None and ",bits=" in spec.lora:
-        raise needs_bitsandbytes(f"QLoRA (lora {spec.lora.rpartition(',')[2]})", "plan LoRA over unquantized weights "
-                                 "(drop bits=), in bf16 with --dtype bf16")
+    if qlora_bits(spec) == 8:
+        raise needs_bitsandbytes("QLoRA over 8-bit weights (lora bits=8)", "plan bits=4 (NF4, estimated by shape) or "
+                                 "LoRA over unquantized weights (drop bits=)")
     config = load_config(spec.name)
     task = task_of(config, spec.task)
     if spec.num_labels is not None:
@@ -375,8 +419,11 @@ def build(spec: ModelSpec) -> ModelWorkload:
     text: dict[str, Any] = {} if shape.image is not None else {
         "lengths_batch": functools.partial(of_lengths, task=task, shape=shape), **packed,
         "width": {"longest": "longest", "max": shape.seq_len}.get(shape.padding)}
+    loss = _loss_from_output(spec.name)
+    if spec.dtype in AUTOCAST:  # fp16's GradScaler holds a scale and a flag: no memory to plan for
+        loss = autocast_loss(loss, AUTOCAST[spec.dtype])
     return ModelWorkload(
         name=display_name(spec.name), model=model, batch=functools.partial(make_batch, task=task, shape=shape),
-        loss=_loss_from_output(spec.name), optimizer=make_optimizer(spec.optimizer),
+        loss=loss, optimizer=make_optimizer(spec.optimizer),
         items=functools.partial(items, task=task) if task in ("causal-lm", "masked-lm") else None, about=about,
         **text)

@@ -428,3 +428,24 @@ def test_the_noise_scale_section_shows_the_runs_estimate(reports, run_result):
     assert est is not None and est.steps == len(est.history) == run_result.steps
     assert "## Gradient noise scale" in md and "(noise_scale.png)" in md
     assert f"from {est.steps} optimizer steps" in md_unescape(md)
+
+
+def test_a_model_by_name_is_named_in_the_summary_with_its_config_and_settings(tmp_path):
+    from autotune.results.model import ModelSpec
+
+    from ..workload.test_hf_model import write_config
+
+    folder = write_config(tmp_path / "llama", "llama")
+    spec = ModelSpec(name=str(folder), seq_len=16, lora="r=4", dtype="bf16-mixed", gradient_checkpointing=True)
+    probe = pipeline.probe(model=spec, device="estimate", memory_budget="1GiB", max_batch=4, store=False)
+    report = write_report(probe, tmp_path / "report")
+    page, md = read(report)
+    assert probe.model is not None
+    want = probe.model.report_line()
+    assert md_rows(md, "Summary")["Model"] == want == html_rows(page, "summary-table")["Model"]
+    assert want.startswith(f"llama (LlamaForCausalLM, causal-lm): {probe.model.total_parameters:,} parameters, ")
+    for words in ("config from a local config.json", "seq_len 16", "LoRA r=4,alpha=32", "optimizer adamw",
+                  "bf16-mixed (frozen weights in the config's dtype, fp32 adapters, autocast to bf16)",
+                  "gradient checkpointing"):
+        assert words in want, words
+    assert load_result(report / "probe.json").model == probe.model

@@ -132,6 +132,8 @@ def test_a_hub_id_reads_config_json_through_huggingface_hub_from_its_cache_offli
     assert result.model is not None and result.model.name == "tiny-org/tiny-llama"
     assert result.model.total_parameters == reference("llama").num_parameters()
     assert result.source == "hf:tiny-org/tiny-llama" and result.max_micro_batch == 4
+    assert result.model.config_source == "the Hugging Face hub, tiny-org/tiny-llama at revision 000000000000 " \
+                                         "(huggingface_hub's cache)"
     with pytest.raises(BadInput, match="not in the Hugging Face cache"):
         autotune.probe(model="tiny-org/not-fetched", device="estimate", memory_budget="1GiB", store=False)
 
@@ -201,6 +203,11 @@ def test_autotune_run_model_trains_and_verifies(tmp_path, capsys):
                              "--device", "cpu", "--memory-budget", "6MiB", "--steps", "2", "--json", "--quiet")
     data = json.loads(out)
     assert code == 0 and data["passed"], err
+    code, out, err = run_cli(capsys, "run", "--model", str(folder), "--seq-len", "16", "--target-batch", "8",
+                             "--device", "cpu", "--memory-budget", "6MiB", "--steps", "2", "--json", "--quiet",
+                             "--dtype", "bf16-mixed")
+    data = json.loads(out)
+    assert code == 0 and data["passed"] and data["precision"] == "bf16", err
 
 
 @pytest.mark.slow
@@ -222,9 +229,9 @@ def test_plan_json_says_the_model_and_the_formula(tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--probe", "mlp"], "--model and --probe each name the workload"),
     (["--optimizer", "adamw-8bit"], "needs bitsandbytes"),
-    (["--lora", "r=8,bits=4"], "QLoRA (lora bits=4) needs bitsandbytes"),
+    (["--lora", "r=8,bits=8"], "QLoRA over 8-bit weights (lora bits=8) needs bitsandbytes"),
     (["--lora", "bits=3"], "bits is 4 or 8"),
-    (["--dtype", "bf16-mixed"], "mixed precision"),
+    (["--dtype", "bf16-half"], "bf16-mixed, fp16-mixed"),
     (["--lora", "r=0"], "at least 1"),
     (["--task", "speech"], "invalid choice"),
 ])
@@ -408,3 +415,115 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     assert 4 < expected < 256  # memory, not the limit, decides
     assert abs(result.max_micro_batch - expected) <= 1
     assert result.real_runs <= 2 and result.real_ooms == 0
+
+
+@pytest.mark.parametrize("dtype,autocast", [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+def test_mixed_precision_is_fp32_weights_and_the_forward_under_autocast(tmp_path, dtype, autocast):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype=dtype).spec())
+    model = workload.make_model()
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and workload.facts().dtype == "fp32"
+    seen: list[torch.dtype] = []
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    loss = workload.loss(model, workload.make_batch(2, torch.Generator().manual_seed(0)))
+    loss.backward()
+    assert seen == [autocast] and all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_bf16_mixed_on_a_gpu_estimate_holds_bf16_activations_beside_fp32_weights(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama")
+    asked = dict(device="estimate:A10G-24GB", memory_budget="700MiB", store=False)
+    probes = {dtype: autotune.probe(model=ModelSpec(name=str(folder), seq_len=64, dtype=dtype), **asked)
+              for dtype in ("fp32", "bf16-mixed", "bf16")}
+    batches = {dtype: p.max_micro_batch for dtype, p in probes.items()}
+    assert batches["fp32"] < batches["bf16-mixed"] <= batches["bf16"], batches
+    assert probes["bf16-mixed"].model is not None and probes["bf16-mixed"].model.dtype == "fp32"
+
+
+def test_qlora_holds_nf4_base_weights_by_shape_and_counts_as_peft_does(tmp_path):
+    from autotune.workload.qlora import Linear4bit
+
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    lora = load_workload(ModelSpec(name=str(folder), seq_len=8, lora="r=4").spec())
+    qlora = load_workload(ModelSpec(name=str(folder), seq_len=8, lora="r=4,bits=4").spec())
+    facts, plain = qlora.facts(), lora.facts()
+    assert (facts.total_parameters, facts.trainable_parameters) == (plain.total_parameters, plain.trainable_parameters)
+    model = qlora.make_model()
+    linears = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    assert len(linears) == 2 * 7 and not any(isinstance(m, Linear4bit) for m in [model.get_output_embeddings()])
+    packed = sum(m.in_features * m.out_features for m in linears)
+    assert sum(m.weight.numel() for m in linears) == packed // 2 and {m.weight.dtype for m in linears} == {torch.uint8}
+    rest = [p for n, p in model.named_parameters() if p.dtype != torch.uint8]
+    assert {p.dtype for p in rest} == {torch.float32}  # embeddings, norms, head and adapters: fp32
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == \
+        {n for n, p in model.named_parameters() if "lora_" in n}
+    assert facts.dtype == "nf4" and facts.formula_weights_bytes == packed // 2 + 4 * sum(p.numel() for p in rest)
+    loss = qlora.loss(model, qlora.make_batch(2, torch.Generator().manual_seed(0)))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+def test_qlora_estimate_is_what_a_real_cpu_run_measures_and_below_lora(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=32, lora="r=4,bits=4"), device="cpu",
+                            memory_budget="4MiB", store=False)
+    real = [t for t in result.trials if t.source == "real"]
+    estimated = {t.batch: t.peak_bytes for t in result.trials if t.source == "estimate"}
+    assert len(real) == 1 and real[0].fits and real[0].peak_bytes == estimated[real[0].batch]
+    asked = dict(device="estimate:A10G-24GB", max_batch=1, store=False)
+    llama = tmp_path / "8b"
+    llama.mkdir()
+    config = transformers.LlamaConfig(**LLAMA_8B, architectures=["LlamaForCausalLM"]).to_dict()
+    (llama / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    probes = {bits: autotune.probe(model=ModelSpec(name=str(llama), seq_len=256, lora="r=16" + bits), **asked)
+              for bits in ("", ",bits=4")}
+    facts = {bits: p.model for bits, p in probes.items()}
+    assert facts[""] is not None and facts[",bits=4"] is not None
+    # 6.98B weights in 4 bits (3.49 GB), embeddings and head in fp32 (4.20 GB), the adapters (0.17 GB)
+    assert facts[",bits=4"].formula_weights_bytes == 3_489_660_928 + 2 * 2_101_346_304 + 167_772_160 + 1_064_960
+    assert facts[",bits=4"].formula_weights_bytes < probes[",bits=4"].peak_bytes < probes[""].peak_bytes
+    assert facts[",bits=4"].total_parameters == facts[""].total_parameters == 8_030_261_248 + 41_943_040
+
+
+def test_lora_under_mixed_precision_keeps_the_frozen_weights_in_the_configs_dtype(tmp_path):
+    folder = write_config(tmp_path / "llama", "llama", dtype="bfloat16")
+    workload = load_workload(ModelSpec(name=str(folder), seq_len=8, dtype="bf16-mixed", lora="r=4").spec())
+    model = workload.make_model()
+    trained = {p.dtype for p in model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16} and workload.facts().dtype == "bf16"
+    seen: list[torch.dtype] = []
+    model.base_model.model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    workload.loss(model, workload.make_batch(2, torch.Generator().manual_seed(0))).backward()
+    assert seen == [torch.bfloat16]
+
+
+@pytest.mark.slow
+def test_format_hf_prints_the_trainer_settings_that_train_the_model_as_planned(tmp_path, capsys):
+    import peft
+
+    folder = write_config(tmp_path / "llama", "llama")
+    code, out, err = run_cli(capsys, "plan", "--model", str(folder), "--seq-len", "16", "--target-batch", "64",
+                             "--device", "estimate", "--memory-budget", "1GiB", "--format", "hf", "--quiet",
+                             "--lora", "r=8,targets=q_proj+v_proj,bits=4", "--dtype", "bf16-mixed",
+                             "--gradient-checkpointing", "--optimizer", "adafactor")
+    assert code == 0, err
+    data = json.loads(out)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                                          **data["training_arguments"])
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    assert args.bf16 and not args.fp16 and args.optim == "adafactor" and args.gradient_checkpointing
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    lora = peft.LoraConfig(**data["lora_config"])
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout, set(lora.target_modules)) == (8, 32, 0.05, {"q_proj", "v_proj"})
+    assert data["from_pretrained"] == {"dtype": "auto", "quantization_config": {
+        "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16"}}
+    code, out, err = run_cli(capsys, "plan", "--model", str(folder), "--seq-len", "16", "--target-batch", "64",
+                             "--device", "estimate", "--memory-budget", "1GiB", "--format", "hf", "--quiet",
+                             "--dtype", "bf16-true")
+    assert code == 0 and set(json.loads(out)) == {"training_arguments", "from_pretrained"}, err
+    assert json.loads(out)["from_pretrained"] == {"dtype": "bfloat16"}
+    assert json.loads(out)["training_arguments"]["optim"] == "adamw_torch"
