@@ -592,12 +592,10 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``probe``: what to train, as for :func:`probe` (``workload``: its former name, deprecated).
-
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan given says how it runs itself, and
     ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan` (a plan given runs its probe's).
     ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
-    ``device`` and ``memory_budget`` may be given per rank under torchrun, and ``uniform_ranks``
-    is :func:`plan`'s: ranks that differ each run their own micro-batch and micro-steps unless it is set.
+    ``device`` and ``memory_budget`` may be given per rank under torchrun; ``uniform_ranks`` as for :func:`plan`.
     ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.

@@ -433,7 +433,7 @@ def test_the_noise_scale_section_shows_the_runs_estimate(reports, run_result):
 def test_a_model_by_name_is_named_in_the_summary_with_its_config_and_settings(tmp_path):
     from autotune.results.model import ModelSpec
 
-    from ..workload.test_hf_model import write_config
+    from ..workload.hf_configs import write_config
 
     folder = write_config(tmp_path / "llama", "llama")
     spec = ModelSpec(name=str(folder), seq_len=16, lora="r=4", dtype="bf16-mixed", gradient_checkpointing=True)

@@ -21,7 +21,7 @@ from autotune.planning.bytokens import token_steps
 from autotune.training.bytokens import TokenFeed
 
 from ..workload.batch_kinds import RUN_BUDGETS, packed_of, packed_workload
-from ..workload.test_hf_model import write_config
+from ..workload.hf_configs import write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
