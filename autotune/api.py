@@ -27,6 +27,7 @@ from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
+from .results.settings import SettingsAsk
 from .store import cached
 from .training import distributed
 from .units import plural
@@ -257,7 +258,8 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
          store: StoreSpec = None, uniform_ranks: bool = False,
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
-         lengths: Sequence[int] | str | None = None, cut_samples: bool = False) -> Plan:
+         lengths: Sequence[int] | str | None = None, cut_samples: bool = False, search_settings: bool = False,
+         allow: Sequence[str] | str = ()) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with
@@ -288,6 +290,11 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
     per sample where every rank's is known (timed on a GPU of the job, a roofline estimate for a GPU by
     name), else by memory. ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
 
+    ``search_settings``: try the settings that do not change what is computed (DDP or FSDP, activation
+    checkpointing, the allocator's) and those ``allow`` names (``"bf16-mixed,lora"``), each by estimate, rank them
+    by a stated time model, and plan the fastest (:mod:`autotune.probing.settings`); the plan's ``settings``
+    lists them all, best first, and ``setting`` is the one chosen.
+
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
@@ -306,6 +313,8 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
                            trials=trials,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
+    if search_settings or allow:
+        request = replace(request, search=SettingsAsk(allow=allow))
     return plan_for(request, store=store, given=Given.of(workload, device))
 
 
@@ -349,6 +358,8 @@ def plan_in_tokens(target_tokens: object, lengths: object, workload: Spec, plan_
 def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: Given = Given()) -> Plan:
     """The plan a request asks for: one probe (through the store when there is one), then the planner."""
     kept = open_store(store)
+    if request.search is not None:
+        return _searched(request, given)
     if request.tuning is not None:
         return _tuned(request, given, kept)
     if request.ranks:
@@ -387,6 +398,16 @@ def _plan_alike(request: PlanRequest, given: Given, kept: Store | None) -> Plan:
     if request.snapshot is not None:
         made = replace(made, probe=explained(result, request.probe, wl, dev, request.snapshot, at=made.micro_batch))
     return made
+
+
+def _searched(request: PlanRequest, given: Given) -> Plan:
+    """The settings search's plan: every setting probed by estimate (no store), the fastest planned."""
+    from .probing.settings import search_settings
+
+    assert request.search is not None
+    wl, dev = resolve(request.probe, given)
+    return search_settings(request, wl, dev, lambda r, w, d: _probe_one(r, w, d, None, None),
+                           allow=request.search.allow, confirm=request.search.confirm)
 
 
 def _tuned(request: PlanRequest, given: Given, kept: Store | None) -> Plan:

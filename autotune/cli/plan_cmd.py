@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .. import options
 from ..errors import BadInput
+from . import settings_flags
 from .common import (
     Formatter,
     add_common,
@@ -51,6 +52,7 @@ examples:
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
   autotune plan --target-batch 512 --device estimate:H100-80GB --probe gpt:build_100m --memory-snapshot m.pickle
   autotune plan --target-tokens 65536 --model gpt2 --lengths lengths.csv --device estimate:H100-80GB
+  autotune plan --target-batch 512 --model DIR --device estimate:A10G-24GB*4 --search-settings --allow lora
 """
 
 
@@ -73,6 +75,7 @@ def add_parser(sub) -> None:
                    help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)")
     p.add_argument("--study-name", metavar="NAME", default=None,
                    help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)")
+    settings_flags.add_flags(p)
     add_memory_snapshot(p)
     add_store(p)
     add_report(p)
@@ -110,13 +113,14 @@ def request_of(args, target: int | None = None) -> PlanRequest:
     other)."""
     from ..planning.requests import plan_request
 
-    return plan_request(target or args.target_batch, workload=args.probe, device=args.device,
+    made = plan_request(target or args.target_batch, workload=args.probe, device=args.device,
                         memory_budget=args.memory_budget, margin=args.margin, world_size=args.world_size,
                         multiple_of=args.multiple_of,
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
                         fsdp_sync=args.fsdp_sync,
                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
                         memory_snapshot=args.memory_snapshot, at=args.at, group=options.torchrun_group())
+    return settings_flags.asked(args, made) if hasattr(args, "search_settings") else made
 
 
 def run(args) -> int:
@@ -169,7 +173,7 @@ def _plan(args, request: PlanRequest | None, lengths: str | None, *, lead: bool)
     if fmt == "json":
         print(text, end="")
     elif fmt == "table":
-        print(plan.summary())
+        print("\n".join([plan.summary(), *settings_flags.lines(plan)]))
         if plan.probe is not None and plan.probe.model is not None:
             print(plan.probe.model.line())
         if plan.probe is not None and plan.probe.memory is not None:

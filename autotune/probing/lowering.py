@@ -91,15 +91,16 @@ class Moment:
         return sum(p.bytes for p in self.parts if p.kind in kinds)
 
 
-def checkpointed(workload: Workload, pattern: str) -> Workload:
-    """``workload`` whose modules of the family ``pattern`` run under activation checkpointing."""
+def checkpointed(workload: Workload, pattern: str, every: int = 1) -> Workload:
+    """``workload`` whose modules of the family ``pattern`` run under activation checkpointing (every
+    ``every``-th of them in the order the model names them, from the first)."""
     make = workload.model
 
     def model() -> torch.nn.Module:
         built = make()
-        for name, module in built.named_modules():
-            if name and _matches(name, pattern):
-                module.forward = _checkpoint(module.forward)
+        found = [m for name, m in built.named_modules() if name and _matches(name, pattern)]
+        for module in found[::every]:
+            module.forward = _checkpoint(module.forward)
         return built
 
     return replace(workload, model=model)

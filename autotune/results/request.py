@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 from .. import options
 from ..errors import BadInput
 from .record import Count, Margin, Record, Rule, Whole, one_of
+from .settings import SettingsAsk
 
 #: How a plan may split the target: the fewest steps (uneven micro-batches where they must be), equal
 #: micro-batches within twice the fewest steps, or equal micro-batches however many steps they take.
@@ -145,6 +146,7 @@ class PlanRequest(Record):
     world_size_source: str = "default"
     tuning: Tuning | None = None
     snapshot: Snapshot | None = None
+    search: SettingsAsk | None = None  # a settings search (autotune.probing.settings)
 
     def validate(self) -> None:
         if self.ranks and len(self.ranks) != self.probe.rule.world_size:

@@ -1,0 +1,49 @@
+"""``autotune plan --search-settings [--allow bf16-mixed,lora]``: the flags of a settings search, and its table.
+
+See :mod:`autotune.probing.settings` for what is searched and :mod:`autotune.planning.settings_search` for the
+time model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..errors import BadInput
+from ..results.settings import ALLOWED, SettingsAsk, allow_list
+
+if TYPE_CHECKING:
+    from ..results.plan import Plan
+    from ..results.request import PlanRequest
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--search-settings", action="store_true",
+                   help="try the settings that do not change what is computed (ddp or fsdp and its gradient sync, "
+                        "activation checkpointing of none, every, or every 2nd repeated block, the allocator's "
+                        "expandable segments), each by estimate; rank them by a stated time model (roofline "
+                        "compute with recompute, collectives over the GPU's link) and plan the fastest; on a real "
+                        "device the best two are run and timed")
+    p.add_argument("--allow", type=allow_list, default=(), metavar="LIST",
+                   help=f"with --search-settings, also try these settings that change the numbers: "
+                        f"{', '.join(ALLOWED)} (bf16 and lora: a model by name, --model)")
+
+
+def asked(args: argparse.Namespace, request: PlanRequest) -> PlanRequest:
+    """``request`` with the settings search the flags ask for (BadInput: --allow without --search-settings)."""
+    if args.allow and not args.search_settings:
+        raise BadInput(f"--allow {','.join(args.allow)} names settings for the settings search: add "
+                       "--search-settings, or drop --allow")
+    if not args.search_settings:
+        return request
+    if args.tune:
+        raise BadInput("--search-settings and --tune each choose how to run: give one of them")
+    return replace(request, search=SettingsAsk(allow=args.allow))
+
+
+def lines(plan: Plan) -> list[str]:
+    """The ranked table of a plan made by a settings search (none for any other plan)."""
+    from ..planning.settings_search import table
+
+    return table(list(plan.settings)) if plan.settings else []
