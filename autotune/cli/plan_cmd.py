@@ -180,6 +180,7 @@ def _plan(args, request: PlanRequest | None, lengths: str | None, *, lead: bool)
             print("\n".join(plan.probe.memory.lines(capacity=plan.probe.capacity_bytes)))
     else:
         print(json.dumps(export(plan, fmt), indent=2))
+        settings_flags.say_notes(plan, fmt)
     write_output(args.output, text)
     write_report(args, plan)
     return 0

@@ -47,3 +47,13 @@ def lines(plan: Plan) -> list[str]:
     from ..planning.settings_search import table
 
     return table(list(plan.settings)) if plan.settings else []
+
+
+def say_notes(plan: Plan, fmt: str) -> None:
+    """On stderr: what of the chosen setting the framework's JSON (on stdout) does not hold."""
+    import sys
+
+    from ..planning.setting_exports import setting_notes
+
+    for note in setting_notes(plan, fmt):
+        print(note, file=sys.stderr)

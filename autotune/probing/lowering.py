@@ -97,13 +97,19 @@ def checkpointed(workload: Workload, pattern: str, every: int = 1) -> Workload:
     make = workload.model
 
     def model() -> torch.nn.Module:
-        built = make()
-        found = [m for name, m in built.named_modules() if name and _matches(name, pattern)]
-        for module in found[::every]:
-            module.forward = _checkpoint(module.forward)
-        return built
+        return checkpoint_blocks(make(), pattern, every=every)
 
     return replace(workload, model=model)
+
+
+def checkpoint_blocks(model: torch.nn.Module, pattern: str, *, every: int = 1) -> torch.nn.Module:
+    """``model`` (changed in place, and returned) with its modules named by ``pattern`` (``blocks.*``, ``*`` for any
+    one name) under activation checkpointing: every ``every``-th of them in the order the model names them, from
+    the first; each keeps its inputs and recomputes its forward in the backward (non-reentrant)."""
+    found = [m for name, m in model.named_modules() if name and _matches(name, pattern)]
+    for module in found[::every]:
+        module.forward = _checkpoint(module.forward)
+    return model
 
 
 def _matches(name: str, pattern: str) -> bool:
