@@ -534,7 +534,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
         store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None,
-        model: str | ModelSpec | None = None) -> RunResult:
+        model: str | ModelSpec | None = None, search_settings: bool = False) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan
@@ -547,6 +547,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
     ``model``: a Hugging Face model by name instead of ``workload``, as for :func:`probe`.
+    ``search_settings``: plan by a settings search (as for :func:`plan`); a plan that holds a chosen ``setting``
+    (planned now or given) trains under it: checkpointing around its blocks, FSDP, autocast for bf16-mixed.
     """
     from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
@@ -568,6 +570,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                                uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
                                fsdp_sync=fsdp_sync, group=group())
+        if search_settings:
+            request = replace(request, search=SettingsAsk())
         # Before any work: a run needs as many processes as the plan has ranks, and a real device.
         distributed.check_world(request.world_size, f"world_size {request.world_size}"
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
@@ -575,6 +579,11 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
                                 "plan, not run")
         wl, dev = _real(request.probe, Given.of(workload, device))
         planned = plan_for(request, store=store, given=Given(wl, dev))
+    if planned.setting is not None:
+        from .probing.settings import apply
+
+        wl = apply(wl, planned.setting, spec=planned.probe.source if planned.probe is not None else None,
+                   cuda=dev.torch_device.type == "cuda", real=True)
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)

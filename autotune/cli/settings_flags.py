@@ -25,21 +25,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "expandable segments), each by estimate; rank them by a stated time model (roofline "
                         "compute with recompute, collectives over the GPU's link) and plan the fastest; on a real "
                         "device the best two are run and timed")
-    p.add_argument("--allow", type=allow_list, default=(), metavar="LIST",
+    p.add_argument("--allow", default=None, metavar="LIST",
                    help=f"with --search-settings, also try these settings that change the numbers: "
                         f"{', '.join(ALLOWED)} (bf16 and lora: a model by name, --model)")
 
 
 def asked(args: argparse.Namespace, request: PlanRequest) -> PlanRequest:
     """``request`` with the settings search the flags ask for (BadInput: --allow without --search-settings)."""
-    if args.allow and not args.search_settings:
-        raise BadInput(f"--allow {','.join(args.allow)} names settings for the settings search: add "
-                       "--search-settings, or drop --allow")
+    if args.allow is not None and not args.search_settings:
+        raise BadInput(f"--allow {args.allow} names settings for the settings search: add --search-settings, or "
+                       "drop --allow")
     if not args.search_settings:
         return request
     if args.tune:
         raise BadInput("--search-settings and --tune each choose how to run: give one of them")
-    return replace(request, search=SettingsAsk(allow=args.allow))
+    return replace(request, search=SettingsAsk(allow=allow_list(args.allow, "--allow")))
 
 
 def lines(plan: Plan) -> list[str]:
@@ -57,3 +57,29 @@ def say_notes(plan: Plan, fmt: str) -> None:
 
     for note in setting_notes(plan, fmt):
         print(note, file=sys.stderr)
+
+
+def add_run_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--settings", metavar="FILE|best", default=None,
+                   help="train under a setting a settings search chose: best (search now, with --target-batch) "
+                        "or FILE, a plan from autotune plan --search-settings --output FILE; checkpointing wraps "
+                        "the chosen blocks, FSDP shards, bf16-mixed autocasts, and verification holds under it")
+
+
+def for_run(args: argparse.Namespace) -> None:
+    """``--settings``: best searches now (``args.search_settings``), FILE is the plan to run (it must hold a
+    chosen setting)."""
+    args.search_settings = args.settings == "best"
+    if args.settings is None or args.search_settings:
+        if args.search_settings and args.target_batch is None:
+            raise BadInput("--settings best searches the settings for a target batch: add --target-batch N, or "
+                           "give --settings FILE (a plan from autotune plan --search-settings --output FILE)")
+        return
+    if args.plan is not None:
+        raise BadInput(f"--settings {args.settings} and --plan {args.plan} each name the plan to run: give one")
+    from ..api import load_plan
+
+    if load_plan(args.settings).setting is None:
+        raise BadInput(f"--settings {args.settings}: this plan holds no chosen setting: make it with autotune plan "
+                       "--search-settings --output FILE, or run it with --plan")
+    args.plan = args.settings

@@ -72,9 +72,10 @@ def shape_of(workload: Workload, device: Device) -> Shape:
     return found[0]
 
 
-def apply(workload: Workload, setting: Setting, *, spec: str | None, cuda: bool) -> Workload:
+def apply(workload: Workload, setting: Setting, *, spec: str | None, cuda: bool, real: bool = False) -> Workload:
     """``workload`` as ``setting`` runs it: its number-changing ``changes`` (a model by name ``spec`` rebuilt with
-    bf16 weights or LoRA; the loss under autocast for bf16-mixed, on CUDA when ``cuda``) and checkpointing."""
+    bf16 weights or LoRA; the loss under autocast for bf16-mixed, on CUDA when ``cuda``) and checkpointing (for a
+    ``real`` run, recomputing with the random state of the forward: the same dropout)."""
     wl = workload
     if {"bf16", "lora"} & set(setting.changes):
         if spec is None or not is_model_spec(spec):
@@ -87,7 +88,7 @@ def apply(workload: Workload, setting: Setting, *, spec: str | None, cuda: bool)
     if "bf16-mixed" in setting.changes:
         wl = replace(wl, loss=_autocast(wl.loss, "cuda" if cuda else "cpu"))
     if setting.checkpoint_every and setting.blocks:
-        wl = checkpointed(wl, setting.blocks, every=setting.checkpoint_every)
+        wl = checkpointed(wl, setting.blocks, every=setting.checkpoint_every, preserve_rng_state=real)
     return wl
 
 
@@ -188,7 +189,8 @@ class Search:
         except AutotuneError as exc:  # this setting does not fit, or the estimate cannot run the model so
             why = "does not fit" if isinstance(exc, DoesNotFit) else "cannot be estimated"
             self.found.append((SettingRow(setting=setting, fits=False, max_micro_batch=0,
-                                          why=f"{why}: {first_line(exc)[:200]}"), None, None))
+                                          why=f"{why}: {getattr(exc, 'facts', None) or first_line(exc)[:200]}"),
+                               None, None))
             return
         plan = plan_probed(req.target_batch, result, world_size=world, world_size_source=req.world_size_source,
                            multiple_of=req.multiple_of, uniform=req.uniform)
@@ -256,7 +258,7 @@ def confirmed(order: list[SettingRow], plans: dict[Setting, Plan | None], worklo
     for row in top:
         plan = plans[row.setting]
         assert plan is not None and plan.probe is not None
-        wl = apply(workload, row.setting, spec=spec, cuda=device.torch_device.type == "cuda")
+        wl = apply(workload, row.setting, spec=spec, cuda=device.torch_device.type == "cuda", real=True)
         trial = run_trial(device, wl, plan.micro_batch, plan.probe.usable_bytes, source="real")
         if not trial.fits:
             measured[row.setting] = replace(row, fits=False, why=f"ran out of memory for real: {trial.trial.why}")
