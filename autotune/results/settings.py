@@ -6,8 +6,8 @@ No torch here: plans carry these, and the service reads plans.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, replace
+from typing import Annotated, TypeVar
 
 from .. import options
 from ..errors import BadInput
@@ -15,7 +15,7 @@ from .record import Count, Record, Rule, Whole, one_of
 
 #: Settings that change what is computed, which join the search only when named in ``allow``.
 ALLOWED = ("bf16-mixed", "bf16", "lora")
-CHECKPOINTING = ("none", "blocks")
+R = TypeVar("R")
 
 
 def allow_list(value: object, name: str = "allow") -> tuple[str, ...]:
@@ -105,3 +105,12 @@ class SettingsAsk(Record):
     confirm: bool = True
     steps: Whole = 3
 
+
+
+def searched(request: R, search: bool, allow: object = None) -> R:
+    """``request`` (a PlanRequest) with a settings search of the ``allow``-ed changes when ``search`` (BadInput:
+    ``allow`` without ``search``)."""
+    if allow and not search:
+        raise BadInput(f"allow {allow} names settings for the settings search: set search_settings too, or drop "
+                       "allow")
+    return replace(request, search=SettingsAsk(allow=allow_list(allow))) if search else request  # type: ignore

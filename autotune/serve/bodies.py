@@ -67,6 +67,10 @@ class PlanRequest(BaseModel):
     uniform: Annotated[StrictBool | Literal["force"] | None, Field(
         description="null: the fewest steps; true: equal micro-batches within twice the fewest steps; "
                     "\"force\": equal micro-batches however many steps they take")] = None
+    search_settings: Annotated[StrictBool, Field(description="search the settings (ddp or fsdp, checkpointing, "
+                                                             "allocator) by estimate; plan the fastest")] = False
+    allow: Annotated[str | None, Field(max_length=64, description="with search_settings, settings that change the "
+                                                                  "numbers to try too: bf16-mixed,bf16,lora")] = None
 
     @field_validator("margin")
     @classmethod
@@ -124,10 +128,13 @@ class PlanRequest(BaseModel):
         world = None if self.listed() and "world_size" not in self.model_fields_set else self.world_size
         from .models import named
 
-        return plan_request(self.target_batch, workload=named(self), device=self.device,
+        made = plan_request(self.target_batch, workload=named(self), device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
                             multiple_of=self.multiple_of, uniform=self.uniform, parallel=self.parallel,
                             fsdp_sync=self.fsdp_sync, env={})
+        from ..results.settings import searched
+
+        return searched(made, self.search_settings, self.allow)
 
 
 def _ranks(value: str | int | None, name: str) -> tuple[Any, ...]:
