@@ -27,7 +27,7 @@ from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
-from .results.settings import SettingsAsk
+from .results.settings import SettingsAsk, searched
 from .store import cached
 from .training import distributed
 from .units import plural
@@ -313,8 +313,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, workload: Spec = None
                            trials=trials,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
-    if search_settings or allow:
-        request = replace(request, search=SettingsAsk(allow=allow))
+    request = searched(request, search_settings, allow)
     return plan_for(request, store=store, given=Given.of(workload, device))
 
 

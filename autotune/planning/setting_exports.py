@@ -31,7 +31,7 @@ def with_setting(data: dict[str, Any], plan: Plan, fmt: str) -> dict[str, Any]:
             trainer["strategy"] = s.parallel
         if "bf16-mixed" in s.changes:
             trainer["precision"] = "bf16-mixed"
-        extra = {"checkpointing": {"blocks": s.blocks, "every_n_layers": s.checkpoint_every}} \
+        extra: dict[str, Any] = {"checkpointing": {"blocks": s.blocks, "every_n_layers": s.checkpoint_every}} \
             if s.checkpoint_every else {}
         return {**data, "trainer": trainer, **extra}
     if fmt == "accelerate":

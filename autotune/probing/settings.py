@@ -273,8 +273,8 @@ def confirmed(order: list[SettingRow], plans: dict[Setting, Plan | None], worklo
                            f"({r.measured_samples_per_second:.4g} samples/s); by the model: {r.why}")
             if r.measured_samples_per_second and fastest else r for i, r in enumerate(head)]
     said = ", ".join(f"{r.setting.label} {r.measured_samples_per_second or 0:.4g} samples/s" for r in head)
-    order = "the predicted order" if same else "not the predicted order: kept as measured"
-    return head + rows[len(top):], f"measured by real optimizer steps: {said} ({order})"
+    verdict = "the predicted order" if same else "not the predicted order: kept as measured"
+    return head + rows[len(top):], f"measured by real optimizer steps: {said} ({verdict})"
 
 
 def _measured_place(place: int, fastest: float, mine: float) -> str:
