@@ -229,9 +229,9 @@ def search_settings(request: PlanRequest, workload: Workload, device: Device, pr
     order = ranked([f[0] for f in found], {i: f[2] for i, f in enumerate(found) if f[2] is not None})
     plans = {f[0].setting: f[1] for f in found}
     if not order[0].fits:
-        raise DoesNotFit(f"no setting fits a micro-batch of 1 ({len(order)} tried; {order[0].setting.label}: "
-                         f"{order[0].why}): use more ranks or a larger memory budget, or allow bf16 or lora "
-                         "(--allow bf16,lora)")
+        each = "; ".join(f"{r.setting.label}: {r.why[:160]}" for r in order)
+        raise DoesNotFit(f"no setting fits a micro-batch of 1 ({len(order)} tried: {each}): use more ranks or a "
+                         "larger memory budget, or allow bf16 or lora (--allow bf16,lora)")
     notes = [f"settings search: {len(order)} settings by estimate, timed by the stated model "
              f"(autotune.planning.settings_search; {search.speed}), {time.process_time() - start:.1f} CPU-s"]
     if dropped:
