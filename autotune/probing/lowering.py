@@ -108,8 +108,12 @@ def checkpoint_blocks(model: torch.nn.Module, pattern: str, *, every: int = 1,
     """``model`` (changed in place, and returned) with its modules named by ``pattern`` (``blocks.*``, ``*`` for any
     one name) under activation checkpointing: every ``every``-th of them in the order the model names them, from
     the first; each keeps its inputs and recomputes its forward in the backward (non-reentrant). A copy of the
-    model (``copy.deepcopy``) checkpoints the same modules of its own."""
+    model (``copy.deepcopy``) checkpoints the same modules of its own. A Hugging Face model's ``use_cache`` is
+    turned off, as transformers does under gradient checkpointing."""
     found = [m for name, m in model.named_modules() if name and _matches(name, pattern)]
+    config = getattr(model, "config", None)
+    if found and getattr(config, "use_cache", None):  # a Hugging Face model's KV cache would grow in the recompute
+        config.use_cache = False  # as transformers sets it under gradient checkpointing
     for module in found[::every]:
         module.forward = types.MethodType(functools.partial(_checkpointed, preserve_rng_state), module)
     return model

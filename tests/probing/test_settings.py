@@ -110,3 +110,20 @@ def test_no_number_changing_setting_without_allow(plan: autotune.Plan) -> None:
 def test_unknown_allowed_names_are_refused() -> None:
     with pytest.raises(autotune.errors.BadInput, match="not a setting the search can allow"):
         SettingsAsk(allow=("fp8",))
+
+
+def test_a_hugging_face_model_checkpointed_under_fsdp_is_estimated() -> None:
+    """Its KV cache is off under checkpointing (as transformers turns it off), so the recompute sees what the forward
+    saw: the estimate of FSDP with checkpointed decoder layers runs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autotune.probing.lowering import checkpointed
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256)
+    wl = Workload(name="llama", model=lambda: LlamaForCausalLM(config),
+                  batch=lambda n, g: torch.randint(0, 256, (n, 64), generator=g),
+                  loss=lambda m, ids: m(input_ids=ids, labels=ids).loss)
+    found = autotune.probe(checkpointed(wl, "model.layers.*"), device="estimate:H100-80GB", parallel="fsdp",
+                           world_size=8, fsdp_sync="last", max_batch=2)
+    assert found.max_micro_batch == 2
