@@ -178,7 +178,12 @@ class Search:
         """Probe ``setting`` by estimate, plan it, time it by the model; one more row of :attr:`found`."""
         req, world = self.request, self.request.world_size
         cuda = isinstance(self.estimate, EstimateDevice) and self.estimate.cuda_like
-        wl = apply(self.workload, setting, spec=req.probe.workload, cuda=cuda)
+        changed = apply(self.workload, replace(setting, blocks=None, checkpoint_every=0), spec=req.probe.workload,
+                        cuda=cuda)
+        shape = self.shape(setting, changed)  # the blocks as this setting's model names them (peft renames them)
+        if setting.checkpoint_every and shape.blocks:
+            setting = replace(setting, blocks=shape.blocks)
+        wl = apply(changed, replace(setting, changes=()), spec=None, cuda=cuda)
         dev: Device = self.estimate
         if setting.allocator and isinstance(dev, EstimateDevice):
             dev = with_allocator(dev, setting.allocator)
@@ -194,7 +199,6 @@ class Search:
             return
         plan = plan_probed(req.target_batch, result, world_size=world, world_size_source=req.world_size_source,
                            multiple_of=req.multiple_of, uniform=req.uniform)
-        shape = self.shape(setting, wl)
         counts = count_micro_step(wl, dev, plan.micro_batch)
         micro = seconds(counts, self.preset) + counts.ops * self.rank.per_op
         t = step_time(setting, Work(micro_seconds=micro, micro_batch=plan.micro_batch, steps=plan.accumulation_steps,
