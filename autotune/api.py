@@ -266,7 +266,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
          lengths: Sequence[int] | str | None = None, cut_samples: bool = False, precision: str = "fp32",
-         workload: Spec = None) -> Plan:
+         search_settings: bool = False, allow: Sequence[str] | str | None = None, workload: Spec = None) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
 
     ``probe``: what to plan, as for :func:`probe` (``workload``: its former name, deprecated); ``precision``
@@ -296,6 +296,11 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     where every rank's is known (timed, or a roofline estimate for a GPU by name), else by memory.
     ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
 
+    ``search_settings``: try the settings that do not change what is computed (DDP or FSDP, activation
+    checkpointing, the allocator's) and those ``allow`` names (``"bf16-mixed,lora"``), each by estimate, rank them
+    by a stated time model, and plan the fastest (:mod:`autotune.probing.settings`); the plan's ``settings``
+    lists them all, best first, and ``setting`` is the one chosen.
+
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
@@ -313,7 +318,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     request = plan_request(target_batch, probe=workload, device=device, memory_budget=memory_budget,
                            margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                            uniform_ranks=uniform_ranks, parallel=parallel, fsdp_sync=fsdp_sync, tune=tune,
-                           trials=trials, precision=precision,
+                           trials=trials, precision=precision, search_settings=search_settings, allow=allow,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
                            env=env, group=group())
     return plan_for(request, store=store, given=GivenObjects.of(workload, device))
@@ -365,6 +370,8 @@ def plan_for(request: PlanRequest, *, store: StoreSpec = None, given: GivenObjec
     store (a cache around the probe: the same answer with or without one), plan (pure arithmetic), explain (the
     memory timeline, when the request asks for a snapshot). Ranks whose devices differ are each probed, then
     planned together (:func:`_plan_mixed`); a request to tune times candidate plans instead (:func:`_tuned`)."""
+    if request.search is not None:
+        return _searched(request, given)
     from .planning.probed import plan_probed
 
     plan_store = open_store(store)
@@ -445,6 +452,16 @@ def resolve_plan_request(request: PlanRequest, given: GivenObjects) -> ResolvedR
         if ranks is not None and not request.uniform_ranks:
             return ResolvedRequest(request, wl, {distributed.rank(): dev}, ranks)
     return ResolvedRequest(request, wl, {distributed.rank(): dev})
+
+
+def _searched(request: PlanRequest, given: GivenObjects) -> Plan:
+    """The settings search's plan: every setting probed by estimate (no store), the fastest planned."""
+    from .probing.settings import search_settings
+
+    assert request.search is not None
+    wl, dev = resolve(request.probe, given)
+    return search_settings(request, wl, dev, lambda r, w, d: _probe_one(r, w, d, None, None),
+                           allow=request.search.allow, confirm=request.search.confirm)
 
 
 def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
@@ -588,7 +605,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         uniform: Uniform = None, steps: int = options.STEPS, verify: bool = True, precision: str = "fp32",
         max_norm: float | None = None, parallel: str | None = None, fsdp_sync: str = options.DEFAULT_FSDP_SYNC,
         store: StoreSpec = None, uniform_ranks: bool = False, ramp: RampConfig | bool | None = None,
-        model: str | ModelSpec | None = None, workload: Spec = None) -> RunResult:
+        model: str | ModelSpec | None = None, search_settings: bool = False, workload: Spec = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
     ``probe``: what to train, as for :func:`probe` (``workload``: its former name, deprecated).
@@ -600,6 +617,8 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
     it toward the target with the measured gradient noise scale, every phase an exact plan
     (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
     ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
+    ``search_settings``: plan by a settings search (as for :func:`plan`); a plan that holds a chosen ``setting``
+    (planned now or given) trains under it: checkpointing around its blocks, FSDP, autocast for bf16-mixed.
     """
     from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
@@ -621,7 +640,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         request = plan_request(target_batch, probe=workload, device=device, memory_budget=memory_budget,
                                margin=margin, world_size=world_size, multiple_of=multiple_of, uniform=uniform,
                                uniform_ranks=uniform_ranks, parallel=parallel or options.DEFAULT_PARALLEL,
-                               fsdp_sync=fsdp_sync, group=group())
+                               fsdp_sync=fsdp_sync, search_settings=search_settings, group=group())
         # Before any work: a run needs as many processes as the plan has ranks, and a real device.
         distributed.check_world(request.world_size, f"{{world_size}} {request.world_size}"
                                 if request.world_size_source == "flag" else f"WORLD_SIZE={request.world_size}",
@@ -630,6 +649,11 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         wl, dev = _real(request.probe, GivenObjects.of(workload, device))
         planned = plan_for(request, store=store, given=GivenObjects(wl, dev))
     precision = run_precision(planned.probe.source if planned.probe is not None else None, precision)
+    if planned.setting is not None:
+        from .probing.settings import apply
+
+        wl = apply(wl, planned.setting, spec=planned.probe.source if planned.probe is not None else None,
+                   cuda=dev.torch_device.type == "cuda", real=True)
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)

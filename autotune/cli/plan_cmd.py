@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .. import options
 from ..errors import BadInput
+from . import settings_flags
 from .common import (
     Formatter,
     add_common,
@@ -47,6 +48,7 @@ examples:
   autotune plan --target-batch 512 --device estimate --memory-budget 80GiB --store sqlite:///plans.db
   autotune plan --target-batch 512 --device estimate:H100-80GB --probe gpt:build_100m --memory-snapshot m.pickle
   autotune plan --target-tokens 65536 --model gpt2 --lengths lengths.csv --device estimate:H100-80GB
+  autotune plan --target-batch 512 --model DIR --device estimate:A10G-24GB*4 --search-settings --allow lora
 """
 
 
@@ -88,7 +90,9 @@ def request_of(args, target: int | None = None) -> PlanRequest:
                         uniform=uniform_choice(args), uniform_ranks=args.uniform_ranks, parallel=args.parallel,
                         fsdp_sync=args.fsdp_sync,
                         tune=args.tune, trials=args.trials, storage=args.storage, study_name=args.study_name,
-                        memory_snapshot=args.memory_snapshot, at=args.at, group=options.torchrun_group())
+                        memory_snapshot=args.memory_snapshot, at=args.at,
+                        search_settings=getattr(args, "search_settings", False), allow=getattr(args, "allow", None),
+                        group=options.torchrun_group())
 
 
 def run(args) -> int:
@@ -141,13 +145,14 @@ def _plan(args, request: PlanRequest | None, lengths: str | None, *, lead: bool)
     if fmt == "json":
         print(text, end="")
     elif fmt == "table":
-        print(plan.summary())
+        print("\n".join([plan.summary(), *settings_flags.lines(plan)]))
         if plan.probe is not None and plan.probe.model is not None:
             print(plan.probe.model.line())
         if plan.probe is not None and plan.probe.memory is not None:
             print("\n".join(plan.probe.memory.lines(capacity=plan.probe.capacity_bytes)))
     else:
         print(json.dumps(export(plan, fmt), indent=2))
+        settings_flags.say_notes(plan, fmt)
     write_output(args.output, text)
     write_report(args, plan)
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from .. import options
 from ..errors import BadInput
+from . import settings_flags
 from .common import (
     Formatter,
     add_common,
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="train by a plan for N steps and verify it", description=EXAMPLES,
                        formatter_class=Formatter)
     p.add_argument("--plan", metavar="FILE", help="a Plan JSON from autotune plan --output (else plan now)")
+    settings_flags.add_run_flag(p)
     p.add_argument("--target-batch", type=positive_int("--target-batch"), metavar="N",
                    help="plan for this effective batch first (when no --plan)")
     add_device(p)
@@ -85,6 +87,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    settings_flags.for_run(args)
     if (args.plan is None) == (args.target_batch is None):
         raise BadInput("give either --plan FILE or --target-batch N (one of them)")
     if not args.ramp and (args.ramp_from is not None or args.lr_scaling is not None):
@@ -126,7 +129,7 @@ def _run(args, *, lead: bool) -> int:
                           multiple_of=args.multiple_of, uniform="force" if args.uniform else None, steps=args.steps,
                           verify=args.verify, precision=args.precision, max_norm=args.max_norm,
                           parallel=args.parallel, fsdp_sync=args.fsdp_sync, store=args.store,
-                          uniform_ranks=args.uniform_ranks,
+                          uniform_ranks=args.uniform_ranks, search_settings=args.search_settings,
                           ramp=RampConfig(start=args.ramp_from,
                                           lr_scaling=args.lr_scaling or options.DEFAULT_LR_SCALING)
                           if args.ramp else None)

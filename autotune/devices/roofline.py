@@ -44,6 +44,7 @@ class OpCounts:
 
     flops: dict[str, int]
     bytes: int
+    ops: int = 0  # aten ops that ran (views included): each one a kernel launch or a dispatch
 
 
 class Counting(TorchDispatchMode):
@@ -53,10 +54,12 @@ class Counting(TorchDispatchMode):
         super().__init__()
         self.flops: dict[str, int] = {}
         self.bytes = 0
+        self.ops = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.ops += 1
         if getattr(func, "is_view", False):
             return out
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -84,7 +87,7 @@ def count_micro_step(workload: Workload, device: Device, batch: int, seed: int =
                 workload.loss(model, data).backward()
 
     device.estimator().measure(work)
-    return OpCounts(flops=dict(counting.flops), bytes=counting.bytes)
+    return OpCounts(flops=dict(counting.flops), bytes=counting.bytes, ops=counting.ops)
 
 
 def seconds(counts: OpCounts, preset: GpuPreset) -> float:

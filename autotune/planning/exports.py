@@ -23,6 +23,7 @@ from ..results.model import is_model_spec, trainer_settings
 from ..results.plan import Plan
 from .mixed import how_ranks_differ, ranks_differ_error
 from .planner import uniform_options, uniform_range
+from .setting_exports import with_setting
 
 #: Every ``--format``: "table" and "json" are printed by the CLI, the rest by ``export``.
 FORMATS = ("table", "json", "hf", "lightning", "deepspeed", "accelerate")
@@ -66,7 +67,7 @@ def export(plan: Plan, fmt: str) -> dict[str, Any]:
         raise PlanError(f"{NAMES[fmt]} runs equal micro-batches, and this plan's are not ({plan.arithmetic}): "
                         "plan again with {uniform=True}, or run it with autotune's runner or Accumulator, which "
                         "weight uneven micro-batches exactly")
-    return _settings(plan, fmt)
+    return with_setting(_settings(plan, fmt), plan, fmt)
 
 
 def ranks_differ(error: RanksDiffer, fmt: str) -> PlanError:

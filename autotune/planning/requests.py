@@ -18,6 +18,7 @@ from ..dburl import check_storage
 from ..errors import BadInput, mention
 from ..results.model import ModelSpec, is_model_spec
 from ..results.request import FitRule, PlanRequest, ProbeRequest, Snapshot, Tuning
+from ..results.search import searched
 from ..units import plural
 from .planner import check_plan, world_size_from
 
@@ -153,7 +154,8 @@ def plan_request(target_batch: object, *, probe: object = None, device: object =
                  parallel: object = options.DEFAULT_PARALLEL, fsdp_sync: object = options.DEFAULT_FSDP_SYNC,
                  tune: bool = False, trials: object = options.TRIALS,
                  storage: str | None = None, study_name: str | None = None, memory_snapshot: object = None,
-                 at: object = None, precision: object = "fp32", env: Mapping[str, str] | None = None,
+                 at: object = None, precision: object = "fp32", search_settings: bool = False,
+                 allow: object = None, env: Mapping[str, str] | None = None,
                  group: tuple[int, int] | None = None) -> PlanRequest:
     """The request :func:`autotune.plan` makes of its arguments (see there), every one checked here, once:
     a target no plan can hold, a storage that cannot open, settings that exclude each other, all before
@@ -185,9 +187,12 @@ def plan_request(target_batch: object, *, probe: object = None, device: object =
         ranks = tuple(replace(one, device=device_name(devices[r % len(devices)]),
                               memory_budget=budgets[r % len(budgets)], max_batch=limit,
                               rule=replace(one.rule, rank=r, buckets=not one.rule.sharded)) for r in range(world))
-    return PlanRequest(target_batch=target, probe=one, ranks=ranks, multiple_of=multiple,
-                       uniform=uniform, uniform_ranks=bool(uniform_ranks), world_size_source=source,
-                       tuning=tuning, snapshot=snapshot)
+    if options.boolean(search_settings, "search_settings") and tuning is not None:
+        raise BadInput("{search_settings} and {tune} each choose how to run", field="search_settings",
+                       fix="give one of them")
+    return searched(PlanRequest(target_batch=target, probe=one, ranks=ranks, multiple_of=multiple,
+                                uniform=uniform, uniform_ranks=bool(uniform_ranks), world_size_source=source,
+                                tuning=tuning, snapshot=snapshot), search_settings, allow)
 
 
 def _tuning(tune: bool, trials: object, storage: str | None, study_name: str | None, parallel: str,

@@ -24,7 +24,7 @@ that goes on past it without a limit: would checkpointing avoid the error?
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import types
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,18 +91,32 @@ class Moment:
         return sum(p.bytes for p in self.parts if p.kind in kinds)
 
 
-def checkpointed(workload: Workload, pattern: str) -> Workload:
-    """``workload`` whose modules of the family ``pattern`` run under activation checkpointing."""
+def checkpointed(workload: Workload, pattern: str, every: int = 1, *, preserve_rng_state: bool = False) -> Workload:
+    """``workload`` whose modules of the family ``pattern`` run under activation checkpointing (every
+    ``every``-th of them in the order the model names them, from the first); the estimate's runs need not
+    preserve the random state (``preserve_rng_state``: a real run's recompute draws the same dropout)."""
     make = workload.model
 
     def model() -> torch.nn.Module:
-        built = make()
-        for name, module in built.named_modules():
-            if name and _matches(name, pattern):
-                module.forward = _checkpoint(module.forward)
-        return built
+        return checkpoint_blocks(make(), pattern, every=every, preserve_rng_state=preserve_rng_state)
 
     return replace(workload, model=model)
+
+
+def checkpoint_blocks(model: torch.nn.Module, pattern: str, *, every: int = 1,
+                      preserve_rng_state: bool = True) -> torch.nn.Module:
+    """``model`` (changed in place, and returned) with its modules named by ``pattern`` (``blocks.*``, ``*`` for any
+    one name) under activation checkpointing: every ``every``-th of them in the order the model names them, from
+    the first; each keeps its inputs and recomputes its forward in the backward (non-reentrant). A copy of the
+    model (``copy.deepcopy``) checkpoints the same modules of its own. A Hugging Face model's ``use_cache`` is
+    turned off, as transformers does under gradient checkpointing."""
+    found = [m for name, m in model.named_modules() if name and _matches(name, pattern)]
+    config = getattr(model, "config", None)
+    if found and getattr(config, "use_cache", None):  # a Hugging Face model's KV cache would grow in the recompute
+        config.use_cache = False  # as transformers sets it under gradient checkpointing
+    for module in found[::every]:
+        module.forward = types.MethodType(functools.partial(_checkpointed, preserve_rng_state), module)
+    return model
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -110,14 +124,12 @@ def _matches(name: str, pattern: str) -> bool:
     return len(parts) == len(want) and all(w in ("*", p) for p, w in zip(parts, want))
 
 
-def _checkpoint(forward: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
+def _checkpointed(preserve_rng_state: bool, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``module``'s own forward under ``torch.utils.checkpoint`` (a bound method: a deep copy rebinds it)."""
+    from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-
-    return run
+    return checkpoint(type(module).forward, module, *args, use_reentrant=False,
+                      preserve_rng_state=preserve_rng_state, **kwargs)
 
 
 def lowering(recorded: Recorded, walk: Walk, workload: Workload, batch: int, *, rule: FitRule,

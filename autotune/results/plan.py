@@ -18,6 +18,7 @@ from ..units import plural as _plural
 from .probe import ProbeResult
 from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
+from .search import SettingRow, TrainSetting
 from .tokens import TokenSteps
 from .tuning import Tuning
 
@@ -40,7 +41,8 @@ class Plan(Record):
     them, as older versions wrote, reads the same.
     ``world_size_source`` says where ``world_size`` came from ("flag",
     "WORLD_SIZE", "process group", "the device list", "default", "assumed"). ``tuning`` is what
-    the throughput tuner measured, when it chose this plan. ``parallel``: how
+    the throughput tuner measured, when it chose this plan; ``setting`` the setting a settings search chose
+    (its ``settings``: every one tried, best first). ``parallel``: how
     the ranks share the model, "ddp" (each holds all of it) or "fsdp"
     (``fully_shard``; its probe then sharded over exactly ``world_size`` ranks).
     """
@@ -62,6 +64,8 @@ class Plan(Record):
     mixed: MixedRanks | None = None
     probe: ProbeResult | None = None
     tokens: TokenSteps | None = None
+    setting: TrainSetting | None = None
+    settings: tuple[SettingRow, ...] = ()
 
     def validate(self) -> None:
         # Every pass over all sizes is a C-level set/map/sum; the per-size checks see distinct sizes only.

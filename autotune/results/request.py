@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from .. import options
 from ..errors import BadInput
 from .record import Count, Margin, Record, Rule, Whole, one_of
+from .search import SettingsAsk
 
 #: How a plan may split the target: None the fewest steps (uneven micro-batches where they must be), True equal
 #: micro-batches within twice the fewest steps, "force" equal micro-batches however many steps they take.
@@ -148,6 +149,7 @@ class PlanRequest(Record):
     world_size_source: str = "default"
     tuning: Tuning | None = None
     snapshot: Snapshot | None = None
+    search: SettingsAsk | None = None  # a settings search (autotune.probing.settings)
 
     def validate(self) -> None:
         if self.ranks and len(self.ranks) != self.probe.rule.world_size:

@@ -198,6 +198,14 @@ SETTINGS: tuple[Setting, ...] = (
             help="optuna storage for --tune, e.g. sqlite:///reports/tune.db (resumable, optuna-dashboard)"),
     Setting(name="study_name", metavar="NAME", verbs=PLAN, not_on={"service": _TUNING},
             help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)"),
+    Setting(name="search_settings", type=bool, default=False, verbs=PLAN,
+            help="try the settings that do not change what is computed (ddp or fsdp and its gradient sync, activation "
+                 "checkpointing of none, every, or every 2nd repeated block, the allocator's expandable segments), "
+                 "each by estimate; rank them by a stated time model (roofline compute with recompute, collectives "
+                 "over the GPU's link) and plan the fastest; on a real device the best two are run and timed"),
+    Setting(name="allow", metavar="LIST", verbs=PLAN, body={"max_length": 64},
+            help="with --search-settings, also try these settings that change the numbers: bf16-mixed, bf16, lora "
+                 "(bf16 and lora: a model by name, --model)"),
     Setting(name="memory_snapshot", type=object, metavar="FILE", not_on={"service": _NO_FILES},
             help="also write the fit rule's allocations at the chosen micro-batch as torch.cuda.memory._snapshot() "
                  "does (open it with python -m torch.cuda._memory_viz trace_plot FILE -o out.html, or "

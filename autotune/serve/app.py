@@ -147,7 +147,7 @@ def _plan_route(routes: APIRouter, service: Service) -> None:
                  response_model=answers.PlanAnswer, responses=answers.errors(400, 404, 413, 422, 500, 503, 504))
     async def plan(body: PlanRequest, request: Request) -> Response:
         spec, key, builtin = _workload(service, body)
-        answer = await run_in_threadpool(_from_store, service.from_store, key, body)
+        answer = None if body.search_settings else await run_in_threadpool(_from_store, service.from_store, key, body)
         if answer is None:
             asked = _asked(body)
             answer = await attend(request, pool, Job({"kind": "plan", "spec": spec, "probe": named(body),
@@ -185,7 +185,7 @@ def _probes(spec: str, asked: Any) -> frozenset[Hashable]:
     """A job's key: one item per probe it runs (each rank's, for ranks that differ), what its store claim
     depends on (the workload, the device, its memory, the fit rule), not which rank asked or how far it searches."""
     return frozenset((spec, p.device, p.memory_budget, p.margin, p.precision, p.rule.parallel, p.rule.world_size,
-                      p.rule.fsdp_sync)
+                      p.rule.fsdp_sync, asked.search)
                      for p in (asked.ranks or (asked.probe,)))
 
 

@@ -72,6 +72,8 @@ class PlanBody(BaseModel):
         multiple_of: int
         uniform: bool | Literal["force"] | None
         uniform_ranks: bool
+        search_settings: bool
+        allow: str | None
 
     @field_validator("margin", check_fields=False)
     @classmethod
@@ -154,7 +156,8 @@ class PlanBody(BaseModel):
         return plan_request(self.target_batch, probe=named(self), device=self.device,
                             memory_budget=self.memory_budget, margin=self.margin, world_size=world,
                             multiple_of=self.multiple_of, uniform=self.uniform, uniform_ranks=self.uniform_ranks,
-                            parallel=self.parallel, fsdp_sync=self.fsdp_sync, env={})
+                            parallel=self.parallel, fsdp_sync=self.fsdp_sync,
+                            search_settings=self.search_settings, allow=self.allow, env={})
 
 
 #: What the service's body says beyond a declaration: strict JSON types where the type alone is not one, the

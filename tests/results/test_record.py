@@ -146,14 +146,14 @@ def test_result_files_are_written_byte_for_byte_as_they_were(name):
 
 #: Fields that records gained after these files were written, and that they write as null where the old ones held
 #: nothing: FSDP's gradient sync (a probe that is not FSDP's has none), a plan's tokens (a plan of a target batch
-#: has none).
-ADDED = frozenset({"fsdp_sync", "target_tokens", "tokens"})
+#: has none), a settings search's choice and rows (an empty list: a plan made without one).
+ADDED = frozenset({"fsdp_sync", "target_tokens", "tokens", "setting", "settings"})
 
 
 def _without_added(value):
-    """``value`` (a written record) without the :data:`ADDED` fields that are null, wherever they are."""
+    """``value`` (a written record) without the :data:`ADDED` fields that are null (or empty), wherever they are."""
     if isinstance(value, dict):
-        return {k: _without_added(v) for k, v in value.items() if not (k in ADDED and v is None)}
+        return {k: _without_added(v) for k, v in value.items() if not (k in ADDED and (v is None or v == []))}
     if isinstance(value, list):
         return [_without_added(v) for v in value]
     return value

@@ -1,0 +1,172 @@
+"""The settings search's arithmetic: which settings to try, the time model of an optimizer step, the ranking.
+
+Settings that do not change what is computed are tried by default: DDP, and with several ranks FSDP
+(``fully_shard``) with its gradient sync after every micro-step or at the last one; activation checkpointing
+of none, every one, or every 2nd of the model's repeated blocks; on a GPU by estimate, the allocator
+setting that fits most (tried on the best of the others: it changes no time, only the max micro-batch).
+Settings that change the numbers (``bf16-mixed``, ``bf16`` weights, ``lora``) join only when allowed.
+
+The time model of one optimizer step of a rank (``k`` micro-steps at micro-batch ``b``), stated:
+
+    step = k x (micro + fsdp_gathers + fsdp_scatter_every) + sync_once + optimizer
+
+- ``micro``: the roofline time of one micro-step at ``b`` (:mod:`autotune.devices.roofline`: FLOPs at the
+  device's peak or bytes at its memory bandwidth, whichever is longer), plus each op's launch and dispatch
+  (``LAUNCH`` on a GPU; on the CPU, measured on a one-element add), counted on the model as the setting
+  runs it, so checkpointing's recomputed forwards are counted, and autocast's half-precision FLOPs run at
+  the tensor-core rate; every micro-step is taken at ``b``, the largest (a bound for an uneven plan);
+- FSDP: each micro-step all-gathers the parameters twice (forward, and backward after the forward's reshard),
+  ``2 x (W-1)/W x parameter bytes``, and reduce-scatters the gradients, ``(W-1)/W x gradient bytes``, after
+  every micro-step or once a step, over the link of one GPU (``LINKS``; the CPU: its memory bandwidth);
+- DDP over ``W > 1`` ranks: one all-reduce a step (micro-steps before the last run in ``no_sync``),
+  ``2 x (W-1)/W x gradient bytes``;
+- optimizer: an Adam step reads parameter, gradient and two moments and writes three, ``7 x`` the trainable
+  parameter bytes of the rank's shard, at the memory bandwidth.
+
+Nothing overlaps in the model (collectives do overlap compute in practice, so FSDP's and DDP's costs are an
+upper bound); launch gaps and kernels below their peak are left out. It ranks settings on the same work;
+it is not meant to predict seconds. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from ..results.search import SettingRow, TrainSetting
+from ..units import format_bytes
+
+#: The bandwidth of one GPU's link to its peers, one direction, bytes/s: NVLink where the GPU has it (SXM
+#: parts, as the presets name), else PCIe (Gen4 x16: 32 GB/s, Gen5: 64 GB/s; T4 Gen3: 16 GB/s).
+LINKS = {"H100-80GB": 450e9, "H200-141GB": 450e9, "A100-80GB": 300e9, "A100-40GB": 300e9,
+         "A10G-24GB": 32e9, "L4-24GB": 32e9, "L40S-48GB": 32e9, "T4-16GB": 16e9, "RTX3090-24GB": 32e9,
+         "RTX4090-24GB": 32e9, "RTX5090-32GB": 64e9}
+#: Repeated blocks checkpointed: every one, and every 2nd (only where there are at least this many blocks).
+EVERY_NTH = 2
+MIN_BLOCKS_FOR_NTH = 4
+#: Seconds a GPU op costs beyond its roofline: a kernel launch and PyTorch's dispatch, typically 5-10 us.
+LAUNCH = 5e-6
+#: Allocator settings tried on the best setting, on a GPU by estimate.
+ALLOCATOR = ("expandable_segments:True",)
+#: Bytes an Adam step moves per trainable parameter byte (read parameter, gradient, two moments; write three).
+ADAM_PASSES = 7
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rank:
+    """What the time model knows of one rank's device: memory bandwidth and link bandwidth, bytes/s, and the
+    seconds each op costs beyond its roofline (a kernel launch and PyTorch's dispatch: ``LAUNCH`` on a GPU)."""
+
+    bandwidth: float
+    link: float
+    per_op: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Work:
+    """What one setting's rank computes: the roofline seconds of one micro-step at ``micro_batch``, the micro-steps
+    a step, the model's parameter bytes (all of them) and trainable ones (what has gradients)."""
+
+    micro_seconds: float
+    micro_batch: int
+    steps: int
+    param_bytes: int
+    trainable_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """One optimizer step by the time model, in its parts (seconds)."""
+
+    compute: float
+    communication: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.communication + self.optimizer
+
+
+def candidates(world_size: int, blocks: str | None, count: int, allow: Iterable[str] = ()) -> list[TrainSetting]:
+    """Every setting to estimate: parallel x checkpointing x each subset of the ``allow``-ed changes (simplest
+    first, so a tie goes to the simpler one); ``blocks``: the repeated blocks' pattern, ``count`` how many."""
+    parallel = [TrainSetting()]
+    if world_size > 1:
+        parallel += [TrainSetting(parallel="fsdp", fsdp_sync=s) for s in ("last", "every")]
+    every = [0] + ([1] if blocks else []) + ([EVERY_NTH] if blocks and count >= MIN_BLOCKS_FOR_NTH else [])
+    allowed = tuple(allow)
+    subsets = [c for n in range(len(allowed) + 1) for c in combinations(allowed, n) if _compatible(c)]
+    return [replace(p, blocks=blocks if e else None, checkpoint_every=e, changes=c)
+            for c in subsets for e in every for p in parallel]
+
+
+def _compatible(changes: tuple[str, ...]) -> bool:
+    """bf16 weights and bf16-mixed (autocast over fp32 weights) are two ways to one thing: not both."""
+    return not {"bf16", "bf16-mixed"} <= set(changes)
+
+
+def step_time(setting: TrainSetting, work: Work, rank: Rank, world_size: int) -> StepTime:
+    """One optimizer step of ``setting`` by the time model (see the module)."""
+    ring = (world_size - 1) / world_size
+    gathers = scatter_every = once = 0.0
+    if setting.parallel == "fsdp" and world_size > 1:
+        gathers = 2 * ring * work.param_bytes / rank.link
+        scatter = ring * work.trainable_bytes / rank.link
+        scatter_every, once = (scatter, 0.0) if setting.fsdp_sync == "every" else (0.0, scatter)
+    elif world_size > 1:
+        once = 2 * ring * work.trainable_bytes / rank.link
+    shard = world_size if setting.parallel == "fsdp" else 1
+    return StepTime(compute=work.steps * work.micro_seconds,
+                    communication=work.steps * (gathers + scatter_every) + once,
+                    optimizer=ADAM_PASSES * work.trainable_bytes / shard / rank.bandwidth)
+
+
+def ranked(rows: Iterable[SettingRow], times: dict[int, StepTime] | None = None) -> list[SettingRow]:
+    """``rows`` best first (fits, then samples per second; the earlier, simpler one on a tie), each with why it won
+    or lost; ``times``: each row's step time by its index in ``rows``, for the reasons."""
+    given = list(rows)
+    times = times or {}
+    order = sorted(range(len(given)), key=lambda i: (not given[i].fits, -given[i].samples_per_second, i))
+    best = given[order[0]]
+    out = []
+    for place, i in enumerate(order):
+        row = given[i]
+        if not row.fits:
+            why = row.why or "does not fit a micro-batch of 1"
+        elif place == 0:
+            why = f"fastest by the time model: {row.samples_per_second:.4g} samples/s"
+        else:
+            why = _slower(row, best, times.get(i), times.get(order[0]))
+        out.append(replace(row, why=why))
+    return out
+
+
+def _slower(row: SettingRow, best: SettingRow, mine: StepTime | None, theirs: StepTime | None) -> str:
+    """Why ``row`` lost to ``best``: by how much, and the part of the step that costs it most."""
+    slower = best.samples_per_second / row.samples_per_second - 1 if row.samples_per_second else float("inf")
+    text = f"slower by {slower:.0%}"
+    if mine is None or theirs is None:
+        return text
+    parts = {"compute": mine.compute - theirs.compute, "communication": mine.communication - theirs.communication,
+             "the optimizer step": mine.optimizer - theirs.optimizer}
+    what, extra = max(parts.items(), key=lambda kv: kv[1])
+    if extra <= 0:
+        return text
+    detail = f"{row.accumulation_steps} micro-steps of {row.micro_batch} vs {best.accumulation_steps} of " \
+        f"{best.micro_batch}" if what == "compute" else "collectives over the link"
+    return f"{text}: {what} +{extra * 1e3:.3g} ms a step ({detail})"
+
+
+def table(rows: list[SettingRow], seconds: float | None = None) -> list[str]:
+    """The ranked settings as lines for people (``rows`` best first); ``seconds``: what the search took."""
+    head = f"{'#':>2}  {'setting':<46} {'max mb':>6} {'plan':>9} {'peak':>10} {'samples/s':>10}  why"
+    lines = [f"settings searched: {len(rows)}" + (f" in {seconds:.1f} s" if seconds is not None else ""), head]
+    for i, r in enumerate(rows, 1):
+        plan = f"{r.micro_batch}x{r.accumulation_steps}" if r.fits else "-"
+        peak = format_bytes(r.peak_bytes) if r.peak_bytes else "-"
+        rate = f"{r.samples_per_second:.4g}" if r.fits else "-"
+        if r.measured_samples_per_second is not None:
+            rate += f" ({r.measured_samples_per_second:.4g} measured)"
+        lines.append(f"{i:>2}  {r.setting.label:<46} {r.max_micro_batch:>6} {plan:>9} {peak:>10} {rate:>10}  {r.why}")
+    return lines

@@ -1,0 +1,285 @@
+"""The settings search, run: each setting of :mod:`autotune.planning.settings_search` probed by estimate (no real
+run), planned, timed by the time model, ranked; on a real device the winner and the runner-up then timed by
+real optimizer steps (as ``--tune`` times them, :func:`autotune.training.timing.time_plan`).
+
+A setting is applied to what the probe takes: checkpointing wraps the chosen repeated blocks in
+``torch.utils.checkpoint`` (:func:`autotune.probing.lowering.checkpointed`), FSDP is the fit rule's
+sharding, the allocator setting is the simulated allocator's, ``bf16-mixed`` runs the loss under autocast,
+``bf16`` and ``lora`` are a model by name's own settings (``--dtype bf16``, ``--lora``). The same
+:func:`apply` gives the runner the workload it trains with ``autotune run --settings``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .. import log, options
+from ..devices.base import Device, Session
+from ..devices.estimate import EstimateDevice
+from ..devices.presets import GpuPreset, find_preset
+from ..devices.roofline import count_micro_step, preset_of, seconds
+from ..errors import AutotuneError, BadInput, DoesNotFit, first_line
+from ..planning.probed import plan_probed
+from ..planning.settings_search import ALLOCATOR, LAUNCH, LINKS, Rank, StepTime, Work, candidates, ranked, step_time
+from ..results.model import ModelSpec, is_model_spec
+from ..results.plan import Plan
+from ..results.probe import ProbeResult
+from ..results.request import FitRule, PlanRequest, ProbeRequest
+from ..results.search import SettingRow, TrainSetting
+from ..workload import Workload, load_workload
+from .lowering import checkpointed
+
+Probe = Callable[[ProbeRequest, Workload, Device], ProbeResult]
+#: The GPU a plain ``estimate`` device (a budget, no name) is timed as.
+STAND_IN = "A100-80GB"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """What the search needs of the model: its repeated blocks (pattern, how many), parameter bytes (all, and
+    those with gradients)."""
+
+    blocks: str | None
+    count: int
+    param_bytes: int
+    trainable_bytes: int
+
+
+def shape_of(workload: Workload, device: Device) -> Shape:
+    """The repeated blocks FSDP would shard as units (``blocks.*``) and the parameter bytes of ``workload``'s
+    model, built on the estimate (no memory)."""
+    found: list[Shape] = []
+
+    def work(session: Session) -> None:
+        model = session.model(workload.make_model)
+        names = {id(m): n for n, m in model.named_modules()}
+        units = [names[id(u)] for u in workload.shard_units(model) if id(u) in names]
+        parents = {u.rpartition(".")[0] for u in units}
+        blocks = f"{parents.pop()}.*" if len(parents) == 1 and len(units) > 1 and all(
+            u.rpartition(".")[2].isdigit() for u in units) else None
+        params = list(model.parameters())
+        found.append(Shape(blocks=blocks, count=len(units) if blocks else 0,
+                           param_bytes=sum(p.numel() * p.element_size() for p in params),
+                           trainable_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad)))
+
+    device.estimator().measure(work)
+    return found[0]
+
+
+def apply(workload: Workload, setting: TrainSetting, *, spec: str | None, cuda: bool, real: bool = False) -> Workload:
+    """``workload`` as ``setting`` runs it: its number-changing ``changes`` (a model by name ``spec`` rebuilt with
+    bf16 weights or LoRA; the loss under autocast for bf16-mixed, on CUDA when ``cuda``) and checkpointing (for a
+    ``real`` run, recomputing with the random state of the forward: the same dropout)."""
+    wl = workload
+    if {"bf16", "lora"} & set(setting.changes):
+        if spec is None or not is_model_spec(spec):
+            raise BadInput(f"{' and '.join(c for c in setting.changes if c != 'bf16-mixed')} apply to a model by name "
+                           "(--model): drop them from allow, or give --model")
+        model = ModelSpec.parse(spec)
+        model = replace(model, dtype="bf16" if "bf16" in setting.changes else model.dtype,
+                        lora=(model.lora or "r=16") if "lora" in setting.changes else model.lora)
+        wl = load_workload(model.spec())
+    if "bf16-mixed" in setting.changes:
+        wl = replace(wl, loss=_autocast(wl.loss, "cuda" if cuda else "cpu"))
+    if setting.checkpoint_every and setting.blocks:
+        wl = checkpointed(wl, setting.blocks, every=setting.checkpoint_every, preserve_rng_state=real)
+    return wl
+
+
+def _autocast(loss: Callable[[torch.nn.Module, Any], torch.Tensor], where: str) -> Callable[..., torch.Tensor]:
+    @functools.wraps(loss)
+    def run(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        with torch.autocast(where, dtype=torch.bfloat16):
+            return loss(model, batch)
+
+    return run
+
+
+def with_allocator(device: EstimateDevice, setting: str) -> EstimateDevice:
+    """``device`` whose simulated allocator also runs with ``setting`` (``expandable_segments:True``)."""
+    conf = ",".join(c for c in (device.alloc_conf, setting) if c)
+    return EstimateDevice(**{**device._settings(), "alloc_conf": conf,
+                             "alloc_conf_variable": "PYTORCH_CUDA_ALLOC_CONF"})
+
+
+def usable_changes(allow: tuple[str, ...], spec: str | None) -> tuple[tuple[str, ...], str | None]:
+    """The allowed changes that apply here (bf16 weights and LoRA: a model by name only), and a note on the rest."""
+    model = spec is not None and is_model_spec(spec)
+    dropped = tuple(a for a in allow if a in ("bf16", "lora") and not model)
+    note = f"allowed {', '.join(dropped)} not tried: they apply to a model by name (--model)" if dropped else None
+    return tuple(a for a in allow if a not in dropped), note
+
+
+@functools.cache
+def cpu_preset() -> GpuPreset:
+    """This CPU as the roofline sees a device: fp32 FLOP/s of a 512 x 512 matmul and the bytes/s of a 64 MiB
+    copy, each timed by ``torch.utils.benchmark``."""
+    from torch.utils.benchmark import Timer
+
+    a, src = torch.randn(512, 512), torch.empty(16 << 20)
+    dst = torch.empty_like(src)
+    mm = Timer("a @ a", globals={"a": a}).blocked_autorange(min_run_time=0.2).median
+    copy = Timer("dst.copy_(src)", globals={"dst": dst, "src": src}).blocked_autorange(min_run_time=0.2).median
+    flops, bandwidth = 2 * 512 ** 3 / mm, 2 * src.numel() * 4 / copy
+    return GpuPreset(name="cpu", model="cpu", total_bytes=0, capability=(0, 0), fp32_flops=flops,
+                     tensor_flops=flops, bandwidth=bandwidth, bf16=False)
+
+
+@functools.cache
+def cpu_per_op() -> float:
+    """Seconds one op costs this CPU beyond its work: a one-element add, timed by ``torch.utils.benchmark``."""
+    from torch.utils.benchmark import Timer
+
+    x = torch.ones(1)
+    return float(Timer("torch.add(x, x)", globals={"x": x, "torch": torch}).blocked_autorange(min_run_time=0.2).median)
+
+
+def speed_of(device: Device) -> tuple[GpuPreset, Rank, str]:
+    """The roofline's figures for ``device`` and the link to its peers, and where they come from."""
+    preset = preset_of(device)
+    if preset is not None:
+        return preset, Rank(bandwidth=preset.bandwidth, link=LINKS.get(preset.name, 32e9), per_op=LAUNCH), \
+            f"{preset.name} preset"
+    if device.torch_device.type == "cpu" and not device.estimated:
+        cpu = cpu_preset()
+        return cpu, Rank(bandwidth=cpu.bandwidth, link=cpu.bandwidth, per_op=cpu_per_op()), "this CPU, measured"
+    stand = find_preset(STAND_IN)
+    return stand, Rank(bandwidth=stand.bandwidth, link=LINKS[stand.name], per_op=LAUNCH), \
+        f"timed as an {STAND_IN} (no preset named)"
+
+
+@dataclass
+class Search:
+    """One search: the request, its workload and device, how to probe, and what it found so far."""
+
+    request: PlanRequest
+    workload: Workload
+    device: Device
+    probe: Probe
+    found: list[tuple[SettingRow, Plan | None, StepTime | None]]
+
+    def __post_init__(self) -> None:
+        self.estimate = self.device if self.device.estimated else self.device.estimator()
+        self.preset, self.rank, self.speed = speed_of(self.device)
+        self.shapes: dict[tuple[str, ...], Shape] = {}
+
+    def shape(self, setting: TrainSetting, wl: Workload) -> Shape:
+        if setting.changes not in self.shapes:
+            self.shapes[setting.changes] = shape_of(wl, self.estimate)
+        return self.shapes[setting.changes]
+
+    def evaluate(self, setting: TrainSetting) -> None:
+        """Probe ``setting`` by estimate, plan it, time it by the model; one more row of :attr:`found`."""
+        req, world = self.request, self.request.world_size
+        cuda = isinstance(self.estimate, EstimateDevice) and self.estimate.cuda_like
+        changed = apply(self.workload, replace(setting, blocks=None, checkpoint_every=0), spec=req.probe.workload,
+                        cuda=cuda)
+        shape = self.shape(setting, changed)  # the blocks as this setting's model names them (peft renames them)
+        if setting.checkpoint_every and shape.blocks:
+            setting = replace(setting, blocks=shape.blocks)
+        wl = apply(changed, replace(setting, changes=()), spec=None, cuda=cuda)
+        dev: Device = self.estimate
+        if setting.allocator and isinstance(dev, EstimateDevice):
+            dev = with_allocator(dev, setting.allocator)
+        rule = FitRule.of(setting.parallel, world, fsdp_sync=setting.fsdp_sync or options.DEFAULT_FSDP_SYNC)
+        log.progress(f"settings search: {setting.label}")
+        try:
+            result = self.probe(replace(req.probe, rule=rule), wl, dev)
+        except AutotuneError as exc:  # this setting does not fit, or the estimate cannot run the model so
+            why = "does not fit" if isinstance(exc, DoesNotFit) else "cannot be estimated"
+            self.found.append((SettingRow(setting=setting, fits=False, max_micro_batch=0,
+                                          why=f"{why}: {getattr(exc, 'facts', None) or first_line(exc)[:200]}"),
+                               None, None))
+            return
+        plan = plan_probed(req.target_batch, result, world_size=world, world_size_source=req.world_size_source,
+                           multiple_of=req.multiple_of, uniform=req.uniform)
+        counts = count_micro_step(wl, dev, plan.micro_batch)
+        micro = seconds(counts, self.preset) + counts.ops * self.rank.per_op
+        t = step_time(setting, Work(micro_seconds=micro, micro_batch=plan.micro_batch, steps=plan.accumulation_steps,
+                                    param_bytes=shape.param_bytes, trainable_bytes=shape.trainable_bytes),
+                      self.rank, world)
+        self.found.append((SettingRow(setting=setting, fits=True, max_micro_batch=result.max_micro_batch,
+                                      micro_batch=plan.micro_batch, accumulation_steps=plan.accumulation_steps,
+                                      peak_bytes=plan.predicted_peak_bytes, step_seconds=t.total,
+                                      samples_per_second=req.target_batch / t.total), plan, t))
+
+    def best(self) -> tuple[SettingRow, Plan | None, StepTime | None] | None:
+        fitting = [f for f in self.found if f[0].fits]
+        return max(fitting, key=lambda f: f[0].samples_per_second) if fitting else None
+
+
+def search_settings(request: PlanRequest, workload: Workload, device: Device, probe: Probe, *,
+                    allow: tuple[str, ...] = (), confirm: bool = True) -> Plan:
+    """The plan of the fastest setting by the time model, carrying every setting's row (best first) and the
+    chosen one; on a real device (one rank) the winner and runner-up confirmed by a real run of the fit rule and
+    timed, and the faster one measured kept (see the module)."""
+    start = time.process_time()
+    search = Search(request=request, workload=workload, device=device, probe=probe, found=[])
+    changes, dropped = usable_changes(allow, request.probe.workload)
+    base = shape_of(workload, search.estimate)
+    for setting in candidates(request.world_size, base.blocks, base.count, changes):
+        search.evaluate(setting)
+    best = search.best()
+    if best is not None and getattr(search.estimate, "simulates", False):  # the allocator moves only the max
+        for conf in ALLOCATOR:
+            search.evaluate(replace(best[0].setting, allocator=conf))
+    found = search.found
+    order = ranked([f[0] for f in found], {i: f[2] for i, f in enumerate(found) if f[2] is not None})
+    plans = {f[0].setting: f[1] for f in found}
+    if not order[0].fits:
+        each = "; ".join(f"{r.setting.label}: {r.why[:160]}" for r in order)
+        raise DoesNotFit(f"no setting fits a micro-batch of 1 ({len(order)} tried: {each}): use more ranks or a "
+                         "larger memory budget, or allow bf16 or lora (--allow bf16,lora)")
+    notes = [f"settings search: {len(order)} settings by estimate, timed by the stated model "
+             f"(autotune.planning.settings_search; {search.speed}), {time.process_time() - start:.1f} CPU-s"]
+    if dropped:
+        notes.append(dropped)
+    if confirm and not device.estimated and request.world_size == 1:
+        order, said = confirmed(order, plans, workload, device, request.probe.workload)
+        notes.append(said)
+    chosen = order[0]
+    plan = plans[chosen.setting]
+    assert plan is not None
+    return replace(plan, setting=chosen.setting, settings=tuple(order),
+                   notes=plan.notes + (f"setting chosen: {chosen.setting.label}", *notes))
+
+
+def confirmed(order: list[SettingRow], plans: dict[TrainSetting, Plan | None], workload: Workload, device: Device,
+              spec: str | None) -> tuple[list[SettingRow], str]:
+    """The winner and runner-up each run once for real (the fit rule at its micro-batch, then timed optimizer
+    steps); the order of the two as measured, and a note saying so."""
+    from ..training.timing import Timing, time_plan
+    from .fitrule import run_trial
+
+    top = [r for r in order[:2] if r.fits]
+    measured: dict[TrainSetting, SettingRow] = {}
+    for row in top:
+        plan = plans[row.setting]
+        assert plan is not None and plan.probe is not None
+        wl = apply(workload, row.setting, spec=spec, cuda=device.torch_device.type == "cuda", real=True)
+        trial = run_trial(device, wl, plan.micro_batch, plan.probe.usable_bytes, source="real")
+        if not trial.fits:
+            measured[row.setting] = replace(row, fits=False, why=f"ran out of memory for real: {trial.trial.why}")
+            continue
+        times = time_plan(wl, device, plan, timing=Timing(warmup=1, min_steps=3, max_steps=10, budget_s=3.0))
+        measured[row.setting] = replace(row, measured_samples_per_second=plan.target_batch / times.median)
+    rows = [measured.get(r.setting, r) for r in order]
+    head = sorted(rows[:len(top)], key=lambda r: (not r.fits, -(r.measured_samples_per_second or 0.0)))
+    same = [r.setting for r in head] == [r.setting for r in rows[:len(top)]]
+    fastest = head[0].measured_samples_per_second
+    head = [replace(r, why=f"{_measured_place(i, fastest, r.measured_samples_per_second)} "
+                           f"({r.measured_samples_per_second:.4g} samples/s); by the model: {r.why}")
+            if r.measured_samples_per_second and fastest else r for i, r in enumerate(head)]
+    said = ", ".join(f"{r.setting.label} {r.measured_samples_per_second or 0:.4g} samples/s" for r in head)
+    verdict = "the predicted order" if same else "not the predicted order: kept as measured"
+    return head + rows[len(top):], f"measured by real optimizer steps: {said} ({verdict})"
+
+
+def _measured_place(place: int, fastest: float, mine: float) -> str:
+    return "fastest measured" if place == 0 else f"slower measured by {fastest / mine - 1:.0%}"

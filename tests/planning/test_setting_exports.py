@@ -1,0 +1,75 @@
+"""A settings search's chosen setting in each framework's settings: the real HF Trainer and Lightning Trainer
+on the CPU pick it up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from autotune.planning.exports import export
+from autotune.planning.planner import make_plan
+from autotune.planning.setting_exports import setting_notes
+from autotune.results.plan import Plan
+from autotune.results.search import TrainSetting
+
+
+def chosen(setting: TrainSetting, world_size: int = 1) -> Plan:
+    return replace(make_plan(8 * world_size, 2, world_size=world_size), setting=setting)
+
+
+@pytest.mark.slow  # a real Trainer step
+def test_hf_trainer_checkpoints_every_2nd_layer_as_chosen(tmp_path) -> None:
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=2, num_key_value_heads=2, vocab_size=100)
+    model = transformers.LlamaForCausalLM(config)
+    data = export(chosen(TrainSetting(blocks="model.layers.*", checkpoint_every=2)), "hf")
+    assert data["gradient_checkpointing_kwargs"]["every_n_layers"] == 2
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1,
+                                          save_strategy="no", **data)
+    examples = [{"input_ids": torch.randint(0, 100, (8,)), "labels": torch.randint(0, 100, (8,))}
+                for _ in range(8)]
+    transformers.Trainer(model=model, args=args, train_dataset=examples).train()
+    assert model.is_gradient_checkpointing
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False, True, False]
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 4)
+
+
+@pytest.mark.slow  # Lightning's import
+def test_lightning_trainer_takes_the_strategy_and_precision() -> None:
+    import lightning.pytorch as lightning
+
+    data = export(chosen(TrainSetting(changes=("bf16-mixed",)), world_size=2), "lightning")
+    trainer = lightning.Trainer(**data["trainer"], accelerator="cpu", devices=2, logger=False,
+                                enable_checkpointing=False)
+    assert type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.precision == "bf16-mixed" and trainer.accumulate_grad_batches == 4
+
+
+@pytest.mark.parametrize(("fmt", "key", "value"), [
+    ("hf", "fsdp", "full_shard"),
+    ("deepspeed", "zero_optimization", {"stage": 3}),
+])
+def test_fsdp_is_each_frameworks_own_sharding(fmt: str, key: str, value: object) -> None:
+    data = export(chosen(TrainSetting(parallel="fsdp", fsdp_sync="last"), world_size=2), fmt)
+    assert data[key] == value
+
+
+def test_accelerate_and_lightning_fsdp_with_checkpointing() -> None:
+    plan = chosen(TrainSetting(parallel="fsdp", fsdp_sync="last", blocks="blocks.*", checkpoint_every=1), world_size=2)
+    accelerate = export(plan, "accelerate")
+    assert accelerate["config"]["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    lightning = export(plan, "lightning")
+    assert lightning["trainer"]["strategy"] == "fsdp"
+    assert lightning["checkpointing"] == {"blocks": "blocks.*", "every_n_layers": 1}
+
+
+def test_what_a_format_cannot_hold_is_said() -> None:
+    plan = chosen(TrainSetting(allocator="expandable_segments:True", changes=("lora",)))
+    notes = setting_notes(plan, "hf")
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in notes)
+    assert any("LoRA" in n for n in notes)
+    assert setting_notes(make_plan(8, 2, world_size=1), "hf") == []

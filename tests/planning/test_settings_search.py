@@ -1,0 +1,56 @@
+"""The settings search's arithmetic: which settings are tried, the time model's parts, the ranking's reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.planning.settings_search import Rank, Work, candidates, ranked, step_time
+from autotune.results.search import SettingRow, TrainSetting
+
+
+def labels(settings: list[TrainSetting]) -> list[str]:
+    return [s.label for s in settings]
+
+
+def test_one_rank_tries_checkpointing_only_and_never_a_change_not_allowed() -> None:
+    assert labels(candidates(1, "blocks.*", 6)) == [
+        "ddp", "ddp + checkpoint blocks.* every block", "ddp + checkpoint blocks.* every 2nd block"]
+    assert labels(candidates(1, "blocks.*", 3)) == ["ddp", "ddp + checkpoint blocks.* every block"]
+    assert labels(candidates(1, None, 0)) == ["ddp"]
+    assert all(not s.changes for s in candidates(8, "blocks.*", 6))
+
+
+def test_several_ranks_try_fsdp_and_allowed_changes_each_alone_and_together() -> None:
+    found = candidates(4, None, 0, ("bf16-mixed", "lora"))
+    assert labels(found[:3]) == ["ddp", "fsdp(sync last)", "fsdp(sync every)"]
+    assert {s.changes for s in found} == {(), ("bf16-mixed",), ("lora",), ("bf16-mixed", "lora")}
+    assert ("bf16", "bf16-mixed") not in {s.changes for s in candidates(2, None, 0, ("bf16-mixed", "bf16"))}
+
+
+GB = 1e9
+RANK = Rank(bandwidth=1000 * GB, link=100 * GB)
+WORK = Work(micro_seconds=0.5, micro_batch=8, steps=4, param_bytes=10 * GB, trainable_bytes=10 * GB)
+
+
+@pytest.mark.parametrize(("setting", "world", "communication", "optimizer"), [
+    (TrainSetting(), 1, 0.0, 0.07),  # one rank: nothing to synchronise; Adam moves 7 x 10 GB at 1 TB/s
+    (TrainSetting(), 4, 0.15, 0.07),  # DDP: one all-reduce a step, 2 x 3/4 x 10 GB at 100 GB/s
+    (TrainSetting(parallel="fsdp", fsdp_sync="last"), 4, 4 * 0.15 + 0.075, 0.07 / 4),  # 2 all-gathers a micro-step
+    (TrainSetting(parallel="fsdp", fsdp_sync="every"), 4, 4 * (0.15 + 0.075), 0.07 / 4),  # + a reduce-scatter each
+])
+def test_the_time_model_of_a_step(setting: TrainSetting, world: int, communication: float, optimizer: float) -> None:
+    t = step_time(setting, WORK, RANK, world)
+    assert t.compute == pytest.approx(2.0)
+    assert (t.communication, t.optimizer) == (pytest.approx(communication), pytest.approx(optimizer))
+
+
+def test_the_ranking_puts_what_fits_first_and_says_why_each_lost() -> None:
+    fast = SettingRow(setting=TrainSetting(), fits=True, max_micro_batch=8, micro_batch=8, accumulation_steps=2,
+                      samples_per_second=100.0)
+    slow = SettingRow(setting=TrainSetting(blocks="b.*", checkpoint_every=1), fits=True, max_micro_batch=16,
+                      micro_batch=16, accumulation_steps=1, samples_per_second=80.0)
+    out = SettingRow(setting=TrainSetting(parallel="fsdp", fsdp_sync="last"), fits=False, max_micro_batch=0,
+                     why="does not fit: micro-batch 1 needs 3 GiB")
+    rows = ranked([out, slow, fast])
+    assert [r.setting for r in rows] == [fast.setting, slow.setting, out.setting]
+    assert rows[0].why.startswith("fastest") and rows[1].why == "slower by 25%" and rows[2].why == out.why

@@ -1,0 +1,129 @@
+"""The settings search on the CPU: settings whose costs differ measurably (checkpointing every block, every 2nd,
+none, on a model of repeated blocks under a budget where none fits a small micro-batch only)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+import autotune
+from autotune.api import Given, plan_for
+from autotune.devices import get_device
+from autotune.planning.planner import make_plan
+from autotune.planning.requests import plan_request
+from autotune.probing.fitrule import run_trial
+from autotune.probing.settings import apply
+from autotune.results.search import SettingsAsk
+from autotune.training.timing import Timing, time_plan
+from autotune.units import parse_size
+from autotune.workload import Workload
+
+WIDTH, TOKENS, BLOCKS, TARGET = 128, 16, 6, 48
+BUDGET = "18MiB"
+pytestmark = pytest.mark.slow  # real optimizer steps are timed
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def stack() -> Workload:
+    return Workload(name="stack", model=Stack,
+                    batch=lambda n, g: torch.randn(n, TOKENS, WIDTH, generator=g),
+                    loss=lambda m, x: m(x).pow(2).mean())
+
+
+def searched(**ask: object) -> autotune.Plan:
+    wl, dev = stack(), get_device("cpu", memory_budget=parse_size(BUDGET))
+    request = plan_request(TARGET, workload=wl, device=dev, memory_budget=BUDGET)
+    return plan_for(replace(request, search=SettingsAsk(**ask)), given=Given(wl, dev))
+
+
+@pytest.fixture(scope="module")
+def plan() -> autotune.Plan:
+    return searched(confirm=False)
+
+
+def test_the_search_tries_checkpointing_and_ranks_by_predicted_samples_per_second(plan: autotune.Plan) -> None:
+    rows = plan.settings
+    assert [r.setting.checkpoint_every for r in rows if r.fits] == [0, 2, 1]  # recompute costs
+    assert [r.max_micro_batch for r in rows] == sorted(r.max_micro_batch for r in rows)  # and fits more
+    assert all(a.samples_per_second >= b.samples_per_second for a, b in zip(rows, rows[1:]))
+    assert plan.setting == rows[0].setting and "fastest" in rows[0].why
+    assert all("slower by" in r.why for r in rows[1:])
+
+
+def test_the_chosen_plans_memory_is_the_estimates(plan: autotune.Plan) -> None:
+    dev = get_device("cpu", memory_budget=parse_size(BUDGET))
+    assert plan.probe is not None and plan.probe.estimated
+    assert plan.setting is not None
+    again = autotune.probe(apply(stack(), plan.setting, spec=None, cuda=False), device=dev.estimator())
+    assert plan.predicted_peak_bytes == again.predicted_peak_at(plan.micro_batch) == plan.settings[0].peak_bytes
+
+
+def test_no_setting_predicted_to_fit_runs_out_of_memory(plan: autotune.Plan) -> None:
+    dev = get_device("cpu", memory_budget=parse_size(BUDGET))
+    assert plan.probe is not None
+    for row in plan.settings:
+        trial = run_trial(dev, apply(stack(), row.setting, spec=None, cuda=False), row.micro_batch,
+                          plan.probe.usable_bytes, source="real")
+        assert trial.fits, (row.setting.label, trial.trial.why)
+
+
+def test_the_predicted_order_of_the_top_three_is_the_measured_one(plan: autotune.Plan) -> None:
+    dev = get_device("cpu", memory_budget=parse_size(BUDGET))
+    timing = Timing(warmup=1, min_steps=5, max_steps=15, budget_s=6.0)
+    measured = []
+    for row in plan.settings[:3]:
+        made = make_plan(TARGET, row.max_micro_batch, world_size=1)
+        assert (made.micro_batch, made.accumulation_steps) == (row.micro_batch, row.accumulation_steps)
+        times = time_plan(apply(stack(), row.setting, spec=None, cuda=False), dev, made, timing=timing)
+        measured.append(TARGET / times.median)
+    assert measured == sorted(measured, reverse=True), measured
+
+
+def test_no_number_changing_setting_without_allow(plan: autotune.Plan) -> None:
+    assert all(not r.setting.changes for r in plan.settings)
+    allowed = searched(confirm=False, allow=("bf16-mixed",))
+    assert {r.setting.changes for r in allowed.settings} == {(), ("bf16-mixed",)}
+
+
+def test_unknown_allowed_names_are_refused() -> None:
+    with pytest.raises(autotune.errors.BadInput, match="not a setting the search can allow"):
+        SettingsAsk(allow=("fp8",))
+
+
+def test_a_hugging_face_model_checkpointed_under_fsdp_is_estimated() -> None:
+    """Its KV cache is off under checkpointing (as transformers turns it off), so the recompute sees what the forward
+    saw: the estimate of FSDP with checkpointed decoder layers runs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autotune.probing.lowering import checkpointed
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256)
+    wl = Workload(name="llama", model=lambda: LlamaForCausalLM(config),
+                  batch=lambda n, g: torch.randint(0, 256, (n, 64), generator=g),
+                  loss=lambda m, ids: m(input_ids=ids, labels=ids).loss)
+    found = autotune.probe(checkpointed(wl, "model.layers.*"), device="estimate:H100-80GB", parallel="fsdp",
+                           world_size=8, fsdp_sync="last", max_batch=2)
+    assert found.max_micro_batch == 2
