@@ -267,42 +267,27 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
          lengths: Sequence[int] | str | None = None, cut_samples: bool = False, precision: str = "fp32",
          search_settings: bool = False, allow: Sequence[str] | str | None = None, workload: Spec = None) -> Plan:
-    """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``.
+    """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``. Every keyword is a plan
+    setting of :mod:`autotune.results.settings`, whose help ``autotune plan --help`` shows; in short:
 
-    ``probe``: what to plan, as for :func:`probe` (``workload``: its former name, deprecated); ``precision``
-    as for :func:`probe`.
-
-    ``parallel``: "ddp", or "fsdp" to shard the model over the ranks with ``fully_shard`` (the probe then
-    measures one rank of exactly that many), its gradient sync as ``fsdp_sync`` says (see :func:`probe`).
-    The probe never searches past the per-rank target, since a plan never needs more.
-    ``uniform``: None takes the fewest steps (uneven micro-batches where they must be), True equal micro-batches
+    ``probe``, ``model``, ``precision``, ``store``, ``memory_snapshot``/``at``: as for :func:`probe` (the
+    snapshot at the plan's micro-batch unless ``at`` is given; ``workload``: ``probe``'s former name, deprecated).
+    ``parallel``: "ddp", or "fsdp" to shard the model over the ranks (the probe then measures one rank of that
+    many), its gradient sync as ``fsdp_sync`` says. ``uniform``: None the fewest steps, True equal micro-batches
     within twice the fewest steps (else NoUniformPlan, naming the nearest targets), "force" equal micro-batches
-    however many steps they take. With ``tune``, an optuna study times real steps of the candidate plans (and of
-    the workload's options) against the untuned plan, and the fastest wins unless it is within noise;
-    ``storage`` is optuna's (``sqlite:///reports/tune.db``), under ``study_name`` or a name made from the settings.
-    ``store``: the plan store, as for :func:`probe`; the plan is kept there beside its probe.
-    ``memory_snapshot``, ``at``: as for :func:`probe`, at the plan's micro-batch unless ``at`` is given.
-    ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
-    ``target_tokens`` instead of ``target_batch``: every optimizer step holds that many tokens (exactly, or the
-    closest whole samples, stated), samples of ``lengths`` tokens (a list, or a file as ``--lengths`` reads it;
-    default: what the workload's loss counts in a 1-sample batch, the same for every sample); see
-    :mod:`autotune.planning.bytokens`; ``cut_samples``: every step exactly ``target_tokens``, the sample that
-    crosses it cut there. The plan's ``tokens`` holds every step's tokens.
-
-    Ranks that differ: ``device`` and ``memory_budget`` may be given once per rank (``"estimate:A100-80GB,
-    estimate:T4-16GB"``, ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``, ``"8MiB,3MiB"`` or lists; the world
-    size is how many); under torchrun every rank probes its own device. Ranks that differ each get their own
-    micro-batch and micro-steps (:func:`autotune.planning.mixed.make_mixed_plan`), balanced by time per sample
-    where every rank's is known (timed, or a roofline estimate for a GPU by name), else by memory.
-    ``uniform_ranks``: every rank at the smallest rank's max micro-batch instead.
-
-    ``search_settings``: try the settings that do not change what is computed (DDP or FSDP, activation
-    checkpointing, the allocator's) and those ``allow`` names (``"bf16-mixed,lora"``), each by estimate, rank them
-    by a stated time model, and plan the fastest (:mod:`autotune.probing.settings`); the plan's ``settings``
-    lists them all, best first, and ``setting`` is the one chosen.
-
-    ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest: then only ``store``,
-    ``memory_snapshot`` and ``at`` may be given beside it.
+    however many steps. ``tune``: an optuna study (``trials``, ``storage``, ``study_name``) times real steps of
+    candidate plans against the untuned one, and the fastest wins unless within noise.
+    ``target_tokens`` instead of ``target_batch``: every step holds that many tokens (exactly with
+    ``cut_samples``, else the closest whole samples, stated), samples of ``lengths`` tokens (a list or a file;
+    default: what the loss counts in one sample); the plan's ``tokens`` holds every step's tokens.
+    Ranks that differ: ``device`` and ``memory_budget`` once per rank (``"estimate:A100-80GB,estimate:T4-16GB"``,
+    ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``, ``"8MiB,3MiB"``), each rank its own micro-batch
+    (:func:`autotune.planning.mixed.make_mixed_plan`) unless ``uniform_ranks``.
+    ``search_settings``: rank the settings that do not change what is computed (DDP or FSDP, checkpointing, the
+    allocator's) and those ``allow`` names (``"bf16-mixed,lora"``) by estimate and a stated time model, and plan
+    the fastest; the plan's ``settings`` lists them, best first, ``setting`` the one chosen.
+    ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest (then only ``store``,
+    ``memory_snapshot`` and ``at`` beside it).
     """
     probe = workload = renamed(probe, workload, "plan")
     if target_tokens is not None or lengths is not None or cut_samples:
@@ -460,8 +445,10 @@ def _searched(request: PlanRequest, given: GivenObjects) -> Plan:
 
     assert request.search is not None
     wl, dev = resolve(request.probe, given)
+    from .training.settings_confirm import confirmed
+
     return search_settings(request, wl, dev, lambda r, w, d: _probe_one(r, w, d, None, None),
-                           allow=request.search.allow, confirm=request.search.confirm)
+                           allow=request.search.allow, confirm=confirmed if request.search.confirm else None)
 
 
 def _tuned(request: PlanRequest, given: GivenObjects, plan_store: Store | None) -> Plan:
@@ -608,17 +595,14 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         model: str | ModelSpec | None = None, search_settings: bool = False, workload: Spec = None) -> RunResult:
     """Plan (or load a plan), then train by it and verify: the API behind ``autotune run``.
 
-    ``probe``: what to train, as for :func:`probe` (``workload``: its former name, deprecated).
-    ``parallel``: "ddp" or "fsdp" when planning now (default "ddp"); a plan given says how it runs itself, and
-    ``parallel``, if given, must agree; ``fsdp_sync`` as for :func:`plan` (a plan given runs its probe's).
-    ``store``: the plan store, as for :func:`probe`; what the run measured is recorded there.
-    ``device`` and ``memory_budget`` may be given per rank under torchrun; ``uniform_ranks`` as for :func:`plan`.
-    ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start at a small effective batch and grow
-    it toward the target with the measured gradient noise scale, every phase an exact plan
-    (:mod:`autotune.planning.ramp`); the result's ``batch_schedule`` says what was done.
-    ``model``: a Hugging Face model by name instead of ``probe``, as for :func:`probe`.
-    ``search_settings``: plan by a settings search (as for :func:`plan`); a plan that holds a chosen ``setting``
-    (planned now or given) trains under it: checkpointing around its blocks, FSDP, autocast for bf16-mixed.
+    ``probe``, ``model``, ``uniform_ranks``, ``fsdp_sync``, ``search_settings``: as for :func:`plan` (a plan
+    given runs its own gradient sync; ``workload``: ``probe``'s former name, deprecated). ``parallel``: "ddp" or
+    "fsdp" when planning now; a plan given says how it runs, and ``parallel``, if given, must agree. ``store``: as
+    for :func:`probe`; what the run measured is recorded there. ``device`` and ``memory_budget`` may be given per
+    rank under torchrun. ``ramp``: a :class:`autotune.RampConfig` (True: its defaults) to start small and grow
+    toward the target with the measured gradient noise scale, every phase an exact plan; the result's
+    ``batch_schedule`` says what was done. A plan holding a chosen ``setting`` trains under it (checkpointing
+    around its blocks, FSDP, autocast for bf16-mixed).
     """
     from .planning.ramp import check_below, first_batch, uniform_base
     from .training.runner import run_plan
@@ -649,11 +633,7 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
         wl, dev = _real(request.probe, GivenObjects.of(workload, device))
         planned = plan_for(request, store=store, given=GivenObjects(wl, dev))
     precision = run_precision(planned.probe.source if planned.probe is not None else None, precision)
-    if planned.setting is not None:
-        from .probing.settings import apply
-
-        wl = apply(wl, planned.setting, spec=planned.probe.source if planned.probe is not None else None,
-                   cuda=dev.torch_device.type == "cuda", real=True)
+    wl = _under_setting(planned, wl, dev)
     uniform_ramp = ramp is not None and uniform not in (None, False)  # every phase uniform too
     if ramp is not None:  # a ramp that cannot start fails before any training
         base, quantum = uniform_base(planned) if uniform_ramp else (planned, None)
@@ -665,6 +645,16 @@ def run(*, plan: Plan | str | os.PathLike[str] | None = None, target_batch: int 
 
     plan_store = open_store(store)
     return train() if plan_store is None else cached.record_run(plan_store, planned, wl, dev, precision, train)
+
+
+def _under_setting(planned: Plan, wl: Workload, dev: Device) -> Workload:
+    """The workload as a plan's chosen setting trains it (a settings search's), else as it is."""
+    if planned.setting is None:
+        return wl
+    from .probing.settings import apply
+
+    return apply(wl, planned.setting, spec=planned.probe.source if planned.probe is not None else None,
+                 cuda=dev.torch_device.type == "cuda", real=True)
 
 
 def _ramp(ramp: Any) -> RampConfig | None:

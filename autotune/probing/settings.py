@@ -1,6 +1,6 @@
 """The settings search, run: each setting of :mod:`autotune.planning.settings_search` probed by estimate (no real
 run), planned, timed by the time model, ranked; on a real device the winner and the runner-up then timed by
-real optimizer steps (as ``--tune`` times them, :func:`autotune.training.timing.time_plan`).
+real optimizer steps (as ``--tune`` times them: :mod:`autotune.training.settings_confirm`).
 
 A setting is applied to what the probe takes: checkpointing wraps the chosen repeated blocks in
 ``torch.utils.checkpoint`` (:func:`autotune.probing.lowering.checkpointed`), FSDP is the fit rule's
@@ -214,8 +214,14 @@ class Search:
         return max(fitting, key=lambda f: f[0].samples_per_second) if fitting else None
 
 
+#: Runs the winner and runner-up for real: (the order, the plans, the workload, the device, its spec) to the order
+#: as measured and a note saying so (:func:`autotune.training.settings_confirm.confirmed`).
+Confirm = Callable[[list[SettingRow], dict[TrainSetting, "Plan | None"], Workload, Device, "str | None"],
+                   tuple[list[SettingRow], str]]
+
+
 def search_settings(request: PlanRequest, workload: Workload, device: Device, probe: Probe, *,
-                    allow: tuple[str, ...] = (), confirm: bool = True) -> Plan:
+                    allow: tuple[str, ...] = (), confirm: Confirm | None = None) -> Plan:
     """The plan of the fastest setting by the time model, carrying every setting's row (best first) and the
     chosen one; on a real device (one rank) the winner and runner-up confirmed by a real run of the fit rule and
     timed, and the faster one measured kept (see the module)."""
@@ -240,46 +246,11 @@ def search_settings(request: PlanRequest, workload: Workload, device: Device, pr
              f"(autotune.planning.settings_search; {search.speed}), {time.process_time() - start:.1f} CPU-s"]
     if dropped:
         notes.append(dropped)
-    if confirm and not device.estimated and request.world_size == 1:
-        order, said = confirmed(order, plans, workload, device, request.probe.workload)
+    if confirm is not None and not device.estimated and request.world_size == 1:
+        order, said = confirm(order, plans, workload, device, request.probe.workload)
         notes.append(said)
     chosen = order[0]
     plan = plans[chosen.setting]
     assert plan is not None
     return replace(plan, setting=chosen.setting, settings=tuple(order),
                    notes=plan.notes + (f"setting chosen: {chosen.setting.label}", *notes))
-
-
-def confirmed(order: list[SettingRow], plans: dict[TrainSetting, Plan | None], workload: Workload, device: Device,
-              spec: str | None) -> tuple[list[SettingRow], str]:
-    """The winner and runner-up each run once for real (the fit rule at its micro-batch, then timed optimizer
-    steps); the order of the two as measured, and a note saying so."""
-    from ..training.timing import Timing, time_plan
-    from .fitrule import run_trial
-
-    top = [r for r in order[:2] if r.fits]
-    measured: dict[TrainSetting, SettingRow] = {}
-    for row in top:
-        plan = plans[row.setting]
-        assert plan is not None and plan.probe is not None
-        wl = apply(workload, row.setting, spec=spec, cuda=device.torch_device.type == "cuda", real=True)
-        trial = run_trial(device, wl, plan.micro_batch, plan.probe.usable_bytes, source="real")
-        if not trial.fits:
-            measured[row.setting] = replace(row, fits=False, why=f"ran out of memory for real: {trial.trial.why}")
-            continue
-        times = time_plan(wl, device, plan, timing=Timing(warmup=1, min_steps=3, max_steps=10, budget_s=3.0))
-        measured[row.setting] = replace(row, measured_samples_per_second=plan.target_batch / times.median)
-    rows = [measured.get(r.setting, r) for r in order]
-    head = sorted(rows[:len(top)], key=lambda r: (not r.fits, -(r.measured_samples_per_second or 0.0)))
-    same = [r.setting for r in head] == [r.setting for r in rows[:len(top)]]
-    fastest = head[0].measured_samples_per_second
-    head = [replace(r, why=f"{_measured_place(i, fastest, r.measured_samples_per_second)} "
-                           f"({r.measured_samples_per_second:.4g} samples/s); by the model: {r.why}")
-            if r.measured_samples_per_second and fastest else r for i, r in enumerate(head)]
-    said = ", ".join(f"{r.setting.label} {r.measured_samples_per_second or 0:.4g} samples/s" for r in head)
-    verdict = "the predicted order" if same else "not the predicted order: kept as measured"
-    return head + rows[len(top):], f"measured by real optimizer steps: {said} ({verdict})"
-
-
-def _measured_place(place: int, fastest: float, mine: float) -> str:
-    return "fastest measured" if place == 0 else f"slower measured by {fastest / mine - 1:.0%}"

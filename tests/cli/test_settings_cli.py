@@ -79,7 +79,7 @@ def test_run_settings_best_searches_first(capsys, stack) -> None:
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["plan", "--target-batch", "8", "--allow", "lora"], "--allow lora names settings for the settings search"),
+    (["plan", "--target-batch", "8", "--allow", "lora"], "--allow 'lora' names settings for the settings search"),
     (["plan", "--target-batch", "8", "--search-settings", "--allow", "fp8"], "not a setting the search can allow"),
     (["run", "--settings", "best", "--steps", "1"], "--settings best searches the settings for a target batch"),
 ])

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import autotune
-from autotune.api import Given, plan_for
+from autotune.api import GivenObjects, plan_for
 from autotune.devices import get_device
 from autotune.planning.planner import make_plan
 from autotune.planning.requests import plan_request
@@ -55,7 +55,7 @@ def stack() -> Workload:
 def searched(**ask: object) -> autotune.Plan:
     wl, dev = stack(), get_device("cpu", memory_budget=parse_size(BUDGET))
     request = plan_request(TARGET, workload=wl, device=dev, memory_budget=BUDGET)
-    return plan_for(replace(request, search=SettingsAsk(**ask)), given=Given(wl, dev))
+    return plan_for(replace(request, search=SettingsAsk(**ask)), given=GivenObjects(wl, dev))
 
 
 @pytest.fixture(scope="module")

@@ -233,7 +233,8 @@ def test_a_precision_but_fp32_is_told_the_service_plans_fp32_only(api):
 #: A bad value for every setting of the plan body; a setting added to the body needs one here.
 BAD_SETTINGS = {"target_batch": 0, "probe": "x" * 200, "model": 5, "device": "tpu", "memory_budget": "12XB",
                 "world_size": 0, "parallel": "zero", "fsdp_sync": "sometimes", "margin": 1.5, "precision": "bf16",
-                "multiple_of": 0, "uniform": "always", "uniform_ranks": "yes"}
+                "multiple_of": 0, "uniform": "always", "uniform_ranks": "yes", "search_settings": "yes",
+                "allow": "x" * 100}
 #: Settings each fine alone that the library refuses together, and the field its error names.
 REFUSED_TOGETHER = [({"fsdp_sync": "every"}, "fsdp_sync"), ({"target_batch": 1021, "multiple_of": 4}, "target_batch"),
                     ({"device": "estimate:A100-80GB,estimate:T4-16GB", "world_size": 3}, "world_size"),
