@@ -112,7 +112,7 @@ def checkpoint_blocks(model: torch.nn.Module, pattern: str, *, every: int = 1,
     turned off, as transformers does under gradient checkpointing."""
     found = [m for name, m in model.named_modules() if name and _matches(name, pattern)]
     config = getattr(model, "config", None)
-    if found and getattr(config, "use_cache", None):  # a Hugging Face model's KV cache would grow in the recompute
+    if found and config is not None and getattr(config, "use_cache", None):  # a KV cache would grow in the recompute
         config.use_cache = False  # as transformers sets it under gradient checkpointing
     for module in found[::every]:
         module.forward = types.MethodType(functools.partial(_checkpointed, preserve_rng_state), module)
