@@ -316,17 +316,21 @@ def shape_propagation() -> tuple[type, str]:
     return module.ShardingPropagator, "_propagate_tensor_meta_non_cached"
 
 
-def strided_shard_flag() -> tuple[Any, str, Callable[[Any], bool]]:
+def strided_shard_flag() -> tuple[Any, str, Callable[[Any], bool]] | None:
     """DTensor's sharding propagation module, the name of its function that carries ``_StridedShard``'s flag from
     an op's inputs to its strategies (called once per output of a foreach op, each time reading every input), and
     a test of whether an op schema's inputs carry a ``_StridedShard`` at all (without one, that function does
-    nothing)."""
+    nothing); None where torch has no such function (torch 2.11 carries no flag)."""
     from torch.distributed.tensor.placement_types import _StridedShard
+
+    owner, name = importlib.import_module(_SHARDING_PROP), "_propagate_use_strided_shard_flag"
+    if not hasattr(owner, name):
+        return None
 
     def strided(op_schema: Any) -> bool:
         return any(isinstance(p, _StridedShard) for spec in op_schema.args_spec for p in spec.placements)
 
-    return importlib.import_module(_SHARDING_PROP), "_propagate_use_strided_shard_flag", strided
+    return owner, name, strided
 
 
 def shape_propagation_patched() -> bool:

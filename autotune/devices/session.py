@@ -259,8 +259,13 @@ def fsdp_on_meta() -> Iterator[None]:
 def strided_flag_read_once() -> Iterator[None]:
     """While inside, DTensor reads an op's inputs for ``_StridedShard``'s flag once per op, not once per
     output: a foreach op over N parameters took N x N reads (most of an optimizer step's first run on an
-    LLM's shards). Where no input carries one the flag's function does nothing, so skipping it is exact."""
-    owner, name, strided = compat.strided_shard_flag()
+    LLM's shards). Where no input carries one the flag's function does nothing, so skipping it is exact. A torch
+    without the flag reads nothing: nothing to change."""
+    flag = compat.strided_shard_flag()
+    if flag is None:
+        yield
+        return
+    owner, name, strided = flag
     original = getattr(owner, name)
     plain: list[Any] = [None]  # the last op schema seen without a _StridedShard (kept alive: ids stay unique)
 
