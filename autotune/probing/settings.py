@@ -80,7 +80,7 @@ def apply(workload: Workload, setting: TrainSetting, *, spec: str | None, cuda: 
     if {"bf16", "lora"} & set(setting.changes):
         if spec is None or not is_model_spec(spec):
             raise BadInput(f"{' and '.join(c for c in setting.changes if c != 'bf16-mixed')} apply to a model by name "
-                           "(--model): drop them from allow, or give --model")
+                           "({model})", field="allow", fix="drop them from {allow}, or give {model}")
         model = ModelSpec.parse(spec)
         model = replace(model, dtype="bf16" if "bf16" in setting.changes else model.dtype,
                         lora=(model.lora or "r=16") if "lora" in setting.changes else model.lora)
@@ -112,7 +112,7 @@ def usable_changes(allow: tuple[str, ...], spec: str | None) -> tuple[tuple[str,
     """The allowed changes that apply here (bf16 weights and LoRA: a model by name only), and a note on the rest."""
     model = spec is not None and is_model_spec(spec)
     dropped = tuple(a for a in allow if a in ("bf16", "lora") and not model)
-    note = f"allowed {', '.join(dropped)} not tried: they apply to a model by name (--model)" if dropped else None
+    note = f"allowed {', '.join(dropped)} not tried: they apply to a model by name" if dropped else None
     return tuple(a for a in allow if a not in dropped), note
 
 
@@ -241,7 +241,7 @@ def search_settings(request: PlanRequest, workload: Workload, device: Device, pr
     if not order[0].fits:
         each = "; ".join(f"{r.setting.label}: {r.why[:160]}" for r in order)
         raise DoesNotFit(f"no setting fits a micro-batch of 1 ({len(order)} tried: {each}): use more ranks or a "
-                         "larger memory budget, or allow bf16 or lora (--allow bf16,lora)")
+                         "larger memory budget, or allow bf16 or lora ({allow='bf16,lora'})")
     notes = [f"settings search: {len(order)} settings by estimate, timed by the stated model "
              f"(autotune.planning.settings_search; {search.speed}), {time.process_time() - start:.1f} CPU-s"]
     if dropped:

@@ -26,8 +26,8 @@ def allow_list(value: object, name: str = "allow") -> tuple[str, ...]:
     given = {str(p).strip().lower() for p in parts if str(p).strip()}
     unknown = sorted(given - set(ALLOWED))
     if unknown:
-        raise BadInput(f"{name} {', '.join(unknown)}: not a setting the search can allow; choose among "
-                               f"{', '.join(ALLOWED)} (e.g. --allow bf16-mixed,lora)")
+        raise BadInput("is not a setting the search can allow", field=name, value=", ".join(unknown),
+                       choices=ALLOWED, fix="e.g. {allow='bf16-mixed,lora'}")
     return tuple(a for a in ALLOWED if a in given)
 
 
