@@ -187,7 +187,8 @@ def plan_request(target_batch: object, *, probe: object = None, device: object =
         ranks = tuple(replace(one, device=device_name(devices[r % len(devices)]),
                               memory_budget=budgets[r % len(budgets)], max_batch=limit,
                               rule=replace(one.rule, rank=r, buckets=not one.rule.sharded)) for r in range(world))
-    if options.boolean(search_settings, "search_settings") and tuning is not None:
+    search_settings = options.boolean(search_settings, "search_settings")
+    if search_settings and tuning is not None:
         raise BadInput("{search_settings} and {tune} each choose how to run", field="search_settings",
                        fix="give one of them")
     return searched(PlanRequest(target_batch=target, probe=one, ranks=ranks, multiple_of=multiple,

@@ -82,7 +82,17 @@ def test_run_settings_best_searches_first(capsys, stack) -> None:
     (["plan", "--target-batch", "8", "--allow", "lora"], "--allow 'lora' names settings for the settings search"),
     (["plan", "--target-batch", "8", "--search-settings", "--allow", "fp8"], "not a setting the search can allow"),
     (["run", "--settings", "best", "--steps", "1"], "--settings best searches the settings for a target batch"),
+    (["plan", "--target-batch", "8", "--search-settings", "--tune"], "--search-settings and --tune each choose"),
+    (["plan", "--target-batch", "8", "--search-settings", "--allow", "fp8,lora"], "--allow 'fp8' is not a setting"),
 ])
 def test_settings_flags_refused_in_one_line(capsys, argv: list[str], words: str) -> None:
     code, _, err = cli(capsys, *argv, "--probe", "mlp", "--device", "cpu", "--memory-budget", "3MB")
     assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_the_api_refuses_a_search_beside_tune_naming_the_field() -> None:
+    import autotune
+
+    with pytest.raises(autotune.errors.BadInput) as refused:
+        autotune.plan(8, probe="mlp", device="cpu", memory_budget="3MB", search_settings=True, tune=True)
+    assert refused.value.field == "search_settings" and "search_settings and tune each choose" in str(refused.value)
