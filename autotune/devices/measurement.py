@@ -121,7 +121,7 @@ class Session:
     def model(self, factory: Callable[[], nn.Module]) -> nn.Module:
         """Build a model on the host (not counted), move it, count its parameters and buffers."""
         model = self._move_model(self.host_model(factory))
-        self.tracker.register(_tensors(model), "parameters")
+        self.tracker.register(_tensors(model), "parameters", model=model)
         self.found_compiled(*compiled_parts(model))
         return model
 

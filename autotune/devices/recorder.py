@@ -102,6 +102,7 @@ class Recorder:
         self._frame_cache: dict[tuple[Any, int], dict[str, Any] | None] = {}
         self._active = contextlib.ExitStack()
         self._thread = threading.get_ident()
+        self.leaf = 0  # which output of the op the tracker counts next
 
     # -- activation ----------------------------------------------------------------------
 
@@ -140,6 +141,18 @@ class Recorder:
         module = self._stack[-1][0] if self._stack else ""
         rec.made[key] = Made(serial, self._frames() if self.frames else (), module,
                              None if node is None else node_sequence_nr(node), self._phase, label)
+
+    def free(self, key: int) -> None:
+        """The allocation ``key`` of the trace was freed (just appended to it)."""
+
+    def op(self, func: Any, args: tuple) -> None:
+        """The op whose outputs the tracker counts next (``func`` None: no op)."""
+
+    def placing(self, model: torch.nn.Module) -> None:
+        """``model``'s parameters and buffers are counted next."""
+
+    def registering(self, tensor: torch.Tensor) -> None:
+        """``tensor`` (a parameter, a buffer, a batch's tensor) is counted next."""
 
     def mark(self, phase: str) -> None:
         rec = self.recording

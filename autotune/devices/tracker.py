@@ -95,13 +95,13 @@ def _wraps(types: Any) -> bool:
     return False
 
 
-def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
+def plain_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
     """The plain tensors holding ``t``'s data: ``t`` itself, or a wrapper subclass's inner tensors."""
     if is_traceable_wrapper_subclass(t):
         for attr in t.__tensor_flatten__()[0]:
             inner = getattr(t, attr)
             if isinstance(inner, torch.Tensor):  # DTensor also names its device mesh
-                yield from _plain(inner)
+                yield from plain_tensors(inner)
     else:
         yield t
 
@@ -245,6 +245,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self._timeline.append(self._current)
         if self.trace is not None and entry.nbytes:
             self.trace.append((entry.tkey, -1, 0))
+            if self.recorder is not None:
+                self.recorder.free(entry.tkey)
 
     def _add(self, storage: torch.UntypedStorage, category: str | None = None) -> None:
         self._settle()
@@ -261,6 +263,8 @@ class LiveStorageTracker(TorchDispatchMode):
                         self.recorder.alloc(self._serial, entry.serial)
                     if entry.nbytes:
                         self.trace.append((entry.tkey, -1, 0))
+                        if self.recorder is not None:
+                            self.recorder.free(entry.tkey)
                     entry.tkey = self._serial
                 entry.nbytes = n
             if category is not None:
@@ -353,14 +357,21 @@ class LiveStorageTracker(TorchDispatchMode):
                                      and not out.is_meta):
             # (A device tensor's value copied to the host is host memory; on the CPU, the tensor itself.)
             aliased = _aliased_returns(func)
+            recorder = self.recorder
+            if recorder is not None:
+                recorder.op(func, args)
             if isinstance(out, torch.Tensor):
                 self._seen(out, aliased[0])
             else:
                 leaves = tree_flatten(out)[0]
                 flags = aliased * len(leaves) if len(aliased) == 1 else aliased
-                for leaf, alias in zip(leaves, flags):
+                for i, (leaf, alias) in enumerate(zip(leaves, flags)):
                     if isinstance(leaf, torch.Tensor):
+                        if recorder is not None:
+                            recorder.leaf = i
                         self._seen(leaf, alias)
+            if recorder is not None:
+                recorder.op(None, ())
             if self.after_op is not None:
                 self.after_op(func, args, kwargs or {}, out)
         return out
@@ -376,12 +387,25 @@ class LiveStorageTracker(TorchDispatchMode):
 
     # -- public ---------------------------------------------------------------------
 
-    def register(self, tensors: Iterable[torch.Tensor], category: str | None = None) -> None:
-        """Count storages that already exist (parameters, a batch moved to the device)."""
+    def register(self, tensors: Iterable[torch.Tensor], category: str | None = None, *,
+                 model: torch.nn.Module | None = None) -> None:
+        """Count storages that already exist (parameters, a batch moved to the device); ``model``: the model
+        they are the parameters and buffers of (told to the recorder)."""
+        if model is not None:
+            self.placing(model)
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                for plain in _plain(t):
+                if self.recorder is not None:
+                    self.recorder.registering(t)
+                for plain in plain_tensors(t):
                     self._add(plain.untyped_storage(), category)
+        if self.recorder is not None:
+            self.recorder.op(None, ())
+
+    def placing(self, model: torch.nn.Module) -> None:
+        """``model``'s parameters and buffers are allocated or counted next (told to the recorder)."""
+        if self.recorder is not None:
+            self.recorder.placing(model)
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         """A counted storage was resized in place: count its new size (a storage the tracker
@@ -397,7 +421,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self._settle()
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                for plain in _plain(t):
+                for plain in plain_tensors(t):
                     entry = self._live.get(id(plain.untyped_storage()))
                     if entry is not None:
                         self._set_category(entry.serial, category)
@@ -417,6 +441,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self._settle()
         if self.trace is not None:
             self.trace.append((key, -1, 0))
+            if self.recorder is not None:
+                self.recorder.free(key)
 
     def scratch(self, sizes: Iterable[int]) -> None:
         """Record a kernel's scratch buffers: allocated in order, all freed when the kernel returns."""

@@ -118,13 +118,14 @@ def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Cal
     with compat.disable_current_modes():
         model = skeleton(host)
         shard(model, units(model), mesh, precision)
+    tracker.placing(model)
     with _fakes_of_meta(fake_mode):  # the meta engine's shards are new meta tensors, made as a device's are
         model.to_empty(device="meta" if session.on_meta else device)
     if not estimate:
         with tracker.paused(), torch.no_grad():
             _copy_values(host, model, mesh.get_coordinate()[0], mesh.size())
     del host
-    tracker.register(itertools.chain(model.parameters(), model.buffers()), "parameters")
+    tracker.register(itertools.chain(model.parameters(), model.buffers()), "parameters", model=model)
     return model
 
 

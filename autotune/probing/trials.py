@@ -11,6 +11,7 @@ from ..devices.base import Device
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
+from .blockreplay import found_blocks, replayed_trial
 from .fitrule import MeasuredTrial, run_trial
 from .fsdp import Sharding
 from .hostbatch import HostBatches
@@ -29,6 +30,7 @@ class TrialRunner:
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
         self.by_size: dict[int, MeasuredTrial] = {}
+        self.blocks = found_blocks(device, workload) if source == "estimate" else None
 
     def __call__(self, batch: int) -> MeasuredTrial:
         if batch not in self.by_size:
@@ -43,9 +45,11 @@ class TrialRunner:
 
             # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
             # trial never takes more than the budget; estimates measure the whole step.
-            measured = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                                 capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                 sharding=self.sharding, on_step=on_step, host=self.host)
+            measured = self._replayed(batch) if self.blocks is not None else None
+            if measured is None:
+                measured = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
+                                     capacity_guard=self.source == "real", data_parallel=self.data_parallel,
+                                     sharding=self.sharding, on_step=on_step, host=self.host)
             self.by_size[batch] = measured
             self.log.append(measured.trial)
             trial = measured.trial
@@ -53,6 +57,21 @@ class TrialRunner:
             verdict = "fits" if trial.fits else "does not fit"
             log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
         return self.by_size[batch]
+
+    def _replayed(self, batch: int) -> MeasuredTrial | None:
+        """The estimate at ``batch`` through the model cut to a few of its identical blocks (see
+        :mod:`autotune.probing.blockreplay`), the first time checked against 4 of them too; None (and the whole
+        model evaluated from now on) where their pattern does not rebuild the cut traces to the byte."""
+        assert self.blocks is not None
+        cuts = (2, 3) if self.by_size else (2, 3, 4)
+        measured = replayed_trial(self.device, self.workload, self.blocks, batch, self.usable, source=self.source,
+                                  cuts=cuts, data_parallel=self.data_parallel, sharding=self.sharding,
+                                  host=self.host)
+        if measured is None:
+            log.progress(f"the {self.blocks.count} {self.blocks.kind} blocks do not repeat as one pattern: "
+                         "the whole model is evaluated")
+            self.blocks = None
+        return measured
 
     def fits(self, batch: int) -> bool:
         return self(batch).fits

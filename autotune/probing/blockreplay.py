@@ -1,0 +1,294 @@
+"""An estimate of a model with N identical blocks evaluated through 2 and 3 of them.
+
+An LLM's fit rule spends its time in its blocks: every op of 32 (80) layers'
+forward, recompute and backward, four micro-steps, through the tracker. When
+the blocks are identical (:mod:`autotune.probing.blocks`), the estimate runs
+the fit rule on the model cut to its first 2 and its first 3 blocks, each
+event of their traces tagged with its block by a :class:`BlockRecorder`, and
+builds the whole model's trace from them (:mod:`autotune.probing.blocktrace`),
+exactly: only when the 3-block trace's pattern rebuilds the 2-block trace to the
+byte. The caching-allocator simulation then replays the whole model's trace, as
+it would an evaluation's. Where the pattern does not hold, the model is
+evaluated whole (the caller's fallback), and the probe says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_right
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .. import log
+from ..compat import current_autograd_node, next_sequence_nr, node_sequence_nr, tree_flatten
+from ..devices.recorder import Recorder
+from ..devices.tracker import plain_tensors
+from ..results.probe import Trial
+from ..units import format_bytes
+from ..workload import Workload
+from .blocks import Blocks, identical_blocks
+from .blocktrace import NONE, Event, Tagged, blocks_trace
+from .fitrule import MeasuredTrial, run_trial
+
+CUTS = (2, 3, 4)
+DEVICE = "device"  # the category of device memory no tensor holds (a workspace): not in the live bytes
+
+
+class BlockRecorder(Recorder):
+    """Tags each event of the trace of the trackers that start while it is active with its block (``NONE``
+    outside every block): the block whose forward runs (global module hooks), else the block whose forward made
+    the autograd node that runs (its sequence numbers), else the block of the tensors the op computes from (a
+    foreach op's output, the block of its parameter); a free outside every block takes its allocation's block;
+    a parameter or buffer counted when the model is placed, its block."""
+
+    def __init__(self, blocks: Blocks):
+        super().__init__(frames=False)
+        self.blocks = blocks
+        self.tags: list[int] = []
+        self._key_tag: dict[int, int] = {}
+        self._serial: dict[int, int] = {}
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, int]] = []
+        self._path_block: dict[str, int | None] = {}
+        self._placed: dict[int, int] = {}
+        self._func: Any = None
+        self._args: tuple = ()
+        self._registering: torch.Tensor | None = None
+        self._foreach: dict[Any, bool] = {}
+        self._last = NONE  # the tag of the event before
+
+    def bind(self, tracker: Any) -> None:
+        super().bind(tracker)
+        self.tags, self._key_tag, self._serial, self._last = [], {}, {}, NONE
+
+    # -- what the tracker tells ---------------------------------------------------------
+
+    def alloc(self, key: int, serial: int, label: str | None = None) -> None:
+        tag = self._context()
+        if tag is None:
+            tag = self._computed_from() if self._outside() else NONE
+            if tag == NONE:
+                tag = self._last
+        self._serial[key] = serial if label is None else -1  # (-1: device memory no tensor holds)
+        self._key_tag[key] = tag
+        self._tagged(tag)
+
+    def free(self, key: int) -> None:
+        tag = self._context()
+        if tag is None:
+            tag = self._key_tag.get(key, NONE) if self._outside() else NONE
+            if tag == NONE:
+                tag = self._last
+        self._tagged(tag)
+
+    def _tagged(self, tag: int) -> None:
+        self.tags.append(tag)
+        self._last = tag
+
+    def op(self, func: Any, args: tuple) -> None:
+        self._func, self._args, self._registering = func, args, None
+        self.leaf = 0
+
+    def placing(self, model: torch.nn.Module) -> None:
+        for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                       model.named_buffers(remove_duplicate=False)):
+            block = self.blocks.block_of(name)
+            if block is not None:
+                self._placed[id(t)] = block
+                for plain in plain_tensors(t):  # a DTensor's local shard
+                    self._placed[id(plain)] = block
+
+    def registering(self, tensor: torch.Tensor) -> None:
+        self._func, self._args, self._registering = None, (), tensor
+
+    # -- modules ---------------------------------------------------------------------------
+
+    def leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.recording is None or not self._stack:
+            return
+        path, start = self._stack.pop()
+        end = next_sequence_nr()
+        block = self._block_of_path(path)
+        if block is not None and end > start and path == f"{self.blocks.path}.{block}":
+            self._starts.append(start)
+            self._spans.append((start, end, block))
+
+    # -- tags ------------------------------------------------------------------------------
+
+    def _block_of_path(self, path: str) -> int | None:
+        """The block of a module path; None outside blocks and for a module no block holds as a child (made in
+        a forward and named where it first ran, so perhaps in another block)."""
+        if path not in self._path_block:
+            self._path_block[path] = None if "<" in path else self.blocks.block_of(path)
+        return self._path_block[path]
+
+    def _context(self) -> int | None:
+        """The block whose forward runs, else whose forward made the backward node that runs; None outside."""
+        for path, _ in reversed(self._stack):
+            block = self._block_of_path(path)
+            if block is not None:
+                return block
+        node = current_autograd_node()
+        if node is None:
+            return None
+        seq = node_sequence_nr(node)
+        i = bisect_right(self._starts, seq) - 1
+        if i >= 0:
+            start, end, block = self._spans[i]
+            if start <= seq < end:
+                return block
+        return None
+
+    def _outside(self) -> bool:
+        """No module's forward and no backward runs (an optimizer step, ``zero_grad``, the fit rule's own ops)."""
+        return not self._stack and current_autograd_node() is None
+
+    def _computed_from(self) -> int:
+        """The one block of what the op computes this output from (per element for a foreach op), else NONE."""
+        if self._registering is not None:
+            return self._placed.get(id(self._registering), NONE)
+        if self._func is None:
+            return NONE
+        if self._is_foreach(self._func):
+            leaf = self.leaf
+            inputs = [a[leaf] for a in self._args if isinstance(a, (list, tuple)) and len(a) > leaf]
+        else:
+            inputs = tree_flatten(self._args)[0]
+        found = {self._tag_of(t) for t in inputs if isinstance(t, torch.Tensor)} - {NONE}
+        return found.pop() if len(found) == 1 else NONE
+
+    def _is_foreach(self, func: Any) -> bool:
+        if func not in self._foreach:
+            name = str(func)
+            self._foreach[func] = "_foreach_" in name or "_fused_" in name
+        return self._foreach[func]
+
+    def _tag_of(self, t: torch.Tensor) -> int:
+        placed = self._placed.get(id(t))
+        if placed is not None:
+            return placed
+        tracker = self._tracker
+        entry = tracker._live.get(id(t.untyped_storage())) if tracker is not None else None
+        return NONE if entry is None else self._key_tag.get(entry.tkey, NONE)
+
+    def tagged(self) -> Tagged:
+        """The recorded trace, its tags, and each allocation's category."""
+        rec = self.recording
+        assert rec is not None
+        categories = {key: rec.categories.get(serial, "activations") if serial >= 0 else DEVICE
+                      for key, serial in self._serial.items()}
+        return Tagged(list(rec.trace), list(self.tags), categories)
+
+
+def found_blocks(device: Any, workload: Workload) -> Blocks | None:
+    """The identical blocks of ``workload``'s model where an estimate of ``device`` can replay them (its meta
+    engine simulating a caching allocator); else None."""
+    if getattr(device, "engine", None) != "meta" or not getattr(device, "simulates", False):
+        return None
+    try:
+        with device.standing_in(), torch.device("meta"):
+            model = workload.make_model()
+    except Exception:  # (a factory that needs a real device: the whole model is evaluated)
+        return None
+    blocks, _ = identical_blocks(model)
+    return blocks
+
+
+def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, usable: int, *, source: str,
+                   cuts: tuple[int, ...] = CUTS, **rule: Any) -> MeasuredTrial | None:
+    """The fit rule at ``batch`` of ``workload``'s whole model from its model cut to each of ``cuts`` blocks (3,
+    whose pattern is taken, and the others, which it must rebuild; see the module); None where that is not
+    exact (the caller evaluates the whole model)."""
+    tagged: dict[int, Tagged] = {}
+    measured: dict[int, Any] = {}
+    for keep in cuts:
+        recorder = BlockRecorder(blocks)
+        try:
+            with recorder:
+                done = run_trial(device, blocks.cut(workload, keep), batch, usable, source=source,
+                                 capacity_guard=False, **rule)
+        except Exception as exc:  # the model cut short fails: the whole model is evaluated instead
+            log.progress(f"{blocks.count} blocks not replayed: the model cut to {keep} fails ({type(exc).__name__})")
+            return None
+        m = done.measurement
+        if m is None or recorder.recording is None or getattr(device, "engine", "meta") != "meta" or \
+                m.unknown_reads:
+            return None
+        tagged[keep], measured[keep] = recorder.tagged(), m
+    made = blocks_trace(tagged.pop(3), blocks.count, tagged)
+    if made is None:
+        return None
+    trace, categories = made
+    return _trial(device, batch, usable, source, trace, categories, measured[2], measured[3], blocks.count)
+
+
+def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event], categories: dict[int, str],
+           two: Any, three: Any, count: int) -> MeasuredTrial:
+    r = device.replay(trace)
+    tracked, breakdown, timeline = walk(trace, categories, getattr(device, "round_to", 1))
+    notes = tuple(_scaled(a, b, count) for a, b in zip(two.notes, three.notes)
+                  if not b.startswith("the simulated caching allocator runs out"))
+    notes += (f"{count} identical blocks estimated through the model cut to 2 and 3 of them: their pattern "
+              "rebuilds the cut models' allocation traces to the byte",)
+    if r.out_of_memory:
+        notes += (f"the simulated caching allocator runs out of memory at {format_bytes(device.capacity_bytes())}"
+                  f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)
+    seconds = two.seconds + three.seconds - two.replay_seconds - three.replay_seconds + r.seconds
+    m = replace(three, peak_bytes=r.reserved_peak, allocated_peak_bytes=r.allocated_peak, alloc_retries=r.retries,
+                tracked_peak_bytes=tracked, breakdown=breakdown, timeline=timeline, trace=tuple(trace),
+                notes=notes, seconds=seconds, replay_seconds=r.seconds)
+    fits = m.peak_bytes <= usable
+    why = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
+    return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                               why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
+
+
+def _scaled(two: str, three: str, count: int) -> str:
+    """A note counting calls, at ``count`` blocks from its counts at 2 and 3 (other notes as at 3)."""
+    head2, _, tail2 = two.rpartition(" (")
+    head3, _, tail3 = three.rpartition(" (")
+    if head2 != head3 or not (tail2.endswith(" calls)") and tail3.endswith(" calls)")):
+        return three
+    n2, n3 = tail2.split(" ", 1)[0], tail3.split(" ", 1)[0]
+    if not (n2.isdigit() and n3.isdigit()):
+        return three
+    return f"{head3} ({int(n2) + (count - 2) * (int(n3) - int(n2))} calls)"
+
+
+def walk(trace: list[Event], categories: dict[int, str], round_to: int = 1
+         ) -> tuple[int, dict[str, int], tuple[int, ...]]:
+    """The live tensor bytes through ``trace`` (each allocation rounded up to ``round_to``, as the tracker
+    counts; device memory no tensor holds left out): the peak, the bytes per category at it, and the live bytes
+    after each event."""
+    from ..devices.tracker import CATEGORIES
+
+    live: dict[int, int] = {}
+    current = peak = 0
+    peak_at = -1
+    timeline: list[int] = []
+    for i, (key, nbytes, _) in enumerate(trace):
+        if categories.get(key) == DEVICE:
+            continue
+        if nbytes >= 0:
+            nbytes = -(-nbytes // round_to) * round_to
+            live[key] = nbytes
+            current += nbytes
+            if current > peak:
+                peak, peak_at = current, i
+        else:
+            current -= live.pop(key, 0)
+        timeline.append(current)
+    at_peak: dict[int, int] = {}
+    for key, nbytes, _ in trace[:peak_at + 1]:
+        if categories.get(key) == DEVICE:
+            continue
+        if nbytes >= 0:
+            at_peak[key] = -(-nbytes // round_to) * round_to
+        else:
+            at_peak.pop(key, None)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for key, nbytes in at_peak.items():
+        breakdown[categories.get(key, "activations")] += nbytes
+    return peak, breakdown, tuple(timeline)
