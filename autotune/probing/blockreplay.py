@@ -33,6 +33,7 @@ from .blocktrace import NONE, Event, Tagged, blocks_trace
 from .fitrule import MeasuredTrial, run_trial
 
 CUTS = (2, 3, 4)
+_NEXT = -2  # a tag not known yet: the next event's
 DEVICE = "device"  # the category of device memory no tensor holds (a workspace): not in the live bytes
 
 
@@ -52,53 +53,66 @@ class BlockRecorder(Recorder):
         self._starts: list[int] = []
         self._spans: list[tuple[int, int, int]] = []
         self._path_block: dict[str, int | None] = {}
-        self._placed: dict[int, int] = {}
+        self._placed: dict[int, int] = {}  # id -> block of the placed model's tensors (made anew at each placing:
+        # an id of a tensor that died may be another's)
         self._func: Any = None
         self._args: tuple = ()
         self._registering: torch.Tensor | None = None
         self._foreach: dict[Any, bool] = {}
-        self._last = NONE  # the tag of the event before
+        self._last = self._last_next = NONE  # the tag of the event before
+        self.tags_next: list[int] = []
+        self._key_next: dict[int, int] = {}
 
     def bind(self, tracker: Any) -> None:
         super().bind(tracker)
-        self.tags, self._key_tag, self._serial, self._last = [], {}, {}, NONE
+        self.tags, self.tags_next, self._key_tag, self._key_next, self._serial = [], [], {}, {}, {}
+        self._last = self._last_next = NONE
 
     # -- what the tracker tells ---------------------------------------------------------
 
     def alloc(self, key: int, serial: int, label: str | None = None) -> None:
         tag = self._context()
+        outside = tag is None and self._outside()
         if tag is None:
-            tag = self._computed_from() if self._outside() else NONE
-            if tag == NONE:
-                tag = self._last
+            tag = self._computed_from() if outside else NONE
+        nothing = tag == NONE and outside and self._registering is None  # a step counter, a scalar
+        if tag == NONE:
+            tag = self._last
         self._serial[key] = serial if label is None else -1  # (-1: device memory no tensor holds)
         self._key_tag[key] = tag
-        self._tagged(tag)
+        self._key_next[key] = _NEXT if nothing else tag
+        self._tagged(tag, _NEXT if nothing else tag)
 
     def free(self, key: int) -> None:
         tag = self._context()
-        if tag is None:
-            tag = self._key_tag.get(key, NONE) if self._outside() else NONE
-            if tag == NONE:
-                tag = self._last
-        self._tagged(tag)
+        if tag is not None:
+            self._tagged(tag, tag)
+            return
+        outside = self._outside()
+        before = self._key_tag.get(key, NONE) if outside else NONE
+        after = self._key_next.get(key, NONE) if outside else NONE
+        self._tagged(self._last if before == NONE else before, self._last_next if after == NONE else after)
 
-    def _tagged(self, tag: int) -> None:
+    def _tagged(self, tag: int, with_next: int) -> None:
+        """Two tags for the event: made from nothing, it goes with the event before it, or with the next."""
         self.tags.append(tag)
+        self.tags_next.append(with_next)
         self._last = tag
+        if with_next != _NEXT:
+            self._last_next = with_next
 
     def op(self, func: Any, args: tuple) -> None:
         self._func, self._args, self._registering = func, args, None
         self.leaf = 0
 
     def placing(self, model: torch.nn.Module) -> None:
+        self._placed = {}
         for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
                                        model.named_buffers(remove_duplicate=False)):
             block = self.blocks.block_of(name)
             if block is not None:
-                self._placed[id(t)] = block
-                for plain in plain_tensors(t):  # a DTensor's local shard
-                    self._placed[id(plain)] = block
+                for held in (t, *plain_tensors(t)):  # (a DTensor's local shard too)
+                    self._placed[id(held)] = block
 
     def registering(self, tensor: torch.Tensor) -> None:
         self._func, self._args, self._registering = None, (), tensor
@@ -148,7 +162,7 @@ class BlockRecorder(Recorder):
     def _computed_from(self) -> int:
         """The one block of what the op computes this output from (per element for a foreach op), else NONE."""
         if self._registering is not None:
-            return self._placed.get(id(self._registering), NONE)
+            return self._placed_block(self._registering)
         if self._func is None:
             return NONE
         if self._is_foreach(self._func):
@@ -159,6 +173,10 @@ class BlockRecorder(Recorder):
         found = {self._tag_of(t) for t in inputs if isinstance(t, torch.Tensor)} - {NONE}
         return found.pop() if len(found) == 1 else NONE
 
+    def _placed_block(self, t: torch.Tensor) -> int:
+        """The block of a parameter or buffer of the model placed (NONE for any other tensor)."""
+        return self._placed.get(id(t), NONE)
+
     def _is_foreach(self, func: Any) -> bool:
         if func not in self._foreach:
             name = str(func)
@@ -166,20 +184,30 @@ class BlockRecorder(Recorder):
         return self._foreach[func]
 
     def _tag_of(self, t: torch.Tensor) -> int:
-        placed = self._placed.get(id(t))
-        if placed is not None:
+        placed = self._placed_block(t)
+        if placed != NONE:
             return placed
         tracker = self._tracker
         entry = tracker._live.get(id(t.untyped_storage())) if tracker is not None else None
         return NONE if entry is None else self._key_tag.get(entry.tkey, NONE)
 
-    def tagged(self) -> Tagged:
-        """The recorded trace, its tags, and each allocation's category."""
+    def tagged(self, with_next: bool = True) -> Tagged:
+        """The recorded trace, its tags, and each allocation's category. An allocation made from nothing outside
+        every block (a step counter, a scalar) goes with the event after it (``with_next``) or before it."""
         rec = self.recording
         assert rec is not None
         categories = {key: rec.categories.get(serial, "activations") if serial >= 0 else DEVICE
                       for key, serial in self._serial.items()}
-        return Tagged(list(rec.trace), list(self.tags), categories)
+        if not with_next:
+            return Tagged(list(rec.trace), list(self.tags), categories)
+        tags = list(self.tags_next)
+        order = range(len(tags) - 1, -1, -1)
+        near = next((tags[i] for i in order if tags[i] != _NEXT), NONE)  # (at an end: the other side)
+        for i in order:
+            if tags[i] == _NEXT:
+                tags[i] = near
+            near = tags[i]
+        return Tagged(list(rec.trace), tags, categories)
 
 
 def found_blocks(device: Any, workload: Workload) -> Blocks | None:
@@ -201,7 +229,7 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
     """The fit rule at ``batch`` of ``workload``'s whole model from its model cut to each of ``cuts`` blocks (3,
     whose pattern is taken, and the others, which it must rebuild; see the module); None where that is not
     exact (the caller evaluates the whole model)."""
-    tagged: dict[int, Tagged] = {}
+    recorders: dict[int, BlockRecorder] = {}
     measured: dict[int, Any] = {}
     for keep in cuts:
         recorder = BlockRecorder(blocks)
@@ -216,9 +244,13 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
         if m is None or recorder.recording is None or getattr(device, "engine", "meta") != "meta" or \
                 m.unknown_reads:
             return None
-        tagged[keep], measured[keep] = recorder.tagged(), m
-    made = blocks_trace(tagged.pop(3), blocks.count, tagged)
-    if made is None:
+        recorders[keep], measured[keep] = recorder, m
+    for with_next in (True, False):
+        tagged = {keep: recorder.tagged(with_next) for keep, recorder in recorders.items()}
+        made = blocks_trace(tagged.pop(3), blocks.count, tagged)
+        if made is not None:
+            break
+    else:
         return None
     trace, categories = made
     return _trial(device, batch, usable, source, trace, categories, measured[2], measured[3], blocks.count)

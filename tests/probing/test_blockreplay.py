@@ -1,0 +1,144 @@
+"""Identical blocks estimated through the model cut to 2, 3 and 4 of them: exact to the byte, or not taken."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import autotune
+from autotune.devices import get_device
+from autotune.probing import trials
+from autotune.probing.blockreplay import replayed_trial
+from autotune.probing.blocks import identical_blocks
+from autotune.probing.blocktrace import canonical
+from autotune.probing.fitrule import isolate, run_trial
+from autotune.probing.fsdp import Sharding
+from autotune.workload import Workload
+from probes import gpt
+
+BIG = 10**15
+
+
+def _gpt(layers: int = 6, checkpointing: bool = False) -> Workload:
+    c = gpt.Config(vocab=256, seq_len=16, d_model=32, heads=2, layers=layers)
+    return gpt._workload("gpt", c).configure(checkpointing=checkpointing)
+
+
+def _llama(checkpointing: bool) -> Workload:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256)
+
+    def model() -> nn.Module:
+        net = LlamaForCausalLM(config)
+        if checkpointing:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return net
+
+    return Workload(name="llama", model=model, batch=lambda n, g: torch.randint(0, 256, (n, 32), generator=g),
+                    loss=lambda m, ids: m(input_ids=ids, labels=ids).loss)
+
+
+def _both(workload: Workload, batch: int, sharding: Sharding | None = None, device: str = "estimate:H100-80GB"):
+    workload = isolate(workload)
+    with torch.device("meta"):
+        blocks, why = identical_blocks(workload.make_model())
+    assert blocks is not None, why
+    estimate = get_device(device).estimator()
+    full = run_trial(estimate, workload, batch, BIG, source="estimate", capacity_guard=False, sharding=sharding)
+    replayed = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate", sharding=sharding)
+    return full.measurement, None if replayed is None else replayed.measurement
+
+
+CASES = {
+    "gpt": lambda: (_gpt(), None),
+    "gpt, checkpointing": lambda: (_gpt(checkpointing=True), None),
+    "gpt, FSDP x4": lambda: (_gpt(), Sharding(4)),
+    "gpt, FSDP x4, sync every micro-step": lambda: (_gpt(), Sharding(4, sync_every=True)),
+    "llama": lambda: (_llama(False), None),
+    "llama, checkpointing, FSDP x8": lambda: (_llama(True), Sharding(8)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_replayed_estimate_is_the_whole_models_to_the_byte(case):
+    """Trace, reserved and allocated peaks, live-bytes peak and its breakdown: the same as evaluating every
+    block, with and without checkpointing and FSDP."""
+    if case.startswith("llama"):
+        pytest.importorskip("transformers")
+    workload, sharding = CASES[case]()
+    for batch in (2, 5):
+        full, replayed = _both(workload, batch, sharding)
+        assert replayed is not None, f"{case} at {batch}: not replayed"
+        assert canonical(replayed.trace, {}) == canonical(full.trace, {})
+        assert (replayed.peak_bytes, replayed.allocated_peak_bytes, replayed.alloc_retries) == \
+            (full.peak_bytes, full.allocated_peak_bytes, full.alloc_retries)
+        assert replayed.tracked_peak_bytes == full.tracked_peak_bytes
+        assert replayed.breakdown == full.breakdown
+
+
+def test_a_model_with_one_block_that_differs_is_not_replayed():
+    model = _gpt().make_model()
+    model.blocks[3].fc = nn.Linear(32, 96)  # one block's MLP narrower
+    model.blocks[3].out = nn.Linear(96, 32)
+    blocks, why = identical_blocks(model)
+    assert blocks is None and why == "block 3 of blocks differs from block 0"
+
+
+def test_a_block_with_a_setting_of_its_own_or_a_hook_is_not_replayed():
+    model = _gpt().make_model()
+    model.blocks[2].heads = 4
+    assert identical_blocks(model) == (None, "block 2 of blocks differs from block 0")
+    model = _gpt().make_model()
+    model.blocks[4].fc.register_forward_hook(lambda *a: None)
+    assert identical_blocks(model)[0] is None
+
+
+def test_each_blocks_own_index_is_not_a_difference():
+    model = _gpt().make_model()
+    for i, block in enumerate(model.blocks):
+        block.layer_idx = i
+    assert identical_blocks(model)[0] is not None
+
+
+class _Odd(gpt.Block):
+    """A block that does more work where its own index says so (what the signature cannot see)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layer_idx == 2:
+            x = x + torch.zeros_like(x).repeat(1, 4, 1)[:, : x.shape[1]]
+        return super().forward(x)
+
+
+def _odd_model(c: gpt.Config) -> nn.Module:
+    model = gpt.GPT(c)
+    model.blocks = nn.ModuleList(_Odd(c) for _ in range(c.layers))
+    for i, block in enumerate(model.blocks):
+        block.layer_idx = i
+    return model
+
+
+def test_blocks_whose_work_differs_by_index_fall_back_to_the_whole_model():
+    """The signature calls them identical; the cut traces do not repeat as one pattern, so nothing is taken."""
+    c = gpt.Config(vocab=256, seq_len=16, d_model=32, heads=2, layers=6)
+    workload = Workload(name="odd", model=functools.partial(_odd_model, c),
+                        batch=functools.partial(gpt.make_batch, c=c), loss=gpt.loss)
+    full, replayed = _both(workload, 2)
+    assert full is not None and replayed is None
+
+
+def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeypatch):
+    """The probe's estimate evaluations go through the cut models, with the same answer and peaks as
+    evaluating every block (the planted switch: no blocks found)."""
+    workload = _gpt(layers=8)
+    found = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
+    assert any("identical blocks estimated" in note for note in found.notes)
+    monkeypatch.setattr(trials, "found_blocks", lambda device, workload: None)
+    whole = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
+    assert not any("identical blocks estimated" in note for note in whole.notes)
+    assert found.max_micro_batch == whole.max_micro_batch
+    assert {t.batch: t.peak_bytes for t in found.trials} == {t.batch: t.peak_bytes for t in whole.trials}
