@@ -14,6 +14,7 @@ evaluated whole (the caller's fallback), and the probe says so.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from bisect import bisect_right
 from dataclasses import replace
@@ -231,17 +232,19 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
     exact (the caller evaluates the whole model)."""
     recorders: dict[int, BlockRecorder] = {}
     measured: dict[int, Any] = {}
+    cut_device = copy.copy(device)  # the cut models' traces are not replayed through the allocator simulation
+    cut_device.allocator = None
     for keep in cuts:
         recorder = BlockRecorder(blocks)
         try:
             with recorder:
-                done = run_trial(device, blocks.cut(workload, keep), batch, usable, source=source,
+                done = run_trial(cut_device, blocks.cut(workload, keep), batch, usable, source=source,
                                  capacity_guard=False, **rule)
         except Exception as exc:  # the model cut short fails: the whole model is evaluated instead
             log.progress(f"{blocks.count} blocks not replayed: the model cut to {keep} fails ({type(exc).__name__})")
             return None
         m = done.measurement
-        if m is None or recorder.recording is None or getattr(device, "engine", "meta") != "meta" or \
+        if m is None or recorder.recording is None or getattr(cut_device, "engine", "meta") != "meta" or \
                 m.unknown_reads:
             return None
         recorders[keep], measured[keep] = recorder, m
