@@ -27,6 +27,7 @@ from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, run_precision, workload_or_model
 from .results.probe import ProbeResult
 from .results.request import PlanRequest, ProbeRequest, Snapshot
+from .results.settings import keywords
 from .store import cached
 from .training import distributed
 from .units import plural
@@ -101,7 +102,7 @@ def probe(probe: Spec | ProbeRequest = None, *, device: Device | str = options.D
           fsdp_sync: str = options.DEFAULT_FSDP_SYNC, world_size: int | None = None, precision: str = "fp32",
           store: StoreSpec = None,
           memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
-          model: str | ModelSpec | None = None, workload: Spec | ProbeRequest = None) -> ProbeResult:
+          model: str | ModelSpec | None = None, workload: Spec | ProbeRequest = None, **settings: Any) -> ProbeResult:
     """The largest micro-batch of ``probe`` that fits ``device``: the API behind ``autotune probe``.
 
     ``probe``: a probe spec (a built-in name such as "mlp", a .py file, ``package.module[:function]``) or a
@@ -132,9 +133,12 @@ def probe(probe: Spec | ProbeRequest = None, *, device: Device | str = options.D
     config.json, that file) or a :class:`autotune.results.model.ModelSpec` saying how it trains; weights are never
     downloaded, and the result's ``model`` says its parameter counts.
 
+    ``settings``: any other setting of a probe (:mod:`autotune.results.settings`), checked as declared.
+
     ``probe`` may instead be a :class:`autotune.ProbeRequest`, which says the rest: then only ``store``,
     ``memory_snapshot`` and ``at`` may be given beside it.
     """
+    settings = declared(probe_verb, settings)
     workload = workload_or_model(renamed(probe, workload, "probe"), model)
     asked = _request(probe_verb, workload, locals(), ProbeRequest,
                      "pass its probe (autotune.probe(request.probe)), or plan it with autotune.plan(request)")
@@ -144,7 +148,8 @@ def probe(probe: Spec | ProbeRequest = None, *, device: Device | str = options.D
         one_device(device, memory_budget, group())
     request = probe_request(workload, device=device, memory_budget=memory_budget, margin=margin,
                             max_batch=max_batch, data_parallel=data_parallel, parallel=parallel,
-                            fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group())
+                            fsdp_sync=fsdp_sync, world_size=world_size, precision=precision, group=group(),
+                            **settings)
     return probe_for(request, store=store, given=GivenObjects.of(workload, device),
                      snapshot=Snapshot.of(memory_snapshot, at))
 
@@ -266,9 +271,11 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
          memory_snapshot: str | os.PathLike[str] | bool | None = None, at: int | None = None,
          model: str | ModelSpec | None = None, target_tokens: int | None = None,
          lengths: Sequence[int] | str | None = None, cut_samples: bool = False, precision: str = "fp32",
-         search_settings: bool = False, allow: Sequence[str] | str | None = None, workload: Spec = None) -> Plan:
+         search_settings: bool = False, allow: Sequence[str] | str | None = None, workload: Spec = None,
+         **settings: Any) -> Plan:
     """Probe, then plan ``target_batch`` exactly: the API behind ``autotune plan``. Every keyword is a plan
-    setting of :mod:`autotune.results.settings`, whose help ``autotune plan --help`` shows; in short:
+    setting of :mod:`autotune.results.settings`, whose help ``autotune plan --help`` shows (``settings``: any
+    other one, checked as declared); in short:
 
     ``probe``, ``model``, ``precision``, ``store``, ``memory_snapshot``/``at``: as for :func:`probe` (the
     snapshot at the plan's micro-batch unless ``at`` is given; ``workload``: ``probe``'s former name, deprecated).
@@ -289,11 +296,12 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest (then only ``store``,
     ``memory_snapshot`` and ``at`` beside it).
     """
+    settings = declared(plan, settings)
     probe = workload = renamed(probe, workload, "plan")
     if target_tokens is not None or lengths is not None or cut_samples:
         return _in_tokens(target_batch, target_tokens, lengths, cut_samples, {
             k: v for k, v in locals().items()
-            if k not in ("target_batch", "target_tokens", "lengths", "cut_samples", "workload")})
+            if k not in ("target_batch", "target_tokens", "lengths", "cut_samples", "workload", "settings")} | settings)
     workload = workload_or_model(workload, model)
     asked = _request(plan, target_batch, locals(), PlanRequest,
                      "wrap it, autotune.plan(autotune.PlanRequest(target_batch=N, probe=request))")
@@ -305,7 +313,7 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
                            uniform_ranks=uniform_ranks, parallel=parallel, fsdp_sync=fsdp_sync, tune=tune,
                            trials=trials, precision=precision, search_settings=search_settings, allow=allow,
                            storage=storage, study_name=study_name, memory_snapshot=memory_snapshot, at=at,
-                           env=env, group=group())
+                           env=env, group=group(), **settings)
     return plan_for(request, store=store, given=GivenObjects.of(workload, device))
 
 
@@ -555,10 +563,16 @@ def renamed(value: Any, old: Any, verb: str) -> Any:
     return old
 
 
+def declared(verb: Callable[..., Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings given to ``verb`` beyond the keywords it types by hand, each checked as declared
+    (:func:`autotune.results.settings.keywords`: a keyword no setting is raises TypeError, naming the closest)."""
+    return keywords(verb.__name__, settings, typed=inspect.signature(verb).parameters)
+
+
 def _request(verb: Callable[..., Any], value: object, given: dict[str, Any], kind: type, fix: str) -> Any:
     """``value`` when it is a request of ``kind`` (None when it is no request); BadInput when it is the other
     kind (saying ``fix``), or when it comes with arguments it already holds (any of ``verb``'s keywords but
-    :data:`BESIDE_A_REQUEST` given other than as its default)."""
+    :data:`BESIDE_A_REQUEST` given other than as its default, or any of its other ``settings``)."""
     other = PlanRequest if kind is ProbeRequest else ProbeRequest
     if isinstance(value, other):
         raise BadInput(f"{verb.__name__}() takes a {kind.__name__}, and was given a {other.__name__}: {fix}")
@@ -566,7 +580,7 @@ def _request(verb: Callable[..., Any], value: object, given: dict[str, Any], kin
         return None
     defaults = {k: p.default for k, p in inspect.signature(verb).parameters.items() if p.kind is p.KEYWORD_ONLY}
     extra = [k for k, default in defaults.items()
-             if k not in BESIDE_A_REQUEST and k not in OLD_NAMES and given[k] is not default]
+             if k not in BESIDE_A_REQUEST and k not in OLD_NAMES and given[k] is not default] + list(given["settings"])
     if extra:
         name = kind.__name__
         raise BadInput(f"{verb.__name__}() was given a {name} and also {', '.join(extra)}: a {name} holds them; "

@@ -4,8 +4,9 @@ which front ends show it.
 A :class:`Setting` is data, beside the request types it fills (:mod:`autotune.results.request`): the command
 line's flags (``autotune probe``, ``plan``, ``run``: :func:`autotune.cli.common.add_settings`), the service's
 plan body (:mod:`autotune.serve.bodies`, built with pydantic's ``create_model``) and the API's keywords
-(:func:`autotune.plan`, :func:`autotune.probe`, typed by hand and held to these declarations by
-``tests/results/test_settings.py``) are made from it, under one name: the API's keyword and the body's field
+(:func:`autotune.plan`, :func:`autotune.probe`: those people use typed by hand, their names and defaults held to
+these declarations by ``tests/results/test_settings.py``, and any other one caught by their ``**settings``, checked
+here at run time, :func:`keywords`) are made from it, under one name: the API's keyword and the body's field
 are the name, the flag is ``--`` and the name with dashes (:func:`flag_of`). A surface that does not show a setting
 says why in the declaration (``not_on``), and one that builds a setting's form by hand (``model``: a flag
 group, a :class:`~autotune.results.model.ModelSpec`, a nested body) says where (``by_hand``). What only a
@@ -22,20 +23,26 @@ How to add a setting:
    ``not_on={"service": "why"}`` where a front end cannot take it, ``flag={...}`` or ``body={...}`` where one
    says it otherwise (a flag's ``action``, the service's own default or bound).
 2. Give it its logic: a field of the request (:class:`~autotune.results.request.ProbeRequest` or
-   :class:`~autotune.results.request.PlanRequest`), the keyword of :func:`autotune.plan` (or
-   :func:`autotune.probe`) and of :func:`autotune.planning.requests.plan_request` that fills it, and the stage
-   that reads it. The flag, the body's field and the schema come from the declaration.
+   :class:`~autotune.results.request.PlanRequest`), the keyword of
+   :func:`autotune.planning.requests.plan_request` (or ``probe_request``) that fills it, and the stage that reads
+   it. The flag, the body's field, the schema and the API's keyword come from the declaration: :func:`autotune.plan`
+   takes it through ``**settings``, checked as declared, and hands it to ``plan_request``; type it there by hand
+   too where people will use it (with the declared default). The command line
+   (:func:`autotune.cli.plan_cmd.request_of`) and the service's body (``asked``) hand each value to
+   ``plan_request`` by name: add it there.
 
 No torch and no pydantic here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import difflib
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import options
+from ..errors import BadInput
 from .model import DEFAULT_SEQ_LEN, DTYPES, OPTIMIZERS, PADDINGS, TASKS
 
 #: The front ends, each showing a setting under the same name.
@@ -270,3 +277,47 @@ def settings_of(verb: str, surface: str, declared: tuple[Setting, ...] | None = 
 def flag_of(name: str) -> str:
     """The command line's flag of a setting (or of any field named as a setting is): ``--memory-budget``."""
     return "--" + name.replace("_", "-")
+
+
+def keywords(verb: str, given: Mapping[str, Any], *, typed: Collection[str]) -> dict[str, Any]:
+    """The settings of ``verb`` given to the API beyond the keywords it types by hand (``typed``), as
+    :func:`autotune.plan` (or :func:`autotune.probe`) catches them, each checked as declared (:func:`checked`).
+    TypeError for a keyword no setting of ``verb`` is, naming the closest that is, as Python says it of a keyword
+    a function does not take."""
+    caught = {s.name: s for s in settings_of(verb, "api") if s.name not in typed}
+    for name in given:
+        if name not in caught:
+            closest = difflib.get_close_matches(name, [s.name for s in settings_of(verb, "api")], n=1)
+            raise TypeError(f"{verb}() got an unexpected keyword argument {name!r}" +
+                            (f"; did you mean {closest[0]!r}?" if closest else ""))
+    return {name: checked(caught[name], value) for name, value in given.items()}
+
+
+def checked(declared: Setting, value: Any) -> Any:
+    """``value`` of the setting ``declared``, checked as declared: its check (a yes-or-no for a bool), its choices,
+    its bounds; BadInput naming the setting where it is refused. None, the value of a setting left to its default,
+    stays None."""
+    name = declared.name
+    if value is None and declared.default is None and not declared.required:
+        return None
+    if declared.check is not None:
+        value = declared.check(value, name)
+    elif declared.type is bool:
+        value = options.boolean(value, name)
+    elif declared.type is not object and not isinstance(value, declared.type):
+        raise BadInput(f"must be a {declared.type.__name__}, not a {type(value).__name__}", field=name, value=value)
+    if declared.choices and value not in declared.choices:
+        raise BadInput(f"must be one of {', '.join(map(str, declared.choices))}", field=name, value=value,
+                       choices=declared.choices)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        _within(declared, value)
+    return value
+
+
+def _within(declared: Setting, value: float) -> None:
+    """BadInput, naming the setting, for a number outside its declared bounds."""
+    for limit, words, refused in ((declared.least, "at least", lambda b: value < b),
+                                  (declared.most, "at most", lambda b: value > b),
+                                  (declared.below, "below", lambda b: value >= b)):
+        if limit is not None and refused(limit):
+            raise BadInput(f"must be {words} {limit}", field=declared.name, value=value, limit=limit)

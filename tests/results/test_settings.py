@@ -14,7 +14,9 @@ import pytest
 import autotune
 from autotune import api, options
 from autotune.cli import build_parser
+from autotune.errors import BadInput
 from autotune.results import settings
+from autotune.results.request import PlanRequest, ProbeRequest
 from autotune.results.settings import FRONT_END_ONLY, MODEL_SETTINGS, SURFACES, Setting, flag_of, settings_of
 from autotune.serve import bodies
 
@@ -33,10 +35,18 @@ def cli_names(verb: str) -> set[str]:
     return names - FRONT_END_ONLY["cli"] - (set(MODEL_SETTINGS) - declared(verb, "cli"))
 
 
-def api_names(function: Callable[..., Any]) -> set[str]:
+def typed_names(function: Callable[..., Any]) -> set[str]:
+    """The keywords an API function types by hand that are settings (less its front end's own and former names)."""
     params = inspect.signature(function).parameters
     old = {n for s in settings.SETTINGS for n in s.old_names}
-    return set(params) - FRONT_END_ONLY["api"] - old
+    return {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD} - FRONT_END_ONLY["api"] - old
+
+
+def api_names(function: Callable[..., Any]) -> set[str]:
+    """The settings an API function takes: those it types by hand and, where it catches other keywords (plan,
+    probe), every other setting its verb shows on the API (checked there against the declarations)."""
+    caught = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
+    return typed_names(function) | (declared(function.__name__, "api") if caught else set())
 
 
 def service_names(body: type[Any] = bodies.PlanRequest) -> set[str]:
@@ -119,12 +129,30 @@ def test_every_flag_is_made_from_its_declaration(verb: str) -> None:
 
 
 @pytest.mark.parametrize("verb", ["plan", "probe"])
-def test_the_api_defaults_are_the_declared_ones(verb: str) -> None:
+def test_the_keywords_typed_by_hand_are_declared_settings_with_their_declared_defaults(verb: str) -> None:
+    """The typed part of the API cannot drift from the declarations: each keyword typed by hand is a setting the
+    verb shows on the API, its default the declared one; every other declared setting is caught by ``settings``."""
     params = inspect.signature(VERBS[verb]).parameters
+    typed = typed_names(VERBS[verb])
+    assert typed <= declared(verb, "api"), typed - declared(verb, "api")
+    assert [p.name for p in params.values() if p.kind is p.VAR_KEYWORD] == ["settings"]
     for s in settings_of(verb, "api"):
-        if "api" in s.by_hand or s.required:
-            continue
-        assert params[s.name].default == s.default, s.name
+        if s.name in typed and "api" not in s.by_hand and not s.required:
+            assert params[s.name].default == s.default, s.name
+    assert {"probe", "device", "memory_budget", "margin", "world_size", "parallel"} <= typed  # people use them
+
+
+@pytest.mark.parametrize(("call", "unknown", "closest"), [
+    (lambda: autotune.plan(8, probe="mlp", memory_budgt="8MiB"), "memory_budgt", "memory_budget"),
+    (lambda: autotune.probe("mlp", max_bach=4), "max_bach", "max_batch"),
+    (lambda: autotune.plan(8, max_batch=4), "max_batch", None),  # a probe's setting, not a plan's
+])
+def test_a_keyword_that_is_no_declared_setting_is_a_type_error_naming_the_closest(
+        call: Callable[[], Any], unknown: str, closest: str | None) -> None:
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{unknown}'") as raised:
+        call()
+    if closest is not None:
+        assert str(raised.value).endswith(f"did you mean '{closest}'?")
 
 
 def test_the_service_body_takes_its_bounds_and_defaults_from_the_declarations() -> None:
@@ -147,29 +175,78 @@ def test_the_flag_of_a_field() -> None:
 
 @pytest.fixture
 def a_new_setting(monkeypatch: pytest.MonkeyPatch) -> Setting:
-    """One more plan setting, declared once."""
+    """One more plan setting, declared once: here, and nowhere else."""
     knob = Setting(name="my_knob", type=int, default=3, least=1, most=9, check=options.whole, metavar="K",
                    verbs=settings.PLAN, help="a knob of the plan")
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, knob))
     return knob
 
 
-def test_a_setting_declared_once_shows_on_every_surface(a_new_setting: Setting) -> None:
-    flags = subparser("plan")
-    assert flags.parse_args(["--target-batch", "8", "--my-knob", "5"]).my_knob == 5
-    assert flags.parse_args(["--target-batch", "8"]).my_knob == 3
-    assert "my_knob" in cli_names("plan")
+def asked_of(plan: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, **keywords: Any) -> dict[str, Any]:
+    """The keywords ``plan`` hands on to the plan request it builds (:func:`autotune.planning.requests.plan_request`,
+    where a setting's logic takes it), the request's work left out."""
+    asked: dict[str, Any] = {}
+    monkeypatch.setattr(api, "plan_request", lambda target_batch, **given: asked.update(given))
+    monkeypatch.setattr(api, "plan_for", lambda request, **_: request)
+    plan(8, **keywords)
+    return asked
 
+
+def on_every_surface(knob: Setting, value: Any, monkeypatch: pytest.MonkeyPatch,
+                     plan: Callable[..., Any] = autotune.plan) -> None:
+    """``knob`` is a flag of ``autotune plan``, a field of the service's body and a keyword of ``plan`` (the API),
+    each taking ``value`` and defaulting as declared."""
+    flags = subparser("plan")
+    assert flags.parse_args(["--target-batch", "8", flag_of(knob.name), str(value)]).my_knob == value
+    assert flags.parse_args(["--target-batch", "8"]).my_knob == knob.default
     body = bodies.plan_body()
-    field = body.model_json_schema()["properties"]["my_knob"]
+    assert body(target_batch=8, **{knob.name: value}).model_dump()[knob.name] == value
+    assert body(target_batch=8).model_dump()[knob.name] == knob.default
+    try:
+        asked = asked_of(plan, monkeypatch, **{knob.name: value})
+    except TypeError as exc:
+        raise AssertionError(f"{knob.name} does not reach autotune.plan: {exc}") from None
+    assert asked.get(knob.name) == value, f"{knob.name} does not reach autotune.plan's request: {asked}"
+
+
+def test_a_setting_declared_once_shows_on_every_surface(a_new_setting: Setting,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    on_every_surface(a_new_setting, 5, monkeypatch)
+    assert {"my_knob"} <= cli_names("plan") & declared("plan", "api") & service_names(bodies.plan_body())
+
+    field = bodies.plan_body().model_json_schema()["properties"]["my_knob"]
     assert (field["default"], field["minimum"], field["maximum"]) == (3, 1, 9)
     assert field["description"] == "a knob of the plan"
-    assert body(target_batch=8, my_knob=4).my_knob == 4  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="my_knob"):
-        body(target_batch=8, my_knob=10)
+        bodies.plan_body()(target_batch=8, my_knob=10)
 
-    # The API's keywords are typed by hand: the declaration names the keyword autotune.plan must now take.
-    assert declared("plan", "api") - api_names(autotune.plan) == {"my_knob"}
+    # The API checks it as declared: its check, its bounds; a near miss names it.
+    for bad, limit in ((10, 9), (0, 1)):
+        with pytest.raises(BadInput) as refused:
+            asked_of(autotune.plan, monkeypatch, my_knob=bad)
+        assert (refused.value.field, refused.value.value, refused.value.limit) == ("my_knob", bad, limit)
+    with pytest.raises(TypeError, match="'my_knb'; did you mean 'my_knob'"):
+        asked_of(autotune.plan, monkeypatch, my_knb=5)
+    with pytest.raises(BadInput, match="PlanRequest and also my_knob"):
+        autotune.plan(PlanRequest(target_batch=8, probe=ProbeRequest(workload="mlp")), my_knob=5)
+
+
+def plan_typed_by_hand(target_batch: int, *, probe: str | None = None) -> Any:
+    """``autotune.plan`` as its keywords were: each typed by hand, a new setting among them only once someone adds
+    it there."""
+    return api.plan(target_batch, probe=probe)
+
+
+def plan_that_drops_it(target_batch: int, **settings: Any) -> Any:
+    """``autotune.plan`` catching every keyword and handing none of them on."""
+    return api.plan(target_batch)
+
+
+@pytest.mark.parametrize("planted", [plan_typed_by_hand, plan_that_drops_it])
+def test_a_setting_that_does_not_reach_the_api_is_caught(planted: Callable[..., Any], a_new_setting: Setting,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(AssertionError, match="my_knob does not reach autotune.plan"):
+        on_every_surface(a_new_setting, 5, monkeypatch, plan=planted)
 
 
 def test_workload_is_the_api_s_former_name_for_probe() -> None:
