@@ -61,6 +61,7 @@ from .cudakernels import CudaKernelChoices, CudaTarget
 from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
+from .nested import attention_on_meta, is_jagged, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
 from .session import EstimateSession
@@ -274,19 +275,28 @@ class EstimateDevice:
 
         def build_batch(make: Callable[[], Any]) -> Any:
             with tracker.paused(), _on_host(stand_in):
-                return _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
+                reads = tracker.unknown_reads
+                batch = _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
+                if values.shape_only_batch is None:  # built for real: what its shape-only build read is void
+                    tracker.unknown_reads = reads
+                return batch
 
         def move_model(model: Any) -> Any:
             with tracker.paused():  # counted by the session, parameters first, as on a real device
                 return _move_module(model, _on_meta)
 
         def move(t: torch.Tensor) -> torch.Tensor:
+            if is_jagged(t):  # a nested tensor's parts, moved as a real device's clone() moves them
+                with tracker.paused():
+                    mirror = to_meta(t, _meta_copy, values.move)
+                return mirror.clone()
             return values.move(t, _meta_copy(t))
 
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model,
                           build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
-        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"):
+        nested = attention_on_meta("cuda" if self.cuda_like else "cpu")
+        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 
@@ -430,9 +440,10 @@ def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> An
             return make()
         with fake_mode:
             return make()
-    except (RuntimeError, Unbounded):  # what FakeTensorMode refuses (a value read, a data-dependent shape,
-        # .numpy()), all RuntimeErrors, or a shape sized by values the estimate does not know (a graph batch's
-        # repeat_interleave); the real build reproduces the batch code's own error, if that is what it was
+    except (RuntimeError, Unbounded, AssertionError):  # what FakeTensorMode refuses (a value read, a
+        # data-dependent shape, .numpy()), all RuntimeErrors, a shape sized by values the estimate does not know
+        # (a graph batch's repeat_interleave), or a nested tensor's ragged size (a nested int needs a shape
+        # environment: AssertionError); the real build reproduces the batch code's own error, if that is what it was
         with unset_fake_temporarily():
             return make()
 

@@ -1,0 +1,59 @@
+"""Nested tensors of jagged layout on the meta engine: the estimate builds the batch's NJT on ``meta`` (values and
+offsets, the offsets' values known) and its peak is the real CPU run's, to the byte; attention over NJTs, which
+the CPU runs through nested tensors of strided layout, stops the estimate and says why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from autotune.devices import get_device
+from autotune.probing.fitrule import run_trial
+
+from ..workload.batch_kinds import jagged_attention_workload, jagged_workload
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worst", [False, True])
+def test_the_estimate_of_a_jagged_batch_is_the_real_cpu_peak_to_the_byte(worst):
+    """Forward over an NJT, backward, two optimizer steps: the meta engine's peak and breakdown are those of
+    the real CPU run at every size, with nothing guessed (the lengths its ops read are the offsets' values)."""
+    w = jagged_workload(worst=worst)
+    device = get_device("cpu", memory_budget=1 << 30)
+    for n in (1, 4, 9):
+        estimator = device.estimator()
+        est = run_trial(estimator, w, n, 1 << 30, source="estimate")
+        real = run_trial(device, w, n, 1 << 30, source="real", capacity_guard=False)
+        assert est.measurement is not None and real.measurement is not None
+        assert est.peak_bytes == real.peak_bytes, n
+        assert est.measurement.breakdown == real.measurement.breakdown
+        assert est.measurement.unknown_reads == 0 and estimator.engine == "meta" and estimator.fallback is None
+
+
+def test_the_batch_s_nested_tensor_lives_on_meta_with_its_offsets_known():
+    """The estimate's micro-batch is an NJT of meta tensors: its values cost no memory, its offsets carry the
+    host's values (a read of them is answered), its ragged size is a nested int as on the CPU."""
+    seen: list[tuple] = []
+
+    def loss(model, batch):
+        seen.append((batch.is_nested, batch.layout, batch.values().device.type, batch.offsets().tolist(),
+                     int(batch.offsets().diff().max()), str(batch.shape[1]).startswith("j")))
+        return (model(batch) - batch).values().pow(2).mean()
+
+    w = replace(jagged_workload(), loss=loss)
+    host = w.batch(3, torch.Generator().manual_seed(0))
+    run_trial(get_device("cpu").estimator(), w, 3, 1 << 30, source="estimate")
+    offsets = host.offsets().tolist()
+    assert seen[0] == (True, torch.jagged, "meta", offsets, max(b - a for a, b in zip(offsets, offsets[1:])), True)
+
+
+def test_attention_over_a_jagged_batch_stops_the_estimate_naming_why():
+    """The CPU's attention over NJTs takes the math backend, over nested tensors of strided layout: no
+    shape-only engine holds one, so the estimate stops with that reason, not a guess."""
+    device = get_device("cpu", memory_budget=1 << 30)
+    with pytest.raises(Exception, match=r"NotShapeOnly: attention over a nested tensor of jagged layout takes the "
+                                        r"math backend on the cpu, which runs over nested tensors of strided "
+                                        r"layout: neither meta tensors nor FakeTensorMode can hold one"):
+        run_trial(device.estimator(), jagged_attention_workload(), 2, 1 << 30, source="estimate")
