@@ -12,11 +12,12 @@ sequence lengths NJT ops read with ``.item()`` and ``.tolist()``). Its memory is
 move counts it: ``clone()`` copies the values (made contiguous where there are lengths), and the offsets and
 cache it keeps are counted by the session, as on the CPU.
 
-Attention (``scaled_dot_product_attention`` over NJTs) picks its backend as on the device stood in for, with
-autocast's state of that device (:func:`attention_on_meta`). Where it takes the math backend, as it does on
-the CPU, it runs over nested tensors of strided layout, which live on the CPU or a GPU only: neither ``meta``
-tensors nor ``FakeTensorMode`` (which refuses every op on them) can hold one, so the estimate stops with
-:class:`NotShapeOnly` and says so, and the probe searches on the device.
+Attention (``scaled_dot_product_attention`` over NJTs) takes autocast's state of the device stood in for
+(:func:`attention_on_meta`). On the CPU it takes the math backend, which runs over nested tensors of strided
+layout; those live on the CPU or a GPU only: neither ``meta`` tensors nor ``FakeTensorMode`` (which refuses
+every op on them) can hold one, so the estimate stops with :class:`NotShapeOnly` and says so, and the probe
+searches on the device. Standing in for a CUDA GPU, whose fused kernels over nested tensors (flash,
+memory-efficient, cuDNN attention) the estimate does not stand in for, it stops the same way.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def attention_on_meta(device_type: str) -> Iterator[None]:
         return cast(query), cast(key), cast(value), cast(attn_mask)
 
     def backend(query: torch.Tensor, *args: Any) -> Any:
+        if query.device.type == "meta" and device_type == "cuda":
+            raise NotShapeOnly("attention over a nested tensor of jagged layout on a CUDA GPU: the estimate does "
+                               "not stand in for CUDA's kernels over nested tensors (flash, memory-efficient, "
+                               "cuDNN attention)")
         choice = select(query, *args)
         if query.device.type == "meta" and choice == sdpa.SDPBackend.MATH:
             raise NotShapeOnly(

@@ -9,18 +9,49 @@ from dataclasses import replace
 import pytest
 import torch
 
-from autotune.devices import get_device
+from autotune.devices import EstimateDevice, get_device
+from autotune.errors import WorkloadError
 from autotune.probing.fitrule import run_trial
 
-from ..workload.batch_kinds import jagged_attention_workload, jagged_workload
+from ..workload.batch_kinds import FEATURES, jagged_attention_workload, jagged_workload
+
+
+def _from_offsets(n: int, g: torch.Generator) -> torch.Tensor:
+    """An NJT made from values and offsets (no cached lengths)."""
+    lengths = torch.randint(4, 17, (n,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    return torch.nested.nested_tensor_from_jagged(torch.randn(int(offsets[-1]), FEATURES, generator=g), offsets)
+
+
+def _with_holes(n: int, g: torch.Generator) -> torch.Tensor:
+    """An NJT whose sequences are shorter than their slots (offsets and lengths): not contiguous."""
+    slots = torch.randint(6, 17, (n,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), slots.cumsum(0)])
+    lengths = slots - torch.randint(0, 4, (n,), generator=g)
+    values = torch.randn(int(offsets[-1]), FEATURES, generator=g)
+    return torch.nested.nested_tensor_from_jagged(values, offsets, lengths=lengths)
+
+
+def _contiguous_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    dense = batch.contiguous()  # copies the sequences out of their slots (reads the lengths)
+    return (model(dense) - dense).values().pow(2).mean()
+
+
+WORKLOADS = {
+    "list": jagged_workload(),
+    "list-worst": jagged_workload(worst=True),
+    "offsets": replace(jagged_workload(), batch=_from_offsets),
+    "lengths": replace(jagged_workload(), batch=_with_holes, loss=_contiguous_loss),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("worst", [False, True])
-def test_the_estimate_of_a_jagged_batch_is_the_real_cpu_peak_to_the_byte(worst):
-    """Forward over an NJT, backward, two optimizer steps: the meta engine's peak and breakdown are those of
-    the real CPU run at every size, with nothing guessed (the lengths its ops read are the offsets' values)."""
-    w = jagged_workload(worst=worst)
+@pytest.mark.parametrize("kind", list(WORKLOADS))
+def test_the_estimate_of_a_jagged_batch_is_the_real_cpu_peak_to_the_byte(kind):
+    """Forward over an NJT (from a list, with its cache; from offsets; with lengths, copied contiguous),
+    backward, two optimizer steps: the meta engine's peak and breakdown are those of the real CPU run at every
+    size, with nothing guessed (the lengths its ops read are the offsets' and lengths' values)."""
+    w = WORKLOADS[kind]
     device = get_device("cpu", memory_budget=1 << 30)
     for n in (1, 4, 9):
         estimator = device.estimator()
@@ -53,7 +84,18 @@ def test_attention_over_a_jagged_batch_stops_the_estimate_naming_why():
     """The CPU's attention over NJTs takes the math backend, over nested tensors of strided layout: no
     shape-only engine holds one, so the estimate stops with that reason, not a guess."""
     device = get_device("cpu", memory_budget=1 << 30)
-    with pytest.raises(Exception, match=r"NotShapeOnly: attention over a nested tensor of jagged layout takes the "
+    with pytest.raises(WorkloadError, match=r"NotShapeOnly: attention over a nested tensor of jagged layout takes the "
                                         r"math backend on the cpu, which runs over nested tensors of strided "
                                         r"layout: neither meta tensors nor FakeTensorMode can hold one"):
         run_trial(device.estimator(), jagged_attention_workload(), 2, 1 << 30, source="estimate")
+
+
+def test_standing_in_for_a_gpu_a_jagged_batch_runs_on_meta_and_attention_over_it_says_why():
+    """An estimate of a CUDA GPU runs the NJT on meta too; CUDA's fused attention kernels over nested
+    tensors it does not stand in for, and says so rather than size them as the CPU's math backend."""
+    gpu = EstimateDevice.for_gpu(8 << 30)
+    assert run_trial(gpu, jagged_workload(), 4, 8 << 30, source="estimate").fits
+    assert gpu.engine == "meta" and gpu.fallback is None
+    with pytest.raises(WorkloadError, match=r"NotShapeOnly: attention over a nested tensor of jagged layout on a "
+                                            r"CUDA GPU: the estimate does not stand in for CUDA's kernels"):
+        run_trial(EstimateDevice.for_gpu(8 << 30), jagged_attention_workload(), 4, 8 << 30, source="estimate")
