@@ -61,7 +61,7 @@ from .cudakernels import CudaKernelChoices, CudaTarget
 from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
-from .nested import attention_on_meta, is_jagged, to_meta
+from .nested import is_jagged, nested_on_meta, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
 from .session import EstimateSession
@@ -295,7 +295,7 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model,
                           build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
-        nested = attention_on_meta("cuda" if self.cuda_like else "cpu")
+        nested = nested_on_meta("cuda" if self.cuda_like else "cpu")
         with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)

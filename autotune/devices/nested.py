@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..compat import tree_flatten
 from .session import EstimateSession
 
 Move = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,46 +60,49 @@ def to_meta(t: torch.Tensor, copy: Callable[[torch.Tensor], torch.Tensor], move:
 
 
 @contextlib.contextmanager
-def attention_on_meta(device_type: str) -> Iterator[None]:
-    """While inside, attention over NJTs of ``meta`` tensors takes autocast's state of ``device_type`` (the
-    device stood in for), as it takes the device's own there (torch asks autocast about ``meta``, which it
-    refuses), and stops with :class:`NotShapeOnly` where it takes the math backend."""
+def nested_on_meta(device_type: str) -> Iterator[None]:
+    """While inside, NJTs of ``meta`` tensors stand in for NJTs on ``device_type`` (the device stood in for)
+    where they can, and stop with :class:`NotShapeOnly` where they cannot: CPU autocast (it casts an NJT's ops
+    on the CPU, and no ``meta`` tensor takes it), attention standing in for a CUDA GPU, attention through the
+    math backend. Elsewhere attention runs as torch runs it, without asking autocast about ``meta`` (which it
+    refuses)."""
     import torch.utils.flop_counter  # noqa: F401  # NJT attention asks it about meta tensors without importing it
     from torch.nested._internal import sdpa
+    from torch.nested._internal.nested_tensor import NestedTensor
 
     autocast, select = sdpa._autocast, sdpa._select_sdp_backend
+    function = NestedTensor.__dict__["__torch_function__"]
 
-    def cast_as_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attn_mask: torch.Tensor | None) -> tuple[Any, Any, Any, Any]:
-        if query.device.type != "meta":
-            return autocast(query, key, value, attn_mask)
-        if not torch.is_autocast_enabled(device_type):
-            return query, key, value, attn_mask
-        dtype = torch.get_autocast_dtype(device_type)
-
-        def cast(x: torch.Tensor | None) -> Any:
-            if x is None or not x.dtype.is_floating_point or x.dtype in (dtype, torch.float64):
-                return x
-            return x.to(dtype)
-
-        return cast(query), cast(key), cast(value), cast(attn_mask)
+    def uncast(query: torch.Tensor, *rest: Any) -> tuple[Any, ...]:
+        # Autocast over a meta NJT stops before: at its op on the CPU, at the backend standing in for CUDA.
+        return (query, *rest) if query.is_meta else autocast(query, *rest)
 
     def backend(query: torch.Tensor, *args: Any) -> Any:
-        if query.device.type == "meta" and device_type == "cuda":
+        if query.is_meta and device_type == "cuda":
             raise NotShapeOnly("attention over a nested tensor of jagged layout on a CUDA GPU: the estimate does "
                                "not stand in for CUDA's kernels over nested tensors (flash, memory-efficient, "
                                "cuDNN attention)")
         choice = select(query, *args)
-        if query.device.type == "meta" and choice == sdpa.SDPBackend.MATH:
+        if query.is_meta and choice == sdpa.SDPBackend.MATH:
             raise NotShapeOnly(
                 f"attention over a nested tensor of jagged layout takes the math backend on the {device_type}, "
                 "which runs over nested tensors of strided layout: neither meta tensors nor FakeTensorMode can "
                 "hold one")
         return choice
 
+    def torch_function(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if device_type == "cpu" and torch.is_autocast_enabled("cpu") and any(
+                isinstance(t, NestedTensor) and t._values.is_meta for t in tree_flatten((args, kwargs))[0]):
+            raise NotShapeOnly("CPU autocast over a nested tensor of jagged layout: it casts the nested tensor's "
+                               "ops on the CPU, which no meta tensor takes, and FakeTensorMode cannot hold a "
+                               "nested tensor")
+        return function.__func__(cls, func, types, args, kwargs)
+
     with EstimateSession():
-        sdpa._autocast, sdpa._select_sdp_backend = cast_as_device, backend
+        sdpa._autocast, sdpa._select_sdp_backend = uncast, backend
+        NestedTensor.__torch_function__ = classmethod(torch_function)  # type: ignore[assignment]
         try:
             yield
         finally:
             sdpa._autocast, sdpa._select_sdp_backend = autocast, select
+            NestedTensor.__torch_function__ = function  # type: ignore[assignment]

@@ -99,3 +99,16 @@ def test_standing_in_for_a_gpu_a_jagged_batch_runs_on_meta_and_attention_over_it
     with pytest.raises(WorkloadError, match=r"NotShapeOnly: attention over a nested tensor of jagged layout on a "
                                             r"CUDA GPU: the estimate does not stand in for CUDA's kernels"):
         run_trial(EstimateDevice.for_gpu(8 << 30), jagged_attention_workload(), 4, 8 << 30, source="estimate")
+
+
+def _autocast_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return (model(batch) - batch).values().float().pow(2).mean()
+
+
+def test_cpu_autocast_over_a_jagged_batch_stops_the_estimate_naming_why():
+    """CPU autocast casts an NJT's ops on the CPU (the real run computes in bf16); a meta NJT takes no CPU
+    autocast and would be sized in fp32: the estimate stops, saying so, rather than over-count."""
+    w = replace(jagged_workload(), loss=_autocast_loss)
+    with pytest.raises(WorkloadError, match=r"NotShapeOnly: CPU autocast over a nested tensor of jagged layout"):
+        run_trial(get_device("cpu").estimator(), w, 2, 1 << 30, source="estimate")
