@@ -15,7 +15,7 @@ from autotune.workload import Workload
 
 FEATURES = 8
 #: Memory budgets (bytes) under which each workload's max micro-batch is well below a target of 31 samples.
-RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000, "jagged": 300_000}
+RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000, "jagged": 300_000, "jagged-attention": 500_000}
 
 
 # -- graphs ----------------------------------------------------------------------------------------

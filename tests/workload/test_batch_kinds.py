@@ -127,7 +127,8 @@ def test_run_verifies_the_plan(make, worst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload", "jagged_workload"])
+@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload", "jagged_workload",
+                                     "jagged_attention_workload"])
 def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, builder):
     """``autotune run`` on a probe file whose workload gives samples= and split=: plan, train, verify."""
     path = tmp_path / f"{builder}.py"
@@ -139,7 +140,8 @@ def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, build
         def build():
             return batch_kinds.{builder}(worst=True)
         """))
-    budget = RUN_BUDGETS[{"graph_workload": "gnn", "packed_workload": "packed-lm"}.get(builder, "jagged")]
+    budget = RUN_BUDGETS[{"graph_workload": "gnn", "packed_workload": "packed-lm",
+                          "jagged_attention_workload": "jagged-attention"}.get(builder, "jagged")]
     code = main(["run", "--target-batch", "31", "--probe", str(path), "--device", "cpu", "--memory-budget",
                  str(budget), "--steps", "2", "--json", "--quiet"])
     data = json.loads(capsys.readouterr().out)
@@ -177,7 +179,7 @@ def test_attention_over_a_jagged_batch_is_searched_on_the_device_and_says_why():
     assert result.real_runs == len(real) > 2 and not any(t.source == "estimate" for t in result.trials)
     why = "the estimate cannot run this workload (NotShapeOnly: attention over a nested tensor of jagged layout"
     assert any(note.startswith(why) and f"in {len(real)} real runs" in note for note in result.notes)
-    plan = make_plan(31, probe=w, device=get_device("cpu", memory_budget=500_000))
+    plan = make_plan(31, probe=w, device=get_device("cpu", memory_budget=RUN_BUDGETS[w.name]))
     assert plan.accumulation_steps > 1
-    run = run_plan(plan, w, get_device("cpu", memory_budget=500_000), steps=2)
+    run = run_plan(plan, w, get_device("cpu", memory_budget=RUN_BUDGETS[w.name]), steps=2)
     assert run.verification.gradient_relative_error < 1e-5 and run.verification.check("count").passed
