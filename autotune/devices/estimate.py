@@ -295,7 +295,7 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model,
                           build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
-        nested = nested_on_meta("cuda" if self.cuda_like else "cpu")
+        nested = nested_on_meta("cuda" if self.cuda_like else "cpu", values.move)
         with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..compat import tree_flatten
+from ..compat import disable_current_modes, tree_flatten
 from .session import EstimateSession
 
 Move = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -41,6 +41,16 @@ class NotShapeOnly(Exception):
 def is_jagged(t: torch.Tensor) -> bool:
     """Is ``t`` a nested tensor of jagged layout?"""
     return t.is_nested and t.layout == torch.jagged
+
+
+def make_view_dummy() -> None:
+    """Make the dummy NJT torch passes to every view of values as an NJT (two ``meta`` tensors, made once per
+    process on first use): made inside a measurement, the first one to build such a view would count it."""
+    try:
+        from torch.nested._internal.nested_tensor import _nt_view_dummy
+    except ImportError:  # a torch that makes none
+        return
+    _nt_view_dummy()
 
 
 def to_meta(t: torch.Tensor, copy: Callable[[torch.Tensor], torch.Tensor], move: Move) -> torch.Tensor:
@@ -60,14 +70,15 @@ def to_meta(t: torch.Tensor, copy: Callable[[torch.Tensor], torch.Tensor], move:
 
 
 @contextlib.contextmanager
-def nested_on_meta(device_type: str) -> Iterator[None]:
+def nested_on_meta(device_type: str, move: Move) -> Iterator[None]:
     """While inside, NJTs of ``meta`` tensors stand in for NJTs on ``device_type`` (the device stood in for)
     where they can, and stop with :class:`NotShapeOnly` where they cannot: CPU autocast (it casts an NJT's ops
     on the CPU, and no ``meta`` tensor takes it), attention standing in for a CUDA GPU, attention through the
     math backend. Elsewhere attention runs as torch runs it, without asking autocast about ``meta`` (which it
-    refuses)."""
+    refuses). An NJT built from a list of tensors counts the sizes it makes its offsets of, ``move(host,
+    device_tensor)`` giving them their values (see :func:`to_meta`)."""
     import torch.utils.flop_counter  # noqa: F401  # NJT attention asks it about meta tensors without importing it
-    from torch.nested._internal import sdpa
+    from torch.nested._internal import nested_tensor, sdpa
     from torch.nested._internal.nested_tensor import NestedTensor
 
     autocast, select = sdpa._autocast, sdpa._select_sdp_backend
@@ -98,11 +109,43 @@ def nested_on_meta(device_type: str) -> Iterator[None]:
                                "nested tensor")
         return function.__func__(cls, func, types, args, kwargs)
 
+    from_list = nested_tensor.jagged_from_list
+
+    def jagged_from_list(tensors: Any, offsets: Any, *args: Any, **kwargs: Any) -> Any:
+        if offsets is not None or not tensors[0].is_meta:
+            return from_list(tensors, offsets, *args, **kwargs)
+        with _sizes_counted(move):
+            return from_list(tensors, offsets, *args, **kwargs)
+
     with EstimateSession():
         sdpa._autocast, sdpa._select_sdp_backend = uncast, backend
         NestedTensor.__torch_function__ = classmethod(torch_function)  # type: ignore[assignment]
+        nested_tensor.jagged_from_list = jagged_from_list
         try:
             yield
         finally:
             sdpa._autocast, sdpa._select_sdp_backend = autocast, select
             NestedTensor.__torch_function__ = function  # type: ignore[assignment]
+            nested_tensor.jagged_from_list = from_list
+
+
+@contextlib.contextmanager
+def _sizes_counted(move: Move) -> Iterator[None]:
+    """While inside, ``torch.tensor(data, device=...)`` (the sizes an NJT built from a list turns into its
+    offsets) is made on the host and copied to its device, ``move(host, device_tensor)`` giving it the host's
+    value: a copy the estimate counts, as the CPU counts the tensor it makes (a ``meta`` tensor made directly
+    passes no dispatch: uncounted, its value unknown)."""
+    made = torch.tensor
+
+    def tensor(data: Any, *, device: Any = None, **options: Any) -> torch.Tensor:
+        if device is None:
+            return made(data, **options)
+        with disable_current_modes():
+            host = made(data, **options)
+        return move(host, torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device))
+
+    torch.tensor = tensor  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.tensor = made

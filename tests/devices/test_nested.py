@@ -8,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.nested._internal import nested_tensor
 
-from autotune.devices import EstimateDevice, get_device
+from autotune.devices import EstimateDevice, get_device, measurement
 from autotune.errors import WorkloadError
 from autotune.probing.fitrule import run_trial
+from autotune.workload import Workload
 
 from ..workload.batch_kinds import FEATURES, jagged_attention_workload, jagged_workload
 
@@ -37,11 +39,26 @@ def _contiguous_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tenso
     return (model(dense) - dense).values().pow(2).mean()
 
 
+def _padded(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Sequences padded to 16 vectors, and their lengths."""
+    return {"x": torch.randn(n, 16, FEATURES, generator=g), "lengths": torch.randint(4, 17, (n,), generator=g)}
+
+
+def _nested_in_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """An NJT built in the forward from the batch's rows (its offsets from their sizes), each sequence's loss
+    read back by unbind (which reads the offsets)."""
+    rows = [batch["x"][i, :length] for i, length in enumerate(batch["lengths"].tolist())]
+    nested = torch.nested.nested_tensor(rows, layout=torch.jagged)
+    return torch.stack([s.pow(2).mean() for s in (model(nested) - nested).unbind()]).mean()
+
+
 WORKLOADS = {
     "list": jagged_workload(),
     "list-worst": jagged_workload(worst=True),
     "offsets": replace(jagged_workload(), batch=_from_offsets),
     "lengths": replace(jagged_workload(), batch=_with_holes, loss=_contiguous_loss),
+    "in the forward": Workload(name="nested-in-forward", model=jagged_workload().model, batch=_padded,
+                               loss=_nested_in_forward),
 }
 
 
@@ -61,6 +78,17 @@ def test_the_estimate_of_a_jagged_batch_is_the_real_cpu_peak_to_the_byte(kind):
         assert est.peak_bytes == real.peak_bytes, n
         assert est.measurement.breakdown == real.measurement.breakdown
         assert est.measurement.unknown_reads == 0 and estimator.engine == "meta" and estimator.fallback is None
+
+
+def test_the_first_nested_view_of_a_process_is_not_counted(monkeypatch):
+    """torch makes a dummy NJT of two meta tensors on the first view of values as an NJT in a process: made
+    before any measurement, the first real run that builds an NJT counts no more than the estimate."""
+    monkeypatch.setattr(nested_tensor, "_dummy_instance", None)
+    measurement._load_dispatch_machinery.cache_clear()
+    w = WORKLOADS["in the forward"]
+    device = get_device("cpu", memory_budget=1 << 30)
+    real = run_trial(device, w, 2, 1 << 30, source="real", capacity_guard=False)
+    assert real.peak_bytes == run_trial(device.estimator(), w, 2, 1 << 30, source="estimate").peak_bytes
 
 
 def test_the_batch_s_nested_tensor_lives_on_meta_with_its_offsets_known():
