@@ -82,11 +82,36 @@ def nested_on_meta(device_type: str, move: Move) -> Iterator[None]:
     from torch.nested._internal.nested_tensor import NestedTensor
 
     autocast, select = sdpa._autocast, sdpa._select_sdp_backend
-    function = NestedTensor.__dict__["__torch_function__"]
+    from_list = nested_tensor.jagged_from_list
 
     def uncast(query: torch.Tensor, *rest: Any) -> tuple[Any, ...]:
         # Autocast over a meta NJT stops before: at its op on the CPU, at the backend standing in for CUDA.
         return (query, *rest) if query.is_meta else autocast(query, *rest)
+
+    def jagged_from_list(tensors: Any, offsets: Any, *args: Any, **kwargs: Any) -> Any:
+        if offsets is not None or not tensors or not tensors[0].is_meta:
+            return from_list(tensors, offsets, *args, **kwargs)
+        with _sizes_counted(move):
+            return from_list(tensors, offsets, *args, **kwargs)
+
+    stand_ins = {(sdpa, "_autocast"): uncast, (sdpa, "_select_sdp_backend"): _backend(select, device_type),
+                 (NestedTensor, "__torch_function__"): _autocast_stops(vars(NestedTensor)["__torch_function__"],
+                                                                      device_type),
+                 (nested_tensor, "jagged_from_list"): jagged_from_list}
+    originals = {(owner, name): vars(owner)[name] for owner, name in stand_ins}
+    with EstimateSession():
+        for (owner, name), value in stand_ins.items():
+            setattr(owner, name, value)
+        try:
+            yield
+        finally:
+            for (owner, name), value in originals.items():
+                setattr(owner, name, value)
+
+
+def _backend(select: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """NJT attention's backend choice ``select``, stopping where a meta NJT cannot stand in for it."""
+    from torch.nn.attention import SDPBackend
 
     def backend(query: torch.Tensor, *args: Any) -> Any:
         if query.is_meta and device_type == "cuda":
@@ -94,12 +119,20 @@ def nested_on_meta(device_type: str, move: Move) -> Iterator[None]:
                                "not stand in for CUDA's kernels over nested tensors (flash, memory-efficient, "
                                "cuDNN attention)")
         choice = select(query, *args)
-        if query.is_meta and choice == sdpa.SDPBackend.MATH:
+        if query.is_meta and choice == SDPBackend.MATH:
             raise NotShapeOnly(
                 f"attention over a nested tensor of jagged layout takes the math backend on the {device_type}, "
                 "which runs over nested tensors of strided layout: neither meta tensors nor FakeTensorMode can "
                 "hold one")
         return choice
+
+    return backend
+
+
+def _autocast_stops(function: Any, device_type: str) -> Any:
+    """The NJT's ``__torch_function__`` (the classmethod ``function``), stopping where CPU autocast would cast a
+    meta NJT's op (standing in for the CPU)."""
+    from torch.nested._internal.nested_tensor import NestedTensor
 
     def torch_function(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if device_type == "cpu" and torch.is_autocast_enabled("cpu") and any(
@@ -109,24 +142,7 @@ def nested_on_meta(device_type: str, move: Move) -> Iterator[None]:
                                "nested tensor")
         return function.__func__(cls, func, types, args, kwargs)
 
-    from_list = nested_tensor.jagged_from_list
-
-    def jagged_from_list(tensors: Any, offsets: Any, *args: Any, **kwargs: Any) -> Any:
-        if offsets is not None or not tensors[0].is_meta:
-            return from_list(tensors, offsets, *args, **kwargs)
-        with _sizes_counted(move):
-            return from_list(tensors, offsets, *args, **kwargs)
-
-    with EstimateSession():
-        sdpa._autocast, sdpa._select_sdp_backend = uncast, backend
-        NestedTensor.__torch_function__ = classmethod(torch_function)  # type: ignore[assignment]
-        nested_tensor.jagged_from_list = jagged_from_list
-        try:
-            yield
-        finally:
-            sdpa._autocast, sdpa._select_sdp_backend = autocast, select
-            NestedTensor.__torch_function__ = function  # type: ignore[assignment]
-            nested_tensor.jagged_from_list = from_list
+    return classmethod(torch_function)
 
 
 @contextlib.contextmanager
@@ -144,8 +160,8 @@ def _sizes_counted(move: Move) -> Iterator[None]:
             host = made(data, **options)
         return move(host, torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device))
 
-    torch.tensor = tensor  # type: ignore[assignment]
+    setattr(torch, "tensor", tensor)  # noqa: B010  # torch.tensor's own type is not this function's
     try:
         yield
     finally:
-        torch.tensor = made
+        setattr(torch, "tensor", made)  # noqa: B010
