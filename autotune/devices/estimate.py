@@ -61,7 +61,7 @@ from .cudakernels import CudaKernelChoices, CudaTarget
 from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
-from .nested import is_jagged, nested_on_meta, to_meta
+from .nested import NotShapeOnly, is_jagged, nested_on_meta, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
 from .session import EstimateSession
@@ -205,7 +205,10 @@ class EstimateDevice:
                 if reason is None:
                     raise  # the work's own error: it surfaces as it is, the engine stays
                 del exc
-            result = self._measure_fake(work)  # the workload's own error, if it fails here
+            try:
+                result = self._measure_fake(work)  # the workload's own error, if it fails here
+            except NotShapeOnly as exc:  # nor can FakeTensorMode: both reasons
+                raise NotShapeOnly(f"{exc}; and the meta engine cannot run this workload ({reason})") from None
             self.engine, self.fallback = "fake", reason  # the meta engine cannot run it: FakeTensorMode can
             return result
 
@@ -308,6 +311,9 @@ class EstimateDevice:
         def move(t: torch.Tensor) -> torch.Tensor:
             # A copy, as moving to a real device makes: a view of a host dataset
             # then counts as its own elements, not as the whole dataset.
+            if is_jagged(t):
+                raise NotShapeOnly("FakeTensorMode cannot hold a nested tensor of jagged layout (its ragged size "
+                                   "needs a shape environment)")
             return values.move(t, (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone())
 
         def build_model(factory: Callable[[], Any]) -> Any:

@@ -140,3 +140,26 @@ def test_cpu_autocast_over_a_jagged_batch_stops_the_estimate_naming_why():
     w = replace(jagged_workload(), loss=_autocast_loss)
     with pytest.raises(WorkloadError, match=r"NotShapeOnly: CPU autocast over a nested tensor of jagged layout"):
         run_trial(get_device("cpu").estimator(), w, 2, 1 << 30, source="estimate")
+
+
+class _WithRecurrent(torch.nn.Module):
+    """Token-wise over an NJT, and a GRU over a dense tensor beside it (cuDNN's, standing in for a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(FEATURES, FEATURES)
+        self.rnn = torch.nn.GRU(FEATURES, FEATURES, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rnn(torch.zeros(1, 2, FEATURES, device=x.device))
+        return self.linear(x)
+
+
+def test_a_jagged_batch_the_meta_engine_cannot_run_says_both_engines_reasons():
+    """Where the meta engine gives way to FakeTensorMode (a GRU standing in for a GPU), FakeTensorMode cannot
+    hold the NJT either: the error names both reasons, not torch's missing shape environment."""
+    w = replace(jagged_workload(), model=_WithRecurrent)
+    with pytest.raises(WorkloadError, match=r"NotShapeOnly: FakeTensorMode cannot hold a nested tensor of jagged "
+                                            r"layout \(its ragged size needs a shape environment\); and the meta "
+                                            r"engine cannot run this workload \(NeedsFakeTensors: torch.gru"):
+        run_trial(EstimateDevice.for_gpu(8 << 30), w, 2, 8 << 30, source="estimate")
