@@ -145,6 +145,7 @@ class EstimateDevice:
         if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
             self.round_to = max(round_to, CUDA_ROUNDING)
         self._kernels = MetaKernels()
+        self._nested_batches = False  # the batch holds a nested tensor of jagged layout: built for real only
 
     def _settings(self) -> dict[str, Any]:
         return dict(capacity=self.capacity, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
@@ -278,10 +279,14 @@ class EstimateDevice:
 
         def build_batch(make: Callable[[], Any]) -> Any:
             with tracker.paused(), _on_host(stand_in):
+                if self._nested_batches:  # FakeTensorMode cannot build a nested tensor: no shape-only try
+                    return make()
                 reads = tracker.unknown_reads
                 batch = _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
                 if values.shape_only_batch is None:  # built for real: what its shape-only build read is void
                     tracker.unknown_reads = reads
+                self._nested_batches = any(isinstance(t, torch.Tensor) and is_jagged(t)
+                                           for t in tree_flatten(batch)[0])
                 return batch
 
         def move_model(model: Any) -> Any:

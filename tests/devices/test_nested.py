@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch.nested._internal import nested_tensor
 
+from autotune.compat import active_fake_mode
 from autotune.devices import EstimateDevice, get_device, measurement
 from autotune.errors import WorkloadError
 from autotune.probing.fitrule import run_trial
 from autotune.workload import Workload
 
-from ..workload.batch_kinds import FEATURES, jagged_attention_workload, jagged_workload
+from ..workload.batch_kinds import FEATURES, jagged, jagged_attention_workload, jagged_workload
 
 
 def _from_offsets(n: int, g: torch.Generator) -> torch.Tensor:
@@ -163,3 +164,21 @@ def test_a_jagged_batch_the_meta_engine_cannot_run_says_both_engines_reasons():
                                             r"layout \(its ragged size needs a shape environment\); and the meta "
                                             r"engine cannot run this workload \(NeedsFakeTensors: torch.gru"):
         run_trial(EstimateDevice.for_gpu(8 << 30), w, 2, 8 << 30, source="estimate")
+
+
+def test_a_jagged_batch_is_tried_shape_only_once():
+    """FakeTensorMode cannot build a nested tensor: once the batch turned out to hold one, the estimate builds
+    it for real only, never again first under FakeTensorMode (a wasted build of every sequence)."""
+    tries: list[bool] = []
+
+    def batch(n: int, g: torch.Generator) -> torch.Tensor:
+        tries.append(active_fake_mode() is not None)
+        return jagged(n, g)
+
+    w = replace(jagged_workload(), batch=batch)
+    estimator = get_device("cpu").estimator()
+    run_trial(estimator, w, 2, 1 << 30, source="estimate")
+    assert tries[0] and not all(tries)  # the first build tried shape-only, then built for real
+    tries.clear()
+    run_trial(estimator, w, 3, 1 << 30, source="estimate")
+    assert tries and not any(tries)  # every micro-step's batch built for real, once
