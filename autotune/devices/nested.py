@@ -153,12 +153,13 @@ def _sizes_counted(move: Move) -> Iterator[None]:
     passes no dispatch: uncounted, its value unknown)."""
     made = torch.tensor
 
-    def tensor(data: Any, *, device: Any = None, **options: Any) -> torch.Tensor:
+    def tensor(data: Any, *, device: Any = None, requires_grad: bool = False, **options: Any) -> torch.Tensor:
         if device is None:
-            return made(data, **options)
+            return made(data, requires_grad=requires_grad, **options)
         with disable_current_modes():
             host = made(data, **options)
-        return move(host, torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device))
+        out = move(host, torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device))
+        return out.requires_grad_() if requires_grad else out
 
     setattr(torch, "tensor", tensor)  # noqa: B010  # torch.tensor's own type is not this function's
     try:
