@@ -61,6 +61,7 @@ from .cudakernels import CudaKernelChoices, CudaTarget
 from .cudastandin import GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
+from .nested import NotShapeOnly, is_jagged, nested_on_meta, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
 from .session import EstimateSession
@@ -144,6 +145,7 @@ class EstimateDevice:
         if cuda_like and self.allocator is None:  # no simulation: at least CUDA's 512-byte rounding
             self.round_to = max(round_to, CUDA_ROUNDING)
         self._kernels = MetaKernels()
+        self._nested_batches = False  # the batch holds a nested tensor of jagged layout: built for real only
 
     def _settings(self) -> dict[str, Any]:
         return dict(capacity=self.capacity, round_to=self.round_to, cuda_like=self.cuda_like, allowance=self.allowance,
@@ -204,7 +206,10 @@ class EstimateDevice:
                 if reason is None:
                     raise  # the work's own error: it surfaces as it is, the engine stays
                 del exc
-            result = self._measure_fake(work)  # the workload's own error, if it fails here
+            try:
+                result = self._measure_fake(work)  # the workload's own error, if it fails here
+            except NotShapeOnly as exc:  # nor can FakeTensorMode: both reasons
+                raise NotShapeOnly(f"{exc}; and the meta engine cannot run this workload ({reason})") from None
             self.engine, self.fallback = "fake", reason  # the meta engine cannot run it: FakeTensorMode can
             return result
 
@@ -274,19 +279,32 @@ class EstimateDevice:
 
         def build_batch(make: Callable[[], Any]) -> Any:
             with tracker.paused(), _on_host(stand_in):
-                return _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
+                if self._nested_batches:  # FakeTensorMode cannot build a nested tensor: no shape-only try
+                    return make()
+                reads = tracker.unknown_reads
+                batch = _build_batch(FakeTensorMode(allow_non_fake_inputs=True), make, values)
+                if values.shape_only_batch is None:  # built for real: what its shape-only build read is void
+                    tracker.unknown_reads = reads
+                self._nested_batches = any(isinstance(t, torch.Tensor) and is_jagged(t)
+                                           for t in tree_flatten(batch)[0])
+                return batch
 
         def move_model(model: Any) -> Any:
             with tracker.paused():  # counted by the session, parameters first, as on a real device
                 return _move_module(model, _on_meta)
 
         def move(t: torch.Tensor) -> torch.Tensor:
+            if is_jagged(t):  # a nested tensor's parts, moved as a real device's clone() moves them
+                with tracker.paused():
+                    mirror = to_meta(t, _meta_copy, values.move)
+                return mirror.clone()
             return values.move(t, _meta_copy(t))
 
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model,
                           build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
-        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"):
+        nested = nested_on_meta("cuda" if self.cuda_like else "cpu", values.move)
+        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 
@@ -298,6 +316,9 @@ class EstimateDevice:
         def move(t: torch.Tensor) -> torch.Tensor:
             # A copy, as moving to a real device makes: a view of a host dataset
             # then counts as its own elements, not as the whole dataset.
+            if is_jagged(t):
+                raise NotShapeOnly("FakeTensorMode cannot hold a nested tensor of jagged layout (its ragged size "
+                                   "needs a shape environment)")
             return values.move(t, (t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t)).clone())
 
         def build_model(factory: Callable[[], Any]) -> Any:
@@ -430,9 +451,10 @@ def _build_fake(fake_mode: FakeTensorMode | None, make: Callable[[], Any]) -> An
             return make()
         with fake_mode:
             return make()
-    except (RuntimeError, Unbounded):  # what FakeTensorMode refuses (a value read, a data-dependent shape,
-        # .numpy()), all RuntimeErrors, or a shape sized by values the estimate does not know (a graph batch's
-        # repeat_interleave); the real build reproduces the batch code's own error, if that is what it was
+    except (RuntimeError, Unbounded, AssertionError):  # what FakeTensorMode refuses (a value read, a
+        # data-dependent shape, .numpy()), all RuntimeErrors, a shape sized by values the estimate does not know
+        # (a graph batch's repeat_interleave), or a nested tensor's ragged size (a nested int needs a shape
+        # environment: AssertionError); the real build reproduces the batch code's own error, if that is what it was
         with unset_fake_temporarily():
             return make()
 

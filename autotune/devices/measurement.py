@@ -21,6 +21,7 @@ from torch import nn
 
 from ..compat import buffer_slots, import_compiler, parameter_slots, tree_flatten, tree_map
 from .compiled import compiled_parts
+from .nested import make_view_dummy
 from .session import EstimateSession
 from .tracker import LiveStorageTracker
 
@@ -218,5 +219,6 @@ def _load_dispatch_machinery() -> None:
     """PyTorch imports its compiler stack (over a second) on the first op dispatched
     through any Python mode; that happens here once, before any measurement's clock starts."""
     import_compiler()  # all of it: a function mode (the CUDA stand-in's) imports more of it than a dispatch mode
+    make_view_dummy()  # nested tensors' view dummy, made once per process: before any measurement counts it
     with LiveStorageTracker():
         torch.empty(0)

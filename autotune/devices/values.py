@@ -72,6 +72,9 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 _TO_COPY = aten._to_copy.default
+#: Copies to another device: ``_to_copy``, and ``to`` itself where it reaches the estimate's dispatch undecomposed
+#: (``.tolist()`` inside a nested tensor's own dispatch).
+_TO_HOST = {_TO_COPY, aten.to.dtype_layout}
 _DYNAMIC = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 # Fresh tensors whose contents are undefined: blank, known once known data is written into them.
 _EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
@@ -99,7 +102,7 @@ class _Op:
         self.empty = func in _EMPTY
         self.resets = func in _RESETS
         # No rule, no data-dependent shape, no write, no blank output, no copy to the host: the common case.
-        self.plain = not (self.writes or self.dynamic or self.empty or func in RULES or func is _TO_COPY)
+        self.plain = not (self.writes or self.dynamic or self.empty or func in RULES or func in _TO_HOST)
 
 
 _OPS: dict[Any, _Op] = {}
@@ -224,7 +227,8 @@ class KnownValues(HostValues):
         info = _op(func)
         if info.dynamic:
             return self.dynamic(func, args, kwargs)
-        if func is _TO_COPY and self.fake_mode is None and args[0].is_meta and kwargs.get("device", _META) != _META:
+        if func in _TO_HOST and self.fake_mode is None and args[0].is_meta and \
+                kwargs.get("device") not in (None, _META):
             return self._to_host(func, args, kwargs)
         if info.writes:
             return self._written(func, args, kwargs, info)

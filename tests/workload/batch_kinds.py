@@ -4,6 +4,7 @@ concatenated samples, position ids restarting per sample) made by Hugging Face's
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from autotune.workload import Workload
 
 FEATURES = 8
 #: Memory budgets (bytes) under which each workload's max micro-batch is well below a target of 31 samples.
-RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000, "jagged": 300_000}
+RUN_BUDGETS = {"gnn": 600_000, "packed-lm": 4_000_000, "jagged": 300_000, "jagged-attention": 500_000}
 
 
 # -- graphs ----------------------------------------------------------------------------------------
@@ -203,3 +204,26 @@ def jagged_workload(*, worst: bool = False) -> Workload:
                     batch=lambda n, g: jagged(n, g, shortest), loss=lambda m, b: (m(b) - b).values().pow(2).mean(),
                     samples=lambda b: int(b.shape[0]), split=split_jagged, items=lambda b: int(b.values().shape[0]),
                     lengths_batch=jagged_of)
+
+
+class JaggedAttention(nn.Module):
+    """Self-attention within each sequence of a jagged batch (SDPA over nested tensors), then a token-wise MLP."""
+
+    def __init__(self, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.inp = nn.Linear(FEATURES, width)
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.proj = nn.Linear(width, width)
+        self.out = nn.Sequential(nn.ReLU(), nn.Linear(width, FEATURES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        q, k, v = (layer(h).unflatten(-1, (self.heads, -1)).transpose(1, 2) for layer in (self.q, self.k, self.v))
+        h = h + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
+        return self.out(h)
+
+
+def jagged_attention_workload(*, worst: bool = False) -> Workload:
+    """:func:`jagged_workload` with attention inside each sequence."""
+    return replace(jagged_workload(worst=worst), name="jagged-attention", model=JaggedAttention)

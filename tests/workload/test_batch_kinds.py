@@ -25,13 +25,14 @@ from .batch_kinds import (
     RUN_BUDGETS,
     graph_workload,
     graphs,
+    jagged_attention_workload,
     jagged_workload,
     packed_workload,
     split_graphs,
     target_tokens,
 )
 
-BUDGETS = {"gnn": 1_500_000, "packed-lm": 20_000_000}
+BUDGETS = {"gnn": 1_500_000, "packed-lm": 20_000_000, "jagged": 1_500_000, "jagged-attention": 3_000_000}
 
 
 def test_a_graph_batch_without_samples_is_refused_naming_the_fix():
@@ -94,7 +95,7 @@ def test_packed_items_are_target_tokens_per_micro_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [graph_workload, packed_workload])
+@pytest.mark.parametrize("make", [graph_workload, packed_workload, jagged_workload])
 def test_probe_equals_a_real_bisection(make):
     w = make()
     device = get_device("cpu", memory_budget=BUDGETS[w.name])
@@ -126,7 +127,8 @@ def test_run_verifies_the_plan(make, worst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload", "jagged_workload"])
+@pytest.mark.parametrize("builder", ["graph_workload", "packed_workload", "jagged_workload",
+                                     "jagged_attention_workload"])
 def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, builder):
     """``autotune run`` on a probe file whose workload gives samples= and split=: plan, train, verify."""
     path = tmp_path / f"{builder}.py"
@@ -138,7 +140,8 @@ def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, build
         def build():
             return batch_kinds.{builder}(worst=True)
         """))
-    budget = RUN_BUDGETS[{"graph_workload": "gnn", "packed_workload": "packed-lm"}.get(builder, "jagged")]
+    budget = RUN_BUDGETS[{"graph_workload": "gnn", "packed_workload": "packed-lm",
+                          "jagged_attention_workload": "jagged-attention"}.get(builder, "jagged")]
     code = main(["run", "--target-batch", "31", "--probe", str(path), "--device", "cpu", "--memory-budget",
                  str(budget), "--steps", "2", "--json", "--quiet"])
     data = json.loads(capsys.readouterr().out)
@@ -149,15 +152,34 @@ def test_autotune_run_verifies_a_probe_file_of_each_kind(capsys, tmp_path, build
 
 
 @pytest.mark.slow
-def test_a_jagged_batch_is_probed_on_the_device_and_verified():
-    """Nested tensors of jagged layout: the estimate cannot build them (FakeTensorMode needs a shape environment
-    for a nested size), so the probe searches on the device and says so; the run splits by the workload's split
-    and verifies."""
+def test_a_jagged_batch_is_estimated_confirmed_and_verified():
+    """Nested tensors of jagged layout: the estimate builds the NJT on meta from the batch, one real run
+    confirms its answer; the run splits by the workload's split and verifies."""
     w = jagged_workload()
-    device = get_device("cpu", memory_budget=300_000)
+    device = get_device("cpu", memory_budget=RUN_BUDGETS["jagged"])
     plan = make_plan(31, probe=w, device=device)
     assert plan.accumulation_steps > 1
-    assert any("the estimate cannot run this workload" in note for note in plan.probe.notes)
+    assert not any("cannot run" in note for note in plan.probe.notes), plan.probe.notes
+    assert plan.probe.real_runs == 1 and plan.probe.real_ooms == 0
     result = run_plan(plan, w, device, steps=2)
     assert result.passed, result.verification.failed
     assert result.verification.gradient_relative_error < 1e-5
+
+
+@pytest.mark.slow
+def test_attention_over_a_jagged_batch_is_searched_on_the_device_and_says_why():
+    """SDPA over NJTs takes the math backend on the CPU, over nested tensors of strided layout, which no
+    shape-only engine holds: the probe says so and searches on the device, every real run counted (more than
+    the two an estimate's answer takes), and lands within one sample of a real bisection; the run verifies."""
+    w = jagged_attention_workload()
+    device = get_device("cpu", memory_budget=BUDGETS[w.name])
+    result = find_max_micro_batch(w, device, max_batch=256)
+    assert abs(result.max_micro_batch - exhaustive_max(w, device, result.usable_bytes, 256)) <= 1
+    real = [t for t in result.trials if t.source == "real"]
+    assert result.real_runs == len(real) > 2 and not any(t.source == "estimate" for t in result.trials)
+    why = "the estimate cannot run this workload (NotShapeOnly: attention over a nested tensor of jagged layout"
+    assert any(note.startswith(why) and f"in {len(real)} real runs" in note for note in result.notes)
+    plan = make_plan(31, probe=w, device=get_device("cpu", memory_budget=RUN_BUDGETS[w.name]))
+    assert plan.accumulation_steps > 1
+    run = run_plan(plan, w, get_device("cpu", memory_budget=RUN_BUDGETS[w.name]), steps=2)
+    assert run.verification.gradient_relative_error < 1e-5 and run.verification.check("count").passed
