@@ -527,3 +527,26 @@ def test_offload_is_refused_without_fsdp():
     with pytest.raises(BadInput, match="offload.*CPU offload"):
         FitRule(offload=True)
     assert Sharding.of(FitRule.of("fsdp", 2, offload=True)).offload
+
+
+@pytest.mark.slow
+def test_the_host_check_fails_where_gradients_are_left_on_the_device(gpt, monkeypatch):
+    """Plant the bug: FSDP's copies of the gradient shards to the host stay on the device."""
+    from autotune.probing import fsdpoffload
+
+    hosts: list = []
+
+    class Leaky(fsdpoffload.Host):
+        def __init__(self, tracker):
+            super().__init__(tracker)
+            hosts.append(self)
+
+        def copy_out(self, t):
+            return t
+
+    monkeypatch.setattr(fsdpoffload, "Host", Leaky)
+    rule = Sharding(2, sync_every=True, offload=True, host_apart=True)
+    leaky = _measure(get_device("cpu"), gpt, 4, rule)
+    assert hosts[0].peak_bytes != _host_bytes_expected(gpt.make_model(), 2, every=True)
+    monkeypatch.undo()
+    assert leaky.peak_bytes > _measure(get_device("cpu"), gpt, 4, rule).peak_bytes
