@@ -169,15 +169,24 @@ def ranked(rows: Iterable[SettingRow], times: dict[int, StepTime] | None = None)
         if not row.fits:
             why = row.why or "does not fit a micro-batch of 1"
         elif place == 0:
-            alone = all(not r.fits for r in given if r is not row)
-            why = f"fastest by the time model: {row.samples_per_second:.4g} samples/s" + (
-                "; the only setting that fits" if alone and len(given) > 1 else "")
+            why = f"fastest by the time model: {row.samples_per_second:.4g} samples/s" + _only(row, given)
         else:
             why = _slower(row, best, times.get(i), times.get(order[0]))
             if row.setting.offload:
                 why += f"; offload trades speed for memory (max micro-batch {row.max_micro_batch} here)"
         out.append(replace(row, why=why))
     return out
+
+
+def _only(best: SettingRow, rows: list[SettingRow]) -> str:
+    """What the winner is alone in: fitting at all, or fitting with CPU offload (which wins where nothing else fits)."""
+    others = [r for r in rows if r is not best]
+    if others and not any(r.fits for r in others):
+        return "; the only setting that fits"
+    if best.setting.offload and any(not r.setting.offload for r in others) and \
+            not any(r.fits for r in others if not r.setting.offload):
+        return "; nothing fits without CPU offload"
+    return ""
 
 
 def _slower(row: SettingRow, best: SettingRow, mine: StepTime | None, theirs: StepTime | None) -> str:
