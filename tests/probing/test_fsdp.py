@@ -476,8 +476,8 @@ def _host_bytes_expected(model: nn.Module, world_size: int, *, every: bool) -> i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("every", [False, True])
-def test_offload_estimate_is_the_real_cpu_run_with_the_host_told_apart(gpt, every, monkeypatch):
+@pytest.mark.parametrize(("engine", "every"), [("meta", False), ("meta", True), ("fake", True)])
+def test_offload_estimate_is_the_real_cpu_run_with_the_host_told_apart(gpt, engine, every, monkeypatch):
     from autotune.devices.estimate import EstimateDevice
     from autotune.probing import fsdpoffload
 
@@ -491,9 +491,9 @@ def test_offload_estimate_is_the_real_cpu_run_with_the_host_told_apart(gpt, ever
     monkeypatch.setattr(fsdpoffload, "Host", Kept)
     rule = Sharding(2, sync_every=every, offload=True, host_apart=True)
     real = _measure(get_device("cpu"), gpt, 4, rule)
-    estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine="meta")
+    estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine=engine)
     est = _measure(estimate, gpt, 4, rule)
-    assert estimate.engine == "meta" and estimate.fallback is None  # FSDP's own offload code ran on meta tensors
+    assert estimate.engine == engine and estimate.fallback is None  # FSDP's own offload code ran on shape-only tensors
     assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline and est.breakdown == real.breakdown
     # What the real run's host holds is exactly the shards and AdamW's state, as the parameters' shapes give them.
     assert hosts[0].peak_bytes == _host_bytes_expected(gpt.make_model(), 2, every=every)
