@@ -63,7 +63,8 @@ def _hf(s: TrainSetting) -> dict[str, Any]:
             {"every_n_layers": s.checkpoint_every} if s.checkpoint_every > 1 else {})}
     if s.parallel == "fsdp":
         out["fsdp"] = "full_shard offload" if s.offload else "full_shard"
-        out["fsdp_config"] = {"version": 2, "reshard_after_forward": True, **({"cpu_offload": True} if s.offload else {})}
+        out["fsdp_config"] = {"version": 2, "reshard_after_forward": True,
+                              **({"cpu_offload": True} if s.offload else {})}
     if "bf16-mixed" in s.changes:
         out["bf16"] = True
     return out

@@ -105,7 +105,8 @@ def skeleton(host: nn.Module, device: torch.device | str = "meta") -> nn.Module:
 
 
 def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Callable[[nn.Module], list[nn.Module]],
-                  mesh: Any, precision: str = "fp32", offload: bool = False, offloaded: Host | None = None) -> nn.Module:
+                  mesh: Any, precision: str = "fp32", offload: bool = False, offloaded: Host | None = None
+                  ) -> nn.Module:
     """A model sharded by ``fully_shard`` with only this rank's shards on the session's device.
 
     The model is built on the host and sharded on ``meta`` (no dispatch mode

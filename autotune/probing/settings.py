@@ -5,8 +5,9 @@ real optimizer steps (as ``--tune`` times them: :mod:`autotune.training.settings
 A setting is applied to what the probe takes: checkpointing wraps the chosen repeated blocks in
 ``torch.utils.checkpoint`` (:func:`autotune.probing.lowering.checkpointed`), FSDP is the fit rule's
 sharding (with CPU offload: :mod:`autotune.probing.fsdpoffload`), the allocator setting is the simulated
-allocator's, ``bf16-mixed`` runs the loss under autocast, ``bf16`` and ``lora`` are a model by name's own settings (``--dtype bf16``, ``--lora``). The same
-:func:`apply` gives the runner the workload it trains with ``autotune run --settings``.
+allocator's, ``bf16-mixed`` runs the loss under autocast, ``bf16`` and ``lora`` are a model by name's own
+settings (``--dtype bf16``, ``--lora``). The same :func:`apply` gives the runner the workload it trains with
+``autotune run --settings``.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class FitRule(Record):
             raise BadInput("is FSDP's gradient sync", field="fsdp_sync", value=self.fsdp_sync,
                            fix="add {parallel='fsdp'}, or drop it")
         if self.parallel != "fsdp" and self.offload:
-            raise BadInput("is FSDP's CPU offload", field="offload", value=True, fix="add {parallel='fsdp'}, or drop it")
+            raise BadInput("is FSDP's CPU offload", field="offload", value=True,
+                           fix="add {parallel='fsdp'}, or drop it")
 
     @classmethod
     def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None,

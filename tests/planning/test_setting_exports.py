@@ -91,7 +91,6 @@ def test_hf_training_arguments_take_the_offload(tmp_path) -> None:
 @pytest.mark.slow  # Lightning's import
 def test_lightning_trainer_takes_fsdp_with_cpu_offload() -> None:
     import lightning.pytorch as lightning
-
     from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 
     data = export(chosen(OFFLOAD, world_size=2), "lightning")
@@ -102,6 +101,7 @@ def test_lightning_trainer_takes_fsdp_with_cpu_offload() -> None:
     assert isinstance(strategy, FSDPStrategy) and strategy.cpu_offload.offload_params
 
 
+@pytest.mark.slow  # Accelerate's import
 def test_accelerate_launch_gives_fsdp2_its_cpu_offload(tmp_path, monkeypatch) -> None:
     import yaml
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
@@ -120,6 +120,7 @@ def test_accelerate_launch_gives_fsdp2_its_cpu_offload(tmp_path, monkeypatch) ->
     assert plugin.fsdp_version == 2 and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
 
 
+@pytest.mark.slow  # Accelerate's import
 def test_deepspeed_offloads_the_optimizer_and_parameters_under_zero_3() -> None:
     from accelerate.utils.deepspeed import HfDeepSpeedConfig  # DeepSpeed's config as Accelerate and HF read it
 
