@@ -39,11 +39,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class Host:
-    """The storages that live on the host (by identity, while they live), and the most bytes they held at once."""
+    """The storages that live on the host (by identity, while they live), the bytes they hold now and the most
+    they held at once."""
 
     def __init__(self, tracker: Any):
         self.tracker = tracker
         self._held: dict[int, weakref.ref] = {}
+        self.current_bytes = 0
         self.peak_bytes = 0
 
     def keep(self, tensors: Iterable[torch.Tensor | None]) -> None:
@@ -51,18 +53,23 @@ class Host:
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 storage = _local(t).untyped_storage()
-                self._held[id(storage)] = weakref.ref(storage)
-        self.peak_bytes = max(self.peak_bytes, self.bytes())
+                if not self._holds(storage):
+                    self._held[id(storage)] = weakref.ref(storage, functools.partial(
+                        self._gone, id(storage), storage.nbytes()))
+                    self.current_bytes += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
-    def holds(self, t: torch.Tensor) -> bool:
-        storage = _local(t).untyped_storage()
+    def _gone(self, key: int, nbytes: int, ref: weakref.ref) -> None:
+        if self._held.get(key) is ref:
+            del self._held[key]
+        self.current_bytes -= nbytes
+
+    def _holds(self, storage: torch.UntypedStorage) -> bool:
         ref = self._held.get(id(storage))
         return ref is not None and ref() is storage
 
-    def bytes(self) -> int:
-        """The bytes on the host now."""
-        live = [ref() for ref in self._held.values()]
-        return sum(s.nbytes() for s in live if s is not None)
+    def holds(self, t: torch.Tensor) -> bool:
+        return self._holds(_local(t).untyped_storage())
 
     def copy_out(self, t: torch.Tensor) -> torch.Tensor:
         """FSDP's copy of a device tensor to the host: a host tensor, not counted."""
