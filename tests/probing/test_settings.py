@@ -142,3 +142,15 @@ def test_on_a_gpu_where_nothing_else_fits_offload_is_chosen_and_says_so() -> Non
     assert plan.settings[0].why.endswith("nothing fits without CPU offload")
     assert all(not r.fits for r in plan.settings[1:] if not r.setting.offload)
     assert plan.probe is not None and any("CPU offload" in n for n in plan.probe.notes)
+
+
+def test_the_confirmation_does_not_time_an_fsdp_row_unsharded() -> None:
+    from autotune.results.search import SettingRow, TrainSetting
+    from autotune.training.settings_confirm import confirmed
+
+    rows = [SettingRow(setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True), fits=True,
+                       max_micro_batch=4, micro_batch=4, accumulation_steps=2, samples_per_second=9.0, why="fastest"),
+            SettingRow(setting=TrainSetting(), fits=True, max_micro_batch=2, micro_batch=2, accumulation_steps=4,
+                       samples_per_second=5.0, why="slower by 80%")]
+    order, note = confirmed(rows, {r.setting: None for r in rows}, stack(), get_device("cpu"), None)
+    assert order == rows and "not confirmed by real steps" in note and "fsdp(sync every) + offload" in note
