@@ -290,9 +290,9 @@ def plan(target_batch: int | PlanRequest | None = None, *, probe: Spec = None, d
     Ranks that differ: ``device`` and ``memory_budget`` once per rank (``"estimate:A100-80GB,estimate:T4-16GB"``,
     ``"estimate:H100-80GB*4,estimate:A10G-24GB*4"``, ``"8MiB,3MiB"``), each rank its own micro-batch
     (:func:`autotune.planning.mixed.make_mixed_plan`) unless ``uniform_ranks``.
-    ``search_settings``: rank the settings that do not change what is computed (DDP or FSDP, checkpointing, the
-    allocator's) and those ``allow`` names (``"bf16-mixed,lora"``) by estimate and a stated time model, and plan
-    the fastest; the plan's ``settings`` lists them, best first, ``setting`` the one chosen.
+    ``search_settings``: rank the settings that do not change what is computed (DDP or FSDP, FSDP's CPU offload on a
+    GPU, checkpointing, the allocator's) and those ``allow`` names (``"bf16-mixed,lora"``) by estimate and a stated
+    time model, and plan the fastest; the plan's ``settings`` lists them, best first, ``setting`` the one chosen.
     ``target_batch`` may instead be a :class:`autotune.PlanRequest`, which says the rest (then only ``store``,
     ``memory_snapshot`` and ``at`` beside it).
     """

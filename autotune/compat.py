@@ -391,6 +391,17 @@ def fsdp_device_lookups() -> list[tuple[Any, str]]:
             (FSDPParamGroup, "_validate_no_meta_params")]
 
 
+def fsdp_offload_places() -> tuple[tuple[Any, str], tuple[Any, str], tuple[Any, str]]:
+    """Where FSDP2's CPU offload copies a unit's parameter shards to the device (``FSDPParam.all_gather_inputs``,
+    a property), the function that reduce-scatters and copies the gradient shards to the host (``foreach_reduce``
+    as the parameter group calls it), and its check that the shards were made on the CPU: (owner, attribute)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    return ((FSDPParam, "all_gather_inputs"), (_fsdp_param_group, "foreach_reduce"),
+            (_fsdp_param_group.FSDPParamGroup, "_validate_cpu_offload_params"))
+
+
 def device_handle(device_type: str) -> Any:
     """The module of a device type's streams and events as DeviceMesh and FSDP2 find it (``torch.cuda``)."""
     from torch.distributed import device_mesh

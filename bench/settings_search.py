@@ -47,6 +47,8 @@ def search(model_dir: str, device: str, args: argparse.Namespace) -> tuple[dict 
 
 def label(setting: dict) -> str:
     parts = [setting["parallel"] if setting["fsdp_sync"] is None else f"fsdp(sync {setting['fsdp_sync']})"]
+    if setting.get("offload"):
+        parts.append("offload")
     if setting["checkpoint_every"]:
         parts.append(f"ckpt every {setting['checkpoint_every']}")
     parts += [p for p in (setting["allocator"], *setting["changes"]) if p]

@@ -36,6 +36,7 @@ from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
 from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
+from .fsdpoffload import optimizer_on_host
 from .hostbatch import HostBatches
 
 if TYPE_CHECKING:
@@ -121,8 +122,8 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                     on_step(done, total)
             del loss_sum
             mark(f"optimizer step {step + 1}")
-            with session.tracker.values_do_not_shape():  # step counters, learning rates
-                opt.step()
+            with session.tracker.values_do_not_shape(), optimizer_on_host(opt):  # step counters, learning rates
+                opt.step()  # (under FSDP's CPU offload on a device told apart from the host, the host's step)
             session.tag_optimizer(opt)
             opt.zero_grad(set_to_none=True)
         del buckets, noise

@@ -48,6 +48,7 @@ from ..devices.session import fake_mesh, fsdp_on_meta, shape_propagation_uncount
 from ..errors import undo_on_failure
 from ..results.request import FitRule
 from ..workload import Workload
+from .fsdpoffload import Host, host_apart
 
 __all__ = ["Sharding", "fake_engine", "fake_mesh", "real_mesh", "release",
            "shape_propagation_uncounted", "shard", "sharded_model", "sharding_note", "skeleton"]
@@ -74,17 +75,21 @@ def mixed_precision(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def shard(model: nn.Module, units: list[nn.Module], mesh: Any, precision: str = "fp32") -> nn.Module:
+def shard(model: nn.Module, units: list[nn.Module], mesh: Any, precision: str = "fp32", offload: bool = False
+          ) -> nn.Module:
     """``fully_shard`` every unit, then the root: the usual FSDP2 wrapping, in place, with collectives whose
-    buffers are freed when FSDP lets go of them (:mod:`autotune.probing.fsdpcomm`)."""
-    from torch.distributed.fsdp import fully_shard
+    buffers are freed when FSDP lets go of them (:mod:`autotune.probing.fsdpcomm`); ``offload``: with FSDP2's
+    ``CPUOffloadPolicy`` (the shards and the optimizer on the host, :mod:`autotune.probing.fsdpoffload`)."""
+    from torch.distributed.fsdp import OffloadPolicy, fully_shard
 
     from .fsdpcomm import release_on_caller
+    from .fsdpoffload import offload_policy
 
     policy = mixed_precision(precision)
+    where = offload_policy(mesh.device_type) if offload else OffloadPolicy()
     for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, offload_policy=where)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=where)
     release_on_caller(model)
     return model
 
@@ -100,14 +105,17 @@ def skeleton(host: nn.Module, device: torch.device | str = "meta") -> nn.Module:
 
 
 def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Callable[[nn.Module], list[nn.Module]],
-                  mesh: Any, precision: str = "fp32") -> nn.Module:
+                  mesh: Any, precision: str = "fp32", offload: bool = False, offloaded: Host | None = None
+                  ) -> nn.Module:
     """A model sharded by ``fully_shard`` with only this rank's shards on the session's device.
 
     The model is built on the host and sharded on ``meta`` (no dispatch mode
     sees that: it is not device work); then only the shards and the buffers
     are allocated on the device, counted as parameters, and filled with this
     rank's part of the host model's values (an estimate has none: its device
-    tensors are fakes of the session's ``FakeTensorMode``).
+    tensors are fakes of the session's ``FakeTensorMode``). ``offload``: FSDP's
+    CPU offload; ``offloaded``: the host where its shards are told apart from the device's
+    memory (:func:`autotune.probing.fsdpoffload.host_apart`): kept there, not counted.
     """
     tracker, device = session.tracker, session.torch_device
     host = session.host_model(factory)
@@ -117,7 +125,7 @@ def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Cal
         raise NeedsFakeTensors("fully_shard refuses meta parameters outside an estimate's meta engine")
     with compat.disable_current_modes():
         model = skeleton(host)
-        shard(model, units(model), mesh, precision)
+        shard(model, units(model), mesh, precision, offload)
     tracker.placing(model)
     with _fakes_of_meta(fake_mode):  # the meta engine's shards are new meta tensors, made as a device's are
         model.to_empty(device="meta" if session.on_meta else device)
@@ -125,7 +133,12 @@ def sharded_model(session: Session, factory: Callable[[], nn.Module], units: Cal
         with tracker.paused(), torch.no_grad():
             _copy_values(host, model, mesh.get_coordinate()[0], mesh.size())
     del host
-    tracker.register(itertools.chain(model.parameters(), model.buffers()), "parameters", model=model)
+    if offloaded is not None:  # what FSDP copies to the device for an all-gather (on meta: the shards FSDP made)
+        offloaded.keep(itertools.chain(model.parameters(), (getattr(param, "_sharded_param_data", None)
+                                                            for group in _param_groups(model)
+                                                            for param in group.fsdp_params)))
+    tracker.register(model.buffers() if offloaded is not None else
+                     itertools.chain(model.parameters(), model.buffers()), "parameters", model=model)
     return model
 
 
@@ -174,7 +187,11 @@ class Sharding:
     process group instead of a private fake one (its size and rank then hold);
     ``sync_every``: reduce-scatter the gradients after every micro-step (they
     accumulate in their shards) instead of at the last micro-step only (the
-    unsharded gradients then live from the first micro-step to the last).
+    unsharded gradients then live from the first micro-step to the last);
+    ``offload``: FSDP2's CPU offload, the shards and the optimizer state on the
+    host (:mod:`autotune.probing.fsdpoffload`); an estimate standing in for a GPU
+    counts the host apart from the device, and ``host_apart`` asks the same of
+    any device (a CPU run counted as a GPU would see it).
     """
 
     world_size: int
@@ -182,6 +199,8 @@ class Sharding:
     precision: str = "fp32"
     real_group: bool = False
     sync_every: bool = False
+    offload: bool = False
+    host_apart: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -193,7 +212,7 @@ class Sharding:
         measured as "last": :func:`autotune.probing.fsdpsync.probe_chosen` measures both and picks)."""
         if not rule.sharded:
             return None
-        return cls(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every")
+        return cls(rule.world_size, rule.rank, precision, sync_every=rule.fsdp_sync == "every", offload=rule.offload)
 
     @contextlib.contextmanager
     def scope(self, session: Session) -> Iterator[Callable[[Workload], nn.Module]]:
@@ -221,9 +240,12 @@ class Sharding:
                                            "kernels (layer norm's statistics in bf16) are not stood in for on meta")
                 stack.enter_context(fsdp_on_meta())
             stack.enter_context(strided_flag_read_once())
+            host = stack.enter_context(host_apart(session.tracker, on_meta=session.on_meta)) \
+                if self.apart(session) else None
 
             def place(workload: Workload) -> nn.Module:
-                model = sharded_model(session, workload.make_model, workload.shard_units, mesh, self.precision)
+                model = sharded_model(session, workload.make_model, workload.shard_units, mesh, self.precision,
+                                      self.offload, host)
                 placed.append(model)
                 return model
 
@@ -236,6 +258,11 @@ class Sharding:
                     yield place
             finally:
                 placed.clear()
+
+    def apart(self, session: Session) -> bool:
+        """Is the host told apart from the device here: offload, on an estimate standing in for a GPU (CUDA does it
+        itself) or as ``host_apart`` asks."""
+        return self.offload and (self.host_apart or (session.cuda_like and session.torch_device.type != "cuda"))
 
     def sync(self, model: nn.Module, *, last: bool) -> None:
         """Gradients are reduce-scattered on the last micro-step only, or on every one (``sync_every``)."""
@@ -305,6 +332,8 @@ def sharding_note(sharding: Sharding) -> str:
     group = "the process group" if sharding.real_group else "a fake process group"
     held = ("gradients reduce-scattered after every micro-step" if sharding.sync_every else
             "the unsharded gradients kept until the last micro-step synchronises")
-    return (f"FSDP: the fit rule of rank {sharding.rank} of {sharding.world_size} with fully_shard ({group}): its "
-            f"shards of the parameters, gradients and optimizer state, the unsharded units in flight, {held}, the "
-            "reduce-scatter buffers")
+    shards = ("the shards of the parameters, gradients and optimizer state on the host (CPU offload), their copies "
+              "to the device for each all-gather" if sharding.offload else
+              "its shards of the parameters, gradients and optimizer state")
+    return (f"FSDP: the fit rule of rank {sharding.rank} of {sharding.world_size} with fully_shard ({group}): "
+            f"{shards}, the unsharded units in flight, {held}, the reduce-scatter buffers")

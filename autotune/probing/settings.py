@@ -4,9 +4,10 @@ real optimizer steps (as ``--tune`` times them: :mod:`autotune.training.settings
 
 A setting is applied to what the probe takes: checkpointing wraps the chosen repeated blocks in
 ``torch.utils.checkpoint`` (:func:`autotune.probing.lowering.checkpointed`), FSDP is the fit rule's
-sharding, the allocator setting is the simulated allocator's, ``bf16-mixed`` runs the loss under autocast,
-``bf16`` and ``lora`` are a model by name's own settings (``--dtype bf16``, ``--lora``). The same
-:func:`apply` gives the runner the workload it trains with ``autotune run --settings``.
+sharding (with CPU offload: :mod:`autotune.probing.fsdpoffload`), the allocator setting is the simulated
+allocator's, ``bf16-mixed`` runs the loss under autocast, ``bf16`` and ``lora`` are a model by name's own
+settings (``--dtype bf16``, ``--lora``). The same :func:`apply` gives the runner the workload it trains with
+``autotune run --settings``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,19 @@ from ..devices.presets import GpuPreset, find_preset
 from ..devices.roofline import count_micro_step, preset_of, seconds
 from ..errors import AutotuneError, BadInput, DoesNotFit, first_line
 from ..planning.probed import plan_probed
-from ..planning.settings_search import ALLOCATOR, LAUNCH, LINKS, Rank, StepTime, Work, candidates, ranked, step_time
+from ..planning.settings_search import (
+    ADAM_PASSES,
+    ALLOCATOR,
+    HOST_LINKS,
+    LAUNCH,
+    LINKS,
+    Rank,
+    StepTime,
+    Work,
+    candidates,
+    ranked,
+    step_time,
+)
 from ..results.model import ModelSpec, is_model_spec
 from ..results.plan import Plan
 from ..results.probe import ProbeResult
@@ -43,12 +56,13 @@ STAND_IN = "A100-80GB"
 @dataclass(frozen=True, kw_only=True)
 class Shape:
     """What the search needs of the model: its repeated blocks (pattern, how many), parameter bytes (all, and
-    those with gradients)."""
+    those with gradients), and how many parameters have gradients."""
 
     blocks: str | None
     count: int
     param_bytes: int
     trainable_bytes: int
+    trainable_count: int = 0
 
 
 def shape_of(workload: Workload, device: Device) -> Shape:
@@ -66,7 +80,8 @@ def shape_of(workload: Workload, device: Device) -> Shape:
         params = list(model.parameters())
         found.append(Shape(blocks=blocks, count=len(units) if blocks else 0,
                            param_bytes=sum(p.numel() * p.element_size() for p in params),
-                           trainable_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad)))
+                           trainable_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+                           trainable_count=sum(p.numel() for p in params if p.requires_grad)))
 
     device.estimator().measure(work)
     return found[0]
@@ -144,14 +159,19 @@ def speed_of(device: Device) -> tuple[GpuPreset, Rank, str]:
     """The roofline's figures for ``device`` and the link to its peers, and where they come from."""
     preset = preset_of(device)
     if preset is not None:
-        return preset, Rank(bandwidth=preset.bandwidth, link=LINKS.get(preset.name, 32e9), per_op=LAUNCH), \
-            f"{preset.name} preset"
-    if device.torch_device.type == "cpu" and not device.estimated:
+        return preset, _gpu(preset), f"{preset.name} preset"
+    if device.torch_device.type == "cpu" and not device.estimated:  # the CPU is its own host: offload copies memory
         cpu = cpu_preset()
-        return cpu, Rank(bandwidth=cpu.bandwidth, link=cpu.bandwidth, per_op=cpu_per_op()), "this CPU, measured"
+        return cpu, Rank(bandwidth=cpu.bandwidth, link=cpu.bandwidth, host_link=cpu.bandwidth,
+                         host_adam=cpu.bandwidth / (ADAM_PASSES * 4), per_op=cpu_per_op()), "this CPU, measured"
     stand = find_preset(STAND_IN)
-    return stand, Rank(bandwidth=stand.bandwidth, link=LINKS[stand.name], per_op=LAUNCH), \
-        f"timed as an {STAND_IN} (no preset named)"
+    return stand, _gpu(stand), f"timed as an {STAND_IN} (no preset named)"
+
+
+def _gpu(preset: GpuPreset) -> Rank:
+    """A GPU preset's rank: its links to its peers and to the host (:data:`LINKS`, :data:`HOST_LINKS`)."""
+    return Rank(bandwidth=preset.bandwidth, link=LINKS.get(preset.name, 32e9),
+                host_link=HOST_LINKS.get(preset.name, 25e9), per_op=LAUNCH)
 
 
 @dataclass
@@ -187,7 +207,8 @@ class Search:
         dev: Device = self.estimate
         if setting.allocator and isinstance(dev, EstimateDevice):
             dev = with_allocator(dev, setting.allocator)
-        rule = FitRule.of(setting.parallel, world, fsdp_sync=setting.fsdp_sync or options.DEFAULT_FSDP_SYNC)
+        rule = FitRule.of(setting.parallel, world, fsdp_sync=setting.fsdp_sync or options.DEFAULT_FSDP_SYNC,
+                          offload=setting.offload)
         log.progress(f"settings search: {setting.label}")
         try:
             result = self.probe(replace(req.probe, rule=rule), wl, dev)
@@ -202,7 +223,8 @@ class Search:
         counts = count_micro_step(wl, dev, plan.micro_batch)
         micro = seconds(counts, self.preset) + counts.ops * self.rank.per_op
         t = step_time(setting, Work(micro_seconds=micro, micro_batch=plan.micro_batch, steps=plan.accumulation_steps,
-                                    param_bytes=shape.param_bytes, trainable_bytes=shape.trainable_bytes),
+                                    param_bytes=shape.param_bytes, trainable_bytes=shape.trainable_bytes,
+                                    trainable_count=shape.trainable_count),
                       self.rank, world)
         self.found.append((SettingRow(setting=setting, fits=True, max_micro_batch=result.max_micro_batch,
                                       micro_batch=plan.micro_batch, accumulation_steps=plan.accumulation_steps,
@@ -229,7 +251,8 @@ def search_settings(request: PlanRequest, workload: Workload, device: Device, pr
     search = Search(request=request, workload=workload, device=device, probe=probe, found=[])
     changes, dropped = usable_changes(allow, request.probe.workload)
     base = shape_of(workload, search.estimate)
-    for setting in candidates(request.world_size, base.blocks, base.count, changes):
+    gpu = getattr(search.estimate, "cuda_like", False) or device.torch_device.type == "cuda"
+    for setting in candidates(request.world_size, base.blocks, base.count, changes, offload=gpu):
         search.evaluate(setting)
     best = search.best()
     if best is not None and getattr(search.estimate, "simulates", False):  # the allocator moves only the max
@@ -246,6 +269,8 @@ def search_settings(request: PlanRequest, workload: Workload, device: Device, pr
              f"(autotune.planning.settings_search; {search.speed}), {time.process_time() - start:.1f} CPU-s"]
     if dropped:
         notes.append(dropped)
+    if not gpu:
+        notes.append("CPU offload not tried: on the CPU the host is the device, offload has nothing to move")
     if confirm is not None and not device.estimated and request.world_size == 1:
         order, said = confirm(order, plans, workload, device, request.probe.workload)
         notes.append(said)

@@ -36,7 +36,8 @@ class FitRule(Record):
     gradient-sized bucket, as DDP does for world sizes above 1) or "fsdp" (the model sharded over
     ``world_size`` ranks with ``fully_shard``, measured as rank ``rank``). ``fsdp_sync``: when FSDP
     reduce-scatters the gradients, after "every" micro-step or at the "last" one only ("auto": the one giving
-    the larger micro-batch).
+    the larger micro-batch). ``offload``: under FSDP, the sharded parameters, gradients and optimizer state live
+    on the host (FSDP2's ``CPUOffloadPolicy``), and the device holds only what is copied in for each unit.
 
     This is the fit rule's one record. Where it shards, :class:`autotune.probing.fsdp.Sharding` (made by
     ``Sharding.of(rule)``) is its runtime part, which needs torch: results stay torch-free.
@@ -47,6 +48,7 @@ class FitRule(Record):
     rank: Count = 0
     buckets: Annotated[bool, Rule(options.boolean)] = False
     fsdp_sync: Annotated[options.FsdpSync, one_of(options.FSDP_SYNCS)] = options.DEFAULT_FSDP_SYNC
+    offload: Annotated[bool, Rule(options.boolean)] = False
 
     def validate(self) -> None:
         if self.rank >= self.world_size:
@@ -57,18 +59,22 @@ class FitRule(Record):
         if self.parallel != "fsdp" and self.fsdp_sync != options.DEFAULT_FSDP_SYNC:
             raise BadInput("is FSDP's gradient sync", field="fsdp_sync", value=self.fsdp_sync,
                            fix="add {parallel='fsdp'}, or drop it")
+        if self.parallel != "fsdp" and self.offload:
+            raise BadInput("is FSDP's CPU offload", field="offload", value=True,
+                           fix="add {parallel='fsdp'}, or drop it")
 
     @classmethod
     def of(cls, parallel: str, world_size: int, *, rank: int = 0, buckets: bool | None = None,
-           fsdp_sync: str = options.DEFAULT_FSDP_SYNC) -> FitRule:
+           fsdp_sync: str = options.DEFAULT_FSDP_SYNC, offload: bool = False) -> FitRule:
         """The fit rule of ``world_size`` ranks: DDP holds its buckets when there are several (or as
-        ``buckets`` says), FSDP shards over them, its gradient sync as ``fsdp_sync`` says."""
+        ``buckets`` says), FSDP shards over them, its gradient sync as ``fsdp_sync`` says, its sharded state on
+        the host with ``offload``."""
         if parallel != "ddp":
             buckets = False
         elif buckets is None:
             buckets = world_size > 1
         return cls(parallel=options.parallel(parallel), world_size=world_size, rank=rank, buckets=bool(buckets),
-                   fsdp_sync=options.fsdp_sync(fsdp_sync))
+                   fsdp_sync=options.fsdp_sync(fsdp_sync), offload=offload)
 
     @property
     def sharded(self) -> bool:

@@ -36,14 +36,17 @@ class TrainSetting(Record):
     """One way to run the same training: how the ranks share the model (``parallel``, FSDP's gradient
     ``fsdp_sync``), which repeated blocks (``blocks``, a module pattern such as ``blocks.*``) run under
     activation checkpointing, every ``checkpoint_every``-th of them (0: none), the allocator setting added to
-    ``PYTORCH_CUDA_ALLOC_CONF``, and the number-changing ``changes`` the user allowed (``bf16``: bf16
-    weights; ``bf16-mixed``: autocast in the run; ``lora``: LoRA adapters on frozen weights)."""
+    ``PYTORCH_CUDA_ALLOC_CONF``, under FSDP whether ``offload`` keeps the sharded parameters, gradients and
+    optimizer state on the host (FSDP2's ``CPUOffloadPolicy``: the optimizer steps on the CPU), and the
+    number-changing ``changes`` the user allowed (``bf16``: bf16 weights; ``bf16-mixed``: autocast in the run;
+    ``lora``: LoRA adapters on frozen weights)."""
 
     parallel: Annotated[options.Parallel, one_of(options.PARALLEL)] = options.DEFAULT_PARALLEL
     fsdp_sync: str | None = None
     blocks: str | None = None
     checkpoint_every: Count = 0
     allocator: str = ""
+    offload: bool = False
     changes: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -51,14 +54,19 @@ class TrainSetting(Record):
             raise ValueError("checkpoint_every needs blocks: the modules checkpointed")
         if (self.fsdp_sync is not None) != (self.parallel == "fsdp"):
             raise ValueError(f"fsdp_sync {self.fsdp_sync} is for parallel fsdp only (and fsdp needs one)")
+        if self.offload and self.parallel != "fsdp":
+            raise ValueError("offload is FSDP's CPU offload: it needs parallel fsdp")
         unknown = set(self.changes) - set(ALLOWED)
         if unknown:
             raise ValueError(f"changes {sorted(unknown)} are none of {', '.join(ALLOWED)}")
 
     @property
     def label(self) -> str:
-        """``fsdp(last) + checkpoint blocks.* every 2nd + expandable_segments:True + lora``, as a table shows it."""
+        """``fsdp(sync last) + offload + checkpoint blocks.* every 2nd + expandable_segments:True + lora``, as a
+        table shows it."""
         parts = [self.parallel if self.fsdp_sync is None else f"fsdp(sync {self.fsdp_sync})"]
+        if self.offload:
+            parts.append("offload")
         if self.checkpoint_every:
             nth = "every block" if self.checkpoint_every == 1 else f"every {_ordinal(self.checkpoint_every)} block"
             parts.append(f"checkpoint {self.blocks} {nth}")

@@ -206,10 +206,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="study_name", metavar="NAME", verbs=PLAN, not_on={"service": _TUNING},
             help="optuna study for --tune (default: autotune-<probe>-<target>-<digest of the settings>)"),
     Setting(name="search_settings", type=bool, default=False, verbs=PLAN,
-            help="try the settings that do not change what is computed (ddp or fsdp and its gradient sync, activation "
-                 "checkpointing of none, every, or every 2nd repeated block, the allocator's expandable segments), "
-                 "each by estimate; rank them by a stated time model (roofline compute with recompute, collectives "
-                 "over the GPU's link) and plan the fastest; on a real device the best two are run and timed"),
+            help="try the settings that do not change what is computed (ddp or fsdp and its gradient sync, on a GPU "
+                 "fsdp with CPU offload, activation checkpointing of none, every, or every 2nd repeated block, the "
+                 "allocator's expandable segments), each by estimate; rank them by a stated time model (roofline "
+                 "compute with recompute, collectives over the GPU's link, offload's copies over PCIe and its "
+                 "optimizer step on the CPU) and plan the fastest; on a real device the best two are run and timed"),
     Setting(name="allow", metavar="LIST", verbs=PLAN, body={"max_length": 64},
             help="with --search-settings, also try these settings that change the numbers: bf16-mixed, bf16, lora "
                  "(bf16 and lora: a model by name, --model)"),

@@ -113,6 +113,9 @@ def fingerprint(workload: Workload, device: Device, request: ProbeRequest,
 #: How an FSDP fit rule is keyed in the fingerprint: the qualified name its runtime class had when the first entries
 #: were stored, kept so that they are still found whatever the class is called now.
 SHARDING_KEY = "autotune.probing.fsdp.FsdpRule"
+#: Fields of the FSDP rule added since the first entries were stored: written only when set, so that those entries
+#: (none of them offloaded) are still found.
+ADDED_LATER = ("offload", "host_apart")
 
 
 def rule_part(request: ProbeRequest) -> dict[str, Any]:
@@ -121,7 +124,8 @@ def rule_part(request: ProbeRequest) -> dict[str, Any]:
     sharding = Sharding.of(request.rule, request.precision)
     if sharding is None:
         return {"data_parallel": request.rule.buckets}
-    return {"sharding": {SHARDING_KEY: {f.name: plain(getattr(sharding, f.name)) for f in fields(sharding)}}}
+    return {"sharding": {SHARDING_KEY: {f.name: plain(getattr(sharding, f.name)) for f in fields(sharding)
+                                        if f.name not in ADDED_LATER or getattr(sharding, f.name)}}}
 
 
 def device_part(info: DeviceInfo) -> dict[str, Any]:

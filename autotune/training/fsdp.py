@@ -37,15 +37,18 @@ def mesh(device: torch.device) -> Iterator[Any]:
                 yield single
 
 
-def wrap(model: nn.Module, workload: Workload, device_mesh: Any, precision: str) -> nn.Module:
-    """``model`` (already on its device) sharded in place by the workload's units, then the root."""
-    return shard(model, workload.shard_units(model), device_mesh, precision)
+def wrap(model: nn.Module, workload: Workload, device_mesh: Any, precision: str, offload: bool = False) -> nn.Module:
+    """``model`` (already on its device) sharded in place by the workload's units, then the root; ``offload``:
+    with FSDP2's CPU offload (the shards and the optimizer step on the host)."""
+    return shard(model, workload.shard_units(model), device_mesh, precision, offload)
 
 
-def place(session: Session, host_model: nn.Module, workload: Workload, device_mesh: Any, precision: str
-          ) -> nn.Module:
-    """A copy of ``host_model`` sharded onto the session's device: this rank's shards only, counted."""
-    return sharded_model(session, lambda: copy.deepcopy(host_model), workload.shard_units, device_mesh, precision)
+def place(session: Session, host_model: nn.Module, workload: Workload, device_mesh: Any, precision: str,
+          offload: bool = False) -> nn.Module:
+    """A copy of ``host_model`` sharded onto the session's device: this rank's shards only, counted (``offload``:
+    on the host, FSDP's CPU offload)."""
+    return sharded_model(session, lambda: copy.deepcopy(host_model), workload.shard_units, device_mesh, precision,
+                         offload)
 
 
 def measured(session: Session) -> contextlib.AbstractContextManager[None]:

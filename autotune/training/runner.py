@@ -137,6 +137,7 @@ class _Run:
             self.ramp = BatchRamp(base, ramp, quantum=quantum)
         self.ddp, self.rank = distributed.active(), distributed.rank()
         self.fsdp = plan.parallel == "fsdp"
+        self.offload = self.fsdp and plan.setting is not None and plan.setting.offload  # FSDP's CPU offload
         # FSDP syncing every micro-step: no micro-step runs with gradient sync off
         self.no_sync = contextlib.nullcontext if plan.fsdp_sync == "every" else None
         self.sizes = list(plan.schedule[self.rank])
@@ -163,7 +164,7 @@ class _Run:
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` as the run trains it: sharded (FSDP), in DistributedDataParallel, or as it is."""
         if self.fsdp:
-            return sharded.wrap(model, self.workload, self.mesh, self.precision)
+            return sharded.wrap(model, self.workload, self.mesh, self.precision, self.offload)
         return distributed.wrap(model, self.device.torch_device) if self.ddp else model
 
     def gradient(self, sizes: list[int], global_batch: Any, start: int) -> Check:
@@ -189,7 +190,8 @@ class _Run:
         """The run itself, in ``session``: ``steps`` optimizer steps, each recorded."""
         if self.fsdp:
             self.scope.enter_context(sharded.measured(session))
-            model = trained = sharded.place(session, self.host_model, self.workload, self.mesh, self.precision)
+            model = trained = sharded.place(session, self.host_model, self.workload, self.mesh, self.precision,
+                                            self.offload)
         else:
             model = session.model(lambda: copy.deepcopy(self.host_model))
             trained = self.wrap(model)
@@ -281,6 +283,9 @@ def _notes(run: _Run, kind: str, world: int) -> tuple[str, ...]:
     if run.fsdp:
         notes.append(f"FSDP: the model sharded over {plural(world, 'rank')} with fully_shard ({run.precision} "
                      "policy); gradients and parameters compared as gathered from the shards")
+    if run.offload:
+        notes.append("CPU offload: the shards of the parameters, gradients and optimizer state on the host "
+                     "(CPUOffloadPolicy), the optimizer step on the CPU")
     return tuple(notes)
 
 

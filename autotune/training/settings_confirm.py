@@ -19,6 +19,9 @@ def confirmed(order: list[SettingRow], plans: dict[TrainSetting, Plan | None], w
     """The winner and runner-up each run once for real (the fit rule at its micro-batch, then timed optimizer
     steps); the order of the two as measured, and a note saying so."""
     top = [r for r in order[:2] if r.fits]
+    sharded = [r.setting.label for r in top if r.setting.parallel == "fsdp"]
+    if sharded:  # the timed steps run the model as one process holds it, unsharded
+        return order, f"not confirmed by real steps: the timed steps do not run {' or '.join(sharded)}"
     measured: dict[TrainSetting, SettingRow] = {}
     for row in top:
         plan = plans[row.setting]

@@ -73,3 +73,66 @@ def test_what_a_format_cannot_hold_is_said() -> None:
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in notes)
     assert any("LoRA" in n for n in notes)
     assert setting_notes(make_plan(8, 2, world_size=1), "hf") == []
+
+
+OFFLOAD = TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True)
+
+
+@pytest.mark.slow  # transformers' import
+def test_hf_training_arguments_take_the_offload(tmp_path) -> None:
+    import transformers
+
+    data = export(chosen(OFFLOAD, world_size=2), "hf")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
+                                          **data)
+    assert args.fsdp_plugin_args["cpu_offload"] is True and args.fsdp_plugin_args["fsdp_version"] == 2
+
+
+@pytest.mark.slow  # Lightning's import
+def test_lightning_trainer_takes_fsdp_with_cpu_offload() -> None:
+    import lightning.pytorch as lightning
+    from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
+
+    data = export(chosen(OFFLOAD, world_size=2), "lightning")
+    # Lightning's FSDP needs a GPU accelerator to build a Trainer; the name resolves as the Trainer resolves it
+    with pytest.raises(ValueError, match="requires a GPU accelerator"):
+        lightning.Trainer(**data["trainer"], accelerator="cpu", devices=2, logger=False)
+    strategy = StrategyRegistry.get(data["trainer"]["strategy"])
+    assert isinstance(strategy, FSDPStrategy) and strategy.cpu_offload.offload_params
+
+
+@pytest.mark.slow  # Accelerate's import
+def test_accelerate_launch_gives_fsdp2_its_cpu_offload(tmp_path, monkeypatch) -> None:
+    import yaml
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    config = export(chosen(OFFLOAD, world_size=2), "accelerate")["config"]
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "num_processes": 2, "use_cpu": True,
+                                    "mixed_precision": "no", **config}))
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "x.py"]))
+    for name, value in prepare_multi_gpu_env(args).items():
+        if name.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.setenv(name, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
+
+
+@pytest.mark.slow  # Accelerate's import
+def test_deepspeed_offloads_the_optimizer_and_parameters_under_zero_3() -> None:
+    from accelerate.utils.deepspeed import HfDeepSpeedConfig  # DeepSpeed's config as Accelerate and HF read it
+
+    data = export(chosen(OFFLOAD, world_size=2), "deepspeed")
+    config = HfDeepSpeedConfig(data)
+    assert config.is_zero3() and config.is_offload()
+    assert data["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert data["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert "offload" not in json_keys(export(chosen(TrainSetting(parallel="fsdp", fsdp_sync="every"), 2), "deepspeed"))
+
+
+def json_keys(data: object) -> str:
+    import json
+
+    return json.dumps(data)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.planning.settings_search import Rank, Work, candidates, ranked, step_time
@@ -12,24 +14,29 @@ def labels(settings: list[TrainSetting]) -> list[str]:
     return [s.label for s in settings]
 
 
-def test_one_rank_tries_checkpointing_only_and_never_a_change_not_allowed() -> None:
+def test_one_rank_tries_checkpointing_and_offload_only_and_never_a_change_not_allowed() -> None:
     assert labels(candidates(1, "blocks.*", 6)) == [
-        "ddp", "ddp + checkpoint blocks.* every block", "ddp + checkpoint blocks.* every 2nd block"]
-    assert labels(candidates(1, "blocks.*", 3)) == ["ddp", "ddp + checkpoint blocks.* every block"]
-    assert labels(candidates(1, None, 0)) == ["ddp"]
+        "ddp", "fsdp(sync every) + offload", "ddp + checkpoint blocks.* every block",
+        "fsdp(sync every) + offload + checkpoint blocks.* every block", "ddp + checkpoint blocks.* every 2nd block",
+        "fsdp(sync every) + offload + checkpoint blocks.* every 2nd block"]
+    assert labels(candidates(1, "blocks.*", 3))[::2] == ["ddp", "ddp + checkpoint blocks.* every block"]
+    assert labels(candidates(1, None, 0)) == ["ddp", "fsdp(sync every) + offload"]
+    assert labels(candidates(1, None, 0, offload=False)) == ["ddp"]  # the CPU: its host is the device
     assert all(not s.changes for s in candidates(8, "blocks.*", 6))
 
 
 def test_several_ranks_try_fsdp_and_allowed_changes_each_alone_and_together() -> None:
     found = candidates(4, None, 0, ("bf16-mixed", "lora"))
-    assert labels(found[:3]) == ["ddp", "fsdp(sync last)", "fsdp(sync every)"]
+    assert labels(found[:4]) == ["ddp", "fsdp(sync last)", "fsdp(sync every)", "fsdp(sync every) + offload"]
+    assert all(s.parallel == "fsdp" for s in found if s.offload)
     assert {s.changes for s in found} == {(), ("bf16-mixed",), ("lora",), ("bf16-mixed", "lora")}
     assert ("bf16", "bf16-mixed") not in {s.changes for s in candidates(2, None, 0, ("bf16-mixed", "bf16"))}
 
 
 GB = 1e9
-RANK = Rank(bandwidth=1000 * GB, link=100 * GB)
-WORK = Work(micro_seconds=0.5, micro_batch=8, steps=4, param_bytes=10 * GB, trainable_bytes=10 * GB)
+RANK = Rank(bandwidth=1000 * GB, link=100 * GB, host_link=25 * GB, host_adam=1e9)
+WORK = Work(micro_seconds=0.5, micro_batch=8, steps=4, param_bytes=10 * GB, trainable_bytes=10 * GB,
+            trainable_count=int(2.5e9))
 
 
 @pytest.mark.parametrize(("setting", "world", "communication", "optimizer"), [
@@ -42,6 +49,36 @@ def test_the_time_model_of_a_step(setting: TrainSetting, world: int, communicati
     t = step_time(setting, WORK, RANK, world)
     assert t.compute == pytest.approx(2.0)
     assert (t.communication, t.optimizer) == (pytest.approx(communication), pytest.approx(optimizer))
+    assert t.host == 0.0
+
+
+@pytest.mark.parametrize(("world", "host"), [
+    # each micro-step: 2 all-gathers copy the rank's parameter shard in (2 x 10 GB / W), the reduce-scatter copies its
+    # gradient shard out (10 GB / W), at 25 GB/s
+    (4, 4 * (2 * 2.5 + 2.5) / 25),
+    (1, 4 * (2 * 10 + 10) / 25),
+])
+def test_offload_adds_its_pcie_copies_and_the_hosts_adam_step(world: int, host: float) -> None:
+    setting = TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True)
+    t, kept = step_time(setting, WORK, RANK, world), step_time(replace(setting, offload=False), WORK, RANK, world)
+    assert t.host == pytest.approx(host)
+    assert t.communication == pytest.approx(kept.communication)  # the all-gathers and reduce-scatters as before
+    # the host steps every rank's shard (one host serves the ranks): 2.5e9 parameters at 1e9 a second
+    assert t.optimizer == pytest.approx(2.5)
+    assert t.total > kept.total
+
+
+def test_offload_says_it_trades_speed_for_memory() -> None:
+    offload = TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True)
+    rows = ranked([SettingRow(setting=TrainSetting(parallel="fsdp", fsdp_sync="every"), fits=True, max_micro_batch=2,
+                              micro_batch=2, accumulation_steps=4, samples_per_second=100.0),
+                   SettingRow(setting=offload, fits=True, max_micro_batch=8, micro_batch=8, accumulation_steps=1,
+                              samples_per_second=40.0)])
+    assert rows[1].setting == offload and "slower by 150%" in rows[1].why and "offload" in rows[1].why
+    alone = ranked([SettingRow(setting=TrainSetting(), fits=False, max_micro_batch=0, why="does not fit: 9 GiB"),
+                    SettingRow(setting=offload, fits=True, max_micro_batch=8, micro_batch=8, accumulation_steps=1,
+                               samples_per_second=40.0)])
+    assert alone[0].setting == offload and "the only setting that fits" in alone[0].why
 
 
 def test_the_ranking_puts_what_fits_first_and_says_why_each_lost() -> None:

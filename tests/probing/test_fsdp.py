@@ -456,3 +456,97 @@ def test_fsdp_sync_is_refused_without_fsdp_on_every_surface(capsys):
     assert main(["plan", "--target-batch", "64", "--probe", "mlp", "--device", "cpu", "--fsdp-sync", "last"]) == 2
     err = capsys.readouterr().err
     assert "--fsdp-sync 'last' is FSDP's gradient sync and --parallel is ddp: add --parallel fsdp" in err, err
+
+
+# -- CPU offload ---------------------------------------------------------------------------------------------
+
+
+def _host_bytes_expected(model: nn.Module, world_size: int, *, every: bool) -> int:
+    """What FSDP's CPU offload keeps on the host of rank 0 at most, from the parameters' shapes alone: each
+    parameter's padded dim-0 shard, its gradient shard, AdamW's two moments of the shard and its step counter
+    (one fp32 scalar); syncing every micro-step, one more gradient shard while a copy is added in."""
+    total, largest = 0, 0
+    for p in model.parameters():
+        rows = -(-p.shape[0] // world_size) if p.dim() else 1
+        shard = min(rows, p.shape[0] if p.dim() else 1) * (p[0].numel() if p.dim() else 1) * p.element_size()
+        padded = rows * (p[0].numel() if p.dim() else 1) * p.element_size()
+        total += padded + 3 * shard + 4
+        largest = max(largest, shard)
+    return total + (largest if every else 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("engine", "every"), [("meta", False), ("meta", True), ("fake", True)])
+def test_offload_estimate_is_the_real_cpu_run_with_the_host_told_apart(gpt, engine, every, monkeypatch):
+    from autotune.devices.estimate import EstimateDevice
+    from autotune.probing import fsdpoffload
+
+    hosts: list = []
+
+    class Kept(fsdpoffload.Host):
+        def __init__(self, tracker):
+            super().__init__(tracker)
+            hosts.append(self)
+
+    monkeypatch.setattr(fsdpoffload, "Host", Kept)
+    rule = Sharding(2, sync_every=every, offload=True, host_apart=True)
+    real = _measure(get_device("cpu"), gpt, 4, rule)
+    estimate = EstimateDevice(capacity=1024**3, round_to=1, cuda_like=False, engine=engine)
+    est = _measure(estimate, gpt, 4, rule)
+    assert estimate.engine == engine and estimate.fallback is None  # FSDP's own offload code ran on shape-only tensors
+    assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline and est.breakdown == real.breakdown
+    # What the real run's host holds is exactly the shards and AdamW's state, as the parameters' shapes give them.
+    assert hosts[0].peak_bytes == _host_bytes_expected(gpt.make_model(), 2, every=every)
+    assert real.breakdown["optimizer_state"] == 0
+    # The device holds less than without offload by at least AdamW's state.
+    plain = _measure(get_device("cpu"), gpt, 4, Sharding(2, sync_every=every))
+    assert real.peak_bytes <= plain.peak_bytes - plain.breakdown["optimizer_state"]
+
+
+@pytest.mark.slow
+def test_offload_on_the_cpu_counts_everything_as_the_cpu_is_the_host(gpt):
+    cpu = get_device("cpu")
+    assert _measure(cpu, gpt, 4, Sharding(2, offload=True)).peak_bytes == _measure(cpu, gpt, 4, Sharding(2)).peak_bytes
+
+
+@pytest.mark.slow
+def test_a_gpu_estimate_with_offload_holds_less_and_stays_on_meta(gpt):
+    from autotune.devices.estimate import EstimateDevice
+
+    peaks = {}
+    for offload in (False, True):
+        estimate = EstimateDevice(capacity=1024**3, cuda_like=True)
+        peaks[offload] = _measure(estimate, gpt, 4, Sharding(2, sync_every=True, offload=offload)).peak_bytes
+        assert estimate.engine == "meta" and estimate.fallback is None
+    assert peaks[True] < peaks[False]
+
+
+def test_offload_is_refused_without_fsdp():
+    from autotune.results.request import FitRule
+
+    with pytest.raises(BadInput, match="offload.*CPU offload"):
+        FitRule(offload=True)
+    assert Sharding.of(FitRule.of("fsdp", 2, offload=True)).offload
+
+
+@pytest.mark.slow
+def test_the_host_check_fails_where_gradients_are_left_on_the_device(gpt, monkeypatch):
+    """Plant the bug: FSDP's copies of the gradient shards to the host stay on the device."""
+    from autotune.probing import fsdpoffload
+
+    hosts: list = []
+
+    class Leaky(fsdpoffload.Host):
+        def __init__(self, tracker):
+            super().__init__(tracker)
+            hosts.append(self)
+
+        def copy_out(self, t):
+            return t
+
+    monkeypatch.setattr(fsdpoffload, "Host", Leaky)
+    rule = Sharding(2, sync_every=True, offload=True, host_apart=True)
+    leaky = _measure(get_device("cpu"), gpt, 4, rule)
+    assert hosts[0].peak_bytes != _host_bytes_expected(gpt.make_model(), 2, every=True)
+    monkeypatch.undo()
+    assert leaky.peak_bytes > _measure(get_device("cpu"), gpt, 4, rule).peak_bytes

@@ -114,3 +114,43 @@ def test_a_hugging_face_model_checkpointed_under_fsdp_is_estimated() -> None:
     found = autotune.probe(checkpointed(wl, "model.layers.*"), device="estimate:H100-80GB", parallel="fsdp",
                            world_size=8, fsdp_sync="last", max_batch=2)
     assert found.max_micro_batch == 2
+
+
+class Wide(nn.Module):
+    """Six blocks of 2.1M parameters each: AdamW's state and gradients beside the parameters (16 bytes a
+    parameter, 200 MB) exceed a GPU budget that holds two blocks in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+                                    for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_on_a_gpu_where_nothing_else_fits_offload_is_chosen_and_says_so() -> None:
+    wl = Workload(name="wide", model=Wide, batch=lambda n, g: torch.randn(n, 4, 512, generator=g),
+                  loss=lambda m, x: m(x).pow(2).mean())
+    budget = "760MiB"  # 640 MiB of it a CUDA context's
+    dev = get_device("estimate:A10G-24GB", memory_budget=parse_size(budget))
+    request = plan_request(8, probe=wl, device=dev, memory_budget=budget)
+    plan = plan_for(replace(request, search=SettingsAsk(confirm=False)), given=GivenObjects(wl, dev))
+    assert plan.setting is not None and plan.setting.offload and plan.parallel == "fsdp"
+    assert plan.settings[0].why.endswith("nothing fits without CPU offload")
+    assert all(not r.fits for r in plan.settings[1:] if not r.setting.offload)
+    assert plan.probe is not None and any("CPU offload" in n for n in plan.probe.notes)
+
+
+def test_the_confirmation_does_not_time_an_fsdp_row_unsharded() -> None:
+    from autotune.results.search import SettingRow, TrainSetting
+    from autotune.training.settings_confirm import confirmed
+
+    rows = [SettingRow(setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True), fits=True,
+                       max_micro_batch=4, micro_batch=4, accumulation_steps=2, samples_per_second=9.0, why="fastest"),
+            SettingRow(setting=TrainSetting(), fits=True, max_micro_batch=2, micro_batch=2, accumulation_steps=4,
+                       samples_per_second=5.0, why="slower by 80%")]
+    order, note = confirmed(rows, {r.setting: None for r in rows}, stack(), get_device("cpu"), None)
+    assert order == rows and "not confirmed by real steps" in note and "fsdp(sync every) + offload" in note

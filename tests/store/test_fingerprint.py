@@ -99,6 +99,18 @@ def test_fsdps_rule_is_written_out_in_the_parts():
     assert every.digest != fingerprint(tiny(), estimate(), asked(parallel="fsdp", world_size=2, rank=1)).digest
 
 
+def test_fsdps_cpu_offload_changes_the_fingerprint_and_leaves_the_others_as_stored():
+    from dataclasses import replace
+
+    plain = asked(parallel="fsdp", world_size=2, fsdp_sync="every")
+    offloaded = replace(plain, rule=replace(plain.rule, offload=True))
+    parts = fingerprint(tiny(), estimate(), offloaded).components["rule"]["sharding"]["autotune.probing.fsdp.FsdpRule"]
+    assert parts["offload"] is True and "host_apart" not in parts
+    assert "offload" not in fingerprint(tiny(), estimate(), plain).components["rule"]["sharding"][
+        "autotune.probing.fsdp.FsdpRule"]
+    assert fingerprint(tiny(), estimate(), offloaded).digest != fingerprint(tiny(), estimate(), plain).digest
+
+
 def test_the_allocator_settings_change_the_fingerprint(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     before = digest()

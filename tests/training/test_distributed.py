@@ -346,3 +346,29 @@ def test_a_batch_ramp_under_fsdp_grows_and_verifies_every_phase():
     checks = {c["name"]: c for c in result["verification"]["checks"]}
     assert result["verification"]["passed"], checks
     assert checks["phase_gradients"]["value"] <= 1e-5 and checks["batch_schedule"]["passed"]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_train_under_fsdp2s_cpu_offload_and_verify(tmp_path):
+    """``autotune run --settings FILE`` of a plan whose chosen setting is FSDP with CPU offload, on two CPU ranks:
+    FSDP2 runs with CPUOffloadPolicy (the CPU is its own host) and the verification holds."""
+    from dataclasses import replace
+
+    from autotune import api
+    from autotune.results.search import TrainSetting
+    from autotune.serial import dumps
+
+    plan = api.plan(1020, probe="mlp", device="cpu", memory_budget="2.6MB", parallel="fsdp", world_size=2,
+                    fsdp_sync="every")
+    assert plan.accumulation_steps >= 2
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(replace(plan, setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True))
+                          .to_dict()))
+    done = torchrun("-m", "autotune", "run", "--settings", str(path), "--steps", "2", "--json", "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    checks = {c["name"]: c for c in result["verification"]["checks"]}
+    assert result["verification"]["passed"], [c["message"] for c in checks.values() if not c["passed"]]
+    assert checks["gradient_equivalence"]["value"] <= 1e-5
+    assert checks["reduce_scatter_rounds"]["value"] == plan.accumulation_steps  # one a micro-step
+    assert any("CPU offload" in n for n in result["notes"])

@@ -84,3 +84,50 @@ def test_a_run_holds_no_more_than_the_fit_rule_however_many_micro_steps(workload
     assert result.plan.accumulation_steps >= 13
     assert result.peak_bytes == result.predicted_peak_bytes
     assert result.passed, [c.message for c in result.verification.checks if not c.passed]
+
+
+def _offload_plan(tmp_path):
+    """A plan whose chosen setting is FSDP syncing every micro-step with CPU offload, on one CPU rank."""
+    from autotune import api
+    from autotune.results.search import TrainSetting
+
+    plan = api.plan(400, probe="mlp", device="cpu", memory_budget="2600KB", parallel="fsdp", fsdp_sync="every")
+    return replace(plan, setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True))
+
+
+@pytest.mark.slow
+def test_a_plan_with_offload_trains_under_fsdp2s_cpu_offload_and_verifies(tmp_path, monkeypatch):
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from autotune import api
+    from autotune.probing import fsdpoffload
+
+    policies: list = []
+    real = fsdpoffload.offload_policy
+    monkeypatch.setattr(fsdpoffload, "offload_policy", lambda kind: policies.append(real(kind)) or policies[-1])
+    plan = _offload_plan(tmp_path)
+    assert plan.accumulation_steps >= 4
+    result = api.run(plan=plan, probe="mlp", device="cpu", steps=2)
+    assert result.passed, [c.message for c in result.verification.checks if not c.passed]
+    assert policies and all(isinstance(p, CPUOffloadPolicy) and not p.pin_memory for p in policies)
+    assert any("CPU offload" in n for n in result.notes)
+
+
+@pytest.mark.slow
+def test_the_verification_catches_offloaded_gradients_not_accumulated(tmp_path, monkeypatch):
+    """Plant the bug: each reduce-scatter's gradient replaces the host's sum instead of adding to it."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from autotune import api
+
+    reduce = _fsdp_param_group.foreach_reduce
+
+    def replacing(fsdp_params, *args, **kwargs):
+        for param in fsdp_params:
+            param.sharded_param.grad = None
+        return reduce(fsdp_params, *args, **kwargs)
+
+    monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", replacing)
+    result = api.run(plan=_offload_plan(tmp_path), probe="mlp", device="cpu", steps=1)
+    assert not result.passed
+    assert not next(c for c in result.verification.checks if c.name == "gradient_equivalence").passed
