@@ -182,6 +182,8 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Sto
                ranks: tuple[DeviceInfo, ...] | None) -> ProbeResult:
     """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
     device when they differ (the store's fingerprint covers them)."""
+    from .probing import finder
+    from .probing.fitrule import MeasuredTrial
     from .probing.fsdpsync import probe_chosen
 
     def probed(asked: ProbeRequest) -> ProbeResult:
@@ -192,8 +194,12 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Sto
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
         return cached.probe_through_store(plan_store, asked, wl, dev, ranks=ranks)
 
+    def one_size(asked: ProbeRequest, batch: int) -> MeasuredTrial:
+        return finder.fit_rule_at(wl, dev, batch, asked)
+
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose
-    result = probe_chosen(probed, request, estimated=dev.estimated) if chosen else probed(request)
+    result = probe_chosen(probed, request, estimated=dev.estimated, one_size=one_size) if chosen else \
+        probed(request)
     facts = getattr(wl, "facts", None)  # a model by name says what it is, by the name the request gives it
     return replace(result, source=request.workload, model=named_as(facts(), request.workload) if callable(facts)
                    else None)

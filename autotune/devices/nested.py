@@ -50,7 +50,8 @@ def make_view_dummy() -> None:
         from torch.nested._internal.nested_tensor import _nt_view_dummy
     except ImportError:  # a torch that makes none
         return
-    _nt_view_dummy()
+    with disable_current_modes():  # (made outside any FakeTensorMode the first measurement runs under)
+        _nt_view_dummy()
 
 
 def to_meta(t: torch.Tensor, copy: Callable[[torch.Tensor], torch.Tensor], move: Move) -> torch.Tensor:

@@ -34,6 +34,7 @@ from ..devices.base import Device, own_random_state
 from ..devices.estimate import EstimateDevice
 from ..errors import DoesNotFit, EstimateUnavailable, WorkloadError
 from ..results.probe import ProbeResult, Trial
+from ..results.request import ProbeRequest
 from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
@@ -64,6 +65,16 @@ class Estimate:
     max: int
     curve: EstimateCurve
     note: str | None = None
+
+
+def fit_rule_at(workload: Workload, device: Device, batch: int, request: ProbeRequest) -> MeasuredTrial:
+    """The fit rule of ``request`` evaluated once, at ``batch``, on ``device`` (an estimate), as its probe's search
+    evaluates a size."""
+    usable = options.usable_bytes(device.capacity_bytes(), options.margin(request.margin))
+    with getattr(device, "standing_in", contextlib.nullcontext)():
+        workload = isolate(workload)
+    rule = request.rule
+    return TrialRunner(device, workload, usable, "estimate", [], rule.buckets, Sharding.of(rule))(batch)
 
 
 def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = options.MARGIN,

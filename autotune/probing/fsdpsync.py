@@ -9,7 +9,10 @@ unsharded gradient outlives its unit's backward; it costs one reduce-scatter a
 micro-step instead of one a step, and on few ranks (where a shard is most of a
 gradient) the sharded sum beside each micro-step's reduce-scatter can hold more
 than deferring does. "auto" probes both and takes the larger max micro-batch,
-"last" on a tie (fewer collectives); the result says what the other gave. On a
+"last" on a tie (fewer collectives); the result says what the other gave. On an
+estimate, "auto" probes "every" first and evaluates "last" once, at that max
+micro-batch: where "last" does not fit it there, "every" is taken and the result
+says what "last" needs there (a probe of "last" follows only where it fits). On a
 real device, where each probe costs a real run, "auto" probes "last" and
 probes "every" only when "last" does not fit a micro-batch of 1.
 """
@@ -23,16 +26,24 @@ from ..errors import DoesNotFit, first_line
 from ..results.probe import ProbeResult
 from ..results.request import ProbeRequest
 from ..units import format_bytes
+from .fitrule import MeasuredTrial
 
 Probe = Callable[[ProbeRequest], ProbeResult]
+OneSize = Callable[[ProbeRequest, int], MeasuredTrial]
 
 
-def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool) -> ProbeResult:
+def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
+                 one_size: OneSize | None = None) -> ProbeResult:
     """``probe`` of ``request`` with its ``fsdp_sync`` measured when it is "every" or "last", chosen when it is
-    "auto" (see the module; ``estimated``: the device is an estimate, whose probes run nothing real). Raises
-    the "last" probe's DoesNotFit when neither fits a micro-batch of 1."""
+    "auto" (see the module; ``estimated``: the device is an estimate, whose probes run nothing real;
+    ``one_size(request, b)``: its fit rule evaluated at micro-batch ``b`` alone). Raises the "last" probe's
+    DoesNotFit when neither fits a micro-batch of 1."""
     if not request.rule.sharded or request.rule.fsdp_sync != "auto":
         return probe(request)
+    if estimated and one_size is not None:
+        every = _every_unless_last_fits(probe, one_size, request)
+        if every is not None:
+            return every
     found: dict[str, ProbeResult | DoesNotFit] = {}
     for sync in ("last", "every"):
         try:
@@ -54,6 +65,23 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool) -> Pro
     return _noted(every, f"FSDP gradient sync after every micro-step (chosen: max micro-batch "
                          f"{every.max_micro_batch}; syncing at the last micro-step only, which holds the unsharded "
                          f"gradients between micro-steps, {_gives(last, every.max_micro_batch)})")
+
+
+def _every_unless_last_fits(probe: Probe, one_size: OneSize, request: ProbeRequest) -> ProbeResult | None:
+    """The "every" probe, chosen, where "last" does not fit its max micro-batch (one evaluation of "last"
+    says so); None where "every" does not fit 1 or "last" fits as many (both are then probed)."""
+    try:
+        every = probe(request.with_rule(fsdp_sync="every"))
+    except DoesNotFit:
+        return None
+    at = every.max_micro_batch
+    last = one_size(request.with_rule(fsdp_sync="last"), at)
+    if last.fits:
+        return None
+    needs = "out of memory" if last.peak_bytes is None else format_bytes(last.peak_bytes)
+    return _noted(every, f"FSDP gradient sync after every micro-step (chosen: max micro-batch {at}; syncing at "
+                         f"the last micro-step only, which holds the unsharded gradients between micro-steps, needs "
+                         f"{needs} at {at}, over the usable {format_bytes(every.usable_bytes)})")
 
 
 def _gives(other: ProbeResult | DoesNotFit, at: int | None = None) -> str:

@@ -18,6 +18,7 @@ from autotune.errors import BadInput, ProbeFileError, WorkloadError
 from autotune.probing import fsdp
 from autotune.probing.fitrule import fit_rule_work, run_trial
 from autotune.probing.fsdp import Sharding, fake_engine, fake_mesh
+from autotune.units import format_bytes
 from autotune.workload import Workload
 
 from ..helpers import fake_groups, held_bytes
@@ -420,6 +421,32 @@ def test_fsdp_sync_auto_takes_every_micro_step_where_the_deferred_sync_does_not_
     assert chosen.fsdp_sync == "every" and chosen.max_micro_batch == every.max_micro_batch > 1
     assert any("sync after every micro-step (chosen" in n and "last micro-step only" in n and "does not fit" in n
                for n in chosen.notes), chosen.notes
+
+
+def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it_does_not_fit(monkeypatch):
+    """On an estimate, "auto" probes "every" and evaluates "last" once, at that max micro-batch: it does not fit
+    there, so "every" is chosen with what "last" needs there (the figure of that one evaluation)."""
+    from autotune import api
+    from autotune.probing import finder
+
+    asked = dict(device="estimate", memory_budget="700MiB", parallel="fsdp", world_size=8, max_batch=100000)
+    evaluated: list[tuple[int, int | None]] = []
+    measure = finder.fit_rule_at
+
+    def once(*args):
+        trial = measure(*args)
+        evaluated.append((args[2], trial.peak_bytes))
+        return trial
+
+    monkeypatch.setattr(finder, "fit_rule_at", once)
+    chosen = api.probe(_wide(), **asked)
+    every = api.probe(_wide(), fsdp_sync="every", **asked)
+    last = api.probe(_wide(), fsdp_sync="last", **asked)
+    assert chosen.fsdp_sync == "every" and chosen.max_micro_batch == every.max_micro_batch > last.max_micro_batch
+    [(at, needs)] = evaluated
+    assert at == every.max_micro_batch and needs is not None and needs > chosen.usable_bytes
+    assert len(chosen.trials) == len(every.trials)  # no probe of "last" beside it
+    assert any(f"needs {format_bytes(needs)} at {at}, over the usable" in n for n in chosen.notes), chosen.notes
 
 
 def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_which(tmp_path):
