@@ -35,6 +35,9 @@ def main() -> None:
                         help="the estimate's engine (FSDP ran under FakeTensorMode only, before issue 40 item 1)")
     parser.add_argument("--warm", action="store_true",
                         help="evaluate once first, unprofiled (torch's caches warm, as at a probe's later sizes)")
+    parser.add_argument("--replay", action="store_true",
+                        help="evaluate as the probe does a model of identical blocks: through the model cut to 2 "
+                             "and 3 of them (autotune.probing.blockreplay), the whole model's trace built from theirs")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--output", default=None, help="also write the profile here (for pstats or snakeviz)")
     args = parser.parse_args()
@@ -44,12 +47,14 @@ def main() -> None:
     sharding = Sharding(args.world_size, sync_every=args.every) if args.fsdp else None
     if args.engine == "fake":
         device = fake_engine(device)
+    evaluate = _replayed(device, workload, sharding) if args.replay else \
+        (lambda b: device.measure(fit_rule_work(workload, b, sharding=sharding), enforce_capacity=False)[1])
     if args.warm:
-        device.measure(fit_rule_work(workload, args.batch + 1, sharding=sharding), enforce_capacity=False)
+        evaluate(args.batch + 1)
     profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little
     begin = time.process_time()
     profile.enable()
-    _, m = device.measure(fit_rule_work(workload, args.batch, sharding=sharding), enforce_capacity=False)
+    m = evaluate(args.batch)
     profile.disable()
     seconds = time.process_time() - begin
     print(f"one evaluation at micro-batch {args.batch}: {seconds:.1f} CPU s under cProfile, engine {device.engine}, "
@@ -60,6 +65,27 @@ def main() -> None:
     for key in ("tottime", "cumulative"):
         print(f"\n## by {key}")
         stats.sort_stats(key).print_stats(args.top)
+
+
+def _replayed(device, workload, sharding):
+    import torch
+
+    from autotune.probing.blockreplay import replayed_trial
+    from autotune.probing.blocks import identical_blocks
+
+    with device.standing_in(), torch.device("meta"):
+        blocks, why = identical_blocks(workload.make_model())
+    if blocks is None:
+        raise SystemExit(f"no block replay: {why}")
+
+    def evaluate(batch: int):
+        done = replayed_trial(device, workload, blocks, batch, 2**62, source="estimate", cuts=(2, 3),
+                              sharding=sharding)
+        if done is None:
+            raise SystemExit("the blocks did not replay (their pattern did not rebuild the cut traces)")
+        return done.measurement
+
+    return evaluate
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
-"""An estimate of a model with N identical blocks evaluated through 2 and 3 of them.
+"""An estimate of a model with N identical blocks evaluated through 2, 3 and 4 of them.
 
 An LLM's fit rule spends its time in its blocks: every op of 32 (80) layers'
 forward, recompute and backward, four micro-steps, through the tracker. When
 the blocks are identical (:mod:`autotune.probing.blocks`), the estimate runs
-the fit rule on the model cut to its first 2 and its first 3 blocks, each
-event of their traces tagged with its block by a :class:`BlockRecorder`, and
-builds the whole model's trace from them (:mod:`autotune.probing.blocktrace`),
-exactly: only when the 3-block trace's pattern rebuilds the 2-block trace to the
-byte. The caching-allocator simulation then replays the whole model's trace, as
-it would an evaluation's. Where the pattern does not hold, the model is
-evaluated whole (the caller's fallback), and the probe says so.
+the fit rule on the model cut to its first 3 blocks, and to its first 2 (and,
+at a probe's first size, 4), each event of their traces tagged with its block
+by a :class:`BlockRecorder`, and builds the whole model's trace from the
+3-block one (:mod:`autotune.probing.blocktrace`), taken only when the same
+pattern rebuilds the 2-block (and 4-block) trace to the byte. The caching-
+allocator simulation then replays the whole model's trace, as it would an
+evaluation's. Where the pattern does not hold, the model is evaluated whole
+(the caller's fallback), and the probe says so.
+
+What no cut shows is assumed away: a block whose work differs by its own index
+beyond the fourth (its code reading ``layer_idx`` to do more) is not seen;
+blocks that differ in class, shapes, hooks or plain attributes are
+(:func:`autotune.probing.blocks.identical_blocks`).
 """
 
 from __future__ import annotations
@@ -265,8 +271,8 @@ def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event]
     tracked, breakdown, timeline = walk(trace, categories, getattr(device, "round_to", 1))
     notes = tuple(_scaled(a, b, count) for a, b in zip(two.notes, three.notes)
                   if not b.startswith("the simulated caching allocator runs out"))
-    notes += (f"{count} identical blocks estimated through the model cut to 2 and 3 of them: their pattern "
-              "rebuilds the cut models' allocation traces to the byte",)
+    notes += (f"{count} identical blocks estimated through the model cut to 2, 3 and 4 of them: the 3-block "
+              "allocation trace's pattern rebuilds the others to the byte",)
     if r.out_of_memory:
         notes += (f"the simulated caching allocator runs out of memory at {format_bytes(device.capacity_bytes())}"
                   f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)

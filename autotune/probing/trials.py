@@ -12,9 +12,19 @@ from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
 from .blockreplay import found_blocks, replayed_trial
+from .blocks import Blocks
 from .fitrule import MeasuredTrial, run_trial
 from .fsdp import Sharding
 from .hostbatch import HostBatches
+
+
+def _blocks(device: Device, workload: Workload) -> Blocks | None:
+    """The model's identical blocks an estimate replays (said when found), else None."""
+    blocks = found_blocks(device, workload)
+    if blocks is not None:
+        log.progress(f"{blocks.count} identical {blocks.kind} blocks: estimated through the model cut to 2 and 3 of "
+                     "them (and 4, at the first size)")
+    return blocks
 
 
 class TrialRunner:
@@ -30,7 +40,7 @@ class TrialRunner:
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
         self.by_size: dict[int, MeasuredTrial] = {}
-        self.blocks = found_blocks(device, workload) if source == "estimate" else None
+        self.blocks = _blocks(device, workload) if source == "estimate" else None
 
     def __call__(self, batch: int) -> MeasuredTrial:
         if batch not in self.by_size:

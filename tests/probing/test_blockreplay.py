@@ -137,7 +137,7 @@ def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeyp
     workload = _gpt(layers=8)
     found = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
     assert any("identical blocks estimated" in note for note in found.notes)
-    monkeypatch.setattr(trials, "found_blocks", lambda device, workload: None)
+    monkeypatch.setattr(trials, "found_blocks", lambda device, workload: None)  # (the planted switch)
     whole = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
     assert not any("identical blocks estimated" in note for note in whole.notes)
     assert found.max_micro_batch == whole.max_micro_batch
