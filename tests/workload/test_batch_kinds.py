@@ -104,6 +104,7 @@ def test_probe_equals_a_real_bisection(make):
     assert 4 < expected < 256  # memory, not the limit, decides
     assert abs(result.max_micro_batch - expected) <= 1
     assert result.real_runs <= 2 and result.real_ooms == 0
+    assert not [t for t in result.trials if t.source == "real" and not t.fits]  # no miss
 
 
 @pytest.mark.slow

@@ -379,6 +379,7 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     assert 4 < expected < 256  # memory, not the limit, decides
     assert abs(result.max_micro_batch - expected) <= 1
     assert result.real_runs <= 2 and result.real_ooms == 0
+    assert not [t for t in result.trials if t.source == "real" and not t.fits]  # no miss
 
 
 @pytest.mark.parametrize("dtype,autocast", [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
