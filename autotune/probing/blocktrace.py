@@ -112,7 +112,8 @@ def parse(tagged: Tagged) -> list[_Segment]:
     trace, tags = tagged.trace, tagged.tags
     if len(trace) != len(tags):
         raise NotAPattern("the tags do not cover the trace")
-    where: dict[int, tuple[int, tuple[str, int] | None, int, int, Token, int]] = {}
+    where: dict[int, tuple[int, int | None, int, int, Token, int]] = {}  # key -> (segment, block, half, ordinal,
+    # its token, its run)
     counts: dict[tuple[int, int | None, int], int] = {}
     segments: list[_Segment] = []
     for s, walk in enumerate(_walks(_runs(tags))):

@@ -41,9 +41,9 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
     if not request.rule.sharded or request.rule.fsdp_sync != "auto":
         return probe(request)
     if estimated and one_size is not None:
-        every = _every_unless_last_fits(probe, one_size, request)
-        if every is not None:
-            return every
+        chosen = _every_unless_last_fits(probe, one_size, request)
+        if chosen is not None:
+            return chosen
     found: dict[str, ProbeResult | DoesNotFit] = {}
     for sync in ("last", "every"):
         try:
