@@ -69,7 +69,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c == "gpt" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_the_replayed_estimate_is_the_whole_models_to_the_byte(case):
     """Trace, reserved and allocated peaks, live-bytes peak and its breakdown: the same as evaluating every
     block, with and without checkpointing and FSDP."""
@@ -136,6 +136,7 @@ def test_blocks_whose_work_differs_by_index_fall_back_to_the_whole_model():
     assert full is not None and replayed is None
 
 
+@pytest.mark.slow
 def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeypatch):
     """The probe's estimate evaluations go through the cut models, with the same answer and peaks as
     evaluating every block (the planted switch: no blocks found)."""
