@@ -373,7 +373,7 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     folder = write_config(tmp_path / "llama", "llama")
     workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
                                        padding="packed").spec())
-    device = get_device("cpu", memory_budget=16 * 2**20)
+    device = get_device("cpu", memory_budget=8 * 2**20)
     result = find_max_micro_batch(workload, device, max_batch=256)
     expected = exhaustive_max(workload, device, result.usable_bytes, 256)
     assert 4 < expected < 256  # memory, not the limit, decides
