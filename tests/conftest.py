@@ -21,12 +21,25 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    _longest_files_first(items)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU; torch.cuda.is_available() is False on this machine")
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds folder names too
             item.add_marker(skip)
+
+
+def _longest_files_first(items: list) -> None:
+    """Test files in the order of their count of ``slow`` tests, most first (ties: more tests first), each file's
+    tests in their own order. xdist hands the files (``--dist loadfile --no-loadscope-reorder``) to the workers in
+    this order, so the long files start early and the run ends on short ones, not on one worker alone."""
+    files: dict = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    slow = {path: sum(item.get_closest_marker("slow") is not None for item in tests) for path, tests in files.items()}
+    order = sorted(files, key=lambda path: (-slow[path], -len(files[path])))
+    items[:] = [item for path in order for item in files[path]]
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,9 @@ def test_plan_twice_answers_the_second_from_the_store_without_estimating(capsys,
 
 
 @pytest.mark.slow
-def test_eight_jobs_at_once_probe_once_and_print_the_same_plan(url, tmp_path):
+def test_four_jobs_at_once_probe_once_and_print_the_same_plan(url, tmp_path):
+    """Four jobs (each a Python process importing torch) are enough for three to wait on the one that probes;
+    more would repeat the same waits."""
     import threading
     import time
 
@@ -57,27 +59,27 @@ def test_eight_jobs_at_once_probe_once_and_print_the_same_plan(url, tmp_path):
     env = {**os.environ, "AUTOTUNE_TEST_GATE": str(gate)}
     env.pop("AUTOTUNE_STORE", None)
     jobs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(8)]
+            for _ in range(4)]
     errs: list[list[str]] = [[] for _ in jobs]
     readers = [threading.Thread(target=lambda job=job, lines=lines: lines.extend(job.stderr), daemon=True)
                for job, lines in zip(jobs, errs)]
     for reader in readers:
         reader.start()
     deadline = time.monotonic() + 280  # within the gate's 300 s
-    while sum(any("waiting for process" in line for line in lines) for lines in errs) < 7:  # all wait for one
+    while sum(any("waiting for process" in line for line in lines) for lines in errs) < 3:  # all wait for one
         assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), errs
         time.sleep(0.1)
     gate.touch()
     outs = [job.stdout.read() for job in jobs]
-    assert [job.wait(240) for job in jobs] == [0] * 8, errs
+    assert [job.wait(240) for job in jobs] == [0] * 4, errs
     for reader in readers:
         reader.join(30)
     probed = ["".join(lines).count("estimate at micro-batch 2:") for lines in errs]
-    assert sorted(probed) == [0] * 7 + [1], errs
-    assert sum("from the store (fingerprint " in out for out in outs) == 7, outs
+    assert sorted(probed) == [0] * 3 + [1], errs
+    assert sum("from the store (fingerprint " in out for out in outs) == 3, outs
     assert len({out.splitlines()[0] for out in outs}) == 1 and outs[0].startswith("plan: 512 = "), outs
     (hits,) = rows(url, "autotune_entries", "hits")
-    assert hits == (7,) and rows(url, "autotune_claims") == []
+    assert hits == (3,) and rows(url, "autotune_claims") == []
 
 
 def test_probe_json_says_where_the_answer_came_from(capsys, url):

@@ -9,6 +9,7 @@ PyTorch's own: the CPU build of torch ships the accelerator-wide parser.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -252,15 +253,31 @@ def test_the_settings_come_from_the_first_variable_set(env, expected):
     assert conf_from_environment({"PATH": "/bin", **env}) == expected
 
 
+#: One interpreter imports torch (which reads the variables at the first ask for its settings, not at import),
+#: then forks a child per environment (argv[1], JSON) that sets it and prints what torch read.
+EACH_IN_A_CHILD = """
+import json, os, sys
+import torch
+for env in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(env)
+        print(repr(torch._C._accelerator_getAllocatorSettings()), flush=True)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+"""
+
+
 @pytest.mark.slow
 def test_torch_reads_the_same_variable():
-    """Each environment above, in a fresh process (torch reads the variables once): torch's own settings are
-    the ones conf_from_environment gives."""
+    """Each environment above, in a process of its own that has not yet asked torch for its settings (torch reads
+    the variables once, at the first ask): torch's own settings are the ones conf_from_environment gives."""
     if not hasattr(torch._C, "_accelerator_getAllocatorSettings"):
         pytest.skip(f"torch {torch.__version__} cannot say which settings it read")
-    code = "import torch; print(repr(torch._C._accelerator_getAllocatorSettings()))"
     base = {k: v for k, v in os.environ.items() if k not in CONF_VARIABLES}
-    jobs = [subprocess.Popen([sys.executable, "-c", code], env={**base, **env}, stdout=subprocess.PIPE, text=True)
-            for _, env, _ in ENVIRONMENTS]
-    torch_read = [job.communicate(timeout=120)[0].strip() for job in jobs]
+    envs = json.dumps([env for _, env, _ in ENVIRONMENTS])
+    done = subprocess.run([sys.executable, "-c", EACH_IN_A_CHILD, envs], env=base, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch_read = done.stdout.splitlines()
     assert torch_read == [repr(conf_from_environment({**base, **env})[0]) for _, env, _ in ENVIRONMENTS]

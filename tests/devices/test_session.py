@@ -196,23 +196,25 @@ import autotune
 names = [m.name for m in pkgutil.walk_packages(autotune.__path__, "autotune.")]
 for name in names:
     importlib.import_module(name)
-if sys.argv[1] == "plant":  # an import-time patch, as the check must catch
-    from autotune.devices import session
-    session._watch_resizes()
 after = state()
 assert len(names) > 100, names
-assert after == before, (before, after)
+print("imported:", after == before, (before, after))
+from autotune.devices import session
+session._watch_resizes()  # then an import-time patch, as the check must catch
+planted = state()
+print("planted:", planted == before, (before, planted))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plant", [False, True], ids=["as-is", "planted-patch"])
-def test_importing_every_autotune_module_changes_nothing_in_torch(plant):
-    done = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING, "plant" if plant else "-"], capture_output=True,
-                          text=True, timeout=300)
-    assert (done.returncode != 0) == plant, done.stderr[-2000:]
-    if plant:
-        assert "AssertionError: ((False" in done.stderr
+def test_importing_every_autotune_module_changes_nothing_in_torch():
+    """One fresh interpreter imports every module (the state of torch unchanged), then plants a patch as an import
+    could (the same check sees it)."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported, planted = done.stdout.splitlines()
+    assert imported.startswith("imported: True "), imported
+    assert planted.startswith("planted: False ((False"), planted
 
 
 def test_a_cuda_stand_in_left_installed_is_caught_and_undone(monkeypatch):

@@ -1,4 +1,5 @@
-"""Run under torchrun (2 CPU processes, gloo) by tests/integrations/test_ddp.py; rank 0 prints one JSON line.
+"""Run under torchrun (2 CPU processes, gloo) by tests/integrations/test_ddp.py; rank 0 prints one JSON line,
+then mixed_worker.py's cases run in the same job (it costs seconds to start) and print theirs.
 
 Lightning's DDP strategy, one Trainer each: AutotuneBatchSize with automatic optimization; manual
 optimization with autotune's accumulator, with a plain Accumulator that claims to synchronise
@@ -115,5 +116,12 @@ def main() -> None:
         print("RESULT " + json.dumps(results))
 
 
+def main_then_mixed_ranks() -> None:
+    from tests.integrations import mixed_worker
+
+    main()
+    mixed_worker.main()
+
+
 if __name__ == "__main__":
-    run_then_exit(main)
+    run_then_exit(main_then_mixed_ranks)

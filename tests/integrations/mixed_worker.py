@@ -1,4 +1,5 @@
-"""Run under torchrun (2 CPU processes, gloo) by tests/integrations/test_mixed_ranks.py; rank 0 prints one JSON line.
+"""Run under torchrun (2 CPU processes, gloo) by tests/integrations/test_ddp.py, after ddp_worker.py's cases in
+the same job; rank 0 prints one JSON line.
 
 A plan for ranks that differ (rank 0 two micro-batches of 7 and 8, rank 1 three of 2), run by Lightning's DDP
 strategy with autotune's manual-optimization ``accumulator``, and by Accelerate with its ``accumulator``, each

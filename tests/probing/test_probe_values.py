@@ -19,9 +19,14 @@ pytestmark = pytest.mark.slow
 
 EXACT = ["hf-llama-padded", "hf-gpt2-padded", "hf-t5-padded", "peft-lora-qwen2", "packed-gru", "ctc"]
 
+#: Budgets smaller than tests/realistic.py's: the GRU's estimate walks every time step, and the search past
+#: micro-batch 44 (6 MiB) rather than 97 (12 MiB) takes fewer of them; the batch's lengths decide its shapes alike.
+BUDGETS = {"packed-gru": 6 << 20}
+
 
 def _build(name: str):
     build, budget, category = realistic.CASES[name]
+    budget = BUDGETS.get(name, budget)
     if name.startswith("peft") and not realistic.has_peft():
         pytest.skip("peft is not installed (it is in the test extra)")
     with warnings.catch_warnings():

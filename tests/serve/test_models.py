@@ -14,30 +14,39 @@ TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_lay
             num_key_value_heads=2, max_position_embeddings=64, architectures=["LlamaForCausalLM"])
 
 
-@pytest.mark.slow
-def test_a_hub_model_is_planned_by_a_worker_then_from_the_store_and_a_path_is_refused(tmp_path, monkeypatch):
-    repo = tmp_path / "hf" / "hub" / "models--tiny-org--tiny-llama"
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One service for both tests: a hub cache holding tiny-org/tiny-llama (offline), an operator's --models folder
+    holding ``tiny``, and a folder on its machine holding a config.json (never a model)."""
+    folder = tmp_path_factory.mktemp("models")
+    config = json.dumps(transformers.LlamaConfig(**TINY).to_dict())
+    repo = folder / "hf" / "hub" / "models--tiny-org--tiny-llama"
     (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
-    (repo / "snapshots" / ("0" * 40) / "config.json").write_text(json.dumps(
-        transformers.LlamaConfig(**TINY).to_dict()))
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text(config)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    (tmp_path / "secret").mkdir()  # a folder holding a config.json on the service's machine
-    (tmp_path / "secret" / "config.json").write_text(json.dumps(transformers.LlamaConfig(**TINY).to_dict()))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = Server(tmp_path)
+    for name in ("secret", "models/tiny"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "config.json").write_text(config)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HOME", str(folder / "hf"))
+        env.setenv("HF_HUB_OFFLINE", "1")
+        server = Server(folder, extra=("--models", str(folder / "models")))
+    yield server, folder
+    server.stop()
+
+
+@pytest.mark.slow
+def test_a_hub_model_is_planned_by_a_worker_then_from_the_store_and_a_path_is_refused(served):
+    server, folder = served
     body = {"target_batch": 8, "model": {"name": "tiny-org/tiny-llama", "seq_len": 16}, "device": "estimate",
             "memory_budget": "1GiB"}
-    try:
-        with server.client() as http:
-            first = http.post("/v1/plan", json=body)
-            second = http.post("/v1/plan", json=body)
-            path = http.post("/v1/plan", json={**body, "model": {"name": str(tmp_path / "secret")}})
-            both = http.post("/v1/plan", json={**body, "probe": "mlp"})
-            missing = http.post("/v1/plan", json={**body, "model": {"name": "tiny-org/not-fetched"}})
-    finally:
-        server.stop()
+    with server.client() as http:
+        first = http.post("/v1/plan", json=body)
+        second = http.post("/v1/plan", json=body)
+        path = http.post("/v1/plan", json={**body, "model": {"name": str(folder / "secret")}})
+        both = http.post("/v1/plan", json={**body, "probe": "mlp"})
+        missing = http.post("/v1/plan", json={**body, "model": {"name": "tiny-org/not-fetched"}})
     assert first.status_code == 200, first.text
     plan = first.json()["plan"]
     assert plan["probe"]["model"]["total_parameters"] == transformers.AutoModelForCausalLM.from_config(
@@ -52,19 +61,13 @@ def test_a_hub_model_is_planned_by_a_worker_then_from_the_store_and_a_path_is_re
 
 
 @pytest.mark.slow
-def test_an_operators_model_folder_is_named_by_its_name_alone(tmp_path):
-    models = tmp_path / "models"
-    (models / "tiny").mkdir(parents=True)
-    (models / "tiny" / "config.json").write_text(json.dumps(transformers.LlamaConfig(**TINY).to_dict()))
-    server = Server(tmp_path, extra=("--models", str(models)))
+def test_an_operators_model_folder_is_named_by_its_name_alone(served):
+    server, folder = served
     body = {"target_batch": 8, "model": {"name": "tiny", "seq_len": 16}, "device": "estimate", "memory_budget": "1GiB"}
-    try:
-        with server.client() as http:
-            first = http.post("/v1/plan", json=body)
-            second = http.post("/v1/plan", json=body)
-    finally:
-        server.stop()
+    with server.client() as http:
+        first = http.post("/v1/plan", json=body)
+        second = http.post("/v1/plan", json=body)
     assert first.status_code == 200, first.text
     probe = first.json()["plan"]["probe"]
     assert probe["source"] == "hf:tiny?seq_len=16" and probe["model"]["name"] == "tiny"
-    assert str(tmp_path) not in first.text and second.json()["cached"]
+    assert str(folder) not in first.text and second.json()["cached"]

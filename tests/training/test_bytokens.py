@@ -131,7 +131,7 @@ def test_autotune_run_verifies_a_packed_llama(capsys, tmp_path, target):
     attention stays inside each sample."""
     folder = write_config(tmp_path / "llama", "llama")
     data = _plan_and_run(capsys, tmp_path, ["--model", str(folder), "--lengths", str(_lengths(tmp_path, 8, 64)),
-                                            "--padding", "packed"], "16MiB", *target)
+                                            "--padding", "packed"], "8MiB", *target)
     checks = {c["name"]: c for c in data["verification"]["checks"]}
     assert checks["gradient_equivalence"]["value"] < 1e-5 and checks["count"]["passed"]
     assert data["plan"]["accumulation_steps"] > 1

@@ -32,7 +32,8 @@ from .batch_kinds import (
     target_tokens,
 )
 
-BUDGETS = {"gnn": 1_500_000, "packed-lm": 20_000_000, "jagged": 1_500_000, "jagged-attention": 3_000_000}
+#: Budgets for the bisection: memory deciding well inside the search (max_batch 256).
+BUDGETS = {"gnn": 800_000, "packed-lm": 8_000_000, "jagged": 1_500_000, "jagged-attention": 3_000_000}
 
 
 def test_a_graph_batch_without_samples_is_refused_naming_the_fix():

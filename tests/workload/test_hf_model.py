@@ -373,7 +373,7 @@ def test_a_packed_llama_is_probed_within_one_sample_of_a_real_bisection(tmp_path
     folder = write_config(tmp_path / "llama", "llama")
     workload = load_workload(ModelSpec(name=str(folder), lengths=str(_lengths_file(tmp_path)),
                                        padding="packed").spec())
-    device = get_device("cpu", memory_budget=16 * 2**20)
+    device = get_device("cpu", memory_budget=8 * 2**20)
     result = find_max_micro_batch(workload, device, max_batch=256)
     expected = exhaustive_max(workload, device, result.usable_bytes, 256)
     assert 4 < expected < 256  # memory, not the limit, decides
@@ -437,19 +437,27 @@ def test_qlora_estimate_is_what_a_real_cpu_run_measures_and_below_lora(tmp_path)
     real = [t for t in result.trials if t.source == "real"]
     estimated = {t.batch: t.peak_bytes for t in result.trials if t.source == "estimate"}
     assert len(real) == 1 and real[0].fits and real[0].peak_bytes == estimated[real[0].batch]
-    asked = dict(device="estimate:A10G-24GB", max_batch=1, store=False)
-    llama = tmp_path / "8b"
-    llama.mkdir()
-    config = transformers.LlamaConfig(**LLAMA_8B, architectures=["LlamaForCausalLM"]).to_dict()
-    (llama / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
-    probes = {bits: autotune.probe(model=ModelSpec(name=str(llama), seq_len=256, lora="r=16" + bits), **asked)
-              for bits in ("", ",bits=4")}
-    facts = {bits: p.model for bits, p in probes.items()}
-    assert facts[""] is not None and facts[",bits=4"] is not None
-    # 6.98B weights in 4 bits (3.49 GB), embeddings and head in fp32 (4.20 GB), the adapters (0.17 GB)
+    bits = ("", ",bits=4")
+    # the 8B's counts (the facts a probe reports, from its config alone): 6.98B weights in 4 bits (3.49 GB),
+    # embeddings and head in fp32 (4.20 GB), the adapters (0.17 GB)
+    llama = _bf16_llama(tmp_path / "8b", LLAMA_8B)
+    facts = {b: load_workload(ModelSpec(name=str(llama), seq_len=256, lora="r=16" + b).spec()).facts() for b in bits}
     assert facts[",bits=4"].formula_weights_bytes == 3_489_660_928 + 2 * 2_101_346_304 + 167_772_160 + 1_064_960
-    assert facts[",bits=4"].formula_weights_bytes < probes[",bits=4"].peak_bytes < probes[""].peak_bytes
     assert facts[",bits=4"].total_parameters == facts[""].total_parameters == 8_030_261_248 + 41_943_040
+    # the estimates on 12 of its 32 layers (the 4-bit layers outweigh the fp32 embeddings from about 7 layers on)
+    short = _bf16_llama(tmp_path / "12-layers", {**LLAMA_8B, "num_hidden_layers": 12})
+    probes = {b: autotune.probe(model=ModelSpec(name=str(short), seq_len=256, lora="r=16" + b),
+                                device="estimate:A10G-24GB", max_batch=1, store=False) for b in bits}
+    weights = probes[",bits=4"].model
+    assert weights is not None and weights.formula_weights_bytes < probes[",bits=4"].peak_bytes < probes[""].peak_bytes
+
+
+def _bf16_llama(folder: Path, config: dict) -> Path:
+    """A folder holding a bf16 Llama's config.json."""
+    folder.mkdir()
+    made = transformers.LlamaConfig(**config, architectures=["LlamaForCausalLM"]).to_dict()
+    (folder / "config.json").write_text(json.dumps({**made, "dtype": "bfloat16"}))
+    return folder
 
 
 def test_lora_under_mixed_precision_keeps_the_frozen_weights_in_the_configs_dtype(tmp_path):
