@@ -25,7 +25,7 @@ from .errors import BadInput, DoesNotFit, mention
 from .planning.requests import one_device, plan_request, probe_request, this_rank
 from .results.device import DeviceInfo
 from .results.model import ModelSpec, named_as, run_precision, workload_or_model
-from .results.probe import ProbeResult
+from .results.probe import ProbeResult, Trial
 from .results.request import PlanRequest, ProbeRequest, Snapshot
 from .results.settings import keywords
 from .store import cached
@@ -183,7 +183,6 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Sto
     """One device's probe as the request asks, through the store when there is one; ``ranks``: every rank's
     device when they differ (the store's fingerprint covers them)."""
     from .probing import finder
-    from .probing.fitrule import MeasuredTrial
     from .probing.fsdpsync import probe_chosen
 
     def probed(asked: ProbeRequest) -> ProbeResult:
@@ -194,7 +193,7 @@ def _probe_one(request: ProbeRequest, wl: Workload, dev: Device, plan_store: Sto
                      (f" (FSDP over {plural(rule.world_size, 'rank')}{sync})" if rule.sharded else ""))
         return cached.probe_through_store(plan_store, asked, wl, dev, ranks=ranks)
 
-    def one_size(asked: ProbeRequest, batch: int) -> MeasuredTrial:
+    def one_size(asked: ProbeRequest, batch: int) -> Trial:
         return finder.fit_rule_at(wl, dev, batch, asked)
 
     chosen = request.rule.sharded and request.rule.fsdp_sync == "auto"  # FSDP's gradient sync, to choose

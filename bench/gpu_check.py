@@ -208,15 +208,15 @@ def check_peaks(log: Log, device, cases, budget: Budget, skipped: list[str], gpu
                          f"{fmt(sim.reserved_peak)} {pct(sim.reserved_peak, reserved)}",
                          f"{fmt(sim.allocated_peak)} {pct(sim.allocated_peak, allocated)}",
                          "yes" if replay_ok else "NO", f"{fmt(est.peak_bytes)} {pct(est.peak_bytes, reserved)}",
-                         f"{fmt(est.trial.allocated_bytes)} {pct(est.trial.allocated_bytes, allocated)}",
-                         "yes" if estimate_ok else "NO", f"{est.trial.retries} / {retries}",
+                         f"{fmt(est.allocated_bytes)} {pct(est.allocated_bytes, allocated)}",
+                         "yes" if estimate_ok else "NO", f"{est.retries} / {retries}",
                          fmt(m.tracked_peak_bytes), str(sim.events), f"{est.seconds:.2f}"])
             log(f"  peaks {workload.name} @ {b}: real reserved {reserved} B, allocated {allocated} B, retries "
                 f"{retries}; replay of its trace ({sim.events} events, {sim.seconds:.2f} s) reserved "
                 f"{sim.reserved_peak} B ({pct(sim.reserved_peak, reserved)}), allocated {sim.allocated_peak} B "
                 f"({pct(sim.allocated_peak, allocated)}); estimate reserved {est.peak_bytes} B "
-                f"({pct(est.peak_bytes, reserved)}), allocated {est.trial.allocated_bytes} B, retries "
-                f"{est.trial.retries}; tracked live {m.tracked_peak_bytes} B")
+                f"({pct(est.peak_bytes, reserved)}), allocated {est.allocated_bytes} B, retries "
+                f"{est.retries}; tracked live {m.tracked_peak_bytes} B")
             for note in est.measurement.notes:
                 log.detail(f"    estimate note: {note}")
     return rows

@@ -1,9 +1,11 @@
-"""The library's own habits, held over every module: short functions, broad excepts that are few and say why, and
-an Accumulator composed of parts rather than configured by a long list of keywords."""
+"""The library's own habits, held over every module: short functions, broad excepts that are few and say why, an
+Accumulator composed of parts rather than configured by a long list of keywords, and one type for one measurement
+of the fit rule."""
 
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
 
@@ -14,6 +16,7 @@ MAX_FUNCTION_LINES = 60
 MAX_BROAD_EXCEPTS = 10
 MAX_ACCUMULATOR_PARAMETERS = 8
 BROAD = {"Exception", "BaseException"}
+MEASUREMENT_MODULES = {"devices", "base", "measurement"}  # where a module imports the device's Measurement from
 
 
 def long_functions(source: str, where: str) -> list[str]:
@@ -49,6 +52,18 @@ def constructor_parameters(source: str, class_name: str) -> list[str]:
                     named = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
                     return [arg.arg for arg in named][1:]
     raise LookupError(f"no {class_name}.__init__ in the source")
+
+
+def measurement_fields(source: str, where: str) -> list[str]:
+    """``where:Class.attribute`` for each class attribute of ``source`` annotated with the device's ``Measurement``
+    (in a module that imports it from :mod:`autotune.devices`)."""
+    tree = ast.parse(source)
+    if not any(isinstance(node, ast.ImportFrom) and (node.module or "").rpartition(".")[2] in MEASUREMENT_MODULES
+               and any(name.name == "Measurement" for name in node.names) for node in ast.walk(tree)):
+        return []
+    return [f"{where}:{cls.name}.{item.target.id}" for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+            for item in cls.body if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            and re.search(r"\bMeasurement\b", ast.unparse(item.annotation))]
 
 
 def _modules() -> list[tuple[str, str]]:
@@ -98,6 +113,31 @@ def test_the_checks_see_a_long_function_and_a_broad_except_without_a_reason():
             pass
         """)
     assert broad_excepts(source, "m.py") == [("m.py:3", False), ("m.py:7", True), ("m.py:11", False)]
+
+
+def test_a_trial_is_the_one_type_that_holds_the_devices_measurement():
+    """One measurement of the fit rule is one :class:`~autotune.results.probe.Trial`, which holds the device's
+    ``Measurement`` of it in memory: no second type pairs a trial with its measurement."""
+    found = [f for source, where in _modules() for f in measurement_fields(source, where)]
+    assert found == ["autotune/results/probe.py:Trial.measurement"]
+
+
+def test_the_measurement_check_sees_a_type_wrapping_a_trial():
+    source = textwrap.dedent("""\
+        from ..devices.base import Device, Measurement
+        from ..results.probe import Trial
+
+        @dataclass(frozen=True)
+        class MeasuredTrial:
+            trial: Trial
+            measurement: Measurement | None = None
+            seconds: float = 0.0
+
+        class Runner:
+            last: "Measurement"
+        """)
+    assert measurement_fields(source, "m.py") == ["m.py:MeasuredTrial.measurement", "m.py:Runner.last"]
+    assert measurement_fields(source.replace("Device, Measurement", "Device"), "m.py") == []
 
 
 def test_the_accumulator_constructor_takes_at_most_8_parameters():

@@ -37,7 +37,7 @@ from ..units import format_bytes
 from ..workload import Workload
 from .blocks import Blocks, identical_blocks
 from .blocktrace import NONE, Event, Tagged, blocks_trace
-from .fitrule import MeasuredTrial, run_trial
+from .fitrule import run_trial
 
 CUTS = (2, 3, 4)
 _NEXT = -2  # a tag not known yet: the next event's
@@ -232,7 +232,7 @@ def found_blocks(device: Any, workload: Workload) -> Blocks | None:
 
 
 def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, usable: int, *, source: str,
-                   cuts: tuple[int, ...] = CUTS, **rule: Any) -> MeasuredTrial | None:
+                   cuts: tuple[int, ...] = CUTS, **rule: Any) -> Trial | None:
     """The fit rule at ``batch`` of ``workload``'s whole model from its model cut to each of ``cuts`` blocks (3,
     whose pattern is taken, and the others, which it must rebuild; see the module); None where that is not
     exact (the caller evaluates the whole model)."""
@@ -266,7 +266,7 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
 
 
 def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event], categories: dict[int, str],
-           two: Any, three: Any, count: int) -> MeasuredTrial:
+           two: Any, three: Any, count: int) -> Trial:
     r = device.replay(trace)
     tracked, breakdown, timeline = walk(trace, categories, getattr(device, "round_to", 1))
     notes = tuple(_scaled(a, b, count) for a, b in zip(two.notes, three.notes)
@@ -282,8 +282,8 @@ def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event]
                 notes=notes, seconds=seconds, replay_seconds=r.seconds)
     fits = m.peak_bytes <= usable
     why = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
-    return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
-                               why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
+    return Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                 why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries, measurement=m)
 
 
 def _scaled(two: str, three: str, count: int) -> str:

@@ -39,7 +39,7 @@ from ..units import format_bytes, format_margin
 from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
-from .fitrule import MeasuredTrial, isolate, run_trial
+from .fitrule import isolate, run_trial
 from .fsdp import Sharding, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import TrialRunner
@@ -67,7 +67,7 @@ class Estimate:
     note: str | None = None
 
 
-def fit_rule_at(workload: Workload, device: Device, batch: int, request: ProbeRequest) -> MeasuredTrial:
+def fit_rule_at(workload: Workload, device: Device, batch: int, request: ProbeRequest) -> Trial:
     """The fit rule of ``request`` evaluated once, at ``batch``, on ``device`` (an estimate), as its probe's search
     evaluates a size."""
     usable = options.usable_bytes(device.capacity_bytes(), options.margin(request.margin))
@@ -143,7 +143,7 @@ class Found:
     estimate's peaks are the caching-allocator simulation's, and the notes so far."""
 
     max: int
-    measured: MeasuredTrial
+    measured: Trial
     limit: int
     est: TrialRunner
     curve: EstimateCurve
@@ -227,9 +227,9 @@ def _estimate_notes(estimator: EstimateDevice, est: TrialRunner, estimate: Estim
 
 def _search_real(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
                  margin: float, max_batch: int, notes: list[str], refused: list[HostMemory]
-                 ) -> tuple[int, MeasuredTrial, int]:
+                 ) -> tuple[int, Trial, int]:
     """:func:`_search_once` within what the host can build (see :func:`_within_host`); the limit it kept to."""
-    def search(top: int) -> tuple[int, MeasuredTrial, list[str]]:
+    def search(top: int) -> tuple[int, Trial, list[str]]:
         said: list[str] = []
         start = replace(estimate, max=top) if isinstance(estimate, Estimate) and estimate.max > top else estimate
         return (*_search_once(real, start, curve, usable, capacity, margin, top, said), said)
@@ -240,7 +240,7 @@ def _search_real(real: TrialRunner, estimate: Estimate | NoEstimate, curve: Esti
 
 
 def _search_once(real: TrialRunner, estimate: Estimate | NoEstimate, curve: EstimateCurve, usable: int, capacity: int,
-                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, MeasuredTrial]:
+                 margin: float, max_batch: int, notes: list[str]) -> tuple[int, Trial]:
     """The real maximum and its real run: confirmed from the estimate's answer, or searched on the device
     alone when there is none; what the search did goes into ``notes``."""
     note: str | None
@@ -272,14 +272,14 @@ def _curve_figures(curve: EstimateCurve, final: int, max_batch: int
 
 def _simulated_allocated(est: TrialRunner, batch: int) -> int | None:
     measured = est.by_size.get(batch)
-    return measured.trial.allocated_bytes if measured is not None else None
+    return measured.allocated_bytes if measured is not None else None
 
 
-def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bool) -> list[str]:
+def _allocator_notes(est: TrialRunner, measured: Trial, *, simulates: bool) -> list[str]:
     """What the estimate bounded or assumed, and a flag when the answer needs a release-and-retry (``simulates``:
     the estimate's peaks are the caching-allocator simulation's)."""
-    notes = _one_of_each(est, measured.trial.batch)
-    if measured.trial.source == "real" and measured.measurement is not None:
+    notes = _one_of_each(est, measured.batch)
+    if measured.source == "real" and measured.measurement is not None:
         notes.extend(measured.measurement.notes)  # how the real run measured (a compiled model's, say)
     peaks = sorted((b, a.peak_bytes) for b, a in est.by_size.items() if a.peak_bytes is not None)
     drop = next(((b1, p1, b2, p2) for (b1, p1), (b2, p2) in zip(peaks, peaks[1:]) if p2 < p1), None)
@@ -288,11 +288,10 @@ def _allocator_notes(est: TrialRunner, measured: MeasuredTrial, *, simulates: bo
         notes.append(f"the simulated reserved peak is not monotone in the micro-batch: {b1} needs "
                      f"{format_bytes(p1)}, {b2} only {format_bytes(p2)} (the caching allocator's segment sizes "
                      "change with the tensors' sizes); a micro-batch below the max can need more than the max")
-    trial = measured.trial
-    if trial.retries:
-        how = "in the simulation of the caching allocator" if trial.source == "estimate" else "on the device"
-        notes.append(f"micro-batch {trial.batch} fits only through release-and-retry {how}: "
-                     f"{trial.retries} time(s) per fit-rule run a cudaMalloc failed and the allocator "
+    if measured.retries:
+        how = "in the simulation of the caching allocator" if measured.source == "estimate" else "on the device"
+        notes.append(f"micro-batch {measured.batch} fits only through release-and-retry {how}: "
+                     f"{measured.retries} time(s) per fit-rule run a cudaMalloc failed and the allocator "
                      "synchronised and freed its cache before trying again; it runs, but slower every step "
                      "(a smaller micro-batch avoids it)")
     return list(dict.fromkeys(notes))
@@ -327,7 +326,7 @@ def _estimate_or_why_not(est: TrialRunner, usable: int, max_batch: int, capacity
     assert first.measurement is not None
     if first.measurement.unknown_reads:
         assert isinstance(est.device, EstimateDevice)
-        other = run_trial(est.device.with_other_guesses(), est.workload, first.trial.batch, usable,
+        other = run_trial(est.device.with_other_guesses(), est.workload, first.batch, usable,
                           source="estimate", capacity_guard=False, data_parallel=est.data_parallel,
                           sharding=est.sharding, host=est.host)
         if other.measurement is None or other.measurement.timeline != first.measurement.timeline:
@@ -352,7 +351,7 @@ def _values_notes(est: TrialRunner, estimate: Estimate | NoEstimate) -> list[str
         return []
     text = (f"values computed from the batch alone answered {m.answered_reads} reads of .item(), .tolist() or a "
             f"truth value and {m.answered_shapes} data-dependent shapes exactly (fit rule at micro-batch "
-            f"{first.trial.batch})")
+            f"{first.batch})")
     if m.unknown_reads:
         text += (f"; {m.unknown_reads} reads of {m.unknown_origin or 'values that depend on parameters'} stayed "
                  "unknown and did not change "
@@ -385,7 +384,7 @@ def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, marg
     curve = EstimateCurve(est, exact=exact)
     first = est(min(2, max_batch))
     if not first.fits:
-        if first.trial.batch == 1 or not est(1).fits:
+        if first.batch == 1 or not est(1).fits:
             raise _does_not_fit(est.by_size[1].peak_bytes, usable, capacity, margin, measured=False)
         return Estimate(1, curve)
     if max_batch <= 2:

@@ -23,13 +23,13 @@ import copy
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compat import FakeTensorMode, compiled_function, unset_fake_temporarily
-from ..devices.base import Device, Measurement, Session, own_random_state
+from ..devices.base import Device, Session, own_random_state
 from ..devices.oom import is_oom
 from ..errors import AutotuneError, WorkloadError, first_line
 from ..results.probe import Trial
@@ -44,33 +44,6 @@ if TYPE_CHECKING:
 
 OPTIMIZER_STEPS = 2
 MICRO_STEPS = 2
-
-
-@dataclass(frozen=True)
-class MeasuredTrial:
-    """One run of the fit rule, as the probe holds it while it searches: its :class:`~autotune.results.probe.Trial`
-    (the record a result keeps and writes as JSON) and, when it ran to the end, the device's
-    :class:`~autotune.devices.measurement.Measurement` of it (its breakdown, timeline and allocation trace, which
-    stay in this process). :class:`~autotune.probing.trials.TrialRunner` runs them, once per size."""
-
-    trial: Trial
-    measurement: Measurement | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.trial.fits
-
-    @property
-    def peak_bytes(self) -> int | None:
-        return self.trial.peak_bytes
-
-    @property
-    def oom(self) -> bool:
-        return self.trial.oom
-
-    @property
-    def seconds(self) -> float:
-        return self.trial.seconds
 
 
 OnStep = Callable[[int, int], None]
@@ -168,7 +141,7 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
               capacity_guard: bool = True, data_parallel: bool = False, sharding: Sharding | None = None,
-              on_step: OnStep | None = None, host: HostBatches | None = None) -> MeasuredTrial:
+              on_step: OnStep | None = None, host: HostBatches | None = None) -> Trial:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
@@ -189,16 +162,16 @@ def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, so
             stopped = first_line(exc)
             del exc
             device.cleanup()
-            return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=None, fits=False,
-                                       seconds=time.perf_counter() - start, oom=True, why=stopped))
+            return Trial(batch=batch, source=source, peak_bytes=None, fits=False,
+                         seconds=time.perf_counter() - start, oom=True, why=stopped)
         raise WorkloadError(
             f"workload {workload.name!r} failed at micro-batch {batch} ({source} run): {first_line(exc)}",
             batch=batch, workload=workload.name,
         ) from exc
     fits = m.peak_bytes <= usable
     why: str | None = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
-    return MeasuredTrial(Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
-                               why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries), m)
+    return Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,
+                 why=why, allocated_bytes=m.allocated_peak_bytes, retries=m.alloc_retries, measurement=m)
 
 
 def isolate(workload: Workload) -> Workload:

@@ -23,13 +23,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..errors import DoesNotFit, first_line
-from ..results.probe import ProbeResult
+from ..results.probe import ProbeResult, Trial
 from ..results.request import ProbeRequest
 from ..units import format_bytes
-from .fitrule import MeasuredTrial
 
 Probe = Callable[[ProbeRequest], ProbeResult]
-OneSize = Callable[[ProbeRequest, int], MeasuredTrial]
+OneSize = Callable[[ProbeRequest, int], Trial]
 
 
 def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,

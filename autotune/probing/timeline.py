@@ -21,10 +21,11 @@ from typing import Any
 from ..devices.base import Device
 from ..devices.recorder import Made, Recorder, Recording, record_with
 from ..devices.snapshot import OutOfMemoryAt, Simulation, build
+from ..results.probe import Trial
 from ..results.request import FitRule
 from ..results.timeline import OutOfMemory, PeakPart
 from ..workload import Workload
-from .fitrule import MeasuredTrial, run_trial
+from .fitrule import run_trial
 from .fsdp import Sharding
 
 SAMPLES = 600  # points of the stacked timeline
@@ -36,7 +37,7 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 class Recorded:
     """A recorded run of the fit rule and how to replay it as the device's allocator would."""
 
-    measured: MeasuredTrial
+    measured: Trial
     recording: Recording
     simulation: Simulation | None
     device: Any  # the device it ran on (an estimate, or the CPU)

@@ -1,6 +1,6 @@
 """Fit-rule trials of one source (estimate or real), run once per size and remembered: a
-:class:`TrialRunner` hands out :class:`~autotune.probing.fitrule.MeasuredTrial` s and logs each one's
-:class:`~autotune.results.probe.Trial`."""
+:class:`TrialRunner` hands out :class:`~autotune.results.probe.Trial` s (each with the device's measurement of
+it) and logs each one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..units import format_bytes
 from ..workload import Workload
 from .blockreplay import found_blocks, replayed_trial
 from .blocks import Blocks
-from .fitrule import MeasuredTrial, run_trial
+from .fitrule import run_trial
 from .fsdp import Sharding
 from .hostbatch import HostBatches
 
@@ -39,10 +39,10 @@ class TrialRunner:
         self.data_parallel, self.sharding = data_parallel, sharding
         self.host = host if host is not None else HostBatches()  # shared by a probe's estimate and real trials
         self.log = log
-        self.by_size: dict[int, MeasuredTrial] = {}
+        self.by_size: dict[int, Trial] = {}
         self.blocks = _blocks(device, workload) if source == "estimate" else None
 
-    def __call__(self, batch: int) -> MeasuredTrial:
+    def __call__(self, batch: int) -> Trial:
         if batch not in self.by_size:
             on_step = None
             if self.source == "real":
@@ -55,20 +55,19 @@ class TrialRunner:
 
             # Real trials raise the device's OOM at its capacity (the CPU emulates it), so a
             # trial never takes more than the budget; estimates measure the whole step.
-            measured = self._replayed(batch) if self.blocks is not None else None
-            if measured is None:
-                measured = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
-                                     capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                     sharding=self.sharding, on_step=on_step, host=self.host)
-            self.by_size[batch] = measured
-            self.log.append(measured.trial)
-            trial = measured.trial
+            trial = self._replayed(batch) if self.blocks is not None else None
+            if trial is None:
+                trial = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
+                                  capacity_guard=self.source == "real", data_parallel=self.data_parallel,
+                                  sharding=self.sharding, on_step=on_step, host=self.host)
+            self.by_size[batch] = trial
+            self.log.append(trial)
             peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
             verdict = "fits" if trial.fits else "does not fit"
             log.progress(f"{self.source} at micro-batch {batch}: peak {peak}, {verdict} ({trial.seconds:.2f} s)")
         return self.by_size[batch]
 
-    def _replayed(self, batch: int) -> MeasuredTrial | None:
+    def _replayed(self, batch: int) -> Trial | None:
         """The estimate at ``batch`` through the model cut to a few of its identical blocks (see
         :mod:`autotune.probing.blockreplay`), the first time checked against 4 of them too; None (and the whole
         model evaluated from now on) where their pattern does not rebuild the cut traces to the byte."""
@@ -86,7 +85,7 @@ class TrialRunner:
     def fits(self, batch: int) -> bool:
         return self(batch).fits
 
-    def last(self) -> MeasuredTrial:
+    def last(self) -> Trial:
         return self.by_size[self.log[-1].batch]
 
     def peaks(self) -> dict[int, int]:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
 
 from ..options import PARALLEL, Parallel
 from ..units import format_bytes, format_margin
 from .device import DeviceInfo
 from .model import ModelFacts
-from .record import Margin, Record, Whole, derived, one_of
+from .record import Margin, Record, Whole, derived, memory_only, one_of, written_fields
 from .timeline import MemoryTimeline
+
+if TYPE_CHECKING:
+    from ..devices.measurement import Measurement
+else:  # torch's side, which results never import: a trial holds one in memory only, never written or read
+    Measurement = object
 
 SOURCES = ("estimate", "real")
 LIMITS = ("memory", "max_batch", "host_memory")
@@ -27,8 +32,9 @@ class Trial(Record):
     ``allocated_bytes`` its allocated peak and ``retries`` how often it freed
     its cache to retry a cudaMalloc; both None where no caching allocator decides.
 
-    The record of one measurement: while the probe searches it goes with the device's own figures as a
-    :class:`autotune.probing.fitrule.MeasuredTrial`; a result keeps this part.
+    ``measurement``: the device's :class:`~autotune.devices.measurement.Measurement` of the run, when it ran to
+    the end (its breakdown, timeline and allocation trace), which the probe reads while it searches. It stays in
+    this process: never written to JSON, read back, compared or shown (a trial read from a file has None).
     """
 
     batch: Whole
@@ -40,6 +46,7 @@ class Trial(Record):
     why: str | None = None
     allocated_bytes: int | None = None
     retries: int | None = None
+    measurement: Measurement | None = memory_only()
 
     def validate(self) -> None:
         if self.peak_bytes is None and not self.oom:
@@ -49,7 +56,7 @@ class Trial(Record):
         object.__setattr__(self, "seconds", float(self.seconds))
 
 
-TRIAL_COLUMNS = tuple(f.name for f in fields(Trial))
+TRIAL_COLUMNS = tuple(f.name for f in written_fields(Trial))
 
 
 @dataclass(frozen=True, kw_only=True)

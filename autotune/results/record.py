@@ -23,7 +23,9 @@ file of its own, in the envelope of :mod:`autotune.serial`. ``from_dict`` reads 
 required field, an unknown one, a value of another JSON type or one its rules refuse is a one-line
 ResultFileError naming the file and the field (``trials[0].batch``); null in a ``float`` field is the NaN
 or infinity that :func:`autotune.serial.dumps` wrote as null.
-Adding a field to a record is all it takes to write it, read it back and check it.
+Adding a field to a record is all it takes to write it, read it back and check it. A field declared
+``= memory_only()`` is the exception: the record holds it in this process only (never written, read back,
+compared or shown; a trial's device measurement, say).
 """
 
 from __future__ import annotations
@@ -77,6 +79,20 @@ Whole = Annotated[int, Rule(options.whole, text=False)]
 Count = Annotated[int, Rule(options.whole, least=0, text=False)]
 #: A fraction in [0, 1): the share of memory kept free.
 Margin = Annotated[float, Rule(options.margin, text=False)]
+
+
+_MEMORY_ONLY = "autotune.record.memory_only"
+
+
+def memory_only() -> Any:
+    """A record's field held in this process only (None unless given): ``to_dict`` never writes it, ``from_dict``
+    never reads it, and it is no part of the record's equality, hash or repr."""
+    return dataclasses.field(default=None, compare=False, repr=False, metadata={_MEMORY_ONLY: True})
+
+
+def written_fields(cls: type[Record]) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of a record class that JSON holds: all but the :func:`memory_only` ones, in the order declared."""
+    return tuple(f for f in dataclasses.fields(cls) if not f.metadata.get(_MEMORY_ONLY))  # type: ignore[arg-type]
 
 
 def derived(after: str) -> Callable[[F], F]:
@@ -194,7 +210,7 @@ def _layout(cls: type[Record]) -> _Layout:
 
 def _resolve(cls: type[Record]) -> _Layout:
     hints = typing.get_type_hints(cls, include_extras=True)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = written_fields(cls)
     after: dict[str, list[str]] = {}
     for name, getter in _derived(cls):
         after.setdefault(getter.__derived_after__, []).append(name)
@@ -314,4 +330,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["Count", "Margin", "Record", "Rule", "Whole", "derived", "one_of"]
+__all__ = ["Count", "Margin", "Record", "Rule", "Whole", "derived", "memory_only", "one_of", "written_fields"]

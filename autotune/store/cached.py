@@ -30,11 +30,11 @@ from .. import log, options
 from ..devices.base import Device, own_random_state
 from ..errors import DoesNotFit
 from ..probing import finder, learn
-from ..probing.fitrule import MeasuredTrial, isolate, run_trial
+from ..probing.fitrule import isolate, run_trial
 from ..probing.fsdp import Sharding
 from ..results.device import DeviceInfo
 from ..results.plan import Plan
-from ..results.probe import ProbeResult
+from ..results.probe import ProbeResult, Trial
 from ..results.request import FitRule, ProbeRequest
 from ..results.run import RunResult
 from ..training import distributed
@@ -144,22 +144,22 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
         result, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
         peak_bytes=measured.peak_bytes, breakdown=dict(measured.measurement.breakdown),
         estimate_error=(measured.peak_bytes - predicted) / predicted if predicted else None,
-        trials=result.trials + (measured.trial,), notes=(f"{said}; confirmed by one real run",) + result.notes)
+        trials=result.trials + (measured,), notes=(f"{said}; confirmed by one real run",) + result.notes)
     return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), observed, None
 
 
-def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: FitRule) -> MeasuredTrial:
+def _confirm_run(device: Device, workload: Workload, batch: int, usable: int, rule: FitRule) -> Trial:
     """One real run of the fit rule at ``batch``, the user's random state left as it was."""
     with own_random_state(device.torch_device):
         return run_trial(device, isolate(workload), batch, usable, source="real", capacity_guard=True,
                          data_parallel=rule.buckets, sharding=Sharding.of(rule))
 
 
-def disagreement(stored: ProbeResult, measured: MeasuredTrial, usable: int, max_batch: int) -> str | None:
+def disagreement(stored: ProbeResult, measured: Trial, usable: int, max_batch: int) -> str | None:
     """Why a confirm run at the stored max does not bear the stored result out, or None when it does."""
     m, peak = stored.max_micro_batch, measured.peak_bytes
     if measured.oom or peak is None:
-        return f"micro-batch {m} ran out of memory in the confirm run ({measured.trial.why})"
+        return f"micro-batch {m} ran out of memory in the confirm run ({measured.why})"
     if peak > usable:
         return (f"micro-batch {m} peaks at {format_bytes(peak)} in the confirm run, over the "
                 f"{format_bytes(usable)} usable now")
@@ -177,15 +177,15 @@ def disagreement(stored: ProbeResult, measured: MeasuredTrial, usable: int, max_
     return None
 
 
-def observation(measured: MeasuredTrial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
+def observation(measured: Trial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
                 runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
     m = measured.measurement
     return Observation(
         fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
-        batch=measured.trial.batch, peak_reserved_bytes=measured.peak_bytes,
+        batch=measured.batch, peak_reserved_bytes=measured.peak_bytes,
         peak_allocated_bytes=m.tracked_peak_bytes if m is not None else None,
-        estimated_peak_bytes=stored.predicted_peak_at(measured.trial.batch), oom=measured.oom, runs_before=runs_before,
+        estimated_peak_bytes=stored.predicted_peak_at(measured.batch), oom=measured.oom, runs_before=runs_before,
         seconds=measured.seconds, note=note)
 
 

@@ -29,7 +29,7 @@ def confirmed(order: list[SettingRow], plans: dict[TrainSetting, Plan | None], w
         wl = apply(workload, row.setting, spec=spec, cuda=device.torch_device.type == "cuda", real=True)
         trial = run_trial(device, wl, plan.micro_batch, plan.probe.usable_bytes, source="real")
         if not trial.fits:
-            measured[row.setting] = replace(row, fits=False, why=f"ran out of memory for real: {trial.trial.why}")
+            measured[row.setting] = replace(row, fits=False, why=f"ran out of memory for real: {trial.why}")
             continue
         times = time_plan(wl, device, plan, timing=Timing(warmup=1, min_steps=3, max_steps=10, budget_s=3.0))
         measured[row.setting] = replace(row, measured_samples_per_second=plan.target_batch / times.median)

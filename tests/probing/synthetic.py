@@ -14,7 +14,6 @@ from collections.abc import Callable
 from autotune.devices.base import Measurement
 from autotune.probing import learn
 from autotune.probing.estimates import EstimateCurve, search_estimate
-from autotune.probing.fitrule import MeasuredTrial
 from autotune.probing.trials import TrialRunner
 from autotune.results.probe import Trial
 
@@ -29,21 +28,20 @@ class SyntheticTrialRunner(TrialRunner):
         super().__init__(None, None, usable, source, [] if log is None else log, False)  # type: ignore[arg-type]
         self.timeline, self.capacity, self.reserve = timeline, capacity, reserve
 
-    def __call__(self, batch: int) -> MeasuredTrial:
+    def __call__(self, batch: int) -> Trial:
         if batch not in self.by_size:
             line = [int(x) for x in self.timeline(batch)]
             tracked = max(line)
             peak = tracked if self.reserve is None else self.reserve(tracked)  # what a caching allocator holds
             if self.capacity is not None and peak > self.capacity:
-                measured = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=None, fits=False,
-                                               seconds=0.0, oom=True, why="synthetic out of memory"))
+                trial = Trial(batch=batch, source=self.source, peak_bytes=None, fits=False,
+                              seconds=0.0, oom=True, why="synthetic out of memory")
             else:
-                measured = MeasuredTrial(Trial(batch=batch, source=self.source, peak_bytes=peak,
-                                               fits=peak <= self.usable, seconds=0.0),
-                                         Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={},
-                                                     seconds=0.0, timeline=tuple(line)))
-            self.by_size[batch] = measured
-            self.log.append(measured.trial)
+                trial = Trial(batch=batch, source=self.source, peak_bytes=peak, fits=peak <= self.usable, seconds=0.0,
+                              measurement=Measurement(peak_bytes=peak, tracked_peak_bytes=tracked, breakdown={},
+                                                      seconds=0.0, timeline=tuple(line)))
+            self.by_size[batch] = trial
+            self.log.append(trial)
         return self.by_size[batch]
 
 

@@ -8,7 +8,6 @@ import pytest
 from autotune.devices import get_device
 from autotune.probing import learn
 from autotune.probing.finder import find_max_micro_batch
-from autotune.probing.fitrule import MeasuredTrial
 from autotune.store import cached
 from autotune.workload import load_workload
 
@@ -63,7 +62,7 @@ def test_a_workload_whose_estimate_misses_a_kernels_workspace_is_recalibrated_by
     at_max = next(t for t in real if t.batch == m)
     assert result.predicted_peak_at(m + 1) <= result.usable_bytes
     assert learn.expected_peak(result, m + 1) > result.usable_bytes
-    assert cached.disagreement(result, MeasuredTrial(at_max), result.usable_bytes, 4096) is None
+    assert cached.disagreement(result, at_max, result.usable_bytes, 4096) is None
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def test_no_setting_predicted_to_fit_runs_out_of_memory(plan: autotune.Plan) -> 
     for row in plan.settings:
         trial = run_trial(dev, apply(stack(), row.setting, spec=None, cuda=False), row.micro_batch,
                           plan.probe.usable_bytes, source="real")
-        assert trial.fits, (row.setting.label, trial.trial.why)
+        assert trial.fits, (row.setting.label, trial.why)
 
 
 def test_no_number_changing_setting_without_allow(plan: autotune.Plan) -> None:

@@ -13,7 +13,7 @@ import pytest
 from autotune.errors import BadInput, PlanError, ResultFileError
 from autotune.options import whole
 from autotune.report import load_result
-from autotune.results.record import Margin, Record, Rule, Whole, derived, one_of
+from autotune.results.record import Margin, Record, Rule, Whole, derived, memory_only, one_of, written_fields
 from autotune.serial import dumps
 
 SCHEMA2 = Path(__file__).parent / "data" / "schema2"
@@ -61,6 +61,22 @@ def test_a_record_is_written_in_the_order_declared_with_derived_values_in_place(
 
 def test_a_record_reads_back_what_it_wrote():
     assert Order.from_dict(json.loads(dumps(ORDER.to_dict())), source="x.json") == ORDER
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held(Record):
+    size: Whole
+    scratch: object = memory_only()
+
+
+def test_a_memory_only_field_is_never_written_read_compared_or_shown():
+    held = Held(size=2, scratch=[1, 2])
+    assert held.to_dict() == {"size": 2} and "scratch" not in repr(held)
+    assert [f.name for f in written_fields(Held)] == ["size"]
+    back = Held.from_dict(json.loads(dumps(held.to_dict())))
+    assert back.scratch is None and back == held and hash(back) == hash(held)
+    with pytest.raises(ResultFileError, match="unknown field scratch"):
+        Held.from_dict({"size": 2, "scratch": [1, 2]})
 
 
 @pytest.mark.parametrize(("change", "words"), [

@@ -165,6 +165,21 @@ def test_a_result_reads_back_from_its_own_dict(results, kind):
     assert result_from_dict(results[kind], source="x.json").to_dict() == results[kind]
 
 
+def test_a_probes_trials_hold_their_measurement_in_memory_only():
+    """Each trial that ran to the end holds the device's measurement of it in this process; the JSON written has
+    none, and the result read back (its trials without one) is equal to the one in memory."""
+    probed = pipeline.probe("mlp", device="cpu", memory_budget=3_000_000, max_batch=64)
+    ran = [t for t in probed.trials if not t.oom]
+    assert {t.source for t in ran} == {"estimate", "real"}
+    assert all(t.measurement is not None and t.measurement.peak_bytes == t.peak_bytes for t in ran)
+    text = dumps(probed.to_dict())
+    assert "measurement" not in text and "measurement=" not in repr(probed.trials)
+    read = result_from_dict(json.loads(text), source="x.json")
+    assert all(t.measurement is None for t in read.trials)
+    assert read == probed and read.trials == probed.trials and hash(read.trials) == hash(probed.trials)
+    assert dumps(read.to_dict()) == text
+
+
 def test_the_plain_data_check_sees_a_tuple():
     assert list(_not_plain({"history": ({"step": 0},)})) == ["history (builtins.tuple)"]
 
