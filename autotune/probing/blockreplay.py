@@ -32,6 +32,7 @@ from .. import log
 from ..compat import current_autograd_node, next_sequence_nr, node_sequence_nr, tree_flatten
 from ..devices.recorder import Recorder
 from ..devices.tracker import plain_tensors
+from ..errors import AutotuneError
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
@@ -225,7 +226,7 @@ def found_blocks(device: Any, workload: Workload) -> Blocks | None:
     try:
         with device.standing_in(), torch.device("meta"):
             model = workload.make_model()
-    except Exception:  # (a factory that needs a real device: the whole model is evaluated)
+    except AutotuneError:  # (a factory that needs a real device: the whole model is evaluated)
         return None
     blocks, _ = identical_blocks(model)
     return blocks
@@ -246,7 +247,7 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
             with recorder:
                 done = run_trial(cut_device, blocks.cut(workload, keep), batch, usable, source=source,
                                  capacity_guard=False, **rule)
-        except Exception as exc:  # the model cut short fails: the whole model is evaluated instead
+        except AutotuneError as exc:  # the model cut short fails: the whole model is evaluated instead
             log.progress(f"{blocks.count} blocks not replayed: the model cut to {keep} fails ({type(exc).__name__})")
             return None
         m = done.measurement

@@ -123,7 +123,7 @@ def find_max_micro_batch(workload: Workload, device: Device, *, margin: float = 
         notes=tuple(notes),
         curve=points,
         curve_lines=lines,
-        trials=tuple(trials),
+        trials=tuple(replace(t, measurement=None) for t in trials),  # (a result carries no traces along)
         seconds=time.perf_counter() - start,
         options=dict(workload.chosen),
         data_parallel=data_parallel,

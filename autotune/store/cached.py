@@ -144,7 +144,8 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
         result, device=device.describe(), capacity_bytes=capacity, usable_bytes=usable,
         peak_bytes=measured.peak_bytes, breakdown=dict(measured.measurement.breakdown),
         estimate_error=(measured.peak_bytes - predicted) / predicted if predicted else None,
-        trials=result.trials + (measured,), notes=(f"{said}; confirmed by one real run",) + result.notes)
+        trials=result.trials + (replace(measured, measurement=None),),
+        notes=(f"{said}; confirmed by one real run",) + result.notes)
     return replace(narrowed(result, max_batch), seconds=time.perf_counter() - start), observed, None
 
 
