@@ -24,7 +24,7 @@ from .. import log, options
 from ..devices.base import Device, Session
 from ..devices.estimate import EstimateDevice
 from ..devices.presets import GpuPreset, find_preset
-from ..devices.roofline import count_micro_step, preset_of, seconds
+from ..devices.roofline import preset_of, seconds
 from ..errors import AutotuneError, BadInput, DoesNotFit, first_line
 from ..planning.probed import plan_probed
 from ..planning.settings_search import (
@@ -46,6 +46,7 @@ from ..results.probe import ProbeResult
 from ..results.request import FitRule, PlanRequest, ProbeRequest
 from ..results.search import SettingRow, TrainSetting
 from ..workload import Workload, load_workload
+from .blockcounts import counted_micro_step
 from .lowering import checkpointed
 
 Probe = Callable[[ProbeRequest, Workload, Device], ProbeResult]
@@ -220,7 +221,7 @@ class Search:
             return
         plan = plan_probed(req.target_batch, result, world_size=world, world_size_source=req.world_size_source,
                            multiple_of=req.multiple_of, uniform=req.uniform)
-        counts = count_micro_step(wl, dev, plan.micro_batch)
+        counts = counted_micro_step(wl, dev, plan.micro_batch)
         micro = seconds(counts, self.preset) + counts.ops * self.rank.per_op
         t = step_time(setting, Work(micro_seconds=micro, micro_batch=plan.micro_batch, steps=plan.accumulation_steps,
                                     param_bytes=shape.param_bytes, trainable_bytes=shape.trainable_bytes,

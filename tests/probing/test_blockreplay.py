@@ -183,3 +183,24 @@ def test_every_model_by_name_is_replayed_to_the_byte_or_evaluated_whole(tmp_path
         assert (rebuilt.peak_bytes, rebuilt.allocated_peak_bytes, rebuilt.tracked_peak_bytes, rebuilt.breakdown) == \
             (full.peak_bytes, full.allocated_peak_bytes, full.tracked_peak_bytes, full.breakdown), kind
     assert {"llama", "qwen2"} <= set(replayed), replayed
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_micro_steps_counts_through_the_cut_models_are_the_whole_models(checkpointing, monkeypatch):
+    """The roofline's FLOPs, bytes and ops of a micro-step, taken on the line through the model cut to 2, 3 and
+    4 blocks, equal counting the whole model; blocks whose work differs by index are counted whole."""
+    from autotune.devices.roofline import count_micro_step
+    from autotune.probing import blockcounts
+
+    device = get_device("estimate:H100-80GB")
+    workload = isolate(_gpt(layers=7, checkpointing=checkpointing))
+    counted: list[int] = []
+    monkeypatch.setattr(blockcounts, "count_micro_step", lambda w, d, b: counted.append(b) or count_micro_step(w, d, b))
+    assert blockcounts.counted_micro_step(workload, device, 3) == count_micro_step(workload, device, 3)
+    assert len(counted) == 3  # the three cut models, not the whole one
+    c = gpt.Config(vocab=256, seq_len=16, d_model=32, heads=2, layers=7)
+    odd = isolate(Workload(name="odd", model=functools.partial(_odd_model, c),
+                           batch=functools.partial(gpt.make_batch, c=c), loss=gpt.loss))
+    counted.clear()
+    assert blockcounts.counted_micro_step(odd, device, 3) == count_micro_step(odd, device, 3)
+    assert len(counted) == 4  # the cut models' counts are no line: the whole model counted
