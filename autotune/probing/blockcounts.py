@@ -34,7 +34,7 @@ def counted_micro_step(workload: Workload, device: Device, batch: int) -> OpCoun
     if blocks is None:
         return count_micro_step(workload, device, batch)
     cut = {k: count_micro_step(blocks.cut(workload, k), device, batch) for k in CUTS}
-    whole = _on_the_line(cut, blocks.count)
+    whole = _on_the_line(cut, blocks.groups)
     return whole if whole is not None else count_micro_step(workload, device, batch)
 
 

@@ -133,7 +133,7 @@ class BlockRecorder(Recorder):
         path, start = self._stack.pop()
         end = next_sequence_nr()
         block = self._block_of_path(path)
-        if block is not None and end > start and path == f"{self.blocks.path}.{block}":
+        if block is not None and end > start and self.blocks.is_block(path):
             self._starts.append(start)
             self._spans.append((start, end, block))
 
@@ -248,7 +248,7 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
                 done = run_trial(cut_device, blocks.cut(workload, keep), batch, usable, source=source,
                                  capacity_guard=False, **rule)
         except AutotuneError as exc:  # the model cut short fails: the whole model is evaluated instead
-            log.progress(f"{blocks.count} blocks not replayed: the model cut to {keep} fails ({type(exc).__name__})")
+            log.progress(f"{blocks} not replayed: the model cut short fails ({type(exc).__name__})")
             return None
         m = done.measurement
         if m is None or recorder.recording is None or getattr(cut_device, "engine", "meta") != "meta" or \
@@ -257,23 +257,24 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
         recorders[keep], measured[keep] = recorder, m
     for with_next in (True, False):
         tagged = {keep: recorder.tagged(with_next) for keep, recorder in recorders.items()}
-        made = blocks_trace(tagged.pop(3), blocks.count, tagged)
+        made = blocks_trace(tagged.pop(3), blocks.groups, tagged)
         if made is not None:
             break
     else:
         return None
     trace, categories = made
-    return _trial(device, batch, usable, source, trace, categories, measured[2], measured[3], blocks.count)
+    return _trial(device, batch, usable, source, trace, categories, measured[2], measured[3], blocks)
 
 
 def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event], categories: dict[int, str],
-           two: Any, three: Any, count: int) -> Trial:
+           two: Any, three: Any, blocks: Blocks) -> Trial:
     r = device.replay(trace)
     tracked, breakdown, timeline = walk(trace, categories, getattr(device, "round_to", 1))
-    notes = tuple(_scaled(a, b, count) for a, b in zip(two.notes, three.notes)
+    notes = tuple(_scaled(a, b, blocks.groups) for a, b in zip(two.notes, three.notes)
                   if not b.startswith("the simulated caching allocator runs out"))
-    notes += (f"{count} identical blocks estimated through the model cut to 2, 3 and 4 of them: the 3-block "
-              "allocation trace's pattern rebuilds the others to the byte",)
+    cut = "blocks" if blocks.period == 1 else f"groups of {blocks.period} blocks"
+    notes += (f"{blocks} estimated through the model cut to 2, 3 and 4 {cut}: the 3-{cut[:-1]} allocation trace's "
+              "pattern rebuilds the others to the byte",)
     if r.out_of_memory:
         notes += (f"the simulated caching allocator runs out of memory at {format_bytes(device.capacity_bytes())}"
                   f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)

@@ -3,10 +3,12 @@
 A transformer's layers are one ``nn.ModuleList`` of blocks of one class. They
 are *identical* here when every block and each of its submodules has the
 first's class, parameter and buffer names, shapes, dtypes and ``requires_grad``,
-hooks, and plain attributes (numbers, strings, flags), where an attribute may
-differ only as the block's own index (``layer_idx``). A block that differs in
-any of these (a sliding-window layer among full-attention ones, a hook on one
-block) makes the model's blocks not identical, and it is evaluated whole.
+hooks, methods set on the instance (a checkpointing wrapper), and plain
+attributes (numbers, strings, flags), where an attribute may differ only as the
+block's own index (``layer_idx``). Blocks may also repeat with a period: a
+sliding-window layer then a full-attention one, a block checkpointed then one
+not; each group of ``period`` blocks is then the unit that repeats. Blocks that
+repeat no way (a hook on one block) are evaluated whole.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch import nn
 
 from ..workload import Workload
 
-MIN_BLOCKS = 6  # below this, cutting to 2 and 3 blocks saves too little
+MIN_BLOCKS = 6  # below this many repeated groups, cutting to 2, 3 and 4 of them saves too little
+PERIODS = (1, 2, 3, 4)  # the blocks a repeated group may hold
 _PLAIN = (bool, int, float, str, type(None))
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
           "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
@@ -29,23 +32,39 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
 
 @dataclass(frozen=True)
 class Blocks:
-    """The identical blocks of a model: the path of their ``nn.ModuleList`` in it, how many, and their class."""
+    """The identical blocks of a model: the path of their ``nn.ModuleList`` in it, how many, their class, and
+    how many blocks a repeated group holds (``period``)."""
 
     path: str
     count: int
     kind: str
+    period: int = 1
+
+    @property
+    def groups(self) -> int:
+        """How many times the group of ``period`` blocks repeats."""
+        return self.count // self.period
+
+    def __str__(self) -> str:
+        each = "" if self.period == 1 else f", repeating every {self.period}"
+        return f"{self.count} {self.kind} blocks{each}"
 
     def cut(self, workload: Workload, keep: int) -> Workload:
-        """``workload`` whose model keeps its first ``keep`` blocks."""
-        return replace(workload, model=functools.partial(_cut_model, workload.make_model, self.path, keep))
+        """``workload`` whose model keeps its first ``keep`` groups of blocks."""
+        return replace(workload, model=functools.partial(_cut_model, workload.make_model, self.path,
+                                                         keep * self.period))
 
     def block_of(self, name: str) -> int | None:
-        """The block a parameter, buffer or module named ``name`` (its path in the model) belongs to."""
+        """The group of blocks a parameter, buffer or module named ``name`` (its path in the model) belongs to."""
         prefix = self.path + "."
         if not name.startswith(prefix):
             return None
         head = name[len(prefix):].split(".", 1)[0]
-        return int(head) if head.isdigit() else None
+        return int(head) // self.period if head.isdigit() else None
+
+    def is_block(self, name: str) -> bool:
+        """Is ``name`` the path of one of the blocks themselves?"""
+        return name.startswith(self.path + ".") and name[len(self.path) + 1:].isdigit()
 
 
 def _cut_model(factory: Callable[[], nn.Module], path: str, keep: int) -> nn.Module:
@@ -64,11 +83,13 @@ def identical_blocks(model: nn.Module) -> tuple[Blocks | None, str]:
     path, blocks = max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
     if len(blocks) < MIN_BLOCKS:
         return None, f"{len(blocks)} blocks are too few to replay"
-    first = _signature(blocks[0])
-    for i, block in enumerate(blocks):
-        if not _same(first, _signature(block), i):
-            return None, f"block {i} of {path} differs from block 0"
-    found = Blocks(path, len(blocks), type(blocks[0]).__name__)
+    signatures = [_signature(block) for block in blocks]
+    period = next((p for p in PERIODS if len(blocks) % p == 0 and len(blocks) // p >= MIN_BLOCKS and
+                   all(_same(signatures[i % p], signatures[i], i % p, i) for i in range(len(blocks)))), None)
+    if period is None:
+        differs = next((i for i in range(len(blocks)) if not _same(signatures[0], signatures[i], 0, i)), 0)
+        return None, f"block {differs} of {path} differs from block 0"
+    found = Blocks(path, len(blocks), type(blocks[0]).__name__, period)
     inside = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if found.block_of(name) is not None}
     if any(id(p) in inside for name, p in model.named_parameters(remove_duplicate=False)
            if found.block_of(name) is None):
@@ -76,16 +97,26 @@ def identical_blocks(model: nn.Module) -> tuple[Blocks | None, str]:
     return found, ""
 
 
-def _same(first: list[Any], other: list[Any], index: int) -> bool:
-    """Block ``index`` is block 0's twin: equal, but for plain integers that are each block's own index."""
+def _same(first: list[Any], other: list[Any], first_index: int, index: int) -> bool:
+    """Block ``index`` is the twin of block ``first_index``: equal, but for plain integers that are each block's
+    own index."""
     if len(first) != len(other):
         return False
     for a, b in zip(first, other):
         if a == b:
             continue
-        if not (a[0] == b[0] and a[1] == 0 and b[1] == index and type(a[1]) is int and type(b[1]) is int):
+        if not (a[0] == b[0] and a[1] == first_index and b[1] == index and type(a[1]) is int and
+                type(b[1]) is int):
             return False
     return True
+
+
+def _callable_name(value: Any) -> str:
+    """What a callable set on an instance runs (a bound method's or a partial's function)."""
+    for attr in ("func", "__func__"):
+        while hasattr(value, attr):
+            value = getattr(value, attr)
+    return getattr(value, "__qualname__", type(value).__name__)
 
 
 def _signature(block: nn.Module) -> list[Any]:
@@ -101,6 +132,9 @@ def _signature(block: nn.Module) -> list[Any]:
             table = getattr(module, hooks, None) or {}
             out.append((hooks, tuple(getattr(h, "__qualname__", type(h).__name__) for h in table.values())))
         for key, value in sorted(vars(module).items()):
+            if callable(value) and not isinstance(value, nn.Module):  # a method set on the instance (a wrapper)
+                out.append((f"{name}.{key}", _callable_name(value)))
+                continue
             if key.startswith("_") or not isinstance(value, (*_PLAIN, tuple)):
                 continue
             if isinstance(value, tuple) and not all(isinstance(v, _PLAIN) for v in value):

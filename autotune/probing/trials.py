@@ -22,8 +22,8 @@ def _blocks(device: Device, workload: Workload) -> Blocks | None:
     """The model's identical blocks an estimate replays (said when found), else None."""
     blocks = found_blocks(device, workload)
     if blocks is not None:
-        log.progress(f"{blocks.count} identical {blocks.kind} blocks: estimated through the model cut to 2 and 3 of "
-                     "them (and 4, at the first size)")
+        log.progress(f"{blocks}: estimated through the model cut to 2 and 3 of its repeated groups (and 4, at the "
+                     "first size)")
     return blocks
 
 
@@ -77,8 +77,7 @@ class TrialRunner:
                                   cuts=cuts, data_parallel=self.data_parallel, sharding=self.sharding,
                                   host=self.host)
         if measured is None:
-            log.progress(f"the {self.blocks.count} {self.blocks.kind} blocks do not repeat as one pattern: "
-                         "the whole model is evaluated")
+            log.progress(f"the {self.blocks} do not repeat as one pattern: the whole model is evaluated")
             self.blocks = None
         return measured
 

@@ -59,8 +59,16 @@ def _both(workload: Workload, batch: int, sharding: Sharding | None = None, devi
     return full.measurement, None if replayed is None else replayed.measurement
 
 
+def _every_second_checkpointed() -> Workload:
+    from autotune.probing.lowering import checkpointed
+
+    return checkpointed(_gpt(layers=12), "blocks.*", every=2)
+
+
 CASES = {
     "gpt": lambda: (_gpt(), None),
+    "gpt, every 2nd block checkpointed (a group of 2 repeats), FSDP x4": lambda: (_every_second_checkpointed(),
+                                                                                  Sharding(4)),
     "gpt, checkpointing": lambda: (_gpt(checkpointing=True), None),
     "gpt, FSDP x4": lambda: (_gpt(), Sharding(4)),
     "gpt, FSDP x4, sync every micro-step": lambda: (_gpt(), Sharding(4, sync_every=True)),
@@ -103,6 +111,17 @@ def test_a_block_with_a_setting_of_its_own_or_a_hook_is_not_replayed():
     assert identical_blocks(model)[0] is None
 
 
+def test_blocks_that_alternate_repeat_in_groups():
+    from autotune.probing.lowering import checkpointed
+
+    with torch.device("meta"):
+        blocks, why = identical_blocks(checkpointed(_gpt(layers=12), "blocks.*", every=2).make_model())
+    assert blocks is not None and (blocks.period, blocks.groups) == (2, 6), why
+    assert str(blocks) == "12 Block blocks, repeating every 2"
+    with torch.device("meta"):
+        assert identical_blocks(checkpointed(_gpt(layers=12), "blocks.*", every=5).make_model())[0] is None
+
+
 def test_each_blocks_own_index_is_not_a_difference():
     model = _gpt().make_model()
     for i, block in enumerate(model.blocks):
@@ -142,10 +161,10 @@ def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeyp
     evaluating every block (the planted switch: no blocks found)."""
     workload = _gpt(layers=8)
     found = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
-    assert any("identical blocks estimated" in note for note in found.notes)
+    assert any("8 Block blocks estimated through the model cut to 2, 3 and 4 blocks" in note for note in found.notes)
     monkeypatch.setattr(trials, "found_blocks", lambda device, workload: None)  # (the planted switch)
     whole = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
-    assert not any("identical blocks estimated" in note for note in whole.notes)
+    assert not any("estimated through the model cut" in note for note in whole.notes)
     assert found.max_micro_batch == whole.max_micro_batch
     assert {t.batch: t.peak_bytes for t in found.trials} == {t.batch: t.peak_bytes for t in whole.trials}
 
@@ -159,9 +178,10 @@ SETTINGS = {"full": {}, "checkpointing, bf16-mixed": {"gradient_checkpointing": 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_every_model_by_name_is_replayed_to_the_byte_or_evaluated_whole(tmp_path, setting):
     """Each kind of Hugging Face model ``--model`` builds, with 7 layers: where its blocks replay, the estimate is
-    the whole model's to the byte; where they do not (Gemma 2's layers alternate sliding and full attention, T5's
-    first block holds the relative position bias, a pattern that does not rebuild the cut traces), nothing is
-    taken. The Llama and Qwen 2 kinds replay in every setting (the check is not vacuous)."""
+    the whole model's to the byte; where they do not (T5's first block holds the relative position bias; Gemma 2's
+    layers alternate sliding and full attention; a pattern that does not rebuild the cut traces, as Mistral's at
+    some settings), nothing is taken. The Llama and Qwen 2 kinds replay in every setting (the check is not
+    vacuous)."""
     pytest.importorskip("transformers")
     from autotune.results.model import ModelSpec
     from autotune.workload import load_workload
