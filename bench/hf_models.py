@@ -10,9 +10,9 @@ written to a temporary folder; each row runs ``autotune probe --model DIR --json
 --gradient-checkpointing`` in its own process (``OMP_NUM_THREADS=1``) and prints the max micro-batch (or what
 the smallest one needs when none fits), the reserved peak at it, total and trainable parameters, the formula
 of ``accelerate estimate-memory`` (Adam training as 4x the weights; the result's ``model`` part) and the
-process's wall seconds. ``--dtype``: bf16 weights (``bf16-true``, the default) or ``bf16-mixed`` (autocast to
-bf16 over fp32 weights; under LoRA over the frozen bf16 weights, fp32 adapters). QLoRA (``--lora ...,bits=4``)
-is NF4 base weights estimated by shape (autotune/workload/qlora.py).
+process's wall and CPU seconds (user + system, its own). ``--dtype``: bf16 weights (``bf16-true``, the
+default) or ``bf16-mixed`` (autocast to bf16 over fp32 weights; under LoRA over the frozen bf16 weights, fp32
+adapters). QLoRA (``--lora ...,bits=4``) is NF4 base weights estimated by shape (autotune/workload/qlora.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,18 +72,25 @@ def write_configs(folder: str) -> dict[str, str]:
     return paths
 
 
-def probe(model_dir: str, seq: int, extra: list[str], dtype: str = "bf16-true") -> tuple[dict | None, str, float]:
-    """The probe's JSON (None on failure), its last error line, wall seconds."""
+def child_cpu() -> float:
+    """CPU seconds (user + system) of the child processes waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def probe(model_dir: str, seq: int, extra: list[str],
+          dtype: str = "bf16-true") -> tuple[dict | None, str, float, float]:
+    """The probe's JSON (None on failure), its last error line, wall seconds, CPU seconds."""
     argv = [sys.executable, "-m", "autotune", "probe", "--model", model_dir, "--json", "--seq-len", str(seq),
             "--dtype", dtype, "--gradient-checkpointing", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    begin = time.perf_counter()
+    begin, cpu = time.perf_counter(), child_cpu()
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - begin
+    wall, cpu = time.perf_counter() - begin, child_cpu() - cpu
     lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
     error = lines[-1] if lines else f"exit {done.returncode}"
     result = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
-    return result, error, wall
+    return result, error, wall, cpu
 
 
 def meta_count(model_dir: str, lora: bool, dtype: str = "bf16-true") -> tuple[str, str]:
@@ -143,15 +151,15 @@ def main() -> None:
     print(f"autotune probe --model DIR --dtype {args.dtype} --gradient-checkpointing --json (each row its own "
           "process)\n")
     print("| model | device | mode | seq | max micro-batch | reserved peak | params total / trainable "
-          "| accelerate formula (Adam, 4x weights) | seconds |")
-    print("|---|---|---|---:|---|---:|---|---:|---:|", flush=True)
+          "| accelerate formula (Adam, 4x weights) | wall s | CPU s |")
+    print("|---|---|---|---:|---|---:|---|---:|---:|---:|", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         paths = write_configs(folder)
         for model, device, dev_args, mode, mode_args, seq in rows(args):
-            result, error, wall = probe(paths[model], seq, dev_args + mode_args, args.dtype)
+            result, error, wall, cpu = probe(paths[model], seq, dev_args + mode_args, args.dtype)
             batch, peak, params, formula = cells(result, error, paths[model], mode != "full", args.dtype)
-            print(f"| {model} | {device} | {mode} | {seq} | {batch} | {peak} | {params} | {formula} | {wall:.1f} |",
-                  flush=True)
+            print(f"| {model} | {device} | {mode} | {seq} | {batch} | {peak} | {params} | {formula} "
+                  f"| {wall:.1f} | {cpu:.1f} |", flush=True)
     print("\n* where marked: counted here on the meta device (the probe stopped before its model part)")
 
 
