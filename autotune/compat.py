@@ -488,3 +488,20 @@ def checkpoint_device_type() -> tuple[Any, str]:
     """Where activation checkpointing reads the device type of its inputs (whose autocast state and random
     state it saves for the recomputation): ``(module, function name)``."""
     return importlib.import_module("torch.utils.checkpoint"), "_infer_device_type"
+
+
+def nested_internals() -> tuple[Any, Any, type]:
+    """torch's nested tensors of jagged layout, inside: (its ``nested_tensor`` module, its ``sdpa`` module, the
+    ``NestedTensor`` class)."""
+    from torch.nested._internal import nested_tensor, sdpa
+
+    return nested_tensor, sdpa, nested_tensor.NestedTensor
+
+
+def nested_view_dummy() -> Callable[[], Any] | None:
+    """torch's maker of the dummy NJT it passes to every view of values as an NJT; None in a torch with none."""
+    try:
+        from torch.nested._internal.nested_tensor import _nt_view_dummy
+    except ImportError:
+        return None
+    return _nt_view_dummy

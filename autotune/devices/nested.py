@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..compat import disable_current_modes, tree_flatten
+from ..compat import disable_current_modes, nested_internals, nested_view_dummy, tree_flatten
 from .session import EstimateSession
 
 Move = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,28 +46,27 @@ def is_jagged(t: torch.Tensor) -> bool:
 def make_view_dummy() -> None:
     """Make the dummy NJT torch passes to every view of values as an NJT (two ``meta`` tensors, made once per
     process on first use): made inside a measurement, the first one to build such a view would count it."""
-    try:
-        from torch.nested._internal.nested_tensor import _nt_view_dummy
-    except ImportError:  # a torch that makes none
+    make = nested_view_dummy()
+    if make is None:  # a torch that makes none
         return
     with disable_current_modes():  # (made outside any FakeTensorMode the first measurement runs under)
-        _nt_view_dummy()
+        make()
 
 
 def to_meta(t: torch.Tensor, copy: Callable[[torch.Tensor], torch.Tensor], move: Move) -> torch.Tensor:
     """The host NJT ``t`` as an NJT of ``meta`` tensors laid out as the host's: ``copy(inner)`` makes each inner
     tensor's shape-only copy, ``move(inner, copy)`` gives it the host's value. What it creates is for the
     caller to count (a real device's move is ``clone()`` of it)."""
-    from torch.nested._internal.nested_tensor import NestedTensor
-
+    NestedTensor = nested_internals()[2]  # noqa: N806
     assert isinstance(t, NestedTensor)
+    nt: Any = t
 
     def meta(inner: torch.Tensor | None) -> Any:
         return None if inner is None else move(inner, copy(inner))
 
-    cache = {key: meta(value) for key, value in t._metadata_cache.items()}
-    return NestedTensor(meta(t._values), meta(t._offsets), lengths=meta(t._lengths), _ragged_idx=t._ragged_idx,
-                        _metadata_cache=cache, requires_grad=t.requires_grad)
+    cache = {key: meta(value) for key, value in nt._metadata_cache.items()}
+    return NestedTensor(meta(nt._values), meta(nt._offsets), lengths=meta(nt._lengths), _ragged_idx=nt._ragged_idx,
+                        _metadata_cache=cache, requires_grad=nt.requires_grad)
 
 
 @contextlib.contextmanager
@@ -79,8 +78,7 @@ def nested_on_meta(device_type: str, move: Move) -> Iterator[None]:
     refuses). An NJT built from a list of tensors counts the sizes it makes its offsets of, ``move(host,
     device_tensor)`` giving them their values (see :func:`to_meta`)."""
     import torch.utils.flop_counter  # noqa: F401  # NJT attention asks it about meta tensors without importing it
-    from torch.nested._internal import nested_tensor, sdpa
-    from torch.nested._internal.nested_tensor import NestedTensor
+    nested_tensor, sdpa, NestedTensor = nested_internals()  # noqa: N806
 
     autocast, select = sdpa._autocast, sdpa._select_sdp_backend
     from_list = nested_tensor.jagged_from_list
@@ -133,7 +131,7 @@ def _backend(select: Callable[..., Any], device_type: str) -> Callable[..., Any]
 def _autocast_stops(function: Any, device_type: str) -> Any:
     """The NJT's ``__torch_function__`` (the classmethod ``function``), stopping where CPU autocast would cast a
     meta NJT's op (standing in for the CPU)."""
-    from torch.nested._internal.nested_tensor import NestedTensor
+    NestedTensor: Any = nested_internals()[2]  # noqa: N806
 
     def torch_function(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if device_type == "cpu" and torch.is_autocast_enabled("cpu") and any(

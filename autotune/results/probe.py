@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from ..options import PARALLEL, Parallel
 from ..units import format_bytes, format_margin
@@ -11,11 +11,6 @@ from .device import DeviceInfo
 from .model import ModelFacts
 from .record import Margin, Record, Whole, derived, memory_only, one_of, written_fields
 from .timeline import MemoryTimeline
-
-if TYPE_CHECKING:
-    from ..devices.measurement import Measurement
-else:  # torch's side, which results never import: a trial holds one in memory only, never written or read
-    Measurement = object
 
 SOURCES = ("estimate", "real")
 LIMITS = ("memory", "max_batch", "host_memory")
@@ -46,7 +41,7 @@ class Trial(Record):
     why: str | None = None
     allocated_bytes: int | None = None
     retries: int | None = None
-    measurement: Measurement | None = memory_only()
+    measurement: Any = memory_only()  # a devices.measurement.Measurement (results import no device code)
 
     def validate(self) -> None:
         if self.peak_bytes is None and not self.oom:
