@@ -254,13 +254,18 @@ class EstimateDevice:
             notes += (self.not_simulated,)
         if tracker.trace is None or self.allocator is None:
             return replace(m, notes=notes)
-        r = self.replay(tracker.trace)
+        return self.replayed(replace(m, notes=notes), tracker.trace)
+
+    def replayed(self, m: Measurement, trace: Sequence[Event]) -> Measurement:
+        """``m`` with the caching-allocator simulation's figures for ``trace`` (its reserved peak deciding), the
+        seconds of the replay added (this estimate simulates one)."""
+        r = self.replay(trace)
+        notes = m.notes
         if r.out_of_memory:
             notes += (f"the simulated caching allocator runs out of memory at {format_bytes(self.capacity_bytes())}"
                       f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)
         return replace(m, peak_bytes=r.reserved_peak, allocated_peak_bytes=r.allocated_peak, alloc_retries=r.retries,
-                       notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds,
-                       trace=tuple(tracker.trace))
+                       notes=notes, seconds=m.seconds + r.seconds, replay_seconds=r.seconds, trace=tuple(trace))
 
     def replay(self, trace: Sequence[Event]) -> Replay:
         """``trace`` replayed through this estimate's caching-allocator simulation (it simulates one)."""

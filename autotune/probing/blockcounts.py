@@ -10,15 +10,10 @@ line too, and they are taken from it; otherwise the whole model is counted.
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
-
 from ..devices.base import Device
 from ..devices.roofline import OpCounts, count_micro_step
-from ..errors import AutotuneError
 from ..workload import Workload
-from .blocks import identical_blocks
+from .blocks import blocks_of
 
 CUTS = (2, 3, 4)
 
@@ -26,11 +21,7 @@ CUTS = (2, 3, 4)
 def counted_micro_step(workload: Workload, device: Device, batch: int) -> OpCounts:
     """:func:`~autotune.devices.roofline.count_micro_step` of ``workload`` at ``batch``, through the model cut to
     2, 3 and 4 of its identical blocks where their counts are a line (see the module)."""
-    try:
-        with getattr(device.estimator(), "standing_in", contextlib.nullcontext)(), torch.device("meta"):
-            blocks, _ = identical_blocks(workload.make_model())
-    except AutotuneError:  # (a factory that needs a real device: the whole model is counted)
-        blocks = None
+    blocks = blocks_of(device.estimator(), workload)
     if blocks is None:
         return count_micro_step(workload, device, batch)
     cut = {k: count_micro_step(blocks.cut(workload, k), device, batch) for k in CUTS}

@@ -36,7 +36,7 @@ from ..errors import AutotuneError
 from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload
-from .blocks import Blocks, identical_blocks
+from .blocks import Blocks, blocks_of
 from .blocktrace import NONE, Event, Tagged, blocks_trace
 from .fitrule import run_trial
 
@@ -223,13 +223,7 @@ def found_blocks(device: Any, workload: Workload) -> Blocks | None:
     engine simulating a caching allocator); else None."""
     if getattr(device, "engine", None) != "meta" or not getattr(device, "simulates", False):
         return None
-    try:
-        with device.standing_in(), torch.device("meta"):
-            model = workload.make_model()
-    except AutotuneError:  # (a factory that needs a real device: the whole model is evaluated)
-        return None
-    blocks, _ = identical_blocks(model)
-    return blocks
+    return blocks_of(device, workload)
 
 
 def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, usable: int, *, source: str,
@@ -263,25 +257,21 @@ def replayed_trial(device: Any, workload: Workload, blocks: Blocks, batch: int, 
     else:
         return None
     trace, categories = made
-    return _trial(device, batch, usable, source, trace, categories, measured[2], measured[3], blocks)
+    return _trial(device, batch, usable, source, trace, categories, measured, blocks)
 
 
 def _trial(device: Any, batch: int, usable: int, source: str, trace: list[Event], categories: dict[int, str],
-           two: Any, three: Any, blocks: Blocks) -> Trial:
-    r = device.replay(trace)
+           measured: dict[int, Any], blocks: Blocks) -> Trial:
+    """The trial whose measurement is the 3-block one's with the whole model's trace, replayed, its live bytes,
+    the notes' call counts at the whole model's blocks, and the seconds of every cut model's run."""
+    two, three = measured[2], measured[3]
     tracked, breakdown, timeline = walk(trace, categories, getattr(device, "round_to", 1))
-    notes = tuple(_scaled(a, b, blocks.groups) for a, b in zip(two.notes, three.notes)
-                  if not b.startswith("the simulated caching allocator runs out"))
+    notes = tuple(_scaled(a, b, blocks.groups) for a, b in zip(two.notes, three.notes))
     cut = "blocks" if blocks.period == 1 else f"groups of {blocks.period} blocks"
     notes += (f"{blocks} estimated through the model cut to 2, 3 and 4 {cut}: the 3-{cut[:-1]} allocation trace's "
               "pattern rebuilds the others to the byte",)
-    if r.out_of_memory:
-        notes += (f"the simulated caching allocator runs out of memory at {format_bytes(device.capacity_bytes())}"
-                  f" even after freeing its cache; it would reserve {format_bytes(r.reserved_peak)}",)
-    seconds = two.seconds + three.seconds - two.replay_seconds - three.replay_seconds + r.seconds
-    m = replace(three, peak_bytes=r.reserved_peak, allocated_peak_bytes=r.allocated_peak, alloc_retries=r.retries,
-                tracked_peak_bytes=tracked, breakdown=breakdown, timeline=timeline, trace=tuple(trace),
-                notes=notes, seconds=seconds, replay_seconds=r.seconds)
+    m = device.replayed(replace(three, tracked_peak_bytes=tracked, breakdown=breakdown, timeline=timeline,
+                                notes=notes, seconds=sum(done.seconds for done in measured.values())), trace)
     fits = m.peak_bytes <= usable
     why = None if fits else f"peak {format_bytes(m.peak_bytes)} is over the usable {format_bytes(usable)}"
     return Trial(batch=batch, source=source, peak_bytes=m.peak_bytes, fits=fits, seconds=m.seconds,

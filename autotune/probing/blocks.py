@@ -13,13 +13,16 @@ repeat no way (a hook on one block) are evaluated whole.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch import nn
 
+from ..errors import AutotuneError
 from ..workload import Workload
 
 MIN_BLOCKS = 6  # below this many repeated groups, cutting to 2, 3 and 4 of them saves too little
@@ -65,6 +68,17 @@ class Blocks:
     def is_block(self, name: str) -> bool:
         """Is ``name`` the path of one of the blocks themselves?"""
         return name.startswith(self.path + ".") and name[len(self.path) + 1:].isdigit()
+
+
+def blocks_of(estimate: Any, workload: Workload) -> Blocks | None:
+    """The identical blocks of ``workload``'s model, built on ``estimate`` (on ``meta``, as the GPU it stands in
+    for where it stands in for one); None where they are not identical or the model cannot be built there."""
+    try:
+        with getattr(estimate, "standing_in", contextlib.nullcontext)(), torch.device("meta"):
+            model = workload.make_model()
+    except AutotuneError:  # (a factory that needs a real device: the whole model is evaluated)
+        return None
+    return identical_blocks(model)[0]
 
 
 def _cut_model(factory: Callable[[], nn.Module], path: str, keep: int) -> nn.Module:

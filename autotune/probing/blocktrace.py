@@ -45,8 +45,8 @@ class Tagged:
     categories: dict[int, str]  # allocation key -> category (parameters, gradients, ...)
 
 
-# A template token: ("a", nbytes, stream, category) or ("f", (segment, block offset from the freeing block or
-# None outside blocks, ordinal), the freed allocation's ("a", ...) token).
+# A template token: ("a", nbytes, stream, category), or ("f", (segment, whose block (see _whose), half, ordinal,
+# run), the freed allocation's ("a", ...) token).
 Token = tuple
 
 
