@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +125,20 @@ class Snapshot:
     unknown_reads: int = 0
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """One event of an allocation trace to make again (:meth:`LiveStorageTracker.replay`): an allocation of
+    ``nbytes`` on ``stream`` (``device``: memory no tensor holds), its ``category`` and the recorder's ``tags``
+    for it; or, with ``nbytes`` -1, the free of the allocation of event number ``freed``."""
+
+    nbytes: int
+    stream: int = 0
+    device: bool = False
+    category: str | None = None
+    tags: Any = None
+    freed: int = -1
+
+
 class _Entry:
     __slots__ = ("nbytes", "ref", "serial", "tkey")
 
@@ -194,6 +208,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.stream = 0
         self.after_op: Callable[[Any, tuple, dict, Any], None] | None = None
         self.recorder: Any = None  # told about every allocation in the trace, when set (see the module docstring)
+        self.device_keys: set[int] = set()  # the keys of device memory no tensor holds (device_alloc)
         self._session = contextlib.ExitStack()  # what entering it installed in torch
 
     def ignore_compile_internals(self) -> bool:  # type: ignore[override]  # per tracker, not per class
@@ -431,6 +446,7 @@ class LiveStorageTracker(TorchDispatchMode):
         on; returns its key."""
         self._settle()
         self._serial += 1
+        self.device_keys.add(self._serial)
         if self.trace is not None and nbytes > 0:
             self.trace.append((self._serial, nbytes, self.stream))
             if self.recorder is not None:
@@ -443,6 +459,45 @@ class LiveStorageTracker(TorchDispatchMode):
             self.trace.append((key, -1, 0))
             if self.recorder is not None:
                 self.recorder.free(key)
+
+    def replay(self, events: Sequence[Replayed], owner: object) -> None:
+        """Make again, in order, the allocations and frees that the same code made in another run (see
+        :mod:`autotune.probing.stepreuse`), as if it ran now: each allocation counted (device memory no tensor
+        holds in the trace only), with its category and, for the recorder, its recorded tags; each free of one of
+        them. The tensors still live at the end die with ``owner``."""
+        keys: list[int] = []
+        tracker_ref = weakref.ref(self)
+        for event in events:
+            if event.nbytes < 0:
+                key = keys[event.freed]
+                keys.append(0)
+                if event.device:
+                    self.device_free(key)
+                else:
+                    self._settle()
+                    self._on_death(-key)
+                continue
+            self._settle()
+            if not event.device:
+                self._grow(event.nbytes)
+            self._serial += 1
+            serial = self._serial
+            keys.append(serial)
+            if event.device:
+                self.device_keys.add(serial)
+            else:
+                def died(_ref: weakref.ref, key: int = -serial, serial: int = serial) -> None:
+                    tracker = tracker_ref()
+                    if tracker is not None:
+                        tracker._died(key, serial)
+
+                self._live[-serial] = _Entry(serial, event.nbytes, weakref.ref(owner, died))
+                if event.category is not None:
+                    self._set_category(serial, event.category)
+            if self.trace is not None:
+                self.trace.append((serial, event.nbytes, event.stream))
+                if self.recorder is not None:
+                    self.recorder.replayed_alloc(serial, -1 if event.device else serial, event.tags)
 
     def scratch(self, sizes: Iterable[int]) -> None:
         """Record a kernel's scratch buffers: allocated in order, all freed when the kernel returns."""

@@ -101,6 +101,27 @@ class BlockRecorder(Recorder):
         after = self._key_next.get(key, NONE) if outside else NONE
         self._tagged(self._last if before == NONE else before, self._last_next if after == NONE else after)
 
+    def replayed_alloc(self, key: int, serial: int, tags: tuple[int, int]) -> None:
+        """An allocation made again from another run (:mod:`autotune.probing.stepreuse`), with the two tags it had
+        there (``serial`` -1: device memory no tensor holds)."""
+        tag, with_next = tags
+        self._serial[key] = serial
+        self._key_tag[key] = tag
+        self._key_next[key] = with_next
+        self._tagged(tag, with_next)
+
+    def state(self) -> tuple[int, int]:
+        """What the tags of an allocation made from nothing next depend on: the tags of the event before."""
+        return self._last, self._last_next
+
+    def tag_of_key(self, key: int) -> int:
+        """The block of the allocation ``key`` of the trace (NONE: none)."""
+        return self._key_tag.get(key, NONE)
+
+    def tag_of(self, t: torch.Tensor) -> int:
+        """The block of a tensor: of the model's parameter or buffer it is, else of its allocation (NONE: none)."""
+        return self._tag_of(t)
+
     def _tagged(self, tag: int, with_next: int) -> None:
         """Two tags for the event: made from nothing, it goes with the event before it, or with the next."""
         self.tags.append(tag)

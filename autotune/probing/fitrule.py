@@ -36,8 +36,8 @@ from ..results.probe import Trial
 from ..units import format_bytes
 from ..workload import Workload, item_weight
 from ..workload.bookkeeping import loss_total, noise_buffer, weighted_loss
-from .fsdpoffload import optimizer_on_host
 from .hostbatch import HostBatches
+from .stepreuse import OptimizerSteps, StepsDiffer, run_step
 
 if TYPE_CHECKING:
     from .fsdp import Sharding
@@ -51,7 +51,8 @@ OnStep = Callable[[int, int], None]
 
 def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_parallel: bool = False,
                   sharding: Sharding | None = None, on_step: OnStep | None = None,
-                  host: HostBatches | None = None) -> Callable[[Session], None]:
+                  host: HostBatches | None = None, optimizer_steps: OptimizerSteps | None = None
+                  ) -> Callable[[Session], None]:
     """The fit rule for ``batch`` as work a device can measure.
 
     ``data_parallel``: the plan runs under DDP, which holds one gradient-sized
@@ -61,9 +62,11 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
     synchronise on the last micro-step only, or on every one (``sharding.sync_every``).
     ``on_step(done, total)`` is called after every micro-step (progress of a long real run). ``host``: the host
     memory the batch's builds took so far (one per probe); each build is bounded by the host's memory (see
-    :mod:`autotune.probing.hostbatch`).
+    :mod:`autotune.probing.hostbatch`). ``optimizer_steps``: an estimate probe's optimizer steps, each evaluated
+    once and made again at other sizes (see :mod:`autotune.probing.stepreuse`).
     """
     total = OPTIMIZER_STEPS * MICRO_STEPS
+    step_optimizer = optimizer_steps if optimizer_steps is not None else run_step
     make_batch = (host if host is not None else HostBatches()).builder(workload.make_batch)
 
     def work(session: Session) -> None:
@@ -95,9 +98,7 @@ def fit_rule_work(workload: Workload, batch: int, *, seed: int = 0, data_paralle
                     on_step(done, total)
             del loss_sum
             mark(f"optimizer step {step + 1}")
-            with session.tracker.values_do_not_shape(), optimizer_on_host(opt):  # step counters, learning rates
-                opt.step()  # (under FSDP's CPU offload on a device told apart from the host, the host's step)
-            session.tag_optimizer(opt)
+            step_optimizer(session, opt)
             opt.zero_grad(set_to_none=True)
         del buckets, noise
 
@@ -141,21 +142,27 @@ def ddp_buckets(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 def run_trial(device: Device, workload: Workload, batch: int, usable: int, *, source: str,
               capacity_guard: bool = True, data_parallel: bool = False, sharding: Sharding | None = None,
-              on_step: OnStep | None = None, host: HostBatches | None = None) -> Trial:
+              on_step: OnStep | None = None, host: HostBatches | None = None,
+              optimizer_steps: OptimizerSteps | None = None) -> Trial:
     """Measure the fit rule at ``batch`` on ``device``; only the device's own OOM means "does not fit".
 
     ``capacity_guard``: the device raises its out-of-memory error at its
     capacity (a GPU always does; the CPU emulates it), so a trial never takes
     more than the budget. ``host``: see :func:`fit_rule_work`; a batch the host cannot build raises
     :class:`~autotune.probing.hostbatch.HostMemory`. Any other exception from the workload's code stops
-    everything as a WorkloadError naming the batch size and the workload.
+    everything as a WorkloadError naming the batch size and the workload. ``optimizer_steps``: see
+    :func:`fit_rule_work`; where a step differs from the recorded ones, the fit rule runs again without them.
     """
     start = time.perf_counter()
     try:
         _, m = device.measure(fit_rule_work(workload, batch, data_parallel=data_parallel, sharding=sharding,
-                                            on_step=on_step, host=host), enforce_capacity=capacity_guard)
+                                            on_step=on_step, host=host, optimizer_steps=optimizer_steps),
+                              enforce_capacity=capacity_guard)
     except AutotuneError:
         raise
+    except StepsDiffer:
+        return run_trial(device, workload, batch, usable, source=source, capacity_guard=capacity_guard,
+                         data_parallel=data_parallel, sharding=sharding, on_step=on_step, host=host)
     except Exception as exc:  # the workload's own code runs here, and may raise anything: an OOM means "does not
         # fit", any other error stops the probe as a WorkloadError naming it (never a silent "does not fit")
         if is_oom(exc, device.torch_device.type):

@@ -143,6 +143,11 @@ def host_apart(tracker: Any, *, on_meta: bool) -> Iterator[Host]:
                 setattr(owner, name, original)
 
 
+def offloading() -> bool:
+    """Does an optimizer step now run on the host (inside :func:`host_apart`)?"""
+    return bool(_ACTIVE)
+
+
 @contextlib.contextmanager
 def optimizer_on_host(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """The optimizer step of an offloaded model, inside :func:`host_apart`: it runs on the host (nothing it

@@ -16,6 +16,7 @@ from .blocks import Blocks
 from .fitrule import run_trial
 from .fsdp import Sharding
 from .hostbatch import HostBatches
+from .stepreuse import OptimizerSteps
 
 
 def _blocks(device: Device, workload: Workload) -> Blocks | None:
@@ -41,6 +42,8 @@ class TrialRunner:
         self.log = log
         self.by_size: dict[int, Trial] = {}
         self.blocks = _blocks(device, workload) if source == "estimate" else None
+        # an estimate's optimizer steps: each evaluated once, made again at the other sizes
+        self.optimizer_steps = OptimizerSteps() if source == "estimate" else None
 
     def __call__(self, batch: int) -> Trial:
         if batch not in self.by_size:
@@ -59,7 +62,8 @@ class TrialRunner:
             if trial is None:
                 trial = run_trial(self.device, self.workload, batch, self.usable, source=self.source,
                                   capacity_guard=self.source == "real", data_parallel=self.data_parallel,
-                                  sharding=self.sharding, on_step=on_step, host=self.host)
+                                  sharding=self.sharding, on_step=on_step, host=self.host,
+                                  optimizer_steps=self.optimizer_steps)
             self.by_size[batch] = trial
             self.log.append(trial)
             peak = "out of memory" if trial.oom else format_bytes(trial.peak_bytes)
@@ -75,7 +79,7 @@ class TrialRunner:
         cuts = (2, 3) if self.by_size else (2, 3, 4)
         measured = replayed_trial(self.device, self.workload, self.blocks, batch, self.usable, source=self.source,
                                   cuts=cuts, data_parallel=self.data_parallel, sharding=self.sharding,
-                                  host=self.host)
+                                  host=self.host, optimizer_steps=self.optimizer_steps)
         if measured is None:
             log.progress(f"the {self.blocks} do not repeat as one pattern: the whole model is evaluated")
             self.blocks = None
