@@ -13,10 +13,14 @@ The time model of one optimizer step of a rank (``k`` micro-steps at micro-batch
     step = k x (micro + fsdp_gathers + fsdp_scatter_every) + sync_once + offload_copies + optimizer
 
 - ``micro``: the roofline time of one micro-step at ``b`` (:mod:`autotune.devices.roofline`: FLOPs at the
-  device's peak or bytes at its memory bandwidth, whichever is longer), plus each op's launch and dispatch
-  (``LAUNCH`` on a GPU; on the CPU, measured on a one-element add), counted on the model as the setting
+  device's peak or bytes at its memory bandwidth, whichever is longer), counted on the model as the setting
   runs it, so checkpointing's recomputed forwards are counted, and autocast's half-precision FLOPs run at
   the tensor-core rate; every micro-step is taken at ``b``, the largest (a bound for an uneven plan);
+  plus the fixed costs of a micro-step, whatever ``b`` is: each op's launch and dispatch (``ops x per_op``:
+  ``LAUNCH`` on a GPU; on the CPU, measured on a small training step), and each checkpointed block's own
+  work beside its ops (``regions x per_region``: ``torch.utils.checkpoint``'s frame, its saved-tensor hooks,
+  the start of the recompute; measured on the CPU, where the host is the device; 0 on a GPU, whose host runs
+  it ahead of the kernels). So of two plans with the same FLOPs, the one with fewer micro-steps is faster;
 - FSDP: each micro-step all-gathers the parameters twice (forward, and backward after the forward's reshard),
   ``2 x (W-1)/W x parameter bytes``, and reduce-scatters the gradients, ``(W-1)/W x gradient bytes``, after
   every micro-step or once a step, over the link of one GPU (``LINKS``; the CPU: its memory bandwidth);
@@ -30,7 +34,7 @@ The time model of one optimizer step of a rank (``k`` micro-steps at micro-batch
   steps every rank's shard (one host serves the ranks of a node), ``trainable parameters / HOST_ADAM``.
 
 Nothing overlaps in the model (collectives do overlap compute in practice, so FSDP's and DDP's costs are an
-upper bound); launch gaps and kernels below their peak are left out. It ranks settings on the same work;
+upper bound); kernels below their peak are left out. It ranks settings on the same work;
 it is not meant to predict seconds. No torch here.
 """
 
@@ -74,20 +78,23 @@ ADAM_PASSES = 7
 class Rank:
     """What the time model knows of one rank's device: memory bandwidth, link bandwidth to its peers and to the
     host (``host_link``), bytes/s, the host's Adam throughput (``host_adam``, parameters/s), and the seconds each
-    op costs beyond its roofline (a kernel launch and PyTorch's dispatch: ``LAUNCH`` on a GPU)."""
+    op costs beyond its roofline (a kernel launch and PyTorch's dispatch: ``LAUNCH`` on a GPU) and each checkpointed
+    block beyond its ops (``per_region``)."""
 
     bandwidth: float
     link: float
     host_link: float = 25e9
     host_adam: float = HOST_ADAM
     per_op: float = 0.0
+    per_region: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class Work:
     """What one setting's rank computes: the roofline seconds of one micro-step at ``micro_batch``, the micro-steps
-    a step, the model's parameter bytes (all of them) and trainable ones (what has gradients), and how many
-    trainable parameters there are."""
+    a step, the model's parameter bytes (all of them) and trainable ones (what has gradients), how many
+    trainable parameters there are, and what a micro-step costs whatever its size: the ops it runs (``ops``,
+    recomputed ones included) and the checkpointed blocks it runs (``regions``)."""
 
     micro_seconds: float
     micro_batch: int
@@ -95,6 +102,8 @@ class Work:
     param_bytes: int
     trainable_bytes: int
     trainable_count: int = 0
+    ops: int = 0
+    regions: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +161,8 @@ def step_time(setting: TrainSetting, work: Work, rank: Rank, world_size: int) ->
         host = work.steps * (copies_in + (copy_out if setting.fsdp_sync == "every" else 0.0)) + \
             (0.0 if setting.fsdp_sync == "every" else copy_out)
         optimizer = work.trainable_count / rank.host_adam
-    return StepTime(compute=work.steps * work.micro_seconds,
+    micro = work.micro_seconds + work.ops * rank.per_op + work.regions * rank.per_region
+    return StepTime(compute=work.steps * micro,
                     communication=work.steps * (gathers + scatter_every) + once, optimizer=optimizer, host=host)
 
 

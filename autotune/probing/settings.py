@@ -47,7 +47,7 @@ from ..results.request import FitRule, PlanRequest, ProbeRequest
 from ..results.search import SettingRow, TrainSetting
 from ..workload import Workload, load_workload
 from .blockcounts import counted_micro_step
-from .lowering import checkpointed
+from .lowering import checkpoint_blocks, checkpointed
 
 Probe = Callable[[ProbeRequest, Workload, Device], ProbeResult]
 #: The GPU a plain ``estimate`` device (a budget, no name) is timed as.
@@ -147,13 +147,49 @@ def cpu_preset() -> GpuPreset:
                      tensor_flops=flops, bandwidth=bandwidth, bf16=False)
 
 
+class _Probe(torch.nn.Module):
+    """A small stack of residual MLP blocks, the work :func:`cpu_overheads` times: its ops do next to nothing."""
+
+    def __init__(self, blocks: int = 4, width: int = 8) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+            for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
 @functools.cache
-def cpu_per_op() -> float:
-    """Seconds one op costs this CPU beyond its work: a one-element add, timed by ``torch.utils.benchmark``."""
+def cpu_overheads() -> tuple[float, float]:
+    """Seconds this CPU spends on each op of a training step beyond its work, and on each checkpointed block beyond
+    its ops: a forward and backward of :class:`_Probe` on one sample, plain and with every block checkpointed (as
+    the runner checkpoints: non-reentrant, the random state kept), each the best of three timings by
+    ``torch.utils.benchmark``, over the ops the roofline counts (views included)."""
     from torch.utils.benchmark import Timer
 
-    x = torch.ones(1)
-    return float(Timer("torch.add(x, x)", globals={"x": x, "torch": torch}).blocked_autorange(min_run_time=0.2).median)
+    from ..devices.roofline import Counting
+
+    x = torch.randn(1, 8)
+    measured = []
+    for every in (0, 1):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = checkpoint_blocks(_Probe(), "blocks.*") if every else _Probe()
+
+        def step(model: torch.nn.Module = model) -> None:
+            model(x).pow(2).mean().backward()
+
+        counting = Counting()
+        with counting:
+            step()
+        timer = Timer("step()", globals={"step": step})
+        measured.append((counting.ops, min(timer.blocked_autorange(min_run_time=0.1).median for _ in range(3))))
+    (ops, plain), (ops_ckpt, ckpt) = measured
+    per_op = plain / ops
+    return per_op, max(0.0, (ckpt - plain - (ops_ckpt - ops) * per_op) / len(_Probe().blocks))
 
 
 def speed_of(device: Device) -> tuple[GpuPreset, Rank, str]:
@@ -162,9 +198,10 @@ def speed_of(device: Device) -> tuple[GpuPreset, Rank, str]:
     if preset is not None:
         return preset, _gpu(preset), f"{preset.name} preset"
     if device.torch_device.type == "cpu" and not device.estimated:  # the CPU is its own host: offload copies memory
-        cpu = cpu_preset()
+        cpu, (per_op, per_region) = cpu_preset(), cpu_overheads()
         return cpu, Rank(bandwidth=cpu.bandwidth, link=cpu.bandwidth, host_link=cpu.bandwidth,
-                         host_adam=cpu.bandwidth / (ADAM_PASSES * 4), per_op=cpu_per_op()), "this CPU, measured"
+                         host_adam=cpu.bandwidth / (ADAM_PASSES * 4), per_op=per_op, per_region=per_region), \
+            "this CPU, measured"
     stand = find_preset(STAND_IN)
     return stand, _gpu(stand), f"timed as an {STAND_IN} (no preset named)"
 
@@ -222,10 +259,11 @@ class Search:
         plan = plan_probed(req.target_batch, result, world_size=world, world_size_source=req.world_size_source,
                            multiple_of=req.multiple_of, uniform=req.uniform)
         counts = counted_micro_step(wl, dev, plan.micro_batch)
-        micro = seconds(counts, self.preset) + counts.ops * self.rank.per_op
-        t = step_time(setting, Work(micro_seconds=micro, micro_batch=plan.micro_batch, steps=plan.accumulation_steps,
-                                    param_bytes=shape.param_bytes, trainable_bytes=shape.trainable_bytes,
-                                    trainable_count=shape.trainable_count),
+        regions = len(range(0, shape.count, setting.checkpoint_every)) if setting.checkpoint_every else 0
+        t = step_time(setting, Work(micro_seconds=seconds(counts, self.preset), micro_batch=plan.micro_batch,
+                                    steps=plan.accumulation_steps, param_bytes=shape.param_bytes,
+                                    trainable_bytes=shape.trainable_bytes, trainable_count=shape.trainable_count,
+                                    ops=counts.ops, regions=regions),
                       self.rank, world)
         self.found.append((SettingRow(setting=setting, fits=True, max_micro_batch=result.max_micro_batch,
                                       micro_batch=plan.micro_batch, accumulation_steps=plan.accumulation_steps,

@@ -68,6 +68,33 @@ def test_offload_adds_its_pcie_copies_and_the_hosts_adam_step(world: int, host: 
     assert t.total > kept.total
 
 
+def test_of_two_plans_with_the_same_flops_the_one_with_fewer_micro_steps_is_faster() -> None:
+    """A micro-step costs its ops' launches and its checkpointed blocks' own work whatever its size: 24 samples as
+    2 micro-steps of 12 beat 6 of 4 on the same roofline seconds a sample."""
+    rank = replace(RANK, per_op=4e-6, per_region=2e-4)
+    few = replace(WORK, micro_seconds=12e-3, micro_batch=12, steps=2, ops=300, regions=6)
+    many = replace(few, micro_seconds=4e-3, micro_batch=4, steps=6)
+    setting = TrainSetting(blocks="blocks.*", checkpoint_every=1)
+    t_few, t_many = step_time(setting, few, rank, 1), step_time(setting, many, rank, 1)
+    assert t_few.compute == pytest.approx(2 * (12e-3 + 300 * 4e-6 + 6 * 2e-4))
+    assert t_many.compute - t_few.compute == pytest.approx(4 * (300 * 4e-6 + 6 * 2e-4))
+    assert step_time(setting, few, RANK, 1).compute == step_time(setting, many, RANK, 1).compute  # no fixed costs
+
+
+@pytest.mark.slow  # the CPU's costs are timed once
+def test_the_fixed_costs_are_the_cpus_measured_ones_and_a_gpus_launch() -> None:
+    """On the CPU each op's and each checkpointed block's cost is measured on a small training step (the host is
+    the device); on a GPU an op costs its stated launch, and the checkpoint's host work runs ahead of the kernels."""
+    from autotune.devices import get_device
+    from autotune.planning.settings_search import LAUNCH
+    from autotune.probing.settings import cpu_overheads, speed_of
+
+    cpu = speed_of(get_device("cpu"))[1]
+    assert (cpu.per_op, cpu.per_region) == cpu_overheads() and cpu.per_op > 0
+    gpu = speed_of(get_device("estimate:H100-80GB"))[1]
+    assert (gpu.per_op, gpu.per_region) == (LAUNCH, 0.0)
+
+
 def test_offload_says_it_trades_speed_for_memory() -> None:
     offload = TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True)
     rows = ranked([SettingRow(setting=TrainSetting(parallel="fsdp", fsdp_sync="every"), fits=True, max_micro_batch=2,
