@@ -2,6 +2,7 @@
 
     python bench/llm_profile.py --probe bench/llama.py:build_8b --device estimate:H100-80GB --world-size 8 --fsdp
     python bench/llm_profile.py --probe gpt:build_1b --device estimate:H100-80GB
+    python bench/llm_profile.py --probe gpt:build_1b --device estimate:H100-80GB --warm --reuse
 
 Builds the device and the workload as ``autotune plan`` does, runs the fit rule once at ``--batch``
 (default 2) on the estimate (the meta engine, as the probe does; ``--engine fake``: FakeTensorMode), and prints the CPU
@@ -20,6 +21,7 @@ from common import machine
 from autotune.devices import get_device
 from autotune.probing.fitrule import fit_rule_work, isolate
 from autotune.probing.fsdp import Sharding, fake_engine
+from autotune.probing.stepreuse import OptimizerSteps
 from autotune.workload import load_workload
 
 
@@ -38,6 +40,9 @@ def main() -> None:
     parser.add_argument("--replay", action="store_true",
                         help="evaluate as the probe does a model of identical blocks: through the model cut to 2 "
                              "and 3 of them (autotune.probing.blockreplay), the whole model's trace built from theirs")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --warm: the optimizer steps evaluated at the warm-up and made again at --batch, as "
+                             "a probe does at its later sizes (autotune.probing.stepreuse)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--output", default=None, help="also write the profile here (for pstats or snakeviz)")
     args = parser.parse_args()
@@ -47,8 +52,10 @@ def main() -> None:
     sharding = Sharding(args.world_size, sync_every=args.every) if args.fsdp else None
     if args.engine == "fake":
         device = fake_engine(device)
-    evaluate = _replayed(device, workload, sharding) if args.replay else \
-        (lambda b: device.measure(fit_rule_work(workload, b, sharding=sharding), enforce_capacity=False)[1])
+    steps = OptimizerSteps() if args.reuse else None
+    evaluate = _replayed(device, workload, sharding, steps) if args.replay else \
+        (lambda b: device.measure(fit_rule_work(workload, b, sharding=sharding, optimizer_steps=steps),
+                                  enforce_capacity=False)[1])
     if args.warm:
         evaluate(args.batch + 1)
     profile = cProfile.Profile(time.process_time)  # CPU seconds: beside other work, wall time says little
@@ -67,7 +74,7 @@ def main() -> None:
         stats.sort_stats(key).print_stats(args.top)
 
 
-def _replayed(device, workload, sharding):
+def _replayed(device, workload, sharding, steps):
     import torch
 
     from autotune.probing.blockreplay import replayed_trial
@@ -80,7 +87,7 @@ def _replayed(device, workload, sharding):
 
     def evaluate(batch: int):
         done = replayed_trial(device, workload, blocks, batch, 2**62, source="estimate", cuts=(2, 3),
-                              sharding=sharding)
+                              sharding=sharding, optimizer_steps=steps)
         if done is None:
             raise SystemExit("the blocks did not replay (their pattern did not rebuild the cut traces)")
         return done.measurement
