@@ -14,7 +14,9 @@ from autotune.probing.fsdp import Sharding
 from autotune.probing.stepreuse import OptimizerSteps
 from autotune.workload import Workload, load_workload
 
-from .test_blockreplay import BIG, _gpt, _llama
+from .blockmodels import BIG
+from .blockmodels import gpt_blocks as _gpt
+from .blockmodels import llama_blocks as _llama
 
 DEVICE = "estimate:H100-80GB"
 
