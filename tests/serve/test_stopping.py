@@ -83,6 +83,8 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a, b = Server(tmp_path / "a", store=store_url, extra=extra), None
+    starting = concurrent.futures.ThreadPoolExecutor(1)  # B starts while A probes; it is asked once A is gone
+    later = starting.submit(Server, tmp_path / "b", store=store_url, extra=extra)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             asked = pool.submit(post_plan, a, body)
@@ -100,12 +102,14 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
                 time.sleep(0.2)
             assert isinstance(asked.result(), httpx.HTTPError)
         (tmp_path / "go").touch()
-        b = Server(tmp_path / "b", store=store_url, extra=extra)
+        b = later.result()
         answer = post_plan(b, body)
         assert not isinstance(answer, Exception) and answer.status_code == 200, answer
         assert not answer.json()["cached"] and answer.json()["fingerprint"] == held[0][0]  # probed by B
         assert metrics(b)["autotune_probe_seconds_count"] == 1
     finally:
+        starting.shutdown()
+        b = later.result() if later.exception() is None else None
         for server in (a, b):
             if server is not None:
                 server.stop()
