@@ -27,10 +27,15 @@ def replicas(tmp_path_factory, module_store_url) -> Iterator[tuple[Server, Serve
     (folder / "probes" / "gated.py").write_text(GATED.replace("os.environ['AUTOTUNE_TEST_GATE']",
                                                               repr(str(folder / "go"))))
     extra = ("--probes", str(folder / "probes"), "--probe-timeout", "120")
-    made = []
     for name in ("a", "b"):
         (folder / name).mkdir()
-        made.append(Server(folder / name, store=module_store_url, extra=extra))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # started side by side
+        starting = [pool.submit(Server, folder / name, store=module_store_url, extra=extra) for name in ("a", "b")]
+    made = [s.result() for s in starting if s.exception() is None]
+    if len(made) < 2:
+        for server in made:
+            server.stop()
+        raise next(s.exception() for s in starting if s.exception() is not None)
     yield made[0], made[1], folder
     for server in made:
         server.stop()

@@ -18,31 +18,27 @@ from .server import PLAN, SLOW, Server, metrics, post_plan
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_ends_a_running_probe_answers_503_and_releases_its_claim(tmp_path, store_url):
-    (tmp_path / "probes").mkdir()
-    (tmp_path / "probes" / "slow.py").write_text(SLOW)
-    server = Server(tmp_path, store=store_url, extra=("--probes", str(tmp_path / "probes"), "--probe-timeout", "60"))
-    try:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            def ask() -> httpx.Response:
-                with server.client(timeout=20) as http:
-                    return http.post("/v1/plan", json={**PLAN, "probe": "slow", "target_batch": 64})
+def _sigterm_mid_probe(server: Server, store_url: str) -> None:
+    """SIGTERM to ``server`` while it probes ``slow``: the probe ends, its request is answered 503 and its
+    claim released, within seconds."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        def ask() -> httpx.Response:
+            with server.client(timeout=20) as http:
+                return http.post("/v1/plan", json={**PLAN, "probe": "slow", "target_batch": 64})
 
-            asked = pool.submit(ask)
-            deadline = time.monotonic() + 60
-            while not rows(store_url, "autotune_claims"):  # the probe is running once it holds its claim
-                assert time.monotonic() < deadline and not asked.done(), "the probe never started"
-                time.sleep(0.1)
-            stopped = time.monotonic()
-            server.process.terminate()
-            answer = asked.result()
-            server.process.wait(15)
-            took = time.monotonic() - stopped
-        assert answer.status_code == 503 and "the service is stopping" in answer.json()["detail"], answer.text
-        assert took < 10, f"the server took {took:.1f} s to stop"
-        assert rows(store_url, "autotune_claims") == []
-    finally:
-        server.stop()
+        asked = pool.submit(ask)
+        deadline = time.monotonic() + 60
+        while not rows(store_url, "autotune_claims"):  # the probe is running once it holds its claim
+            assert time.monotonic() < deadline and not asked.done(), "the probe never started"
+            time.sleep(0.1)
+        stopped = time.monotonic()
+        server.process.terminate()
+        answer = asked.result()
+        server.process.wait(15)
+        took = time.monotonic() - stopped
+    assert answer.status_code == 503 and "the service is stopping" in answer.json()["detail"], answer.text
+    assert took < 10, f"the server took {took:.1f} s to stop"
+    assert rows(store_url, "autotune_claims") == []
 
 
 def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is_served(tmp_path, store_url):
@@ -68,9 +64,12 @@ def test_a_probe_past_the_time_limit_is_stopped_with_504_and_the_next_request_is
     assert counted[("autotune_requests_total", "/v1/plan", "POST", "504")] == 1
 
 
-def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path, store_url):
+def test_a_server_killed_mid_probe_takes_its_workers_and_claims_and_sigterm_ends_a_probe_with_503(tmp_path,
+                                                                                                   store_url):
     """``kill -9`` of the server alone (not its process group): its worker, the forkserver and the resource
-    tracker end too, the claim is free well within its lease, and a second replica probes the workload itself."""
+    tracker end too, the claim is free well within its lease, and a second replica probes the workload itself.
+    Then SIGTERM to that replica while it probes: the probe ends, its request is answered 503 and its claim
+    released (:func:`_sigterm_mid_probe`)."""
     from autotune.store.claims import LEASE_S
 
     from ..stores import GATED
@@ -78,11 +77,14 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
     (tmp_path / "probes").mkdir()
     (tmp_path / "probes" / "gated.py").write_text(GATED.replace("os.environ['AUTOTUNE_TEST_GATE']",
                                                                 repr(str(tmp_path / "go"))))
+    (tmp_path / "probes" / "slow.py").write_text(SLOW)
     extra = ("--probes", str(tmp_path / "probes"), "--probe-timeout", "120")
     body = {**PLAN, "probe": "gated", "target_batch": 64}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a, b = Server(tmp_path / "a", store=store_url, extra=extra), None
+    starting = concurrent.futures.ThreadPoolExecutor(1)  # B starts while A probes; it is asked once A is gone
+    later = starting.submit(Server, tmp_path / "b", store=store_url, extra=extra)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             asked = pool.submit(post_plan, a, body)
@@ -100,12 +102,15 @@ def test_a_server_killed_mid_probe_takes_its_workers_and_claims_with_it(tmp_path
                 time.sleep(0.2)
             assert isinstance(asked.result(), httpx.HTTPError)
         (tmp_path / "go").touch()
-        b = Server(tmp_path / "b", store=store_url, extra=extra)
+        b = later.result()
         answer = post_plan(b, body)
         assert not isinstance(answer, Exception) and answer.status_code == 200, answer
         assert not answer.json()["cached"] and answer.json()["fingerprint"] == held[0][0]  # probed by B
         assert metrics(b)["autotune_probe_seconds_count"] == 1
+        _sigterm_mid_probe(b, store_url)
     finally:
+        starting.shutdown()
+        b = later.result() if later.exception() is None else None
         for server in (a, b):
             if server is not None:
                 server.stop()
