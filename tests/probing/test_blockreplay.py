@@ -16,6 +16,7 @@ from autotune.probing.blocks import identical_blocks
 from autotune.probing.blocktrace import canonical
 from autotune.probing.fitrule import isolate, run_trial
 from autotune.probing.fsdp import Sharding
+from autotune.probing.stepreuse import OptimizerSteps
 from autotune.workload import Workload
 from probes import gpt
 
@@ -25,9 +26,10 @@ from .blockmodels import llama_blocks as _llama
 
 
 def _both(workload: Workload, batch: int, sharding: Sharding | None = None, device: str = "estimate:H100-80GB",
-          identical: bool = True):
+          identical: bool = True, steps: OptimizerSteps | None = None):
     """The whole model's estimate at ``batch`` and the replayed one (None where it was not taken; with
-    ``identical=False``, also where the blocks are not identical)."""
+    ``identical=False``, also where the blocks are not identical); ``steps``: the replayed one's optimizer steps,
+    as a probe keeps them from size to size."""
     workload = isolate(workload)
     with torch.device("meta"):
         blocks, why = identical_blocks(workload.make_model())
@@ -36,7 +38,8 @@ def _both(workload: Workload, batch: int, sharding: Sharding | None = None, devi
     full = run_trial(estimate, workload, batch, BIG, source="estimate", capacity_guard=False, sharding=sharding)
     if blocks is None:
         return full.measurement, None
-    replayed = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate", sharding=sharding)
+    replayed = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate", sharding=sharding,
+                              optimizer_steps=steps)
     return full.measurement, None if replayed is None else replayed.measurement
 
 
@@ -61,18 +64,21 @@ CASES = {
 @pytest.mark.parametrize("case", [c if c == "gpt" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_the_replayed_estimate_is_the_whole_models_to_the_byte(case):
     """Trace, reserved and allocated peaks, live-bytes peak and its breakdown: the same as evaluating every
-    block, with and without checkpointing and FSDP."""
+    block, with and without checkpointing and FSDP; at the second size with the cut models' optimizer steps made
+    again from the first (:mod:`autotune.probing.stepreuse`), as a probe does."""
     if case.startswith("llama"):
         pytest.importorskip("transformers")
     workload, sharding = CASES[case]()
+    steps = OptimizerSteps()
     for batch in (2, 5):
-        full, replayed = _both(workload, batch, sharding)
+        full, replayed = _both(workload, batch, sharding, steps=steps)
         assert replayed is not None, f"{case} at {batch}: not replayed"
         assert canonical(replayed.trace, {}) == canonical(full.trace, {})
         assert (replayed.peak_bytes, replayed.allocated_peak_bytes, replayed.alloc_retries) == \
             (full.peak_bytes, full.allocated_peak_bytes, full.alloc_retries)
         assert replayed.tracked_peak_bytes == full.tracked_peak_bytes
         assert replayed.breakdown == full.breakdown
+    assert steps.replayed == 6  # the 2-, 3- and 4-block models' two steps, at 5
 
 
 def test_a_model_with_one_block_that_differs_is_not_replayed():

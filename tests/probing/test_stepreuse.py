@@ -7,8 +7,6 @@ import torch
 from torch import nn
 
 from autotune.devices import get_device
-from autotune.probing.blockreplay import replayed_trial
-from autotune.probing.blocks import identical_blocks
 from autotune.probing.fitrule import isolate, run_trial
 from autotune.probing.fsdp import Sharding
 from autotune.probing.stepreuse import OptimizerSteps
@@ -46,43 +44,25 @@ def _reused_and_full(workload: Workload, sizes: tuple[int, ...], sharding: Shard
 
 
 CASES = {
-    "mlp": lambda: (load_workload("mlp"), None),
-    "convnet": lambda: (load_workload("convnet"), None),
-    "gpt": lambda: (_gpt(), None),
-    "gpt, checkpointing": lambda: (_gpt(checkpointing=True), None),
-    "gpt, FSDP x4": lambda: (_gpt(), Sharding(4)),
-    "gpt, FSDP x4, sync every micro-step": lambda: (_gpt(), Sharding(4, sync_every=True)),
-    "llama": lambda: (_llama(False), None),
-    "llama, checkpointing, FSDP x8": lambda: (_llama(True), Sharding(8)),
+    "mlp": lambda: load_workload("mlp"),
+    "convnet": lambda: load_workload("convnet"),
+    "gpt": lambda: _gpt(),
+    "gpt, checkpointing": lambda: _gpt(checkpointing=True),
+    "llama": lambda: _llama(False),
 }
 
 
 @pytest.mark.parametrize("case", [c if c in ("mlp", "gpt") else pytest.param(c, marks=pytest.mark.slow)
                                   for c in CASES])
 def test_a_reused_optimizer_step_gives_the_full_evaluation_to_the_byte(case):
+    """The whole model evaluated; under FSDP and through block replay's cut models, see
+    ``test_blockreplay.test_the_replayed_estimate_is_the_whole_models_to_the_byte``."""
     if case.startswith("llama"):
         pytest.importorskip("transformers")
-    workload, sharding = CASES[case]()
-    pairs, steps = _reused_and_full(workload, (3, 5, 2), sharding)
+    pairs, steps = _reused_and_full(CASES[case](), (3, 5))
     for reused, full in pairs:
         _same(reused, full)
-    assert (steps.recorded, steps.replayed) == (2, 4)  # both steps recorded at 3, made again at 5 and 2
-
-
-@pytest.mark.slow
-def test_block_replay_reuses_the_optimizer_steps_of_each_cut_model_to_the_byte():
-    workload = isolate(_gpt())
-    with torch.device("meta"):
-        blocks, _ = identical_blocks(workload.make_model())
-    assert blocks is not None
-    estimate = get_device(DEVICE).estimator()
-    steps = OptimizerSteps()
-    for batch in (2, 5):
-        reused = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate", optimizer_steps=steps)
-        full = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate")
-        assert reused is not None and full is not None
-        _same(reused.measurement, full.measurement)
-    assert (steps.recorded, steps.replayed) == (6, 6)  # 2 steps of the 2-, 3- and 4-block models; then of 2 and 3
+    assert (steps.recorded, steps.replayed) == (2, 2)  # both steps recorded at 3, made again at 5
 
 
 class _DropsGradients(torch.optim.SGD):
