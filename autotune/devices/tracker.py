@@ -460,6 +460,23 @@ class LiveStorageTracker(TorchDispatchMode):
             if self.recorder is not None:
                 self.recorder.free(key)
 
+    def position(self) -> tuple[int, int, int]:
+        """Where the counting stands: events in the trace, allocations made (serials given), live-byte changes."""
+        return len(self.trace or ()), self._serial, len(self._timeline)
+
+    def dying_keys(self) -> set[int]:
+        """The trace keys of the storages that died and are not freed yet (they are, at the next allocation)."""
+        out = set()
+        for key, serial in self._dying:
+            entry = self._live.get(key)
+            if entry is not None and entry.serial == serial:
+                out.add(entry.tkey)
+        return out
+
+    def category_of(self, serial: int) -> str | None:
+        """The category named for allocation ``serial`` (None: none, so activations)."""
+        return self._category.get(serial)
+
     def replay(self, events: Sequence[Replayed], owner: object) -> None:
         """Make again, in order, the allocations and frees that the same code made in another run (see
         :mod:`autotune.probing.stepreuse`), as if it ran now: each allocation counted (device memory no tensor

@@ -150,11 +150,13 @@ def cpu_preset() -> GpuPreset:
 class _Probe(torch.nn.Module):
     """A small stack of residual MLP blocks, the work :func:`cpu_overheads` times: its ops do next to nothing."""
 
-    def __init__(self, blocks: int = 4, width: int = 8) -> None:
+    BLOCKS = 4
+
+    def __init__(self, width: int = 8) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList(torch.nn.Sequential(
             torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
-            for _ in range(blocks))
+            for _ in range(self.BLOCKS))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -189,7 +191,7 @@ def cpu_overheads() -> tuple[float, float]:
         measured.append((counting.ops, min(timer.blocked_autorange(min_run_time=0.1).median for _ in range(3))))
     (ops, plain), (ops_ckpt, ckpt) = measured
     per_op = plain / ops
-    return per_op, max(0.0, (ckpt - plain - (ops_ckpt - ops) * per_op) / len(_Probe().blocks))
+    return per_op, max(0.0, (ckpt - plain - (ops_ckpt - ops) * per_op) / _Probe.BLOCKS)
 
 
 def speed_of(device: Device) -> tuple[GpuPreset, Rank, str]:

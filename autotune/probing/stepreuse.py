@@ -73,7 +73,7 @@ class OptimizerSteps:
                 not (recorder is None or hasattr(recorder, "replayed_alloc")):
             run_step(session, opt)
             return
-        dying = _dying(tracker)  # what died before the step: freed at its first allocation, or at its end
+        dying = tracker.dying_keys()  # what died before the step: freed at its first allocation, or at its end
         before, made_again = self._before.get(opt, (None, False))
         key = (before, _signature(opt, recorder), len(opt.state) if before is None else None,
                None if recorder is None else tuple(recorder.tag_of_key(k) for k in sorted(dying)))
@@ -87,30 +87,20 @@ class OptimizerSteps:
         if made_again:
             self.differed += 1
             raise StepsDiffer("an optimizer step differs from the recorded ones after an earlier one was made again")
-        start, serial, timeline = len(tracker.trace), tracker._serial, len(tracker._timeline)
+        before_step = tracker.position()
         run_step(session, opt)
         if key not in self._steps:
-            self._steps[key] = _recorded(tracker, start, serial, timeline, recorder, dying)
+            self._steps[key] = _recorded(tracker, before_step, recorder, dying)
             self.recorded += self._steps[key] is not None
         self._before[opt] = (key, False)
 
 
-def _dying(tracker: Any) -> set[int]:
-    """The trace keys of the storages that died and are not freed yet."""
-    out = set()
-    for key, serial in tracker._dying:
-        entry = tracker._live.get(key)
-        if entry is not None and entry.serial == serial:
-            out.add(entry.tkey)
-    return out
-
-
-def _recorded(tracker: Any, start: int, serial: int, timeline: int, recorder: Any, dying: set[int]
-              ) -> _Step | None:
-    """The events of the step the tracker counted since ``start`` (its trace), ``serial`` (its allocations) and
-    ``timeline`` (its live-byte changes), ready to make again; None where making them again would not be exact.
+def _recorded(tracker: Any, before: tuple[int, int, int], recorder: Any, dying: set[int]) -> _Step | None:
+    """The events of the step the tracker counted since its ``position()`` was ``before``, ready to make again;
+    None where making them again would not be exact.
     Frees of what was ``dying`` when the step began, before its first allocation, are left out: making the step
     again frees them at the same place (before its first allocation, or at its end)."""
+    start, serial, timeline = before
     if recorder is not None and len(recorder.tags) != len(tracker.trace):
         return None  # (the recorder was not told every event)
     index: dict[int, int] = {}
@@ -126,15 +116,14 @@ def _recorded(tracker: Any, start: int, serial: int, timeline: int, recorder: An
             device = key in tracker.device_keys
             events.append(Replayed(-1, device=device, freed=index.pop(key)))
             continue
-        if key <= serial:
-            return None  # (a resized storage's new allocation)
         device = key in tracker.device_keys
         tags = (recorder.tags[i], recorder.tags_next[i]) if recorder is not None else None
         index[key] = len(events)
-        events.append(Replayed(nbytes, stream, device, tracker._category.get(key), tags))
+        events.append(Replayed(nbytes, stream, device, tracker.category_of(key), tags))
     allocations = sum(e.nbytes >= 0 for e in events)
     tensor_events = sum(not e.device for e in events)
-    if tracker._serial - serial != allocations or len(tracker._timeline) - timeline != tensor_events + foreign:
+    _, serial_now, timeline_now = tracker.position()
+    if serial_now - serial != allocations or timeline_now - timeline != tensor_events + foreign:
         return None  # an empty or resized storage, or an allocation not in the trace
     if not _its_state([events[i] for i in index.values()]):
         return None  # it keeps what is not its state: made again, that would die with the optimizer
