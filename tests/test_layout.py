@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache  # each file parsed once for the tests that read it
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, absolute autotune module) of every import in ``path``, lazy ones included."""
     module = _module_name(path)
@@ -92,21 +94,35 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
 
 def _circles(package: Path, within: str = "") -> list[list[str]]:
     """The import circles among the modules of ``autotune.<within>`` (the whole package by default; lazy and
-    type-checking imports count, and the package root's lazy names too)."""
+    type-checking imports count, and the package root's lazy names too): each group of modules that reach one
+    another through imports (a strongly connected component of more than one module), sorted."""
     modules = {_module_name(p): p for p in (package / within).rglob("*.py")}
-    graph = {m: {t for _, t in _imports(p) if t in modules and t != m} for m, p in modules.items()}
-    circles, done = [], set()
+    graph = {m: sorted({t for _, t in _imports(p) if t in modules and t != m}) for m, p in modules.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
     for start in sorted(graph):
-        stack = [(start, [start])]
-        while stack:
-            node, path = stack.pop()
-            for nxt in sorted(graph[node]):
-                if nxt == start and sorted(path) not in circles:
-                    circles.append(sorted(path))
-                elif nxt not in path and nxt not in done:
-                    stack.append((nxt, [*path, nxt]))
-        done.add(start)
-    return circles
+        if start not in order:
+            visit(start)
+    return sorted(circles)
 
 
 def test_no_import_circles():
