@@ -137,16 +137,17 @@ class _PackedGRU(nn.Module):
         return self.head(out)
 
 
-def _tagged(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    batch = _padded_tokens(n, g, longest=40, shortest=4)
+def _tagged(n: int, g: torch.Generator, longest: int = 40) -> dict[str, torch.Tensor]:
+    batch = _padded_tokens(n, g, longest=longest, shortest=4)
     lengths = batch["attention_mask"].sum(1)
     tags = torch.randint(0, 8, batch["input_ids"].shape, generator=g).masked_fill(batch["attention_mask"] == 0, -100)
     return {"ids": batch["input_ids"], "lengths": lengths, "tags": tags}
 
 
-def packed_gru() -> Workload:
-    """A bidirectional GRU over ``pack_padded_sequence`` (lengths as a CPU tensor), tag cross-entropy."""
-    return Workload(name="packed-gru", model=_PackedGRU, batch=_tagged,
+def packed_gru(longest: int = 40) -> Workload:
+    """A bidirectional GRU over ``pack_padded_sequence`` (lengths as a CPU tensor), tag cross-entropy; sequences
+    of 4 to ``longest`` tokens."""
+    return Workload(name="packed-gru", model=_PackedGRU, batch=functools.partial(_tagged, longest=longest),
                     loss=lambda m, b: F.cross_entropy(m(b["ids"], b["lengths"]).flatten(0, 1), b["tags"].flatten(),
                                                       ignore_index=-100))
 

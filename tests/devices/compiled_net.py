@@ -18,6 +18,13 @@ class Net(nn.Module):  # a class of this module's own: no other test compiles it
         return self.b(torch.relu(self.a(x)).sin() * 2)
 
 
+def compiled_net() -> nn.Module:
+    """``Net`` compiled by Inductor with a dynamic batch size: one compile serves every micro-batch a probe tries
+    (no recompile at its second size), and the two tests that compile it reuse one compiled program (Inductor's FX
+    graph cache holds it for the second): the C++ is built once per run of the suite."""
+    return torch.compile(Net(), dynamic=True)
+
+
 def workload(make_model) -> Workload:
     return Workload(name="compiled-net", model=make_model,
                     batch=lambda n, g: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),

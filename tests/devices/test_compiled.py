@@ -20,7 +20,7 @@ from autotune.devices.compiled import AllocatorCount, compiled_parts
 from autotune.probing.fitrule import fit_rule_work
 from autotune.units import format_bytes
 
-from .compiled_net import Net, workload
+from .compiled_net import Net, compiled_net, workload
 
 MiB = 2**20
 
@@ -91,7 +91,7 @@ def test_a_compiled_loss_is_found_too():
                     reason="Inductor on the CPU needs a C++ compiler (gcc): none on PATH")
 def test_a_compiled_model_runs_compiled_on_the_cpu_and_the_eager_estimate_states_its_bound():
     torch._dynamo.reset()
-    compiled = workload(lambda: torch.compile(Net()))
+    compiled = workload(compiled_net)
     _, est = CpuDevice(memory_budget=2**30).estimator().measure(fit_rule_work(compiled, 64))
     before = dynamo_counters().get("frames", {}).get("ok", 0)
     _, real = CpuDevice(memory_budget=2**30).measure(fit_rule_work(compiled, 64))

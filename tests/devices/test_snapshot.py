@@ -32,33 +32,71 @@ HERE = Path(__file__).parent
 H100 = "estimate:H100-80GB"
 
 
+class _Placed:
+    """The live blocks and segments of one device, each block with the segment it lies in (found again only when
+    the block comes back to life or its segment goes)."""
+
+    def __init__(self, segments: dict[int, int]):
+        self.segments = segments
+        self.home: dict[int, int] = {}  # block -> the segment it lies in
+        self.held: dict[int, set[int]] = {}  # segment -> the blocks that lie in it
+        self.outside: set[int] = set()  # blocks in no segment
+
+    def settle(self, block: int) -> None:
+        seg = next((a for a, n in self.segments.items() if a <= block < a + n), None)
+        if seg is None:
+            self.outside.add(block)
+        else:
+            self.home[block] = seg
+            self.held.setdefault(seg, set()).add(block)
+
+    def unsettle(self, block: int) -> None:
+        self.outside.discard(block)
+        seg = self.home.pop(block, None)
+        if seg is not None:
+            self.held[seg].discard(block)
+
+    def segment_changed(self, seg: int) -> None:
+        for block in [*self.held.get(seg, ()), *self.outside]:
+            self.unsettle(block)
+            self.settle(block)
+
+
 def viewer_walk(snapshot: dict) -> tuple[int, int]:
     """What MemoryViz.js's segment view does (torch/utils/viz/MemoryViz.js, ``simulate_memory`` then ``draw``):
     from the end state, walk the trace backwards; at every entry each live block must lie in a segment (the
     viewer draws it there, and fails without one). Returns (highest reserved, entries walked)."""
     segments = {s["address"]: s["total_size"] for s in snapshot["segments"] if s["device"] == 0}
-    blocks = {}
+    blocks: dict[int, int] = {}
     for s in snapshot["segments"]:
         addr = s["address"]
         for b in s["blocks"]:
             if b["state"] == "active_allocated":
                 blocks[addr] = b["size"]
             addr += b["size"]
+    placed = _Placed(segments)
+    for block in blocks:
+        placed.settle(block)
     trace = snapshot["device_traces"][0]
-    top = 0
+    top, reserved = 0, sum(segments.values())
     for e in reversed(trace):
-        for addr in blocks:
-            assert any(a <= addr < a + n for a, n in segments.items()), f"block {addr:#x} outside every segment at {e}"
-        top = max(top, sum(segments.values()))
+        assert not placed.outside, f"block {min(placed.outside):#x} outside every segment at {e}"
+        top = max(top, reserved)
         action = e["action"]
         if action == "free_completed":
+            placed.unsettle(e["addr"])
             blocks[e["addr"]] = e["size"]
+            placed.settle(e["addr"])
         elif action == "alloc":
             del blocks[e["addr"]]
+            placed.unsettle(e["addr"])
         elif action in ("segment_free", "segment_unmap"):
+            reserved += e["size"] - segments.get(e["addr"], 0)
             segments[e["addr"]] = e["size"]
+            placed.segment_changed(e["addr"])
         elif action in ("segment_alloc", "segment_map"):
-            del segments[e["addr"]]
+            reserved -= segments.pop(e["addr"])
+            placed.segment_changed(e["addr"])
     assert not blocks and not segments, "the trace does not start from an empty allocator"
     return top, len(trace)
 

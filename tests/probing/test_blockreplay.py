@@ -12,7 +12,7 @@ import autotune
 from autotune.devices import get_device
 from autotune.probing import trials
 from autotune.probing.blockreplay import replayed_trial
-from autotune.probing.blocks import identical_blocks
+from autotune.probing.blocks import MIN_BLOCKS, identical_blocks
 from autotune.probing.blocktrace import canonical
 from autotune.probing.fitrule import isolate, run_trial
 from autotune.probing.fsdp import Sharding
@@ -146,9 +146,9 @@ def test_blocks_whose_work_differs_by_index_fall_back_to_the_whole_model():
 def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeypatch):
     """The probe's estimate evaluations go through the cut models, with the same answer and peaks as
     evaluating every block (the planted switch: no blocks found)."""
-    workload = _gpt(layers=8)
+    workload = _gpt(layers=6)  # (the fewest blocks a probe replays)
     found = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
-    assert any("8 Block blocks estimated through the model cut to 2, 3 and 4 blocks" in note for note in found.notes)
+    assert any("6 Block blocks estimated through the model cut to 2, 3 and 4 blocks" in note for note in found.notes)
     monkeypatch.setattr(trials, "found_blocks", lambda device, workload: None)  # (the planted switch)
     whole = autotune.probe(workload, device="estimate:A10G-24GB", memory_budget="1GiB")
     assert not any("estimated through the model cut" in note for note in whole.notes)
@@ -164,7 +164,7 @@ SETTINGS = {"full": {}, "checkpointing, bf16-mixed": {"gradient_checkpointing": 
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_every_model_by_name_is_replayed_to_the_byte_or_evaluated_whole(tmp_path, setting):
-    """Each kind of Hugging Face model ``--model`` builds, with 7 layers: where its blocks replay, the estimate is
+    """Each kind of Hugging Face model ``--model`` builds, with 6 layers (the fewest a replay takes): where its blocks replay, the estimate is
     the whole model's to the byte; where they do not (T5's first block holds the relative position bias; Gemma 2's
     layers alternate sliding and full attention; a pattern that does not rebuild the cut traces, as Mistral's at
     some settings), nothing is taken. The Llama and Qwen 2 kinds replay in every setting (the check is not
@@ -179,7 +179,7 @@ def test_every_model_by_name_is_replayed_to_the_byte_or_evaluated_whole(tmp_path
     for kind in CONFIGS:
         if setting != "full" and CONFIGS[kind][3] != "causal-lm":
             continue
-        layers = {LAYERS.get(kind, "num_hidden_layers"): 7, "layer_types": None}  # (made again for 7 layers)
+        layers = {LAYERS.get(kind, "num_hidden_layers"): MIN_BLOCKS, "layer_types": None}  # (made again for them)
         folder = write_config(tmp_path / kind, kind, **layers)
         spec = ModelSpec(name=str(folder), seq_len=None if kind == "vit" else 16, **SETTINGS[setting])
         full, rebuilt = _both(load_workload(spec.spec()), 2, identical=False)

@@ -193,12 +193,12 @@ def test_a_note_every_evaluation_makes_is_said_once_with_the_answers_figure():
     assert "(44.0 MiB)" in cudnn, cudnn
 
 
-@pytest.mark.slow  # Inductor compiles C++ for the CPU, once per new shape: a minute or more on a loaded 2-core machine
+@pytest.mark.slow  # Inductor compiles C++ for the CPU, once (a dynamic batch size): seconds to a minute on 2 cores
 @pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="Inductor on the CPU needs gcc: none on PATH")
 def test_a_compiled_model_is_estimated_eager_and_confirmed_compiled_and_the_probe_says_both():
-    from ..devices.compiled_net import Net, workload
+    from ..devices.compiled_net import compiled_net, workload
 
-    compiled = workload(lambda: torch.compile(Net()))
+    compiled = workload(compiled_net)
     result = find_max_micro_batch(compiled, get_device("cpu", memory_budget=2**22), margin=0.1)
     assert any(t.source == "real" for t in result.trials)
     (eager,) = [n for n in result.notes if n.startswith("the model is compiled (torch.compile): estimated as its "
