@@ -213,34 +213,36 @@ class CudaDevices(TorchFunctionMode):
 
 
 class DeviceLists:
-    """The optimizers' device lists, with the estimate's device among them wherever CUDA is."""
+    """The optimizers' device lists, with the estimate's device among them wherever the device it stands in for
+    (``beside``: CUDA, or the CPU for an estimate of the CPU) is."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, beside: str = "cuda"):
         self.device = device.type
+        self.beside = beside
 
     def wrap(self, original: Any) -> Any:
-        device = self.device
+        device, beside = self.device, self.beside
 
         def devices(*args: Any, **kwargs: Any) -> list[str]:
             found = original(*args, **kwargs)
-            return _WithCuda(found, device) if "cuda" in found else found
+            return _WithCuda(found, device, beside) if beside in found else found
 
         devices.original = original  # type: ignore[attr-defined]
         return devices
 
 
 class _WithCuda(list):
-    """A device list holding the estimate's device beside ``cuda``, and dropping it with ``cuda``."""
+    """A device list holding the estimate's device beside ``cuda`` (or ``beside``), and dropping it with it."""
 
-    def __init__(self, items: list[str], device: str):
+    def __init__(self, items: list[str], device: str, beside: str = "cuda"):
         super().__init__(items)
         if device not in self:
             self.append(device)
-        self._device = device
+        self._device, self._beside = device, beside
 
     def remove(self, value: str) -> None:
         super().remove(value)
-        if value == "cuda" and self._device in self:
+        if value == self._beside and self._device in self:
             super().remove(self._device)
 
 

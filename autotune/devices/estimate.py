@@ -58,13 +58,13 @@ from .allocconf import conf_from_environment, describe_conf
 from .compiled import eager_compiled, eager_note
 from .cpukernels import CpuKernelChoices
 from .cudakernels import CudaKernelChoices, CudaTarget
-from .cudastandin import GpuAnswers, StandIn
+from .cudastandin import DeviceLists, GpuAnswers, StandIn
 from .measurement import Measurement, Session, T, _move_module, timed_measure
 from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
 from .nested import NotShapeOnly, is_jagged, nested_on_meta, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
-from .session import EstimateSession
+from .session import EstimateSession, optimizer_lists
 from .shaperules import rule_kernels
 from .tracker import LiveStorageTracker
 from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
@@ -309,7 +309,7 @@ class EstimateDevice:
                           build_batch=build_batch, cuda_like=self.cuda_like, on_meta=True)
         choices = self._kernel_choices(tracker, fake=False)
         nested = nested_on_meta("cuda" if self.cuda_like else "cpu", values.move)
-        with _installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
+        with _meta_installed(stand_in), choices, rule_kernels(values, "AutogradMeta"), nested:
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 
@@ -481,6 +481,14 @@ def _build_batch(fake_mode: FakeTensorMode | None, make: Callable[[], Any], valu
 
 def _installed(stand_in: StandIn | None) -> Any:
     return stand_in.installed() if stand_in is not None else contextlib.nullcontext()
+
+
+def _meta_installed(stand_in: StandIn | None) -> Any:
+    """On meta tensors: the CUDA GPU stood in for; estimating the CPU, the CPU's fused optimizer kernels take
+    them (the optimizers' device lists hold ``meta`` beside ``cpu``)."""
+    if stand_in is not None:
+        return stand_in.installed()
+    return optimizer_lists(DeviceLists(torch.device("meta"), beside="cpu"))
 
 
 def _on_host(stand_in: StandIn | None) -> Any:

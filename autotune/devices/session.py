@@ -395,6 +395,22 @@ def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[
             _restore_autocast(state)
 
 
+@contextlib.contextmanager
+def optimizer_lists(lists: Any) -> Iterator[None]:
+    """While inside, ``lists`` (:class:`~autotune.devices.cudastandin.DeviceLists`) adds the estimate's device to
+    the optimizers' device lists (on an estimate of the CPU, ``fused=True`` then runs on its meta tensors, as the
+    CPU's fused kernels run); torch's own lists after the block, also when it raised."""
+    with EstimateSession():
+        if _PATCHED:
+            raise RuntimeError("a CUDA stand-in is installed already: estimates do not nest")
+        try:
+            for module, name, original in compat.optimizer_device_lists():
+                _patch(module, name, lists.wrap(original))
+            yield
+        finally:
+            _unpatch()
+
+
 # -- what is left ----------------------------------------------------------------------------------------------
 
 def leftovers() -> list[str]:

@@ -26,8 +26,10 @@ def collate(features: list[dict[str, list[int]]]) -> dict[str, Any]:
 
 
 def packed_batch(lengths: Sequence[int], generator: torch.Generator, vocab: int) -> dict[str, Any]:
-    """One row of samples of ``lengths`` tokens, random ids below ``vocab``."""
-    ids = torch.randint(vocab, (int(sum(lengths)),), generator=generator).tolist()
+    """One row of samples of ``lengths`` tokens, random ids below ``vocab``. The ids are read through numpy,
+    which a shape-only tensor refuses at once (an estimate then builds the row for real, as it must: the
+    collator makes it from the values), where ``tolist`` would read it element by element first."""
+    ids = torch.randint(vocab, (int(sum(lengths)),), generator=generator).numpy().tolist()
     starts = [0, *itertools.accumulate(int(n) for n in lengths)]
     return collate([{"input_ids": ids[a:b]} for a, b in zip(starts, starts[1:])])
 

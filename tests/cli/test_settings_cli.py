@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -45,16 +48,32 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture
-def stack(tmp_path) -> list[str]:
-    path = tmp_path / "stack.py"
+def stack_flags(folder) -> list[str]:
+    path = folder / "stack.py"
     path.write_text(STACK)
     # 14 MiB: without checkpointing not even a micro-batch of 1 fits
     return ["--probe", str(path), "--device", "cpu", "--memory-budget", "14MiB", "--quiet"]
 
 
-def test_plan_json_lists_every_setting_best_first_beside_the_plan(capsys, stack) -> None:
-    code, out, _ = cli(capsys, "plan", "--target-batch", "48", *stack, "--search-settings", "--json")
+@pytest.fixture
+def stack(tmp_path) -> list[str]:
+    return stack_flags(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory) -> tuple[int, str, Path]:
+    """One ``plan --search-settings`` (a probe of each setting, the best two timed) for the tests that read its
+    plan: its exit code, its JSON on stdout, and the same plan written by ``--output``."""
+    folder = tmp_path_factory.mktemp("searched")
+    plan = folder / "plan.json"
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = main(["plan", "--target-batch", "48", *stack_flags(folder), "--search-settings", "--json",
+                     "--output", str(plan)])
+    return code, out.getvalue(), plan
+
+
+def test_plan_json_lists_every_setting_best_first_beside_the_plan(searched) -> None:
+    code, out, _ = searched
     data = json.loads(out)
     assert code == 0 and data["setting"] == data["settings"][0]["setting"]
     assert data["setting"]["checkpoint_every"] > 0 and data["micro_batch"] == data["settings"][0]["micro_batch"]
@@ -62,9 +81,9 @@ def test_plan_json_lists_every_setting_best_first_beside_the_plan(capsys, stack)
     assert data["settings"][-1]["fits"] is False and "does not fit" in data["settings"][-1]["why"]
 
 
-def test_run_settings_file_trains_under_the_chosen_setting_and_verifies(capsys, stack, tmp_path) -> None:
-    plan = tmp_path / "plan.json"
-    assert cli(capsys, "plan", "--target-batch", "48", *stack, "--search-settings", "--output", str(plan))[0] == 0
+def test_run_settings_file_trains_under_the_chosen_setting_and_verifies(capsys, searched) -> None:
+    code, out, plan = searched
+    assert code == 0 and json.loads(plan.read_text()) == json.loads(out)  # --output writes what --json prints
     code, out, _ = cli(capsys, "run", "--settings", str(plan), "--steps", "2", "--json", "--quiet")
     data = json.loads(out)
     assert code == 0 and data["passed"] is True

@@ -277,6 +277,23 @@ def test_both_engines_count_exactly_what_the_cpu_holds(workload, engine):
     assert est.timeline == real.timeline
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_fused_optimizer_on_the_cpu_is_estimated_exactly_by_either_engine(engine):
+    """fused=True (the Hugging Face Trainer's default AdamW): the CPU's fused kernels take the meta engine's
+    tensors, as they take the CPU's, so the meta engine runs it (no fallback); torch's lists as before after."""
+    from autotune.devices.session import leftovers
+
+    workload = Workload(name="fused", model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+                        batch=lambda n, g: torch.randn(n, 16, generator=g), loss=lambda m, b: m(b).pow(2).mean(),
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))
+    _, real = CpuDevice(memory_budget=GiB).measure(fit_rule_work(workload, 3))
+    estimator = EstimateDevice(capacity=GiB, round_to=1, cuda_like=False, engine=engine)
+    _, est = estimator.measure(fit_rule_work(workload, 3))
+    assert (estimator.engine, estimator.fallback) == (engine, None)
+    assert est.peak_bytes == real.peak_bytes and est.timeline == real.timeline
+    assert "meta" not in torch.utils._foreach_utils._get_fused_kernels_supported_devices() and not leftovers()
+
+
 def test_moving_a_model_keeps_tied_weights_tied():
     from autotune.devices.measurement import _move_module
 

@@ -25,19 +25,20 @@ LARGEST = 12
 
 def graphs(n: int, g: torch.Generator, smallest: int = 3) -> dict[str, torch.Tensor]:
     """``n`` ring graphs of ``smallest``..12 nodes each, batched as PyG does: ``x`` (nodes, F), ``edge_index``
-    (2, edges) offset per graph, ``batch`` (nodes,) the graph of each node, ``y`` (n,), ``ptr``/``eptr`` (n+1,)
-    offsets."""
+    (2, edges) offset per graph (each graph's ring forward, then backward), ``batch`` (nodes,) the graph of each
+    node, ``y`` (n,), ``ptr``/``eptr`` (n+1,) offsets. Built by whole-batch ops (no loop over the graphs)."""
     sizes = torch.randint(smallest, LARGEST + 1, (n,), generator=g)
     x = torch.randn(int(sizes.sum()), FEATURES, generator=g)
-    edges, start = [], 0
-    for s in sizes.tolist():
-        ring = torch.arange(s)
-        src = torch.cat([ring, (ring + 1) % s])
-        dst = torch.cat([(ring + 1) % s, ring])
-        edges.append(torch.stack([src, dst]) + start)
-        start += s
     ptr = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-    return {"x": x, "edge_index": torch.cat(edges, dim=1), "batch": torch.repeat_interleave(torch.arange(n), sizes),
+    # edge k of a graph of s nodes from node `start`: k < s goes k -> k+1 (mod s), then k - s goes back
+    size = torch.repeat_interleave(sizes, 2 * sizes)
+    start = torch.repeat_interleave(ptr[:-1], 2 * sizes)
+    k = torch.arange(int(2 * sizes.sum())) - torch.repeat_interleave(2 * ptr[:-1], 2 * sizes)
+    node, forward = k % size, k < size
+    ahead = (node + 1) % size
+    src = torch.where(forward, node, ahead) + start
+    dst = torch.where(forward, ahead, node) + start
+    return {"x": x, "edge_index": torch.stack([src, dst]), "batch": torch.repeat_interleave(torch.arange(n), sizes),
             "y": torch.randn(n, generator=g), "ptr": ptr, "eptr": 2 * ptr}
 
 
