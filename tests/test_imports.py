@@ -56,6 +56,10 @@ PARTS = [
     Part("autotune store ls", f"import sys\nfrom autotune.store.store import Store\nStore(sys.argv[-1]).close()\n{CLI}",
          SERVICE, ("store", "ls", "--store", "{store}")),
     Part("autotune devices --presets", CLI, (TORCH,), ("devices", "--presets")),
+    # a command with no store loads no database library (a tenth of a second of every rank's and job's start)
+    pytest.param(Part("autotune plan (no store)", CLI, ("sqlalchemy",),
+                      ("plan", "--target-batch", "64", "--probe", "mlp", "--device", "estimate", "--memory-budget",
+                       "1GiB", "--quiet")), marks=pytest.mark.slow),
 ]
 
 
