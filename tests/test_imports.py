@@ -46,10 +46,11 @@ PARTS = [
     Part("autotune.store", "from autotune.store.store import Store\nfrom autotune.store.schema import Entry\n"
          "Store('sqlite://').close()\n", (TORCH,)),
     Part("autotune.report", "from autotune.report import load_result, write_report\n", (TORCH,)),
-    # torch is theirs to load (autotune.Accumulator is a torch training loop); the frameworks are not
+    # torch is theirs to load (autotune.Accumulator is a torch training loop); the frameworks are not, nor is the
+    # store's database library where no store is used (a tenth of a second of every command's and rank's start)
     pytest.param(Part("autotune.integrations", "import autotune, autotune.api, autotune.integrations\n"
-                      "import autotune.integrations.common\nautotune.Accumulator, autotune.Workload\n", FRAMEWORKS),
-                 marks=pytest.mark.slow),
+                      "import autotune.integrations.common\nautotune.Accumulator, autotune.Workload\n",
+                      (*FRAMEWORKS, "sqlalchemy")), marks=pytest.mark.slow),
     Part("autotune --help", CLI, SERVICE, ("--help",)),
     Part("autotune store --help", CLI, SERVICE, ("store", "--help")),
     Part("autotune serve --help", CLI, SERVICE, ("serve", "--help")),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from .. import log, options
 from ..devices.base import Device, own_random_state
@@ -40,12 +41,14 @@ from ..results.run import RunResult
 from ..training import distributed
 from ..units import format_bytes
 from ..workload import Workload
-from .answer import for_estimate, narrowed, note, stored
-from .claims import owner_words
 from .fingerprint import Untraceable, fingerprint
-from .rows import device_label
-from .schema import Entry, Observation
-from .store import Store
+
+if TYPE_CHECKING:
+    from .schema import Entry, Observation
+    from .store import Store
+
+# The store's own modules (answer, claims, rows, schema) load SQLAlchemy: they are imported where a store is in
+# use, so that a probe without one starts without a database library.
 
 #: A confirm run whose peak differs from the stored one by more than this share disagrees with it.
 CONFIRM_TOLERANCE = 0.05
@@ -78,6 +81,8 @@ def probe_through_store(store: Store | None, request: ProbeRequest, workload: Wo
                        rule=rule)
 
     def waiting(holder: str) -> None:
+        from .claims import owner_words
+
         log.progress(f"waiting for {owner_words(holder)}, which is probing the same workload (fingerprint "
                      f"{fp.short})")
 
@@ -110,6 +115,8 @@ def _answer(store: Store, digest: str, workload: Workload, device: Device, *, ma
     if not entry.answers(max_batch):
         return None
     if device.estimated:
+        from .answer import for_estimate
+
         served = for_estimate(entry, max_batch)
         store.put(digest, result=served)
         return served
@@ -125,6 +132,8 @@ def confirmed(entry: Entry, workload: Workload, device: Device, *, margin: float
     """The stored answer to a probe limited to ``max_batch`` on a real device, confirmed by one real run
     of the fit rule at the stored max (:func:`narrowed`): the answer (None when the run disagrees), the
     run's measurement, and why it disagrees (None when it agrees)."""
+    from .answer import narrowed, note, stored
+
     start = time.perf_counter()
     result = stored(entry)
     m = result.max_micro_batch
@@ -181,6 +190,9 @@ def disagreement(stored: ProbeResult, measured: Trial, usable: int, max_batch: i
 def observation(measured: Trial, stored: ProbeResult, digest: str, device: DeviceInfo, source: str, *,
                 runs_before: int = 0, note: str | None = None) -> Observation:
     """A measurement from one real fit-rule run, against the stored estimate."""
+    from .rows import device_label
+    from .schema import Observation
+
     m = measured.measurement
     return Observation(
         fingerprint=digest, source=source, device=device_label(device), device_kind=device.kind,
@@ -194,6 +206,9 @@ def probe_observations(result: ProbeResult) -> list[Observation]:
     """A measurement per real fit-rule run of a probe (none for an estimate)."""
     if result.estimated or result.fingerprint is None:
         return []
+    from .rows import device_label
+    from .schema import Observation
+
     device = device_label(result.device)
     real = [t for t in result.trials if t.source == "real"]
     out = []
@@ -211,6 +226,9 @@ def probe_observations(result: ProbeResult) -> list[Observation]:
 def run_observation(result: RunResult, digest: str) -> Observation:
     """The measurement of a run of a plan: its peaks against the plan's prediction (when the run
     trained in fp32, as the probe measures), and its throughput."""
+    from .rows import device_label
+    from .schema import Observation
+
     return Observation(
         fingerprint=digest, source="run", device=device_label(result.device), device_kind=result.device.kind,
         batch=result.plan.micro_batch, peak_reserved_bytes=result.peak_bytes,
@@ -222,6 +240,9 @@ def run_observation(result: RunResult, digest: str) -> Observation:
 
 def oom_observation(plan: Plan, digest: str, device: Device, why: str) -> Observation:
     """The measurement of a run of a plan that ran out of memory."""
+    from .rows import device_label
+    from .schema import Observation
+
     info, rank = device.describe(), distributed.rank()
     return Observation(fingerprint=digest, source="run", device=device_label(info), device_kind=info.kind,
                        batch=max(plan.schedule[rank]) if plan.mixed is not None else plan.micro_batch,

@@ -13,8 +13,9 @@ always still waits when the main thread finalizes: what a loaded machine does
 by chance, made the rule. A process group that leaves such a thread alive ends
 the rank with ``terminate called without an active exception`` (SIGABRT).
 With ``--rank0-fails``, rank 0 raises after its last collective, before the
-ranks leave together; each rank prints its error instead, and rank 0 lingers a
-few seconds so that torchrun does not stop rank 1 before it has spoken.
+ranks leave together; each rank prints its error instead, and rank 0 lingers until
+rank 1 has spoken (a key rank 1 sets in torchrun's store; at most a few seconds), so
+that torchrun does not stop rank 1 before it has.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from autotune.errors import AutotuneError
@@ -62,12 +65,26 @@ def main() -> int:
                 raise ValueError("planted failure after the last collective")
     except (ValueError, AutotuneError) as exc:
         say({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
-        if rank == 0:
-            time.sleep(3)
+        spoken(rank)
         return 1
     say({"rank": rank, "threads_before": before, "threads_inside": inside, "threads_after": threads(),
          "rounds": rounds})
     return 0
+
+
+def spoken(rank: int, linger_s: float = 3) -> None:
+    """Rank 1: say in torchrun's store that it has spoken. Rank 0: wait for that, ``linger_s`` at most."""
+    start = time.monotonic()
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=linger_s))
+        if rank == 0:
+            store.wait(["ddp_teardown/rank_1_spoke"])
+        else:
+            store.set("ddp_teardown/rank_1_spoke", "1")
+    except RuntimeError:  # no store, or no word from rank 1 in time: rank 0 lingers what is left
+        if rank == 0:
+            time.sleep(max(0.0, linger_s - (time.monotonic() - start)))
 
 
 def say(record: dict) -> None:

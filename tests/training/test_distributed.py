@@ -48,12 +48,42 @@ def test_two_ranks_match_the_single_process_gradient(cli_run):
 
 
 @pytest.fixture(scope="module")
-def cases():
-    """The library's cases under torchrun (tests/training/torchrun_cases.py), in one job."""
+def offload_plan(tmp_path_factory):
+    """A plan whose chosen setting is FSDP with CPU offload, and the file ``autotune run --settings`` reads it from."""
+    from dataclasses import replace
+
+    from autotune import api
+    from autotune.results.search import TrainSetting
+    from autotune.serial import dumps
+
+    plan = api.plan(1020, probe="mlp", device="cpu", memory_budget="2.6MB", parallel="fsdp", world_size=2,
+                    fsdp_sync="every")
+    path = tmp_path_factory.mktemp("offload") / "plan.json"
+    path.write_text(dumps(replace(plan, setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True))
+                          .to_dict()))
+    return plan, path
+
+
+RAMP_UNDER_FSDP = ("run --target-batch 2048 --probe mlp --device cpu --memory-budget 4MiB --steps 25 --ramp "
+                   "--parallel fsdp --json --quiet")
+
+
+@pytest.fixture(scope="module")
+def cases(offload_plan):
+    """The library's cases under torchrun (tests/training/torchrun_cases.py), and two ``autotune run`` commands
+    inside the same process group, in one job."""
+    _, settings = offload_plan
     done = torchrun("-m", "tests.training.torchrun_cases", "ddp_faults", "uneven_batches", "noise_scale", "fsdp",
-                    "ramp", "mixed_ranks", "batch_kinds", timeout=300)
+                    "ramp", "mixed_ranks", "batch_kinds", f"ramp_under_fsdp=cli:{RAMP_UNDER_FSDP}",
+                    f"offload=cli:run --settings {settings} --steps 2 --json --quiet", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+def command_result(case: dict) -> dict:
+    """The RunResult an ``autotune run`` case printed, once every rank ended it with exit code 0."""
+    assert case["codes"] == [0, 0], case["stderr"]
+    return json.loads(case["stdout"])
 
 
 @pytest.mark.slow
@@ -333,13 +363,10 @@ def test_outside_torchrun_the_command_ends_the_ordinary_way():
 
 
 @pytest.mark.slow
-def test_a_batch_ramp_under_fsdp_grows_and_verifies_every_phase():
+def test_a_batch_ramp_under_fsdp_grows_and_verifies_every_phase(cases):
     """``autotune run --ramp --parallel fsdp`` on two ranks: the ramp starts below the target, grows on the
     measured noise scale, and every phase's sharded, accumulated gradient is the full-batch one."""
-    done = torchrun("-m", "autotune", "run", "--target-batch", "2048", "--probe", "mlp", "--device", "cpu",
-                    "--memory-budget", "4MiB", "--steps", "25", "--ramp", "--parallel", "fsdp", "--json", "--quiet")
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout)
+    result = command_result(cases["ramp_under_fsdp"])
     phases = [p["effective_batch"] for p in result["batch_schedule"]]
     assert len(phases) >= 2 and phases == sorted(phases) and phases[0] < 2048 == phases[-1], phases
     assert result["plan"]["parallel"] == "fsdp"
@@ -349,24 +376,12 @@ def test_a_batch_ramp_under_fsdp_grows_and_verifies_every_phase():
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_train_under_fsdp2s_cpu_offload_and_verify(tmp_path):
+def test_two_gloo_ranks_train_under_fsdp2s_cpu_offload_and_verify(offload_plan, cases):
     """``autotune run --settings FILE`` of a plan whose chosen setting is FSDP with CPU offload, on two CPU ranks:
     FSDP2 runs with CPUOffloadPolicy (the CPU is its own host) and the verification holds."""
-    from dataclasses import replace
-
-    from autotune import api
-    from autotune.results.search import TrainSetting
-    from autotune.serial import dumps
-
-    plan = api.plan(1020, probe="mlp", device="cpu", memory_budget="2.6MB", parallel="fsdp", world_size=2,
-                    fsdp_sync="every")
+    plan, _ = offload_plan
     assert plan.accumulation_steps >= 2
-    path = tmp_path / "plan.json"
-    path.write_text(dumps(replace(plan, setting=TrainSetting(parallel="fsdp", fsdp_sync="every", offload=True))
-                          .to_dict()))
-    done = torchrun("-m", "autotune", "run", "--settings", str(path), "--steps", "2", "--json", "--quiet")
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout)
+    result = command_result(cases["offload"])
     checks = {c["name"]: c for c in result["verification"]["checks"]}
     assert result["verification"]["passed"], [c["message"] for c in checks.values() if not c["passed"]]
     assert checks["gradient_equivalence"]["value"] <= 1e-5
