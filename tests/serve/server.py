@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -83,6 +84,18 @@ class Server:
         except ProcessLookupError:
             pass
         self.log.close()
+
+
+def side_by_side(folders: list[Path], store: str, extra: tuple[str, ...]) -> list[Server]:
+    """Servers on one store, one per folder, started side by side (each started one stopped if another fails)."""
+    with concurrent.futures.ThreadPoolExecutor(len(folders)) as pool:
+        starting = [pool.submit(Server, folder, store=store, extra=extra) for folder in folders]
+    made = [s.result() for s in starting if s.exception() is None]
+    if len(made) < len(folders):
+        for server in made:
+            server.stop()
+        raise next(e for s in starting if (e := s.exception()) is not None)
+    return made
 
 
 def post_plan(server: Server, body: dict) -> httpx.Response | httpx.HTTPError:

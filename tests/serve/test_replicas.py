@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..stores import GATED, execute, rows
-from .server import PLAN, Server, metrics, post_plan
+from .server import PLAN, Server, metrics, post_plan, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -29,13 +29,7 @@ def replicas(tmp_path_factory, module_store_url) -> Iterator[tuple[Server, Serve
     extra = ("--probes", str(folder / "probes"), "--probe-timeout", "120")
     for name in ("a", "b"):
         (folder / name).mkdir()
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # started side by side
-        starting = [pool.submit(Server, folder / name, store=module_store_url, extra=extra) for name in ("a", "b")]
-    made = [s.result() for s in starting if s.exception() is None]
-    if len(made) < 2:
-        for server in made:
-            server.stop()
-        raise next(s.exception() for s in starting if s.exception() is not None)
+    made = side_by_side([folder / "a", folder / "b"], module_store_url, extra)
     yield made[0], made[1], folder
     for server in made:
         server.stop()
