@@ -164,11 +164,11 @@ SETTINGS = {"full": {}, "checkpointing, bf16-mixed": {"gradient_checkpointing": 
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_every_model_by_name_is_replayed_to_the_byte_or_evaluated_whole(tmp_path, setting):
-    """Each kind of Hugging Face model ``--model`` builds, with 6 layers (the fewest a replay takes): where its blocks replay, the estimate is
-    the whole model's to the byte; where they do not (T5's first block holds the relative position bias; Gemma 2's
-    layers alternate sliding and full attention; a pattern that does not rebuild the cut traces, as Mistral's at
-    some settings), nothing is taken. The Llama and Qwen 2 kinds replay in every setting (the check is not
-    vacuous)."""
+    """Each kind of Hugging Face model ``--model`` builds, with 6 layers (the fewest a replay takes): where its
+    blocks replay, the estimate is the whole model's to the byte; where they do not (T5's first block holds the
+    relative position bias; Gemma 2's layers alternate sliding and full attention; a pattern that does not rebuild
+    the cut traces, as Mistral's at some settings), nothing is taken. The Llama and Qwen 2 kinds replay in every
+    setting (the check is not vacuous)."""
     pytest.importorskip("transformers")
     from autotune.results.model import ModelSpec
     from autotune.workload import load_workload
