@@ -58,8 +58,8 @@ class Server:
                 try:
                     if http.get("/healthz").status_code == 200:
                         return
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+                except httpx.HTTPError:  # not listening yet: a refused connection costs nothing, look again soon
+                    time.sleep(0.05)
         raise AssertionError(f"the server did not start: {Path(self.log.name).read_text()}")
 
     def client(self, *, authorized: bool = True, timeout: float = 300) -> httpx.Client:

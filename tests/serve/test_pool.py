@@ -92,17 +92,18 @@ def test_a_job_that_waits_past_its_limit_for_another_s_claim_says_whose(store_ur
 
     body = PlanRequest.model_validate(PLAN).asked().to_dict()
     job = {"kind": "plan", "spec": "mlp:build", "probe": "mlp", "request": body}
-    pool = Pool(store_url, 1, timeout_s=3)
+    pool = Pool(store_url, 1, timeout_s=60)  # time for the first job, a probe on a new worker
     pool.start()
     try:
         fingerprint = pool.run(Job(job, frozenset({"mlp"})))["fingerprint"]
         store = open_store(store_url)
         store.remove([fingerprint])
         assert store.take(fingerprint, "elsewhere:4242:7", lease_s=MAX_LEASE_S) is None
+        pool.timeout_s = 2  # the limit the second job waits out (its worker has fingerprinted this probe once)
         with pytest.raises(JobFailed) as failed:
             pool.run(Job(job, frozenset({"mlp"})))
     finally:
         pool.stop()
     assert failed.value.status == 504
-    assert failed.value.message.startswith("probe 'mlp' reached the 3 s limit (--probe-timeout) waiting for process "
+    assert failed.value.message.startswith("probe 'mlp' reached the 2 s limit (--probe-timeout) waiting for process "
                                            "4242 on elsewhere, which holds the store's claim"), failed.value.message
