@@ -7,8 +7,17 @@ controlling process loads this file too, and runs no test.
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per core and one more. Part of the suite waits on other processes (a service, its
+    workers, torchrun ranks, PostgreSQL) or on a timeout it checks; the extra worker runs tests meanwhile, so the
+    cores stay busy (on 2 cores, 3 workers finish the suite ~5% sooner than 2)."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 def _has_gpu() -> bool:
