@@ -27,19 +27,20 @@ from .blockmodels import llama_blocks as _llama
 
 def _both(workload: Workload, batch: int, sharding: Sharding | None = None, device: str = "estimate:H100-80GB",
           identical: bool = True, steps: OptimizerSteps | None = None):
-    """The whole model's estimate at ``batch`` and the replayed one (None where it was not taken; with
-    ``identical=False``, also where the blocks are not identical); ``steps``: the replayed one's optimizer steps,
-    as a probe keeps them from size to size."""
+    """The whole model's estimate at ``batch`` and the replayed one (None where it was not taken); with
+    ``identical=False`` the blocks may differ, and where nothing is replayed there is nothing to compare: (None,
+    None), the whole model not evaluated. ``steps``: the replayed one's optimizer steps, as a probe keeps them from
+    size to size."""
     workload = isolate(workload)
     with torch.device("meta"):
         blocks, why = identical_blocks(workload.make_model())
     assert blocks is not None or not identical, why
     estimate = get_device(device).estimator()
+    replayed = None if blocks is None else replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate",
+                                                          sharding=sharding, optimizer_steps=steps)
+    if replayed is None and not identical:
+        return None, None
     full = run_trial(estimate, workload, batch, BIG, source="estimate", capacity_guard=False, sharding=sharding)
-    if blocks is None:
-        return full.measurement, None
-    replayed = replayed_trial(estimate, workload, blocks, batch, BIG, source="estimate", sharding=sharding,
-                              optimizer_steps=steps)
     return full.measurement, None if replayed is None else replayed.measurement
 
 
