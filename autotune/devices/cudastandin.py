@@ -225,16 +225,17 @@ class DeviceLists:
 
         def devices(*args: Any, **kwargs: Any) -> list[str]:
             found = original(*args, **kwargs)
-            return _WithCuda(found, device, beside) if beside in found else found
+            return _WithDevice(found, device, beside) if beside in found else found
 
         devices.original = original  # type: ignore[attr-defined]
         return devices
 
 
-class _WithCuda(list):
-    """A device list holding the estimate's device beside ``cuda`` (or ``beside``), and dropping it with it."""
+class _WithDevice(list):
+    """A device list holding the estimate's device beside ``beside`` (``cuda`` or ``cpu``), and dropping it with
+    it."""
 
-    def __init__(self, items: list[str], device: str, beside: str = "cuda"):
+    def __init__(self, items: list[str], device: str, beside: str):
         super().__init__(items)
         if device not in self:
             self.append(device)

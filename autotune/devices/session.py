@@ -378,8 +378,7 @@ def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[
                 for name, fn in (answers.accelerator_functions() if answers is not None else {}).items():
                     if hasattr(torch, "accelerator") and hasattr(torch.accelerator, name):
                         _patch(torch.accelerator, name, fn)
-                for module, name, original in compat.optimizer_device_lists():
-                    _patch(module, name, lists.wrap(original))
+                _patch_device_lists(lists)
                 module, name = compat.checkpoint_device_type()
                 _patch(module, name, devices.device_type_of(getattr(module, name)))
                 _patch(torch, "clear_autocast_cache", _clearing(torch.clear_autocast_cache, amp))
@@ -402,13 +401,18 @@ def optimizer_lists(lists: Any) -> Iterator[None]:
     CPU's fused kernels run); torch's own lists after the block, also when it raised."""
     with EstimateSession():
         if _PATCHED:
-            raise RuntimeError("a CUDA stand-in is installed already: estimates do not nest")
+            raise RuntimeError("a stand-in is installed already: estimates do not nest")
         try:
-            for module, name, original in compat.optimizer_device_lists():
-                _patch(module, name, lists.wrap(original))
+            _patch_device_lists(lists)
             yield
         finally:
             _unpatch()
+
+
+def _patch_device_lists(lists: Any) -> None:
+    """The optimizers' lists of devices with fused and foreach kernels, as ``lists`` wraps them."""
+    for module, name, original in compat.optimizer_device_lists():
+        _patch(module, name, lists.wrap(original))
 
 
 # -- what is left ----------------------------------------------------------------------------------------------
