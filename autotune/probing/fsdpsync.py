@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from .. import log
 from ..errors import DoesNotFit, first_line
-from ..results.probe import ProbeResult, Trial
+from ..results.probe import FSDP_CHOICE, ProbeResult, Trial
 from ..results.request import ProbeRequest
 from ..units import format_bytes
 
@@ -51,7 +52,7 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
             found[sync] = exc
         done = found[sync]
         if not estimated and isinstance(done, ProbeResult) and sync == "last":
-            return _noted(done, "FSDP gradient sync at the last micro-step only (chosen: it fits, and on a real "
+            return _noted(done, f"{FSDP_CHOICE}at the last micro-step only (chosen: it fits, and on a real "
                                 "device each sync costs real runs to compare; fsdp_sync every may fit more)")
     last, every = found["last"], found["every"]
     if isinstance(last, DoesNotFit) and isinstance(every, DoesNotFit):
@@ -59,9 +60,9 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
     if isinstance(every, DoesNotFit) or (isinstance(last, ProbeResult) and isinstance(every, ProbeResult)
                                          and last.max_micro_batch >= every.max_micro_batch):
         assert isinstance(last, ProbeResult)
-        return _noted(last, f"FSDP gradient sync at the last micro-step only (chosen: one reduce-scatter a step; "
+        return _noted(last, f"{FSDP_CHOICE}at the last micro-step only (chosen: one reduce-scatter a step; "
                             f"syncing after every micro-step {_gives(every)})")
-    return _noted(every, f"FSDP gradient sync after every micro-step (chosen: max micro-batch "
+    return _noted(every, f"{FSDP_CHOICE}after every micro-step (chosen: max micro-batch "
                          f"{every.max_micro_batch}; syncing at the last micro-step only, which holds the unsharded "
                          f"gradients between micro-steps, {_gives(last, every.max_micro_batch)})")
 
@@ -74,11 +75,13 @@ def _every_unless_last_fits(probe: Probe, one_size: OneSize, request: ProbeReque
     except DoesNotFit:
         return None
     at = every.max_micro_batch
+    log.progress(f"FSDP gradient sync at the last micro-step only, at micro-batch {at} (the max of syncing after "
+                 "every micro-step): does it fit too?")
     last = one_size(request.with_rule(fsdp_sync="last"), at)
     if last.fits:
         return None
     needs = "out of memory" if last.peak_bytes is None else format_bytes(last.peak_bytes)
-    return _noted(every, f"FSDP gradient sync after every micro-step (chosen: max micro-batch {at}; syncing at "
+    return _noted(every, f"{FSDP_CHOICE}after every micro-step (chosen: max micro-batch {at}; syncing at "
                          f"the last micro-step only, which holds the unsharded gradients between micro-steps, needs "
                          f"{needs} at {at}, over the usable {format_bytes(every.usable_bytes)})")
 

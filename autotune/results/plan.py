@@ -15,7 +15,7 @@ from ..errors import ResultFileError
 from ..options import MAX_MICRO_BATCHES, MAX_TARGET_BATCH, PARALLEL, Parallel
 from ..units import format_bytes, format_margin
 from ..units import plural as _plural
-from .probe import ProbeResult
+from .probe import FSDP_CHOICE, ProbeResult
 from .ranks import MixedRanks
 from .record import Record, Whole, derived, one_of
 from .search import SettingRow, TrainSetting
@@ -208,6 +208,7 @@ class Plan(Record):
             sync = "after every micro-step" if self.fsdp_sync == "every" else "at the last micro-step"
             lines.append(f"FSDP: the model sharded over {_plural(self.world_size, 'rank')} (fully_shard), gradients "
                          f"reduce-scattered {sync}")
+            lines.extend(f"  {n}" for n in (self.probe.notes if self.probe else ()) if n.startswith(FSDP_CHOICE))
         if self.world_size_source != "default":
             where = {"flag": "the world size given", "WORLD_SIZE": "$WORLD_SIZE"}.get(
                 self.world_size_source, self.world_size_source)

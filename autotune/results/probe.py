@@ -14,6 +14,8 @@ from .timeline import MemoryTimeline
 
 SOURCES = ("estimate", "real")
 LIMITS = ("memory", "max_batch", "host_memory")
+#: How the note of a probe that chose FSDP's gradient sync begins (a plan shows it under its FSDP line).
+FSDP_CHOICE = "FSDP gradient sync "
 
 
 @dataclass(frozen=True, kw_only=True)

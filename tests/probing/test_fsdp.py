@@ -441,9 +441,12 @@ def test_fsdp_sync_auto_takes_every_micro_step_where_the_deferred_sync_does_not_
                for n in chosen.notes), chosen.notes
 
 
-def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it_does_not_fit(monkeypatch):
+def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it_does_not_fit(monkeypatch, caplog):
     """On an estimate, "auto" probes "every" and evaluates "last" once, at that max micro-batch: it does not fit
-    there, so "every" is chosen with what "last" needs there (the figure of that one evaluation)."""
+    there, so "every" is chosen with what "last" needs there (the figure of that one evaluation); the progress
+    says which sync that evaluation is of, before its own lines."""
+    import logging
+
     from autotune import api
     from autotune.probing import finder
 
@@ -457,7 +460,9 @@ def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it
         return trial
 
     monkeypatch.setattr(finder, "fit_rule_at", once)
-    chosen = api.probe(_wide(), **asked)
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        chosen = api.probe(_wide(), **asked)
+    said = [r.getMessage() for r in caplog.records]
     every = api.probe(_wide(), fsdp_sync="every", **asked)
     last = api.probe(_wide(), fsdp_sync="last", **asked)
     assert chosen.fsdp_sync == "every" and chosen.max_micro_batch == every.max_micro_batch > last.max_micro_batch
@@ -465,6 +470,9 @@ def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it
     assert at == every.max_micro_batch and needs is not None and needs > chosen.usable_bytes
     assert len(chosen.trials) == len(every.trials)  # no probe of "last" beside it
     assert any(f"needs {format_bytes(needs)} at {at}, over the usable" in n for n in chosen.notes), chosen.notes
+    checking = [i for i, line in enumerate(said) if "FSDP gradient sync at the last micro-step only" in line]
+    assert len(checking) == 1 and f"at micro-batch {at}" in said[checking[0]], said
+    assert f"estimate at micro-batch {at}: peak {format_bytes(needs)}, does not fit" in said[checking[0] + 1], said
 
 
 def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_which(tmp_path):
@@ -474,11 +482,13 @@ def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_whi
 
     plan = api.plan(16, probe="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4)
     assert plan.probe.fsdp_sync == "last" and plan.fsdp_sync == "last"
-    assert any("at the last micro-step only (chosen" in n for n in plan.probe.notes), plan.probe.notes
+    [why] = [n for n in plan.probe.notes if "at the last micro-step only (chosen" in n]
     assert "gradients reduce-scattered at the last micro-step" in plan.summary()
+    assert f"  {why}" in plan.summary().splitlines()  # why, under the FSDP line
     every = api.plan(16, probe="mlp", device="cpu", memory_budget="1GiB", parallel="fsdp", world_size=4,
                      fsdp_sync="every")
     assert every.fsdp_sync == "every" and "reduce-scattered after every micro-step" in every.summary()
+    assert "(chosen" not in every.summary()  # asked for, not chosen
     assert Plan.from_dict(json.loads(dumps(every.to_dict()))).fsdp_sync == "every"
     path = tmp_path / "plan.json"
     path.write_text(dumps(every.to_dict()))
