@@ -146,11 +146,13 @@ class ResultFileError(BadInput):
 
 class DoesNotFit(AutotuneError):
     """Even a micro-batch of one does not fit the usable memory. ``facts``: what the message says before its fixes
-    (the bytes needed and usable), for a caller that names the rank or device and gives fixes of its own."""
+    (the bytes needed and usable), for a caller that names the rank or device and gives fixes of its own;
+    ``needed``: the bytes micro-batch 1 needs (None where unknown, e.g. it ran out of memory)."""
 
-    def __init__(self, message: str, *, facts: str | None = None):
+    def __init__(self, message: str, *, facts: str | None = None, needed: int | None = None):
         super().__init__(message)
         self.facts = facts if facts is not None else message
+        self.needed = needed
 
 
 class WorkloadError(AutotuneError):

@@ -401,7 +401,7 @@ def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float,
     facts = (f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
              f"({format_bytes(capacity)} capacity, margin {format_margin(margin)})")
     return DoesNotFit(f"{facts}: use bf16, enable activation checkpointing, shrink the model or the sequence length, "
-                      "or use a device with more memory", facts=facts)
+                      "or use a device with more memory", facts=facts, needed=needed)
 
 
 @contextlib.contextmanager

@@ -36,27 +36,26 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
                  one_size: OneSize | None = None) -> ProbeResult:
     """``probe`` of ``request`` with its ``fsdp_sync`` measured when it is "every" or "last", chosen when it is
     "auto" (see the module; ``estimated``: the device is an estimate, whose probes run nothing real;
-    ``one_size(request, b)``: its fit rule evaluated at micro-batch ``b`` alone). Raises the "last" probe's
-    DoesNotFit when neither fits a micro-batch of 1."""
+    ``one_size(request, b)``: its fit rule evaluated at micro-batch ``b`` alone). Where neither fits a micro-batch
+    of 1, raises the DoesNotFit of the one that needs less, with what the other needs."""
     if not request.rule.sharded or request.rule.fsdp_sync != "auto":
         return probe(request)
+    found: dict[str, ProbeResult | DoesNotFit] = {}
     if estimated and one_size is not None:
-        chosen = _every_unless_last_fits(probe, one_size, request)
+        found["every"] = _probed(probe, request, "every")
+        chosen = _every_unless_last_fits(found["every"], one_size, request)
         if chosen is not None:
             return chosen
-    found: dict[str, ProbeResult | DoesNotFit] = {}
     for sync in ("last", "every"):
-        try:
-            found[sync] = probe(request.with_rule(fsdp_sync=sync))
-        except DoesNotFit as exc:
-            found[sync] = exc
+        if sync not in found:
+            found[sync] = _probed(probe, request, sync)
         done = found[sync]
         if not estimated and isinstance(done, ProbeResult) and sync == "last":
             return _noted(done, f"{FSDP_CHOICE}at the last micro-step only (chosen: it fits, and on a real "
                                 "device each sync costs real runs to compare; fsdp_sync every may fit more)")
     last, every = found["last"], found["every"]
     if isinstance(last, DoesNotFit) and isinstance(every, DoesNotFit):
-        raise last
+        raise _neither(every, last)
     if isinstance(every, DoesNotFit) or (isinstance(last, ProbeResult) and isinstance(every, ProbeResult)
                                          and last.max_micro_batch >= every.max_micro_batch):
         assert isinstance(last, ProbeResult)
@@ -67,12 +66,31 @@ def probe_chosen(probe: Probe, request: ProbeRequest, *, estimated: bool,
                          f"gradients between micro-steps, {_gives(last, every.max_micro_batch)})")
 
 
-def _every_unless_last_fits(probe: Probe, one_size: OneSize, request: ProbeRequest) -> ProbeResult | None:
+def _probed(probe: Probe, request: ProbeRequest, sync: str) -> ProbeResult | DoesNotFit:
+    """The probe of ``request`` under ``sync``, or why it does not fit a micro-batch of 1."""
+    try:
+        return probe(request.with_rule(fsdp_sync=sync))
+    except DoesNotFit as exc:
+        return exc
+
+
+def _neither(every: DoesNotFit, last: DoesNotFit) -> DoesNotFit:
+    """Neither sync fits a micro-batch of 1: the refusal of the one that needs less (``every`` on a tie or where
+    a need is unknown), naming it, with what the other needs."""
+    first, other = (last, every) if last.needed is not None and every.needed is not None and \
+        last.needed < every.needed else (every, last)
+    names = {id(every): "after every micro-step", id(last): "at the last micro-step only"}
+    need = "runs out of memory" if other.needed is None else f"needs {format_bytes(other.needed)}"
+    facts = f"{FSDP_CHOICE}{names[id(first)]}: {first.facts}; syncing {names[id(other)]} {need}"
+    fixes = str(first)[len(first.facts):]
+    return DoesNotFit(facts + fixes, facts=facts, needed=first.needed)
+
+
+def _every_unless_last_fits(every: ProbeResult | DoesNotFit, one_size: OneSize,
+                            request: ProbeRequest) -> ProbeResult | None:
     """The "every" probe, chosen, where "last" does not fit its max micro-batch (one evaluation of "last"
     says so); None where "every" does not fit 1 or "last" fits as many (both are then probed)."""
-    try:
-        every = probe(request.with_rule(fsdp_sync="every"))
-    except DoesNotFit:
+    if isinstance(every, DoesNotFit):
         return None
     at = every.max_micro_batch
     log.progress(f"FSDP gradient sync at the last micro-step only, at micro-batch {at} (the max of syncing after "

@@ -475,6 +475,32 @@ def test_fsdp_sync_auto_on_an_estimate_evaluates_the_deferred_sync_once_where_it
     assert f"estimate at micro-batch {at}: peak {format_bytes(needs)}, does not fit" in said[checking[0] + 1], said
 
 
+def test_fsdp_sync_auto_on_an_estimate_where_neither_sync_fits_probes_each_once_and_says_the_smaller_need(caplog):
+    """Neither sync fits a micro-batch of 1: each is probed once, and the refusal gives the need of the one that
+    needs less, naming it, and what the other needs."""
+    import logging
+
+    from autotune import api
+    from autotune.errors import DoesNotFit
+
+    asked = dict(device="estimate", memory_budget="642MiB", parallel="fsdp", world_size=8)
+    needs = {}
+    for sync in ("every", "last"):
+        with pytest.raises(DoesNotFit) as info:
+            api.probe(_wide(), fsdp_sync=sync, **asked)
+        needs[sync] = info.value.needed
+    assert needs["every"] is not None and needs["last"] is not None and needs["every"] < needs["last"]
+    with caplog.at_level(logging.INFO, logger="autotune"), pytest.raises(DoesNotFit) as info:
+        api.probe(_wide(), **asked)
+    probed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("probing wide on")]
+    assert len(probed) == 2, probed  # "every", then "last": each once
+    said = str(info.value)
+    assert info.value.needed == needs["every"], said
+    assert said.startswith(f"FSDP gradient sync after every micro-step: micro-batch 1 needs "
+                           f"{format_bytes(needs['every'])}"), said
+    assert f"syncing at the last micro-step only needs {format_bytes(needs['last'])}" in said, said
+
+
 def test_fsdp_sync_auto_takes_the_last_micro_step_on_a_tie_and_the_plan_says_which(tmp_path):
     from autotune import api
     from autotune.results.plan import Plan
