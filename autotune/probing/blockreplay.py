@@ -148,6 +148,14 @@ class BlockRecorder(Recorder):
 
     # -- modules ---------------------------------------------------------------------------
 
+    def enter_module(self, module: torch.nn.Module, args: Any) -> None:
+        """A block's forward begins: what died before it (the input of the block before last, once that block
+        returned) is freed before it, with the events before it, not with its first allocation."""
+        tracker = self._tracker
+        if self.recording is not None and tracker is not None and self.blocks.is_block(self._path(module)):
+            tracker._settle()
+        super().enter_module(module, args)
+
     def leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.recording is None or not self._stack:
             return

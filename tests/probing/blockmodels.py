@@ -16,7 +16,7 @@ def gpt_blocks(layers: int = 6, checkpointing: bool = False) -> Workload:
     return gpt._workload("gpt", c).configure(checkpointing=checkpointing)
 
 
-def llama_blocks(checkpointing: bool) -> Workload:
+def llama_blocks(checkpointing: bool, dtype: torch.dtype = torch.float32) -> Workload:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4,
@@ -26,7 +26,7 @@ def llama_blocks(checkpointing: bool) -> Workload:
         net = LlamaForCausalLM(config)
         if checkpointing:
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return net
+        return net.to(dtype)
 
     return Workload(name="llama", model=model, batch=lambda n, g: torch.randint(0, 256, (n, 32), generator=g),
                     loss=lambda m, ids: m(input_ids=ids, labels=ids).loss)

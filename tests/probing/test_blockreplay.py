@@ -58,6 +58,8 @@ CASES = {
     "gpt, FSDP x4": lambda: (_gpt(), Sharding(4)),
     "gpt, FSDP x4, sync every micro-step": lambda: (_gpt(), Sharding(4, sync_every=True)),
     "llama": lambda: (_llama(False), None),
+    # a bf16 block's input dies once the next block returns (its RMSNorm saves a float32 copy, not the input)
+    "llama, bf16 weights": lambda: (_llama(False, torch.bfloat16), None),
     "llama, checkpointing, FSDP x8": lambda: (_llama(True), Sharding(8)),
 }
 
@@ -159,6 +161,7 @@ def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeyp
 
 LAYERS = {"gpt2": "n_layer", "t5": "num_layers"}
 SETTINGS = {"full": {}, "checkpointing, bf16-mixed": {"gradient_checkpointing": True, "dtype": "bf16-mixed"},
+            "bf16 weights": {"dtype": "bf16"},
             "QLoRA (peft's adapters on NF4 base weights by shape)": {"lora": "r=4,alpha=8,bits=4"}}
 
 
