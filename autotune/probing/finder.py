@@ -40,6 +40,7 @@ from ..workload import Workload
 from . import learn
 from .estimates import EstimateCurve, search_estimate
 from .fitrule import isolate, run_trial
+from .fixes import fixes
 from .fsdp import Sharding, sharding_note
 from .hostbatch import HostBatches, HostMemory
 from .trials import TrialRunner
@@ -251,7 +252,7 @@ def _search_once(real: TrialRunner, estimate: Estimate | NoEstimate, curve: Esti
     notes.extend([note] if note else [])
     notes.extend(_surprising_ooms(real.log, curve.at, usable))
     if final == 0:
-        raise _does_not_fit(real(1).peak_bytes, usable, capacity, margin, measured=True)
+        raise _does_not_fit(real.workload, real(1).peak_bytes, usable, capacity, margin, measured=True)
     return final, real(final)
 
 
@@ -385,7 +386,7 @@ def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, marg
     first = est(min(2, max_batch))
     if not first.fits:
         if first.batch == 1 or not est(1).fits:
-            raise _does_not_fit(est.by_size[1].peak_bytes, usable, capacity, margin, measured=False)
+            raise _does_not_fit(est.workload, est.by_size[1].peak_bytes, usable, capacity, margin, measured=False)
         return Estimate(1, curve)
     if max_batch <= 2:
         return Estimate(max_batch, curve)
@@ -395,13 +396,13 @@ def _estimate(est: TrialRunner, usable: int, max_batch: int, capacity: int, marg
     return Estimate(found, curve, note)
 
 
-def _does_not_fit(needed: int | None, usable: int, capacity: int, margin: float, *, measured: bool) -> DoesNotFit:
+def _does_not_fit(workload: Workload, needed: int | None, usable: int, capacity: int, margin: float, *,
+                  measured: bool) -> DoesNotFit:
     need = "runs out of memory" if needed is None else f"needs {format_bytes(needed)}"
     how = "measured" if measured else "estimated"
     facts = (f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
              f"({format_bytes(capacity)} capacity, margin {format_margin(margin)})")
-    return DoesNotFit(f"{facts}: use bf16, enable activation checkpointing, shrink the model or the sequence length, "
-                      "or use a device with more memory", facts=facts, needed=needed)
+    return DoesNotFit(f"{facts}: {fixes(workload)}", facts=facts, needed=needed)
 
 
 @contextlib.contextmanager
