@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from ..errors import AutotuneError
 from ..workload import Workload
 
 LOW_PRECISION = (torch.bfloat16, torch.float16, torch.uint8, torch.int8)  # uint8: 4-bit weights, packed
@@ -24,7 +25,7 @@ def fixes(workload: Workload) -> str:
     try:
         with torch.device("meta"):
             model = workload.make_model()
-    except Exception:  # a model built only on a real device: nothing known of it
+    except AutotuneError:  # the user's factory failed on meta (a model built only on a real device): nothing known
         model = None
     said = []
     if model is None or not _low_precision(model):

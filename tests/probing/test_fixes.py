@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def test_an_fp32_model_without_checkpointing_is_told_every_fix():
 
 
 def test_a_bf16_model_is_not_told_to_use_bf16():
-    said = _refused(llama_blocks(False, torch.bfloat16))
+    said = _refused(replace(gpt.build(), model=lambda: gpt.build().make_model().to(torch.bfloat16)))
     assert said.endswith(": enable activation checkpointing, shrink the model or the sequence length, or use a "
                          "device with more memory"), said
 
@@ -50,7 +52,5 @@ def test_a_model_already_checkpointed_is_not_told_to_checkpoint(how):
 def test_a_model_that_cannot_be_built_on_meta_is_told_every_fix():
     def model() -> torch.nn.Module:
         raise RuntimeError("builds only on a real device")
-
-    from dataclasses import replace
 
     assert fixes(replace(gpt.build(), model=model)) == ALL
