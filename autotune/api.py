@@ -12,6 +12,7 @@ it on; the command line and the service build the same requests and call the req
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
@@ -68,13 +69,28 @@ def group() -> tuple[int, int] | None:
 def resolve(request: ProbeRequest, given: GivenObjects = GivenObjects()) -> tuple[Workload, Device]:
     """The Workload and the Device a request names (the objects given when there are); device errors come
     before the workload is built. Under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU."""
-    dev = given.device
-    if dev is None:
-        name = distributed.local_device_name() if request.device == "auto" and distributed.active() else \
-            request.device
-        dev = get_device(name, memory_budget=request.memory_budget)
-    wl = given.workload if given.workload is not None else load_workload(request.workload)
+    dev = given.device if given.device is not None else device_for(request)
+    wl = given.workload if given.workload is not None else load_for(request.workload, dev)
     return wl, dev
+
+
+def device_for(request: ProbeRequest) -> Device:
+    """The Device a request names; under torchrun, ``auto`` is this rank's own GPU (LOCAL_RANK), else the CPU."""
+    name = distributed.local_device_name() if request.device == "auto" and distributed.active() else request.device
+    return get_device(name, memory_budget=request.memory_budget)
+
+
+def importing_device(request: PlanRequest) -> Device:
+    """The device a plan request's probe file is imported as on (see :func:`load_for`): its first rank's when
+    it lists ranks."""
+    return device_for(request.ranks[0] if request.ranks else request.probe)
+
+
+def load_for(spec: str | None, device: Device) -> Workload:
+    """The workload ``spec`` builds, its probe file imported as on ``device``: standing in for a GPU this machine
+    does not have, ``torch.cuda`` answers for that GPU while it imports (see ``EstimateDevice.importing``)."""
+    with getattr(device, "importing", contextlib.nullcontext)():
+        return load_workload(spec)
 
 
 def open_store(store: StoreSpec) -> Store | None:
@@ -432,12 +448,14 @@ def resolve_plan_request(request: PlanRequest, given: GivenObjects) -> ResolvedR
     device list names them (each distinct device resolved once), this rank's under torchrun (the others'
     gathered, to tell whether they differ)."""
     if request.ranks:
-        wl = given.workload if given.workload is not None else load_workload(request.probe.workload)
         resolved: dict[tuple[str, int | None], tuple[Device, DeviceInfo]] = {}  # ranks alike share one device
         for r in request.ranks:
             if (r.device, r.memory_budget) not in resolved:
-                dev = resolve(r, GivenObjects(wl))[1]
+                dev = device_for(r)
                 resolved[r.device, r.memory_budget] = dev, dev.describe()
+        first = request.ranks[0]
+        wl = given.workload if given.workload is not None else \
+            load_for(request.probe.workload, resolved[first.device, first.memory_budget][0])
         devices = {r.rule.rank: resolved[r.device, r.memory_budget][0] for r in request.ranks}
         ranks = _devices_if_they_differ([resolved[r.device, r.memory_budget][1] for r in request.ranks])
         if ranks is not None:

@@ -241,6 +241,14 @@ class EstimateDevice:
         stands in for no GPU."""
         return _installed(self._stand_in("meta"))
 
+    def importing(self) -> Any:
+        """A block in which a probe file is imported as on the GPU this estimate stands in for, where this machine
+        has none: ``torch.cuda`` answers for it, so a device chosen at import (``"cuda" if
+        torch.cuda.is_available() else "cpu"``) is the GPU's, as when the file runs there, and ``"cuda"`` tensors
+        made at import are shape-only; nothing otherwise (a real GPU answers for itself; the CPU is the CPU)."""
+        stand_in = self._stand_in("meta")
+        return _installed(stand_in if stand_in is not None and stand_in.answers is not None else None)
+
     def _finish(self, m: Measurement, tracker: LiveStorageTracker, choices: Any,
                 stand_in: StandIn | None = None) -> Measurement:
         """The simulated allocator's figures for the recorded trace, and what the kernels and values bounded."""

@@ -114,7 +114,8 @@ def run_job(job: dict[str, Any], store_url: str, waiting: Waiting = lambda holde
         raise BadInput(f"unknown job {job['kind']!r}")
     request = PlanRequest.from_dict(job["request"], source="the job")
     store = _told(store_url, waiting)
-    plan = api.plan_for(request, store=store, given=api.GivenObjects(load(job["spec"], job["probe"])))
+    workload = load(job["spec"], job["probe"], api.importing_device(request))
+    plan = api.plan_for(request, store=store, given=api.GivenObjects(workload))
     probe = plan.probe
     assert probe is not None
     return {"plan": plan.to_dict(), "cached": probe.from_store, "fingerprint": probe.fingerprint}
@@ -147,13 +148,14 @@ def _told(store_url: str, waiting: Waiting) -> Told:
     return store
 
 
-def load(spec: str, name: str) -> Any:
-    """The workload ``spec`` builds; BadInput saying what failed, where in the probe, and no path of
-    this machine, when it cannot be loaded (``name``: the probe as the request named it)."""
-    from ..workload import load_workload
+def load(spec: str, name: str, device: Any) -> Any:
+    """The workload ``spec`` builds, imported as on ``device`` (see :func:`autotune.api.load_for`); BadInput
+    saying what failed, where in the probe, and no path of this machine, when it cannot be loaded (``name``: the
+    probe as the request named it)."""
+    from ..api import load_for
 
     try:
-        return load_workload(spec)
+        return load_for(spec, device)
     except ProbeFileError as exc:
         cause = exc.__cause__
         if cause is None:

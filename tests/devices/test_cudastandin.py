@@ -265,15 +265,42 @@ def test_both_engines_run_code_written_for_cuda_alike(tmp_path):
     untouched()
 
 
-def test_a_device_chosen_when_the_probe_file_was_imported_is_named(tmp_path):
-    """At import, before the estimate, torch.cuda.is_available() is this machine's answer (False): the code
-    then moves its batch to the CPU, which the GPU would not."""
+def _import_time(tmp_path: Path, model: bool = True) -> Path:
+    """PLAIN with its device chosen at import, as scripts do, the batch (and the ``model``) moved there."""
     path = tmp_path / "import_time.py"
-    path.write_text(PLAIN.format(build="build").replace(
+    text = PLAIN.format(build="build").replace(
         "def loss(model, batch):\n",
         "DEV = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n"
         "def loss(model, batch):\n"
-        "    batch = {k: v.to(DEV) for k, v in batch.items()}\n"))
+        "    batch = {k: v.to(DEV) for k, v in batch.items()}\n")
+    if model:
+        text = text.replace("gpt.build(), loss=loss,",
+                            "gpt.build(), model=lambda: gpt.build().make_model().to(DEV), loss=loss,")
+    path.write_text(text)
+    return path
+
+
+def test_a_probe_file_choosing_its_device_at_import_sees_the_gpu_planned(tmp_path):
+    """A probe file named to the estimate of a GPU is imported as on that GPU: its device chosen at import
+    (``'cuda' if torch.cuda.is_available() else 'cpu'``) is the GPU's, so the model and the batch go where the
+    GPU's run puts them, on the meta engine, the estimate its device-free twin's; probed on the CPU it is the
+    CPU's; nothing of the stand-in is left."""
+    path = _import_time(tmp_path)
+    for device, chosen in ((A10G, "cuda"), ("cpu", "cpu")):
+        assert api.load_for(str(path), get_device(device)).loss.__globals__["DEV"] == chosen
+        untouched()
+    twin = api.probe(probe_file(tmp_path, "plain", PLAIN), device=A10G, max_batch=8)
+    found = api.probe(str(path), device=A10G, max_batch=8)
+    assert (found.max_micro_batch, found.trials[-1].peak_bytes) == (twin.max_micro_batch, twin.trials[-1].peak_bytes)
+    assert not any("FakeTensorMode" in n or "moved a device tensor to the CPU" in n for n in found.notes), \
+        found.notes
+    untouched()
+
+
+def test_a_device_chosen_when_the_workload_was_imported_is_named(tmp_path):
+    """A Workload imported before the estimate (by the caller, not named to it): torch.cuda.is_available() was
+    this machine's answer (False) then, and the code moves its batch to the CPU, which the GPU would not."""
+    path = _import_time(tmp_path, model=False)
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "v.to(DEV)" in text)
     device = get_device(A10G)
     _, m = device.measure(fit_rule_work(load_workload(str(path)), 2))
