@@ -1,12 +1,15 @@
-"""The framework settings that apply a settings search's chosen setting, beside the batch settings of
-:mod:`autotune.planning.exports`, and what a framework's JSON cannot hold, said in words.
+"""The framework settings that apply a settings search's chosen setting (or a plain FSDP plan's sharding and
+gradient sync), beside the batch settings of :mod:`autotune.planning.exports`, and what a framework's JSON
+cannot hold, said in words.
 
     hf          gradient_checkpointing (+ every_n_layers), fsdp "full_shard" with FSDP2 ("full_shard offload" and
-                fsdp_config cpu_offload for CPU offload), bf16
+                fsdp_config cpu_offload for CPU offload), accelerator_config's sync_each_batch where FSDP's
+                gradients are reduce-scattered after every micro-step, bf16
     lightning   trainer.strategy "fsdp" / "ddp" / "fsdp_cpu_offload", trainer.precision "bf16-mixed";
                 checkpointing for the module
     accelerate  accelerator.mixed_precision; accelerate config's FSDP2 keys (fsdp_activation_checkpointing,
-                fsdp_offload_params)
+                fsdp_offload_params); a GradientAccumulationPlugin's keys (sync_each_batch) for FSDP's gradients
+                reduce-scattered after every micro-step
     deepspeed   ZeRO stage 3 for FSDP (offload_optimizer and offload_param to the CPU for offload), bf16
 
 Checkpointing of every k-th block, LoRA and the allocator setting have no key in some of them: the notes say how
@@ -21,9 +24,18 @@ from ..results.plan import Plan
 from ..results.search import TrainSetting
 
 
+def setting_of(plan: Plan) -> TrainSetting | None:
+    """How ``plan`` trains beyond its batch: the setting a settings search chose, else a plain FSDP plan's
+    sharding and gradient sync (None: plain DDP, nothing to add)."""
+    if plan.setting is not None:
+        return plan.setting
+    return TrainSetting(parallel="fsdp", fsdp_sync=plan.fsdp_sync) if plan.parallel == "fsdp" else None
+
+
 def with_setting(data: dict[str, Any], plan: Plan, fmt: str) -> dict[str, Any]:
-    """``data`` (a framework's batch settings for ``plan``) with the keys that apply ``plan.setting``."""
-    s = plan.setting
+    """``data`` (a framework's batch settings for ``plan``) with the keys that apply its setting (see
+    :func:`setting_of`)."""
+    s = setting_of(plan)
     if s is None:
         return data
     if fmt == "hf":
@@ -45,6 +57,9 @@ def with_setting(data: dict[str, Any], plan: Plan, fmt: str) -> dict[str, Any]:
             "fsdp_version": 2, "fsdp_reshard_after_forward": True,
             "fsdp_activation_checkpointing": bool(s.checkpoint_every),
             **({"fsdp_offload_params": True} if s.offload else {})}}} if s.parallel == "fsdp" else {}
+        if s.fsdp_sync == "every":  # Accelerate defers the sync to the last micro-step unless its plugin says so
+            extra["gradient_accumulation_plugin"] = {"num_steps": accelerator.pop("gradient_accumulation_steps"),
+                                                     "sync_each_batch": True}
         return {**data, "accelerator": accelerator, **extra}
     out = dict(data)
     if s.parallel == "fsdp":
@@ -65,6 +80,8 @@ def _hf(s: TrainSetting) -> dict[str, Any]:
         out["fsdp"] = "full_shard offload" if s.offload else "full_shard"
         out["fsdp_config"] = {"version": 2, "reshard_after_forward": True,
                               **({"cpu_offload": True} if s.offload else {})}
+    if s.fsdp_sync == "every":  # the Trainer's Accelerator defers the sync to the last micro-step unless told
+        out["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     if "bf16-mixed" in s.changes:
         out["bf16"] = True
     return out
@@ -72,10 +89,19 @@ def _hf(s: TrainSetting) -> dict[str, Any]:
 
 def setting_notes(plan: Plan, fmt: str) -> list[str]:
     """What of ``plan.setting`` the framework's JSON does not hold, and how to apply it."""
-    s = plan.setting
+    s = setting_of(plan)
     if s is None:
         return []
-    notes = [f"setting: {s.label}"]
+    notes = [f"setting: {s.label}"] if plan.setting is not None else []
+    if s.fsdp_sync == "every" and fmt == "accelerate":
+        notes.append("FSDP's gradients are reduce-scattered after every micro-step, as planned: "
+                     "Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(**out["
+                     "'gradient_accumulation_plugin']), **out['accelerator']), GradientAccumulationPlugin from "
+                     "accelerate.utils")
+    if s.fsdp_sync == "last" and fmt in ("lightning", "deepspeed"):
+        notes.append(f"{'Lightning' if fmt == 'lightning' else 'DeepSpeed ZeRO 3'} reduce-scatters the gradients "
+                     "after every micro-step, not at the last only as planned: it holds less than the plan's peak "
+                     "and communicates more (plan with fsdp_sync every for its own figures)")
     if s.allocator:
         notes.append(f"set PYTORCH_CUDA_ALLOC_CONF={s.allocator} in the training process's environment")
     if "lora" in s.changes:

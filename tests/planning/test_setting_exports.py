@@ -136,3 +136,60 @@ def json_keys(data: object) -> str:
     import json
 
     return json.dumps(data)
+
+
+@pytest.fixture(scope="module")
+def fsdp_plans() -> dict[str, Plan]:
+    """Plain FSDP plans over 2 ranks (no settings search), by the gradient sync they were probed under."""
+    from autotune import api
+
+    return {sync: api.plan(16, probe="mlp", device="estimate:A10G-24GB", parallel="fsdp", world_size=2, fsdp_sync=sync)
+            for sync in ("every", "last")}
+
+
+def test_a_plain_fsdp_plan_exports_each_frameworks_sharding(fsdp_plans) -> None:
+    """An FSDP plan made without a settings search is exported as FSDP too: run as DDP it would not fit."""
+    plan = fsdp_plans["last"]
+    assert plan.setting is None and plan.parallel == "fsdp"
+    assert export(plan, "hf")["fsdp"] == "full_shard"
+    assert export(plan, "deepspeed")["zero_optimization"] == {"stage": 3}
+    assert export(plan, "accelerate")["config"]["distributed_type"] == "FSDP"
+    assert export(plan, "lightning")["trainer"]["strategy"] == "fsdp"
+    assert not any(n.startswith("setting:") for n in setting_notes(plan, "hf"))  # no setting was searched
+
+
+def test_a_plan_syncing_fsdp_after_every_micro_step_says_so_to_hf_and_accelerate(fsdp_plans) -> None:
+    """Accelerate, and the HF Trainer through it, defer the sync to the last micro-step unless told; a plan that
+    fits only syncing after every micro-step says so (sync_each_batch); one that syncs at the last does not."""
+    every, last = fsdp_plans["every"], fsdp_plans["last"]
+    assert every.fsdp_sync == "every" and last.fsdp_sync == "last"
+    hf = export(every, "hf")
+    assert hf["accelerator_config"] == {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    assert "accelerator_config" not in export(last, "hf")
+    accelerate = export(every, "accelerate")
+    assert accelerate["gradient_accumulation_plugin"] == {"num_steps": every.accumulation_steps,
+                                                          "sync_each_batch": True}
+    assert "gradient_accumulation_steps" not in accelerate["accelerator"]  # the plugin holds them
+    assert any("GradientAccumulationPlugin(**" in n for n in setting_notes(every, "accelerate"))
+    assert "gradient_accumulation_plugin" not in export(last, "accelerate")
+    for fmt in ("lightning", "deepspeed"):  # each reduce-scatters after every micro-step: "last" is a bound there
+        assert any("after every micro-step" in n for n in setting_notes(last, fmt)), fmt
+        assert not any("after every micro-step" in n for n in setting_notes(every, fmt)), fmt
+
+
+@pytest.mark.slow  # transformers' and accelerate's imports
+def test_hf_trainer_and_accelerate_take_the_sync_after_every_micro_step(fsdp_plans, tmp_path) -> None:
+    import transformers
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    plan = fsdp_plans["every"]
+    hf = export(plan, "hf")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
+                                          **{k: v for k, v in hf.items() if not k.startswith("fsdp")})
+    assert args.accelerator_config.gradient_accumulation_kwargs == {"sync_each_batch": True}
+    data = export(plan, "accelerate")
+    accelerator = Accelerator(cpu=True, **data["accelerator"], gradient_accumulation_plugin=GradientAccumulationPlugin(
+        **data["gradient_accumulation_plugin"]))
+    assert accelerator.gradient_state.plugin_kwargs["sync_each_batch"] is True
+    assert accelerator.gradient_accumulation_steps == plan.accumulation_steps
