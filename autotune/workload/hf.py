@@ -245,14 +245,12 @@ def autocast_loss(loss: Callable[[nn.Module, Any], torch.Tensor], dtype: torch.d
         -> Callable[[nn.Module, Any], torch.Tensor]:
     """``loss`` under autocast to ``dtype`` on the model's device, as the Trainer runs bf16/fp16 and Lightning
     its ``-mixed`` precisions (an estimate standing in for a GPU runs CUDA's autocast on its ``meta`` tensors;
-    one for no GPU runs float32, which holds more memory, not less)."""
+    an estimate of the CPU the CPU's, which its FakeTensorMode applies)."""
 
     def autocast_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         kind = next(model.parameters()).device.type
-        if kind == "meta" and torch.cuda.is_available():  # the estimate's stand-in for the GPU
-            kind = "cuda"
-        if kind == "meta":
-            return loss(model, batch)
+        if kind == "meta":  # the estimate's: standing in for a GPU, CUDA's autocast; of the CPU, the CPU's
+            kind = "cuda" if torch.cuda.is_available() else "cpu"
         with torch.autocast(kind, dtype=dtype):
             return loss(model, batch)
 
