@@ -30,6 +30,7 @@ ROWS = [  # (name, probe, device, extra arguments, in --quick)
     ("gpt 1B, H100 x1", "gpt:build_1b", "estimate:H100-80GB", [], True),
     ("llama 8B, FSDP, H100 x8", f"{LLAMA}:build_8b", "estimate:H100-80GB*8", ["--parallel", "fsdp"], True),
     ("llama 8B LoRA, H100 x1", f"{LLAMA}:build_8b_lora", "estimate:H100-80GB", [], False),
+    ("llama 8B LoRA bf16, H100 x1", f"{LLAMA}:build_8b_lora_bf16", "estimate:H100-80GB", [], False),
     ("llama 70B, FSDP, H100 x64", f"{LLAMA}:build_70b", "estimate:H100-80GB*64", ["--parallel", "fsdp"], False),
 ]
 
