@@ -161,7 +161,6 @@ def test_a_probe_replays_its_blocks_and_finds_what_the_whole_model_gives(monkeyp
 
 LAYERS = {"gpt2": "n_layer", "t5": "num_layers"}
 SETTINGS = {"full": {}, "checkpointing, bf16-mixed": {"gradient_checkpointing": True, "dtype": "bf16-mixed"},
-            "bf16 weights": {"dtype": "bf16"},
             "QLoRA (peft's adapters on NF4 base weights by shape)": {"lora": "r=4,alpha=8,bits=4"}}
 
 
