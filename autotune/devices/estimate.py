@@ -64,7 +64,7 @@ from .meta import META_ERRORS, MetaKernels, NeedsFakeTensors, meta_cannot_run
 from .nested import NotShapeOnly, is_jagged, nested_on_meta, to_meta
 from .presets import CONTEXT_ALLOWANCE, DEFAULT_CAPABILITY, GpuPreset
 from .replay import Event, Replay, replay
-from .session import EstimateSession, optimizer_lists
+from .session import EstimateSession, fakes_not_traced, optimizer_lists
 from .shaperules import rule_kernels
 from .tracker import LiveStorageTracker
 from .values import BATCH_LIMIT, KnownValues, Unbounded, batch_bytes
@@ -374,7 +374,7 @@ class EstimateDevice:
         session = Session(tracker, move=move, move_model=move_model, build_model=build_model, build_batch=build_batch,
                           cuda_like=self.cuda_like)
         choices = self._kernel_choices(tracker, fake=True)
-        with _installed(stand_in), fake_mode, choices, rule_kernels(values, "AutogradCPU"):
+        with _installed(stand_in), fake_mode, choices, rule_kernels(values, "AutogradCPU"), fakes_not_traced():
             result, m = timed_measure(tracker, session, work)
         return result, _said_eager(self._finish(m, tracker, choices, stand_in), session)
 

@@ -31,6 +31,7 @@ Nothing here runs at import: importing autotune changes nothing in torch.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -392,6 +393,29 @@ def cuda_stand_in(devices: Any, answers: Any, amp: Any, lists: Any) -> Iterator[
             _unpatch()
             amp.clear_cache()
             _restore_autocast(state)
+
+
+@contextlib.contextmanager
+def fakes_not_traced() -> Iterator[None]:
+    """While inside, Hugging Face transformers takes FakeTensorMode's tensors for the tensors they stand for:
+    its ``is_tracing`` counts a FakeTensor as tracing (compile, export), and tracing builds the explicit causal
+    mask that the real run skips for SDPA's ``is_causal`` (a mask, and attention over it, the real run does not
+    hold). The real run is not traced; the estimate runs its code. transformers' own function after the block,
+    also when it raised; nothing where transformers is not imported."""
+    module: Any = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(module, "is_fake_tensor", None)
+    if original is None:
+        yield
+        return
+    module.is_fake_tensor = _not_fake
+    try:
+        yield
+    finally:
+        module.is_fake_tensor = original
+
+
+def _not_fake(x: Any) -> bool:
+    return False
 
 
 @contextlib.contextmanager
