@@ -147,12 +147,32 @@ class ResultFileError(BadInput):
 class DoesNotFit(AutotuneError):
     """Even a micro-batch of one does not fit the usable memory. ``facts``: what the message says before its fixes
     (the bytes needed and usable), for a caller that names the rank or device and gives fixes of its own;
-    ``needed``: the bytes micro-batch 1 needs (None where unknown, e.g. it ran out of memory)."""
+    ``needed``: the bytes micro-batch 1 needs (None where unknown, e.g. it ran out of memory). ``fixes``, given
+    instead of a whole ``message``: what may make it fit, worked out when the message is first read (the
+    message is then ``facts: fixes``), so a caller that reads the facts alone never works them out."""
 
-    def __init__(self, message: str, *, facts: str | None = None, needed: int | None = None):
+    def __init__(self, message: str = "", *, facts: str | None = None, needed: int | None = None,
+                 fixes: Callable[[], str] | None = None):
         super().__init__(message)
         self.facts = facts if facts is not None else message
         self.needed = needed
+        self._fixes = fixes
+
+    def fixes(self) -> str:
+        """What the message says after its facts (may make it fit)."""
+        if self._fixes is not None:
+            said, self._fixes = self._fixes(), None
+            self.args = (f"{self.facts}: {said}",)
+        message = str(self.args[0]) if self.args else ""
+        return message[len(self.facts):].removeprefix(": ") if message.startswith(self.facts) else ""
+
+    def say(self, terms: Terms = LIBRARY) -> str:
+        self.fixes()
+        return super().say(terms)
+
+    def __reduce__(self) -> Any:  # to another process with its message whole
+        self.fixes()
+        return type(self), self.args, {"facts": self.facts, "needed": self.needed, "_fixes": None}
 
 
 class WorkloadError(AutotuneError):

@@ -402,7 +402,7 @@ def _does_not_fit(workload: Workload, needed: int | None, usable: int, capacity:
     how = "measured" if measured else "estimated"
     facts = (f"micro-batch 1 {need} ({how}), usable memory is {format_bytes(usable)} "
              f"({format_bytes(capacity)} capacity, margin {format_margin(margin)})")
-    return DoesNotFit(f"{facts}: {fixes(workload)}", facts=facts, needed=needed)
+    return DoesNotFit(facts=facts, needed=needed, fixes=lambda: fixes(workload))
 
 
 @contextlib.contextmanager

@@ -82,8 +82,7 @@ def _neither(every: DoesNotFit, last: DoesNotFit) -> DoesNotFit:
     names = {id(every): "after every micro-step", id(last): "at the last micro-step only"}
     need = "runs out of memory" if other.needed is None else f"needs {format_bytes(other.needed)}"
     facts = f"{FSDP_CHOICE}{names[id(first)]}: {first.facts}; syncing {names[id(other)]} {need}"
-    fixes = str(first)[len(first.facts):]
-    return DoesNotFit(facts + fixes, facts=facts, needed=first.needed)
+    return DoesNotFit(facts=facts, needed=first.needed, fixes=first.fixes)
 
 
 def _every_unless_last_fits(every: ProbeResult | DoesNotFit, one_size: OneSize,

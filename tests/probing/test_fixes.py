@@ -54,3 +54,22 @@ def test_a_model_that_cannot_be_built_on_meta_is_told_every_fix():
         raise RuntimeError("builds only on a real device")
 
     assert fixes(replace(gpt.build(), model=model)) == ALL
+
+
+def test_a_refusal_works_out_its_fixes_only_when_its_message_is_read(monkeypatch):
+    """A settings search reads only the facts of each setting's refusal: none of them builds the model for its
+    fixes; the refusal read (or sent to another process) says them."""
+    import pickle
+
+    from autotune.probing import finder
+
+    built: list[object] = []
+    real = finder.fixes
+    monkeypatch.setattr(finder, "fixes", lambda workload: built.append(workload) or real(workload))
+    with pytest.raises(DoesNotFit) as info:
+        api.probe(gpt.build(), device="estimate", memory_budget="641MiB")
+    refusal = info.value
+    assert refusal.facts.startswith("micro-batch 1 needs") and refusal.needed and built == []
+    again = pickle.loads(pickle.dumps(refusal))
+    assert str(again) == str(refusal) == f"{refusal.facts}: {ALL}" and len(built) == 1
+    assert (again.facts, again.needed) == (refusal.facts, refusal.needed)
