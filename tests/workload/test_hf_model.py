@@ -144,12 +144,15 @@ def same_but_names(plan: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_a_real_cpu_run_confirms_the_estimate_of_a_tiny_config(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
+def test_a_real_cpu_run_confirms_the_estimate_of_a_tiny_config(tmp_path, dtype):
+    """One real run and no out-of-memory error, in fp32 and under the CPU's autocast (bf16-mixed)."""
     folder = write_config(tmp_path / "llama", "llama")
-    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=32), device="cpu", memory_budget="12MiB",
-                            store=False)
+    result = autotune.probe(model=ModelSpec(name=str(folder), seq_len=32, dtype=dtype), device="cpu",
+                            memory_budget="12MiB", store=False)
     real = [t for t in result.trials if t.source == "real"]
     assert len(real) == 1 and real[0].fits and real[0].batch == result.max_micro_batch > 1
+    assert result.real_ooms == 0
     estimated = {t.batch: t.peak_bytes for t in result.trials if t.source == "estimate"}
     assert result.model is not None and abs(real[0].peak_bytes / estimated[real[0].batch] - 1) < 0.02
 
